@@ -1,0 +1,160 @@
+"""The client's sans-I/O half, shared by :class:`Client` and :class:`AsyncClient`.
+
+Everything here is pure: building requests, reading replies, matching notifications. The two
+clients only differ in how they wait on sockets.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+import zmq
+from google.protobuf.message import Message
+
+from candlewire.errors import HistoryFailed, ProtocolError, RequestRejected
+from candlewire.topics import check_id, history_ready_topic, response_topic
+from proto import requests_pb2 as rq
+from proto.envelope import EnvelopeError, decode, decode_sub, encode, expect
+
+Notify = Literal["client", "request"]
+TimeLike = int | datetime
+
+# Monitor events that change whether a SUB socket can receive.
+MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+
+
+def to_ms(value: TimeLike) -> int:
+    """Milliseconds since the epoch; naive datetimes are taken as UTC."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            return int((value - datetime(1970, 1, 1)).total_seconds() * 1000)
+        return int(value.timestamp() * 1000)
+    return int(value)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass
+class HistoryCall:
+    """One history request: what to send and which notification ends it."""
+
+    request: rq.SubmitHistoricalRequest
+    topic: str
+
+    @classmethod
+    def build(
+        cls,
+        client_id: str,
+        ticker: str,
+        period: int,
+        start: TimeLike,
+        end: TimeLike,
+        notify: Notify,
+        request_id: str | None = None,
+    ) -> HistoryCall:
+        if notify not in ("client", "request"):
+            raise ValueError(f"notify must be 'client' or 'request', not {notify!r}")
+        req = rq.SubmitHistoricalRequest(
+            request_id=check_id(request_id or new_id("req"), "request_id"),
+            client_id=client_id,
+            ticker=ticker,
+            period_s=int(period),
+            start_ms=to_ms(start),
+            end_ms=to_ms(end),
+            notify=rq.NOTIFY_CLIENT if notify == "client" else rq.NOTIFY_REQUEST,
+        )
+        topic = (
+            response_topic(client_id) if notify == "client" else history_ready_topic(req.request_id)
+        )
+        return cls(req, topic)
+
+    def frames(self) -> list[bytes]:
+        return encode(self.request)
+
+    def accept(self, reply: list[bytes]) -> rq.SubmitResponse:
+        """Check the relay's ack; raise :class:`RequestRejected` on refusal."""
+        try:
+            resp = expect(decode(reply), rq.SubmitResponse)
+        except EnvelopeError as exc:
+            raise ProtocolError(f"relay answered with a bad envelope: {exc}") from None
+        if resp.status != rq.SUBMIT_OK:
+            raise RequestRejected(resp)
+        if resp.notification_topic != self.topic:
+            raise ProtocolError(
+                f"relay names topic {resp.notification_topic!r}, client expected {self.topic!r}"
+            )
+        return resp
+
+
+@dataclass
+class NotificationInbox:
+    """Notifications seen on the client's SUB socket, kept until their caller asks."""
+
+    dropped: int = 0
+    _pending: set[str] = field(default_factory=set)
+    _ready: dict[str, rq.HistoryReadyNotification] = field(default_factory=dict)
+
+    def expect(self, request_id: str) -> None:
+        """Only notifications of submitted requests are kept; repeats of done ones are not."""
+        self._pending.add(request_id)
+
+    def offer(self, frames: list[bytes]) -> None:
+        try:
+            topic, msg = decode_sub(frames)
+        except EnvelopeError:
+            self.dropped += 1
+            return
+        if isinstance(msg, rq.HistoryReadyNotification) and msg.request_id in self._pending:
+            self._ready.setdefault(msg.request_id, msg)
+
+    def take(self, request_id: str) -> rq.HistoryReadyNotification | None:
+        note = self._ready.pop(request_id, None)
+        if note is not None:
+            self._pending.discard(request_id)
+        if note is not None and note.status != rq.HISTORY_OK:
+            raise HistoryFailed(note)
+        return note
+
+
+@dataclass
+class MarketFilter:
+    """Exact-topic filter for one market-data subscription (SUB filters by prefix)."""
+
+    topic: str
+    dropped: int = 0
+
+    def accept(self, frames: list[bytes]) -> Message | None:
+        try:
+            topic, msg = decode_sub(frames)
+        except EnvelopeError:
+            self.dropped += 1
+            return None
+        return msg if topic == self.topic else None
+
+
+class ConnectionState:
+    """Tracks a SUB socket's connection from its monitor events."""
+
+    def __init__(self) -> None:
+        self.connected = False
+
+    def update(self, event: dict) -> None:
+        if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.connected = True
+        elif event["event"] == zmq.EVENT_DISCONNECTED:
+            self.connected = False
+
+
+def remaining(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def ms(seconds: float | None) -> int | None:
+    """Seconds to a zmq poll timeout; None waits forever."""
+    return None if seconds is None else int(seconds * 1000)

@@ -1,0 +1,86 @@
+"""The ``candlewire`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from candlewire.config import Settings
+
+
+def _relay(args: argparse.Namespace, settings: Settings) -> int:
+    from relay import Relay
+
+    Relay(settings).run()
+    return 0
+
+
+def _watch(args: argparse.Namespace, settings: Settings) -> int:
+    from google.protobuf import json_format
+
+    from candlewire.client import Client
+
+    with Client(settings) as client:
+        for i, msg in enumerate(client.subscribe(args.ticker, args.type), start=1):
+            print(type(msg).__name__, json_format.MessageToJson(msg, indent=None), flush=True)
+            if args.count and i >= args.count:
+                break
+    return 0
+
+
+def _stack(args: argparse.Namespace, settings: Settings) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from candlewire.stack import Stack, StackError, default_services
+
+    stack = Stack(settings, default_services(settings))
+    console = Console()
+    try:
+        if args.command == "up":
+            stack.up(console.print)
+        elif args.command == "down":
+            stack.down(console.print)
+        else:
+            table = Table("service", "port", "pid", "health")
+            rows = stack.status()
+            for name, port, pid, health in rows:
+                table.add_row(name, str(port), str(pid or "-"), health)
+            console.print(table)
+            return 0 if all(h == "healthy" for *_, h in rows) else 1
+    except StackError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="candlewire", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("relay", help="run the relay in the foreground").set_defaults(fn=_relay)
+    watch = sub.add_parser("watch", help="print live messages of a ticker")
+    watch.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, e.g. BINANCE:BTC/USDT")
+    watch.add_argument("--type", default="tick", help="tick or ohlc:<period_s>")
+    watch.add_argument("--count", type=int, default=0, help="stop after N messages")
+    watch.set_defaults(fn=_watch)
+    for name, text in (("up", "start the local stack"), ("down", "stop it"), ("status", "health")):
+        sub.add_parser(name, help=text).set_defaults(fn=_stack)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        return args.fn(args, Settings())
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

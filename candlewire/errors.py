@@ -1,0 +1,37 @@
+"""Errors a client user can catch and act on."""
+
+from __future__ import annotations
+
+from proto import requests_pb2 as rq
+
+
+class CandlewireError(Exception):
+    """Base of every candlewire client error."""
+
+
+class RequestRejected(CandlewireError):
+    """The relay refused the request; ``reason`` is a ``RejectReason`` name."""
+
+    def __init__(self, response: rq.SubmitResponse) -> None:
+        self.response = response
+        self.reason = rq.RejectReason.Name(response.reason)
+        self.retryable = response.reason == rq.NO_INGESTOR
+        super().__init__(f"request rejected ({self.reason}): {response.error_message}")
+
+
+class RequestTimeout(CandlewireError, TimeoutError):
+    """No answer in time; the relay or the pipeline behind it may be down."""
+
+
+class HistoryFailed(CandlewireError):
+    """The pipeline answered with HistoryReadyNotification status ERROR."""
+
+    def __init__(self, notification: rq.HistoryReadyNotification) -> None:
+        self.notification = notification
+        super().__init__(
+            f"history request {notification.request_id} failed: {notification.error_message}"
+        )
+
+
+class ProtocolError(CandlewireError):
+    """A peer answered with something that is not the expected envelope."""

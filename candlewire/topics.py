@@ -1,0 +1,90 @@
+"""Every topic string on the wire, each built by exactly one function.
+
+ZeroMQ SUB filtering is by prefix, so receivers that need an exact topic (for example
+``RESPONSE:client1`` must not match ``RESPONSE:client10``) compare the topic frame exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+METADATA_UPDATE = "METADATA_UPDATE"
+
+# PUB/SUB drops what is published before a subscription has travelled upstream (a relay that
+# just restarted, a client that just reconnected). Publishers of notifications therefore send
+# each one again after these delays; receivers dedupe by request_id.
+NOTIFY_REPEAT_DELAYS_S: tuple[float, ...] = (0.0, 0.5, 2.0, 5.0)
+
+_TICKER = re.compile(
+    r"^([A-Z][A-Z0-9_]{0,31}):([A-Z0-9][A-Z0-9.\-_]{0,31})/([A-Z0-9][A-Z0-9.\-_]{0,31})$"
+)
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
+
+
+class TopicError(ValueError):
+    """A ticker or id that cannot form a topic."""
+
+
+@dataclass(frozen=True)
+class Ticker:
+    exchange: str
+    base: str
+    quote: str
+
+    def __str__(self) -> str:
+        return f"{self.exchange}:{self.base}/{self.quote}"
+
+
+def parse_ticker(ticker: str) -> Ticker:
+    """Split ``EXCHANGE:BASE/QUOTE``; the exchange is upper case, the pair too."""
+    m = _TICKER.match(ticker)
+    if m is None:
+        raise TopicError(f"ticker {ticker!r} is not EXCHANGE:BASE/QUOTE (e.g. BINANCE:BTC/USDT)")
+    return Ticker(*m.groups())
+
+
+def check_id(value: str, what: str) -> str:
+    """Ids become topic suffixes, so keep them short and free of separators."""
+    if not _ID.match(value):
+        raise TopicError(f"{what} {value!r} must be 1-128 of [A-Za-z0-9_.:-]")
+    return value
+
+
+def tick_type() -> str:
+    return "tick"
+
+
+def ohlc_type(period_s: int) -> str:
+    return f"ohlc:{period_s}"
+
+
+def market_data_topic(ticker: str, data_type: str) -> str:
+    """``{ticker}|{data_type}``, e.g. ``BINANCE:BTC/USDT|tick`` or ``…|ohlc:60``."""
+    return f"{ticker}|{data_type}"
+
+
+def ticker_prefix(ticker: str) -> str:
+    """Prefix shared by every market-data topic of one ticker."""
+    return f"{ticker}|"
+
+
+def response_topic(client_id: str) -> str:
+    return f"RESPONSE:{client_id}"
+
+
+def history_ready_topic(request_id: str) -> str:
+    return f"HISTORY_READY:{request_id}"
+
+
+def metadata_update_topic() -> str:
+    return METADATA_UPDATE
+
+
+def work_prefix(exchange: str) -> str:
+    """Work-queue topic; the colon keeps ``BINANCE:`` from matching ``BINANCEUS:``."""
+    return f"{exchange}:"
+
+
+def user_topic(user_id: str) -> str:
+    return f"USER:{user_id}"

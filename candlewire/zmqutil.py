@@ -1,0 +1,27 @@
+"""Socket options every candlewire service applies, in one place.
+
+Bounded queues and message sizes are the safe defaults; ZMTP heartbeats let a bound socket
+notice a peer that vanished without closing its connection.
+"""
+
+from __future__ import annotations
+
+import zmq
+
+HWM = 100_000
+HEARTBEAT_IVL_MS = 5_000
+HEARTBEAT_TIMEOUT_MS = 15_000
+
+
+def harden(
+    sock: zmq.Socket, *, max_message_bytes: int, hwm: int = HWM, linger_ms: int = 500
+) -> zmq.Socket:
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2_000)
+    return sock

@@ -1,0 +1,163 @@
+"""The wire envelope: ``[version byte]``, ``[type byte + protobuf]``.
+
+One table, ``MESSAGE_CLASSES``, maps the type byte to its message class; encoding and
+decoding read nothing else. Every way a message can be wrong raises one specific subclass
+of :class:`EnvelopeError`, so services can count drops by reason and never crash on input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from proto import cep_pb2, envelope_pb2, events_pb2, market_pb2, requests_pb2
+
+PROTOCOL_VERSION = 1
+VERSION_FRAME = bytes([PROTOCOL_VERSION])
+
+T = envelope_pb2.MessageType
+MESSAGE_CLASSES: dict[int, type[Message]] = {
+    T.DATA_REQUEST: requests_pb2.DataRequest,
+    T.INGESTOR_CONTROL: requests_pb2.IngestorControl,
+    T.TICK: market_pb2.Tick,
+    T.OHLC_CANDLE: market_pb2.OHLC,
+    T.MARKET: market_pb2.Market,
+    T.CEP_TRIGGER_REQUEST: cep_pb2.CEPTriggerRequest,
+    T.CEP_TRIGGER_ACK: cep_pb2.CEPTriggerAck,
+    T.CEP_TRIGGER_EVENT: cep_pb2.CEPTriggerEvent,
+    T.OHLC_BATCH: market_pb2.OHLCBatch,
+    T.SUBMIT_HISTORICAL_REQUEST: requests_pb2.SubmitHistoricalRequest,
+    T.SUBMIT_RESPONSE: requests_pb2.SubmitResponse,
+    T.HISTORY_READY_NOTIFICATION: requests_pb2.HistoryReadyNotification,
+    T.SYMBOL_METADATA_UPDATED: market_pb2.SymbolMetadataUpdated,
+    T.USER_EVENT: events_pb2.UserEvent,
+    T.EVENT_ACK: events_pb2.EventAck,
+}
+TYPE_IDS: dict[type[Message], int] = {cls: type_id for type_id, cls in MESSAGE_CLASSES.items()}
+
+M = TypeVar("M", bound=Message)
+
+
+class EnvelopeError(ValueError):
+    """Base of every decoding failure; ``reason`` is a short label for metrics."""
+
+    reason = "malformed"
+
+
+class UnsupportedVersion(EnvelopeError):
+    reason = "unsupported_version"
+
+
+class UnknownMessageType(EnvelopeError):
+    reason = "unknown_type"
+
+
+class MissingFrame(EnvelopeError):
+    reason = "missing_frame"
+
+
+class UnexpectedFrames(EnvelopeError):
+    reason = "unexpected_frames"
+
+
+class MalformedPayload(EnvelopeError):
+    reason = "malformed_payload"
+
+
+class UnexpectedMessage(EnvelopeError):
+    """A valid message of a type this receiver does not accept here."""
+
+    reason = "unexpected_message"
+
+
+def type_id(msg: Message) -> int:
+    try:
+        return TYPE_IDS[type(msg)]
+    except KeyError:
+        raise UnknownMessageType(f"{type(msg).__name__} has no envelope type id") from None
+
+
+def encode(msg: Message) -> list[bytes]:
+    """The two logical frames."""
+    return [VERSION_FRAME, bytes([type_id(msg)]) + msg.SerializeToString()]
+
+
+def encode_topic(topic: str, msg: Message) -> list[bytes]:
+    """PUB frames: topic, then the envelope."""
+    return [topic.encode(), *encode(msg)]
+
+
+def decode(frames: Sequence[bytes]) -> Message:
+    """Decode exactly the two envelope frames."""
+    if len(frames) < 2:
+        raise MissingFrame(f"expected 2 envelope frames, got {len(frames)}")
+    if len(frames) > 2:
+        raise UnexpectedFrames(f"expected 2 envelope frames, got {len(frames)}")
+    version, body = bytes(frames[0]), bytes(frames[1])
+    if version != VERSION_FRAME:
+        raise UnsupportedVersion(f"protocol version frame {version[:8].hex() or '(empty)'}")
+    return decode_body(body)
+
+
+def decode_body(body: bytes) -> Message:
+    if not body:
+        raise MissingFrame("message frame is empty: no type byte")
+    cls = MESSAGE_CLASSES.get(body[0])
+    if cls is None:
+        raise UnknownMessageType(f"message type 0x{body[0]:02x}")
+    msg = cls()
+    try:
+        msg.ParseFromString(body[1:])
+    except (DecodeError, RuntimeWarning) as exc:
+        raise MalformedPayload(f"{cls.__name__}: {exc}") from None
+    return msg
+
+
+def decode_sub(frames: Sequence[bytes]) -> tuple[str, Message]:
+    """SUB side: ``[topic, version, body]``."""
+    if len(frames) < 3:
+        raise MissingFrame(f"expected topic + 2 envelope frames, got {len(frames)}")
+    try:
+        topic = bytes(frames[0]).decode()
+    except UnicodeDecodeError:
+        raise MalformedPayload("topic frame is not UTF-8") from None
+    return topic, decode(frames[1:])
+
+
+def split_route(frames: Sequence[bytes]) -> tuple[list[bytes], list[bytes], bool]:
+    """ROUTER side: split identity frames from the envelope.
+
+    Returns ``(route, body, is_req)``. A REQ peer's route ends with the empty delimiter
+    frame and must always get a reply; a DEALER peer's route is its identity alone.
+    """
+    frames = [bytes(f) for f in frames]
+    for i, frame in enumerate(frames[1:], start=1):
+        if not frame:
+            return frames[: i + 1], frames[i + 1 :], True
+    return frames[:1], frames[1:], False
+
+
+def decode_router(frames: Sequence[bytes]) -> tuple[list[bytes], Message]:
+    """ROUTER side: identity frames (with delimiter, if any), then the envelope."""
+    route, body, _ = split_route(frames)
+    return route, decode(body)
+
+
+def expect(msg: Message, cls: type[M]) -> M:
+    """Narrow a decoded message to the one type the caller accepts."""
+    if not isinstance(msg, cls):
+        raise UnexpectedMessage(f"expected {cls.__name__}, got {type(msg).__name__}")
+    return msg
+
+
+def to_record(msg: Message) -> bytes:
+    """Kafka value: the envelope's two frames concatenated."""
+    return VERSION_FRAME + bytes([type_id(msg)]) + msg.SerializeToString()
+
+
+def from_record(value: bytes) -> Message:
+    if not value:
+        raise MissingFrame("empty record")
+    return decode([value[:1], value[1:]])

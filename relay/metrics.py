@@ -1,0 +1,42 @@
+"""Prometheus counters of one relay.
+
+Each relay gets its own registry so several can run in one process (tests, embedding).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class RelayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "candlewire_relay_requests",
+            "History requests answered, by result",
+            ["result"],
+            registry=self.registry,
+        )
+        self.rejections = Counter(
+            "candlewire_relay_rejections",
+            "History requests rejected, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.dropped = Counter(
+            "candlewire_relay_dropped_frames",
+            "Inbound messages dropped without a reply, by socket and reason",
+            ["socket", "reason"],
+            registry=self.registry,
+        )
+        self.work_published = Counter(
+            "candlewire_relay_work_published",
+            "DataRequests published on the work queue",
+            registry=self.registry,
+        )
+        self.served_exchanges = Gauge(
+            "candlewire_relay_work_topics",
+            "Work-queue topic prefixes with at least one ingestor subscribed",
+            registry=self.registry,
+        )
+        self.up = Gauge("candlewire_relay_up", "1 while serving", registry=self.registry)

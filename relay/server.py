@@ -1,0 +1,270 @@
+"""The relay's sockets and its two loops.
+
+- ``client_requests`` (ROUTER): a Python loop validates each request and answers at once;
+  accepted work goes out on ``work_queue`` (PUB) under the ``{EXCHANGE}:`` topic. Trusted
+  components may also send DataRequest (realtime, metadata) and IngestorControl here; the
+  relay forwards them to ``work_queue`` or ``control`` unchanged.
+- ``market_data`` (XPUB) ← ``stream_pub`` and ``publisher_ingress`` (XSUB): forwarded by
+  libzmq's steerable proxy in its own thread, with no Python per message.
+
+Nothing is remembered between messages, so a relay can be restarted, or several run.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+import zmq
+from google.protobuf.message import Message
+from prometheus_client import start_http_server
+
+from candlewire.config import Settings
+from candlewire.topics import TopicError, parse_ticker, work_prefix
+from candlewire.zmqutil import harden
+from proto import requests_pb2 as rq
+from proto.envelope import (
+    EnvelopeError,
+    UnexpectedMessage,
+    UnknownMessageType,
+    UnsupportedVersion,
+    decode,
+    encode,
+    encode_topic,
+    split_route,
+)
+from relay.metrics import RelayMetrics
+from relay.validation import Rejected, validate
+
+log = logging.getLogger("candlewire.relay")
+
+_REJECT_FOR_ENVELOPE: dict[type[EnvelopeError], int] = {
+    UnsupportedVersion: rq.UNSUPPORTED_VERSION,
+    UnknownMessageType: rq.UNEXPECTED_TYPE,
+    UnexpectedMessage: rq.UNEXPECTED_TYPE,
+}
+
+
+class Relay:
+    """Bind everything in :meth:`start`; serve until :meth:`stop` or a signal."""
+
+    def __init__(self, settings: Settings | None = None, *, metrics: bool = True) -> None:
+        self.settings = settings or Settings()
+        self.metrics = RelayMetrics()
+        self._serve_metrics = metrics
+        self._ctx = zmq.Context()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._http: object | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> Relay:
+        s = self.settings
+        size = s.max_message_bytes
+        self._router = harden(self._ctx.socket(zmq.ROUTER), max_message_bytes=size)
+        # XPUB, not PUB: libzmq then tells us which exchange prefixes have a live ingestor
+        # (first subscribe / last unsubscribe), state that rebuilds itself after a restart.
+        self._work = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
+        self._served: set[str] = set()
+        self._control = harden(self._ctx.socket(zmq.PUB), max_message_bytes=size)
+        self._xpub = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
+        self._xsub = harden(self._ctx.socket(zmq.XSUB), max_message_bytes=size)
+        self._steer = self._ctx.socket(zmq.PAIR)
+        steer_addr = f"inproc://relay-steer-{id(self)}"
+        self._steer.bind(steer_addr)
+        proxy_steer = self._ctx.socket(zmq.PAIR)
+        proxy_steer.connect(steer_addr)
+        try:
+            self._router.bind(s.bind("client_requests"))
+            self._work.bind(s.bind("work_queue"))
+            self._control.bind(s.bind("control"))
+            self._xpub.bind(s.bind("market_data"))
+            self._xsub.bind(s.bind("publisher_ingress"))
+        except zmq.ZMQError as exc:
+            proxy_steer.close(linger=0)
+            self._close_all()
+            raise OSError(
+                f"relay cannot bind its ports ({exc}); is another relay running?"
+            ) from exc
+        for endpoint in [s.connect("stream_pub"), *s.extra_publishers]:
+            self._xsub.connect(endpoint)
+        if self._serve_metrics:
+            self._http, _ = start_http_server(
+                s.port("relay_metrics"), addr=s.bind_host, registry=self.metrics.registry
+            )
+        proxy = threading.Thread(
+            target=self._proxy, args=(proxy_steer,), name="relay-proxy", daemon=True
+        )
+        loop = threading.Thread(target=self._serve, name="relay-requests", daemon=True)
+        self._threads = [proxy, loop]
+        for t in self._threads:
+            t.start()
+        self.metrics.up.set(1)
+        log.info(
+            "relay serving: requests %s, market data %s",
+            s.bind("client_requests"),
+            s.bind("market_data"),
+        )
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._steer.send(b"TERMINATE")
+        for t in self._threads:
+            t.join(timeout)
+        self._close_all()
+        self.metrics.up.set(0)
+
+    def run(self) -> None:
+        """Serve in the foreground until SIGINT or SIGTERM."""
+
+        def _on_signal(signum: int, _frame: FrameType | None) -> None:
+            log.info("relay stopping on signal %d", signum)
+            self._stop.set()
+
+        signal.signal(signal.SIGINT, _on_signal)
+        signal.signal(signal.SIGTERM, _on_signal)
+        self.start()
+        while not self._stop.wait(0.5):
+            pass
+        self._stop.clear()
+        self.stop()
+
+    def __enter__(self) -> Relay:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _close_all(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()  # type: ignore[attr-defined]
+            self._http.server_close()  # type: ignore[attr-defined]
+            self._http = None
+        for name in ("_router", "_work", "_control", "_xpub", "_xsub", "_steer"):
+            sock = getattr(self, name, None)
+            if sock is not None:
+                sock.close(linger=200)
+        self._ctx.destroy(linger=200)
+
+    # -- market data: libzmq forwards, Python only steers --------------------------------
+
+    def _proxy(self, steer: zmq.Socket) -> None:
+        try:
+            zmq.proxy_steerable(self._xsub, self._xpub, None, steer)
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            steer.close(linger=0)
+
+    # -- client requests ---------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._work, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(100):
+                continue
+            self._track_ingestors()
+            for _ in range(1024):
+                try:
+                    frames = self._router.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._handle(frames)
+
+    def _track_ingestors(self) -> None:
+        """Apply the work queue's subscription messages: ``\\x01`` + prefix, ``\\x00`` + prefix."""
+        while True:
+            try:
+                msg = self._work.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if not msg or msg[0] not in (0, 1):
+                continue
+            topic = msg[1:].decode(errors="replace")
+            if msg[0]:
+                self._served.add(topic)
+            else:
+                self._served.discard(topic)
+            self.metrics.served_exchanges.set(len(self._served))
+
+    def has_ingestor(self, exchange: str) -> bool:
+        prefix = work_prefix(exchange)
+        return any(prefix.startswith(sub) for sub in self._served)
+
+    def _handle(self, frames: list[bytes]) -> None:
+        route, body, is_req = split_route(frames)
+        try:
+            msg = decode(body)
+        except EnvelopeError as exc:
+            if not is_req:
+                self.metrics.dropped.labels("client_requests", exc.reason).inc()
+                return
+            reason = _REJECT_FOR_ENVELOPE.get(type(exc), rq.MALFORMED)
+            self._reply(route, self._reject("", reason, str(exc)))
+            return
+        self._reply(route, self._dispatch(msg))
+
+    def _dispatch(self, msg: Message) -> rq.SubmitResponse:
+        if isinstance(msg, rq.SubmitHistoricalRequest):
+            try:
+                accepted = validate(msg, max_rows=self.settings.max_history_rows)
+            except Rejected as rej:
+                return self._reject(msg.request_id, rej.reason, rej.message)
+            if not self.has_ingestor(accepted.exchange):
+                return self._reject(
+                    msg.request_id,
+                    rq.NO_INGESTOR,
+                    f"no live ingestor serves {accepted.exchange}; retry shortly",
+                )
+            self._publish(self._work, accepted.exchange, accepted.work)
+            return self._accept(msg.request_id, accepted.notification_topic)
+        if isinstance(msg, rq.DataRequest) and msg.kind != rq.HISTORICAL:
+            return self._forward(self._work, msg.request_id, msg.exchange, msg.ticker, msg)
+        if isinstance(msg, rq.IngestorControl):
+            return self._forward(self._control, msg.request_id, msg.exchange, msg.ticker, msg)
+        return self._reject("", rq.UNEXPECTED_TYPE, f"{type(msg).__name__} is not accepted here")
+
+    def _forward(
+        self, sock: zmq.Socket, request_id: str, exchange: str, ticker: str, msg: Message
+    ) -> rq.SubmitResponse:
+        """Pass trusted work on after checking only what routing needs."""
+        try:
+            if ticker and parse_ticker(ticker).exchange != exchange:
+                raise TopicError(f"ticker {ticker} does not belong to exchange {exchange!r}")
+            if not exchange or not exchange.isupper():
+                raise TopicError(f"exchange {exchange!r} must be set, upper case")
+        except TopicError as exc:
+            return self._reject(request_id, rq.BAD_TICKER, str(exc))
+        if sock is self._work and not self.has_ingestor(exchange):
+            return self._reject(request_id, rq.NO_INGESTOR, f"no live ingestor serves {exchange}")
+        self._publish(sock, exchange, msg)
+        return self._accept(request_id, "")
+
+    def _publish(self, sock: zmq.Socket, exchange: str, msg: Message) -> None:
+        sock.send_multipart(encode_topic(work_prefix(exchange), msg))
+        if sock is self._work:
+            self.metrics.work_published.inc()
+
+    def _accept(self, request_id: str, topic: str) -> rq.SubmitResponse:
+        self.metrics.requests.labels("ok").inc()
+        return rq.SubmitResponse(
+            request_id=request_id, status=rq.SUBMIT_OK, notification_topic=topic
+        )
+
+    def _reject(self, request_id: str, reason: int, message: str) -> rq.SubmitResponse:
+        self.metrics.requests.labels("rejected").inc()
+        self.metrics.rejections.labels(rq.RejectReason.Name(reason).lower()).inc()
+        return rq.SubmitResponse(
+            request_id=request_id, status=rq.SUBMIT_REJECTED, reason=reason, error_message=message
+        )
+
+    def _reply(self, route: list[bytes], resp: rq.SubmitResponse) -> None:
+        self._router.send_multipart([*route, *encode(resp)])

@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import pytest
+from google.protobuf import descriptor_pb2
+
+from proto import envelope_pb2, events_pb2, market_pb2, requests_pb2
+from proto.envelope import (
+    MESSAGE_CLASSES,
+    MalformedPayload,
+    MissingFrame,
+    UnexpectedFrames,
+    UnexpectedMessage,
+    UnknownMessageType,
+    UnsupportedVersion,
+    decode,
+    decode_router,
+    decode_sub,
+    encode,
+    encode_topic,
+    expect,
+    from_record,
+    split_route,
+    to_record,
+)
+
+
+def test_table_covers_every_type_id_in_the_spec() -> None:
+    spec_ids = {0x01, 0x03, 0x04, 0x05, 0x06, 0x09, 0x0A, 0x0B, 0x0C}
+    spec_ids |= {0x10, 0x11, 0x12, 0x13, 0x20, 0x21}
+    assert set(MESSAGE_CLASSES) == spec_ids
+    assert len(set(MESSAGE_CLASSES.values())) == len(spec_ids)
+
+
+def test_deprecated_ids_are_reserved_not_reused() -> None:
+    file = descriptor_pb2.FileDescriptorProto.FromString(envelope_pb2.DESCRIPTOR.serialized_pb)
+    (enum,) = [e for e in file.enum_type if e.name == "MessageType"]
+    reserved = {n for r in enum.reserved_range for n in range(r.start, r.end + 1)}
+    assert {0x02, 0x07, 0x08} <= reserved
+    assert not {v.number for v in enum.value} & {0x02, 0x07, 0x08}
+    for type_id in (0x02, 0x07, 0x08):
+        with pytest.raises(UnknownMessageType):
+            decode([b"\x01", bytes([type_id])])
+
+
+@pytest.mark.parametrize("type_id", sorted(MESSAGE_CLASSES))
+def test_round_trip_every_type(type_id: int) -> None:
+    msg = MESSAGE_CLASSES[type_id]()
+    for name in ("ticker", "request_id", "event_id", "trigger_id", "user_id", "exchange"):
+        if name in msg.DESCRIPTOR.fields_by_name:
+            setattr(msg, name, f"value-{type_id}")
+    frames = encode(msg)
+    assert frames[0] == b"\x01"
+    assert frames[1][0] == type_id
+    assert decode(frames) == msg
+    assert from_record(to_record(msg)) == msg
+
+
+def test_prices_round_trip_exactly() -> None:
+    tick = market_pb2.Tick(price="0.000000012345678901", size="123456789.123456789")
+    out = decode(encode(tick))
+    assert out.price == "0.000000012345678901"
+    assert out.size == "123456789.123456789"
+
+
+def test_sub_and_router_framing() -> None:
+    note = requests_pb2.HistoryReadyNotification(request_id="r1", row_count=3)
+    topic, msg = decode_sub(encode_topic("HISTORY_READY:r1", note))
+    assert topic == "HISTORY_READY:r1" and msg == note
+    route, msg = decode_router([b"id", b"", *encode(note)])
+    assert route == [b"id", b""] and msg == note
+    route, body, is_req = split_route([b"id", *encode(note)])
+    assert route == [b"id"] and not is_req and decode(body) == note
+    route, body, is_req = split_route([b"proxy", b"id", b"", *encode(note)])
+    assert route == [b"proxy", b"id", b""] and is_req
+
+
+@pytest.mark.parametrize(
+    ("frames", "error"),
+    [
+        ([b"\x02", b"\x04"], UnsupportedVersion),
+        ([b"", b"\x04"], UnsupportedVersion),
+        ([b"\x01\x01", b"\x04"], UnsupportedVersion),
+        ([b"\x01", b"\x7f"], UnknownMessageType),
+        ([b"\x01", b"\x00"], UnknownMessageType),
+        ([b"\x01"], MissingFrame),
+        ([], MissingFrame),
+        ([b"\x01", b""], MissingFrame),
+        ([b"\x01", b"\x04", b"extra"], UnexpectedFrames),
+        ([b"\x01", b"\x04\xff\xff\xff"], MalformedPayload),
+        ([b"\x01", b"\x10\x0a\x05ab"], MalformedPayload),
+    ],
+)
+def test_each_malformed_case_raises_its_own_error(frames: list[bytes], error: type) -> None:
+    with pytest.raises(error):
+        decode(frames)
+
+
+def test_sub_frames_missing_or_non_utf8_topic() -> None:
+    with pytest.raises(MissingFrame):
+        decode_sub([b"topic", b"\x01"])
+    with pytest.raises(MalformedPayload):
+        decode_sub([b"\xff\xfe", *encode(market_pb2.Tick())])
+
+
+def test_expect_narrows_type() -> None:
+    ack = events_pb2.EventAck(event_id="e")
+    assert expect(ack, events_pb2.EventAck) is ack
+    with pytest.raises(UnexpectedMessage):
+        expect(ack, events_pb2.UserEvent)

@@ -1,0 +1,345 @@
+"""The relay against real sockets on 127.0.0.1; tests play the ingestor and publisher roles."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+import zmq
+
+from candlewire import Client, HistoryFailed, RequestRejected
+from candlewire.config import Settings
+from candlewire.topics import NOTIFY_REPEAT_DELAYS_S, work_prefix
+from proto import requests_pb2 as rq
+from proto.envelope import decode, encode
+from relay import Relay
+from tests.support import FakeIngestor, FakePublisher, wait_for
+
+DAY_MS = 86_400_000
+START = 1_700_000_000_000
+
+
+def serve_pipeline(
+    ctx, settings, publisher, stop: threading.Event, status=rq.HISTORY_OK, repeat=True
+) -> None:
+    """Play ingestor + stream processor: answer every DataRequest at once.
+
+    Like the real stream processor it repeats each notification on NOTIFY_REPEAT_DELAYS_S
+    (unless ``repeat`` is off, to test the first send alone).
+    """
+    ing = FakeIngestor(ctx, settings, ["BINANCE:"])
+    due: list[tuple[float, str, rq.HistoryReadyNotification]] = []
+    try:
+        while not stop.is_set():
+            now = time.monotonic()
+            for item in [d for d in due if d[0] <= now]:
+                due.remove(item)
+                publisher.publish(item[1], item[2])
+            got = ing.recv(0.05)
+            if got is None:
+                continue
+            _, work = got
+            note = rq.HistoryReadyNotification(
+                request_id=work.request_id,
+                status=status,
+                row_count=(work.end_ms - work.start_ms) // (work.period_s * 1000),
+                iceberg_table="candlewire.ohlc",
+                ticker=work.ticker,
+                period_s=work.period_s,
+                start_ms=work.start_ms,
+                end_ms=work.end_ms,
+                error_message="" if status == rq.HISTORY_OK else "unknown symbol",
+            )
+            publisher.publish(work.notification_topic, note)
+            if repeat:
+                due += [
+                    (now + d, work.notification_topic, note) for d in NOTIFY_REPEAT_DELAYS_S[1:]
+                ]
+    finally:
+        ing.close()
+
+
+@pytest.fixture
+def pipeline(ctx, settings, publisher, relay):
+    stop = threading.Event()
+    t = threading.Thread(
+        target=serve_pipeline, args=(ctx, settings, publisher, stop, rq.HISTORY_OK, False)
+    )
+    t.start()
+    time.sleep(0.2)  # the fake ingestor's subscription reaches the relay's PUB
+    yield
+    stop.set()
+    t.join()
+
+
+@pytest.mark.parametrize("notify", ["client", "request"])
+def test_full_history_flow(settings, pipeline, notify) -> None:
+    with Client(settings) as client:
+        note = client.request_history(
+            "BINANCE:BTC/USDT", 60, START, START + DAY_MS, notify=notify, timeout=10
+        )
+    assert note.status == rq.HISTORY_OK
+    assert note.row_count == 1440
+    assert note.iceberg_table == "candlewire.ohlc"
+    assert (note.start_ms, note.end_ms) == (START, START + DAY_MS)
+
+
+def test_per_client_topic_serves_many_requests(settings, pipeline) -> None:
+    with Client(settings) as client:
+        ids = [
+            client.request_history("BINANCE:ETH/USDT", 300, START, START + i * DAY_MS, timeout=10)
+            for i in (1, 2, 3)
+        ]
+    assert [n.row_count for n in ids] == [288, 576, 864]
+
+
+def test_error_notification_raises(ctx, settings, publisher, relay) -> None:
+    stop = threading.Event()
+    t = threading.Thread(
+        target=serve_pipeline, args=(ctx, settings, publisher, stop, rq.HISTORY_ERROR)
+    )
+    t.start()
+    time.sleep(0.2)
+    try:
+        with Client(settings) as client, pytest.raises(HistoryFailed, match="unknown symbol"):
+            client.request_history("BINANCE:NOPE/USDT", 60, START, START + DAY_MS, timeout=10)
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_subscribe_before_submit_race(settings, pipeline) -> None:
+    """The notification is published the instant the work appears; it is never missed."""
+    for _ in range(25):
+        with Client(settings) as client:
+            note = client.request_history(
+                "BINANCE:BTC/USDT", 60, START, START + DAY_MS, notify="request", timeout=5
+            )
+        assert note.status == rq.HISTORY_OK
+
+
+def test_exchange_prefix_routing(ctx, settings, relay) -> None:
+    binance = FakeIngestor(ctx, settings, [work_prefix("BINANCE")])
+    coinbase = FakeIngestor(ctx, settings, [work_prefix("COINBASE")])
+    binance_us = FakeIngestor(ctx, settings, [work_prefix("BINANCEUS")])
+    time.sleep(0.2)
+    with Client(settings) as client:
+        client.submit("COINBASE:BTC/USD", 60, START, START + DAY_MS)
+        client.submit("BINANCE:BTC/USDT", 60, START, START + DAY_MS)
+        client.submit("BINANCEUS:BTC/USD", 60, START, START + DAY_MS)
+    seen = {}
+    for name, ing in (("binance", binance), ("coinbase", coinbase), ("binanceus", binance_us)):
+        got = []
+        while (m := ing.recv(0.5)) is not None:
+            got.append(m[1].ticker)
+        seen[name] = got
+        ing.close()
+    assert seen == {
+        "binance": ["BINANCE:BTC/USDT"],
+        "coinbase": ["COINBASE:BTC/USD"],
+        "binanceus": ["BINANCEUS:BTC/USD"],
+    }
+
+
+def test_relay_restart_under_connected_client(ctx, settings, publisher) -> None:
+    relays = [Relay(settings).start()]
+    stop = threading.Event()
+    t = threading.Thread(target=serve_pipeline, args=(ctx, settings, publisher, stop))
+    t.start()
+    try:
+        time.sleep(0.2)
+        with Client(settings, attempt_timeout=1.0) as client:
+            first = client.request_history(
+                "BINANCE:BTC/USDT", 60, START, START + DAY_MS, timeout=10
+            )
+            assert first.row_count == 1440
+            relays.pop().stop()
+            # Submitted while the relay is down: Lazy Pirate retries until it is back.
+            restart = threading.Timer(1.5, lambda: relays.append(Relay(settings).start()))
+            restart.start()
+            note = client.request_history(
+                "BINANCE:BTC/USDT", 60, START, START + 2 * DAY_MS, timeout=15
+            )
+            restart.join()
+            assert note.row_count == 2880
+            # ...and later requests complete too.
+            assert (
+                client.request_history(
+                    "BINANCE:BTC/USDT", 300, START, START + DAY_MS, timeout=10
+                ).row_count
+                == 288
+            )
+    finally:
+        stop.set()
+        t.join()
+        for r in relays:
+            r.stop()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"ticker": "btcusdt"}, "BAD_TICKER"),
+        ({"ticker": "BINANCE:BTC-USDT"}, "BAD_TICKER"),
+        ({"period": 61}, "BAD_PERIOD"),
+        ({"start": START + DAY_MS, "end": START}, "BAD_RANGE"),
+        ({"start": START, "end": START}, "BAD_RANGE"),
+        ({"start": 1_700_000_000, "end": 1_800_000_000}, "BAD_RANGE"),
+        ({"start": START - 400 * 5 * 365 * DAY_MS // 400, "end": START}, "RANGE_TOO_LARGE"),
+    ],
+)
+def test_validation_rejects_with_reason(settings, pipeline, kwargs, reason) -> None:
+    args = {"ticker": "BINANCE:BTC/USDT", "period": 60, "start": START, "end": START + DAY_MS}
+    args.update(kwargs)
+    with Client(settings) as client, pytest.raises(RequestRejected) as info:
+        client.submit(args["ticker"], args["period"], args["start"], args["end"])
+    assert info.value.reason == reason
+
+
+def _req_roundtrip(ctx, settings, frames: list[bytes]) -> rq.SubmitResponse:
+    req = ctx.socket(zmq.REQ)
+    req.setsockopt(zmq.LINGER, 0)
+    req.connect(settings.connect("client_requests"))
+    req.send_multipart(frames)
+    assert req.poll(5000), "relay left a REQ peer without a reply"
+    resp = decode(req.recv_multipart())
+    req.close()
+    assert isinstance(resp, rq.SubmitResponse)
+    return resp
+
+
+@pytest.mark.parametrize(
+    ("frames", "reason"),
+    [
+        ([b"\x09", b"\x10"], rq.UNSUPPORTED_VERSION),
+        ([b"\x01", b"\x66hello"], rq.UNEXPECTED_TYPE),
+        ([b"\x01"], rq.MALFORMED),
+        ([b"\x01", b"\x10", b"extra"], rq.MALFORMED),
+        ([b"\x01", b"\x10\x0a\x05ab"], rq.MALFORMED),
+        ([b"\x01", b""], rq.MALFORMED),
+        (encode(rq.SubmitResponse()), rq.UNEXPECTED_TYPE),
+        (encode(rq.DataRequest(kind=rq.HISTORICAL, exchange="BINANCE")), rq.UNEXPECTED_TYPE),
+    ],
+)
+def test_malformed_req_always_gets_an_error_reply(ctx, settings, pipeline, frames, reason) -> None:
+    resp = _req_roundtrip(ctx, settings, frames)
+    assert resp.status == rq.SUBMIT_REJECTED
+    assert resp.reason == reason
+    # ...and the relay still serves.
+    with Client(settings) as client:
+        assert client.submit("BINANCE:BTC/USDT", 60, START, START + DAY_MS).status == rq.SUBMIT_OK
+
+
+def test_dealer_garbage_is_dropped_and_counted(ctx, settings, relay) -> None:
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(settings.connect("client_requests"))
+    dealer.send_multipart([b"\x07", b"junk"])
+    dealer.send_multipart([b"\x01", b"\xee"])
+    metric = relay.metrics.dropped
+    wait_for(
+        lambda: (
+            sum(s.value for m in metric.collect() for s in m.samples if s.name.endswith("_total"))
+            >= 2
+        )
+    )
+    assert not dealer.poll(200), "a DEALER sending garbage gets no reply"
+    dealer.close()
+
+
+def test_trusted_forwarding_of_control_and_realtime(ctx, settings, relay) -> None:
+    control = ctx.socket(zmq.SUB)
+    control.subscribe(work_prefix("BINANCE"))
+    control.connect(settings.connect("control"))
+    ing = FakeIngestor(ctx, settings, ["BINANCE:"])
+    time.sleep(0.2)
+    cancel = rq.IngestorControl(
+        action=rq.CANCEL_REALTIME, ticker="BINANCE:BTC/USDT", exchange="BINANCE", request_id="c1"
+    )
+    assert _req_roundtrip(ctx, settings, encode(cancel)).status == rq.SUBMIT_OK
+    assert control.poll(2000)
+    assert decode(control.recv_multipart()[1:]) == cancel
+    meta = rq.DataRequest(request_id="m1", kind=rq.SYMBOL_METADATA, exchange="BINANCE")
+    assert _req_roundtrip(ctx, settings, encode(meta)).status == rq.SUBMIT_OK
+    assert ing.recv(2.0)[1] == meta
+    wrong = rq.DataRequest(
+        request_id="m2", kind=rq.REALTIME_SUBSCRIBE, exchange="KRAKEN", ticker="BINANCE:BTC/USDT"
+    )
+    assert _req_roundtrip(ctx, settings, encode(wrong)).reason == rq.BAD_TICKER
+    control.close()
+    ing.close()
+
+
+def test_market_data_fanout_from_bound_and_connecting_publishers(
+    ctx, settings, relay, publisher
+) -> None:
+    from proto import market_pb2
+
+    extra = FakePublisher(ctx, settings.connect("publisher_ingress"), bind=False)
+    sub = ctx.socket(zmq.SUB)
+    sub.subscribe(b"BINANCE:BTC/USDT|tick")
+    sub.connect(settings.connect("market_data"))
+
+    def both_arrive() -> bool:
+        publisher.publish("BINANCE:BTC/USDT|tick", market_pb2.Tick(trade_id="a"))
+        extra.publish("BINANCE:BTC/USDT|tick", market_pb2.Tick(trade_id="b"))
+        got = set()
+        while sub.poll(50):
+            got.add(decode(sub.recv_multipart()[1:]).trade_id)
+        return got == {"a", "b"}
+
+    wait_for(both_arrive, timeout=10, interval=0.05)
+    extra.close()
+    sub.close()
+
+
+def test_metrics_endpoint(settings, relay, pipeline) -> None:
+    with Client(settings) as client:
+        client.submit("BINANCE:BTC/USDT", 60, START, START + DAY_MS)
+        with pytest.raises(RequestRejected):
+            client.submit("BINANCE:BTC/USDT", 7, START, START + DAY_MS)
+    url = f"http://127.0.0.1:{settings.port('relay_metrics')}/metrics"
+    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    assert 'candlewire_relay_requests_total{result="ok"} 1.0' in body
+    assert 'candlewire_relay_rejections_total{reason="bad_period"} 1.0' in body
+    assert "candlewire_relay_up 1.0" in body
+
+
+def test_second_relay_on_same_ports_fails_clearly(settings, relay) -> None:
+    with pytest.raises(OSError, match="cannot bind"):
+        Relay(settings, metrics=False).start()
+
+
+def test_no_ingestor_is_a_clear_retryable_rejection(ctx, settings, relay) -> None:
+    with Client(settings, submit_timeout=1.0) as client, pytest.raises(RequestRejected) as info:
+        client.submit("KRAKEN:BTC/USD", 60, START, START + DAY_MS)
+    assert info.value.reason == "NO_INGESTOR" and info.value.retryable
+    ing = FakeIngestor(ctx, settings, ["KRAKEN:"])
+    wait_for(lambda: relay.has_ingestor("KRAKEN"))
+    ing.close()
+    wait_for(lambda: not relay.has_ingestor("KRAKEN"))
+
+
+def test_cli_relay_stops_gracefully_on_sigterm(ctx, settings: Settings) -> None:
+    env = {
+        **os.environ,
+        **{f"CANDLEWIRE_PORTS__{k.upper()}": str(v) for k, v in settings.ports.items()},
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "candlewire.cli", "relay"], env=env)
+    ing = FakeIngestor(ctx, settings, ["BINANCE:"])
+    try:
+        with Client(settings) as client:
+            assert (
+                client.submit("BINANCE:BTC/USDT", 60, START, START + DAY_MS).status == rq.SUBMIT_OK
+            )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        ing.close()
+        proc.kill()
