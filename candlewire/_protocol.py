@@ -106,7 +106,7 @@ class NotificationInbox:
 
     def offer(self, frames: list[bytes]) -> None:
         try:
-            topic, msg = decode_sub(frames)
+            _topic, msg = decode_sub(frames)
         except EnvelopeError:
             self.dropped += 1
             return

@@ -55,6 +55,13 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _endpoints(args: argparse.Namespace, settings: Settings) -> int:
+    from candlewire.endpoints import markdown_table
+
+    print(markdown_table())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="candlewire", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -65,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--type", default="tick", help="tick or ohlc:<period_s>")
     watch.add_argument("--count", type=int, default=0, help="stop after N messages")
     watch.set_defaults(fn=_watch)
+    sub.add_parser("endpoints", help="print the endpoint table").set_defaults(fn=_endpoints)
     for name, text in (("up", "start the local stack"), ("down", "stop it"), ("status", "health")):
         sub.add_parser(name, help=text).set_defaults(fn=_stack)
     return parser

@@ -162,8 +162,8 @@ class Client(_Base):
         if call.topic != response_topic(self.client_id):
             self._sub.subscribe(call.topic)
         self.inbox.expect(call.request.request_id)
-        self._wait_connected(CONNECT_TIMEOUT_S)
         deadline = time.monotonic() + self.submit_timeout
+        self._wait_connected(min(CONNECT_TIMEOUT_S, self.submit_timeout / 2))
         while True:
             try:
                 return call.accept(self._lazy_pirate(call.frames(), deadline))
@@ -294,8 +294,8 @@ class AsyncClient(_Base):
         if call.topic != response_topic(self.client_id):
             self._sub.subscribe(call.topic)
         self.inbox.expect(call.request.request_id)
-        await self._wait_connected(CONNECT_TIMEOUT_S)
         deadline = time.monotonic() + self.submit_timeout
+        await self._wait_connected(min(CONNECT_TIMEOUT_S, self.submit_timeout / 2))
         while True:
             try:
                 return call.accept(await self._lazy_pirate(call.frames(), deadline))

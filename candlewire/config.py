@@ -6,6 +6,7 @@ ports so they can run beside ``make up``).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pydantic import Field
@@ -48,3 +49,17 @@ class Settings(BaseSettings):
     def bind(self, name: str) -> str:
         """The ZMQ address the owning service binds."""
         return f"tcp://{self.bind_host}:{self.port(name)}"
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as CANDLEWIRE_* variables, for child processes."""
+        env = {
+            "CANDLEWIRE_HOST": self.host,
+            "CANDLEWIRE_BIND_HOST": self.bind_host,
+            "CANDLEWIRE_STATE_DIR": str(self.state_dir),
+            "CANDLEWIRE_MAX_MESSAGE_BYTES": str(self.max_message_bytes),
+            "CANDLEWIRE_MAX_HISTORY_ROWS": str(self.max_history_rows),
+        }
+        env.update({f"CANDLEWIRE_PORTS__{k.upper()}": str(v) for k, v in self.ports.items()})
+        if self.extra_publishers:
+            env["CANDLEWIRE_EXTRA_PUBLISHERS"] = json.dumps(self.extra_publishers)
+        return env

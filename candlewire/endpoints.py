@@ -1,6 +1,6 @@
 """Every port candlewire uses, declared once.
 
-The README's endpoint table is generated from ``ENDPOINTS`` (``python -m candlewire.endpoints``)
+The README's endpoint table is generated from ``ENDPOINTS`` (``candlewire endpoints``)
 and a test keeps the two equal. The spec gives 5557 both to the stream processor's PUB and to
 the ingestor control channel; the stream processor keeps 5557 and control moves to 5556.
 """
@@ -26,7 +26,7 @@ ENDPOINTS: dict[str, Endpoint] = {
             "work_queue",
             5555,
             "relay",
-            "PUB → ingestor SUB",
+            "XPUB → ingestor SUB",
             "DataRequest work, `{EXCHANGE}:` topics",
         ),
         Endpoint(
@@ -109,7 +109,3 @@ def markdown_table() -> str:
         for e in ENDPOINTS.values()
     ]
     return "\n".join(rows)
-
-
-if __name__ == "__main__":
-    print(markdown_table())

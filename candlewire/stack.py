@@ -107,7 +107,7 @@ class Stack:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, **svc.env},
+            env={**os.environ, **self.settings.to_env(), **svc.env},
         )
         self.pidfile(svc).write_text(str(proc.pid))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -11,6 +12,8 @@ from google.protobuf.message import Message
 
 from candlewire.config import Settings
 from candlewire.endpoints import ENDPOINTS
+from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
+from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, encode_topic
 
 
@@ -76,3 +79,43 @@ class FakePublisher:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def serve_pipeline(
+    ctx, settings, publisher, stop: threading.Event, status=rq.HISTORY_OK, repeat=True
+) -> None:
+    """Play ingestor + stream processor: answer every DataRequest at once.
+
+    Like the real stream processor it repeats each notification on NOTIFY_REPEAT_DELAYS_S
+    (unless ``repeat`` is off, to test the first send alone).
+    """
+    ing = FakeIngestor(ctx, settings, ["BINANCE:"])
+    due: list[tuple[float, str, rq.HistoryReadyNotification]] = []
+    try:
+        while not stop.is_set():
+            now = time.monotonic()
+            for item in [d for d in due if d[0] <= now]:
+                due.remove(item)
+                publisher.publish(item[1], item[2])
+            got = ing.recv(0.05)
+            if got is None:
+                continue
+            _, work = got
+            note = rq.HistoryReadyNotification(
+                request_id=work.request_id,
+                status=status,
+                row_count=(work.end_ms - work.start_ms) // (work.period_s * 1000),
+                iceberg_table="candlewire.ohlc",
+                ticker=work.ticker,
+                period_s=work.period_s,
+                start_ms=work.start_ms,
+                end_ms=work.end_ms,
+                error_message="" if status == rq.HISTORY_OK else "unknown symbol",
+            )
+            publisher.publish(work.notification_topic, note)
+            if repeat:
+                due += [
+                    (now + d, work.notification_topic, note) for d in NOTIFY_REPEAT_DELAYS_S[1:]
+                ]
+    finally:
+        ing.close()

@@ -15,67 +15,14 @@ import zmq
 
 from candlewire import Client, HistoryFailed, RequestRejected
 from candlewire.config import Settings
-from candlewire.topics import NOTIFY_REPEAT_DELAYS_S, work_prefix
+from candlewire.topics import work_prefix
 from proto import requests_pb2 as rq
 from proto.envelope import decode, encode
 from relay import Relay
-from tests.support import FakeIngestor, FakePublisher, wait_for
+from tests.support import FakeIngestor, FakePublisher, serve_pipeline, wait_for
 
 DAY_MS = 86_400_000
 START = 1_700_000_000_000
-
-
-def serve_pipeline(
-    ctx, settings, publisher, stop: threading.Event, status=rq.HISTORY_OK, repeat=True
-) -> None:
-    """Play ingestor + stream processor: answer every DataRequest at once.
-
-    Like the real stream processor it repeats each notification on NOTIFY_REPEAT_DELAYS_S
-    (unless ``repeat`` is off, to test the first send alone).
-    """
-    ing = FakeIngestor(ctx, settings, ["BINANCE:"])
-    due: list[tuple[float, str, rq.HistoryReadyNotification]] = []
-    try:
-        while not stop.is_set():
-            now = time.monotonic()
-            for item in [d for d in due if d[0] <= now]:
-                due.remove(item)
-                publisher.publish(item[1], item[2])
-            got = ing.recv(0.05)
-            if got is None:
-                continue
-            _, work = got
-            note = rq.HistoryReadyNotification(
-                request_id=work.request_id,
-                status=status,
-                row_count=(work.end_ms - work.start_ms) // (work.period_s * 1000),
-                iceberg_table="candlewire.ohlc",
-                ticker=work.ticker,
-                period_s=work.period_s,
-                start_ms=work.start_ms,
-                end_ms=work.end_ms,
-                error_message="" if status == rq.HISTORY_OK else "unknown symbol",
-            )
-            publisher.publish(work.notification_topic, note)
-            if repeat:
-                due += [
-                    (now + d, work.notification_topic, note) for d in NOTIFY_REPEAT_DELAYS_S[1:]
-                ]
-    finally:
-        ing.close()
-
-
-@pytest.fixture
-def pipeline(ctx, settings, publisher, relay):
-    stop = threading.Event()
-    t = threading.Thread(
-        target=serve_pipeline, args=(ctx, settings, publisher, stop, rq.HISTORY_OK, False)
-    )
-    t.start()
-    time.sleep(0.2)  # the fake ingestor's subscription reaches the relay's PUB
-    yield
-    stop.set()
-    t.join()
 
 
 @pytest.mark.parametrize("notify", ["client", "request"])
@@ -327,10 +274,7 @@ def test_no_ingestor_is_a_clear_retryable_rejection(ctx, settings, relay) -> Non
 
 
 def test_cli_relay_stops_gracefully_on_sigterm(ctx, settings: Settings) -> None:
-    env = {
-        **os.environ,
-        **{f"CANDLEWIRE_PORTS__{k.upper()}": str(v) for k, v in settings.ports.items()},
-    }
+    env = {**os.environ, **settings.to_env()}
     proc = subprocess.Popen([sys.executable, "-m", "candlewire.cli", "relay"], env=env)
     ing = FakeIngestor(ctx, settings, ["BINANCE:"])
     try:

@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from candlewire import AsyncClient, Client, RequestRejected, RequestTimeout
+from candlewire._protocol import to_ms
+from proto import market_pb2
+from proto import requests_pb2 as rq
+
+START = 1_700_000_000_000
+DAY_MS = 86_400_000
+
+
+def feed(publisher, topic: str, stop: threading.Event, junk: bool = False) -> threading.Thread:
+    def run() -> None:
+        i = 0
+        while not stop.is_set():
+            if junk:
+                publisher.sock.send_multipart([topic.encode(), b"\x01", b"\x04\xff\xff"])
+            publisher.publish(topic, market_pb2.Tick(ticker=topic.split("|")[0], trade_id=str(i)))
+            i += 1
+            time.sleep(0.02)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_to_ms_accepts_datetimes_and_ints() -> None:
+    from datetime import UTC, datetime
+
+    assert to_ms(datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)) == START
+    assert to_ms(datetime(2023, 11, 14, 22, 13, 20)) == START
+    assert to_ms(START) == START
+
+
+def test_async_history_both_patterns(settings, pipeline) -> None:
+    async def main() -> list[int]:
+        async with AsyncClient(settings) as client:
+            a = await client.request_history("BINANCE:BTC/USDT", 60, START, START + DAY_MS)
+            b = await client.request_history(
+                "BINANCE:BTC/USDT", 3600, START, START + DAY_MS, notify="request"
+            )
+            return [a.row_count, b.row_count]
+
+    assert asyncio.run(main()) == [1440, 24]
+
+
+def test_async_rejection(settings, pipeline) -> None:
+    async def main() -> None:
+        async with AsyncClient(settings) as client:
+            await client.submit("BINANCE:BTC/USDT", 45, START, START + DAY_MS)
+
+    with pytest.raises(RequestRejected, match="BAD_PERIOD"):
+        asyncio.run(main())
+
+
+def test_submit_times_out_without_relay(settings) -> None:
+    t0 = time.monotonic()
+    client = Client(settings, submit_timeout=1.5, attempt_timeout=0.5)
+    with client, pytest.raises(RequestTimeout):
+        client.submit("BINANCE:BTC/USDT", 60, START, START + DAY_MS)
+    assert time.monotonic() - t0 < 5
+
+
+def test_subscribe_yields_only_its_topic_and_skips_malformed(settings, relay, publisher) -> None:
+    stop = threading.Event()
+    feeders = [
+        feed(publisher, "BINANCE:BTC/USDT|tick", stop, junk=True),
+        feed(publisher, "BINANCE:BTC/USDT|tick2", stop),  # same prefix, other topic
+    ]
+    try:
+        with Client(settings) as client:
+            got = []
+            for msg in client.subscribe("BINANCE:BTC/USDT", "tick", idle_timeout=10):
+                got.append(msg)
+                if len(got) == 5:
+                    break
+    finally:
+        stop.set()
+        for f in feeders:
+            f.join()
+    assert all(isinstance(m, market_pb2.Tick) and m.ticker == "BINANCE:BTC/USDT" for m in got)
+
+
+def test_async_subscribe(settings, relay, publisher) -> None:
+    stop = threading.Event()
+    feeder = feed(publisher, "COINBASE:ETH/USD|tick", stop)
+
+    async def main() -> list[str]:
+        async with AsyncClient(settings) as client:
+            out = []
+            async for msg in client.subscribe("COINBASE:ETH/USD", idle_timeout=10):
+                out.append(msg.ticker)
+                if len(out) == 3:
+                    break
+            return out
+
+    try:
+        assert asyncio.run(main()) == ["COINBASE:ETH/USD"] * 3
+    finally:
+        stop.set()
+        feeder.join()
+
+
+def test_subscribe_idle_timeout(settings, relay) -> None:
+    with Client(settings) as client, pytest.raises(RequestTimeout):
+        next(client.subscribe("BINANCE:BTC/USDT", idle_timeout=0.3))
+
+
+def test_watch_cli_prints_live_messages(settings, relay, publisher) -> None:
+    import os
+
+    env = {**os.environ, **settings.to_env()}
+    stop = threading.Event()
+    feeder = feed(publisher, "BINANCE:SOL/USDT|tick", stop)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "candlewire.cli", "watch", "BINANCE:SOL/USDT", "--count", "2"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        stop.set()
+        feeder.join()
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0, out.stderr
+    assert len(lines) == 2 and all(line.startswith("Tick {") for line in lines)
+    assert '"ticker": "BINANCE:SOL/USDT"' in lines[0]
+
+
+def test_rejection_carries_relay_reason(settings, pipeline) -> None:
+    with Client(settings) as client, pytest.raises(RequestRejected) as info:
+        client.submit("BINANCE:BTC/USDT", 60, START + DAY_MS, START)
+    assert info.value.response.reason == rq.BAD_RANGE
