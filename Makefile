@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+JARS   := .cache/jvm
+MVN    := mvn -q -B -s jvm/maven-settings.xml
 
-.PHONY: install test up down status bench lint proto clean
+.PHONY: install jvm postgres-server test up down status bench lint proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,7 +14,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-install: $(STAMP)
+# Kafka broker and Spark jars from Maven Central, declared in jvm/*.xml.
+$(JARS)/.fetched: jvm/kafka.xml jvm/spark.xml jvm/maven-settings.xml
+	@command -v java >/dev/null || { echo "java not found: apt-get install openjdk-17-jre-headless"; exit 1; }
+	@command -v mvn >/dev/null || { echo "mvn not found: apt-get install maven"; exit 1; }
+	rm -rf $(JARS)/kafka $(JARS)/spark
+	$(MVN) -f jvm/kafka.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JARS)/kafka
+	$(MVN) -f jvm/spark.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JARS)/spark
+	touch $@
+
+jvm: $(JARS)/.fetched
+
+# The PostgreSQL server from Debian's package, if the machine lacks it.
+postgres-server:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  echo "installing PostgreSQL from Debian's packages"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+
+install: $(STAMP) jvm postgres-server
 
 test: install
 	$(PY) -m pytest
@@ -28,6 +47,7 @@ status: install
 
 bench: install
 	$(PY) -m bench.relay
+	$(PY) -m bench.kafka
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -37,4 +57,4 @@ proto: install
 	$(PY) -m proto.generate
 
 clean: down
-	rm -rf $(VENV) .candlewire
+	rm -rf $(VENV) .candlewire .cache

@@ -35,9 +35,9 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
 
     from candlewire.stack import Stack, StackError, default_services
 
-    stack = Stack(settings, default_services(settings))
     console = Console()
     try:
+        stack = Stack(settings, default_services(settings))
         if args.command == "up":
             stack.up(console.print)
         elif args.command == "down":
@@ -49,7 +49,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
                 table.add_row(name, str(port), str(pid or "-"), health)
             console.print(table)
             return 0 if all(h == "healthy" for *_, h in rows) else 1
-    except StackError as exc:
+    except (StackError, OSError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
     return 0

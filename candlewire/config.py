@@ -14,6 +14,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from candlewire.endpoints import ENDPOINTS
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 # Candle periods the platform aggregates and serves, in seconds.
 PERIODS_S: tuple[int, ...] = (60, 300, 900, 3600, 14400, 86400)
 
@@ -37,6 +39,20 @@ class Settings(BaseSettings):
     max_history_rows: int = 1_100_000
     """Largest history request the relay accepts, in candles (two years of 1-minute bars)."""
 
+    # -- the data platform: local by default, any existing deployment by configuration ----
+    kafka_bootstrap: str | None = None
+    """Existing Kafka cluster, e.g. "k1:9092,k2:9092"; default the local broker."""
+    catalog_name: str = "candlewire"
+    catalog_url: str | None = None
+    """Iceberg JDBC catalog database, postgresql://user:password@host:port/db; default local."""
+    warehouse: str | None = None
+    """Iceberg warehouse location (file://, s3://...); default <state_dir>/warehouse."""
+    spark_master: str = "local[*]"
+    """local[*], spark://host:7077 or k8s://https://host:443."""
+    spark_ui: bool = False
+    jvm_dir: Path = REPO_ROOT / ".cache" / "jvm"
+    """Where `make jvm` put the fetched jars (kafka/ and spark/)."""
+
     def port(self, name: str) -> int:
         if name not in ENDPOINTS:
             raise KeyError(f"unknown endpoint {name!r}; known: {', '.join(ENDPOINTS)}")
@@ -50,6 +66,16 @@ class Settings(BaseSettings):
         """The ZMQ address the owning service binds."""
         return f"tcp://{self.bind_host}:{self.port(name)}"
 
+    def kafka_servers(self) -> str:
+        return self.kafka_bootstrap or f"{self.host}:{self.port('kafka')}"
+
+    def catalog_db(self) -> str:
+        """The catalog database as postgresql://user@host:port/db."""
+        return self.catalog_url or f"postgresql://candlewire@{self.host}:{self.port('postgres')}/candlewire"
+
+    def warehouse_uri(self) -> str:
+        return self.warehouse or (self.state_dir.resolve() / "warehouse").as_uri()
+
     def to_env(self) -> dict[str, str]:
         """These settings as CANDLEWIRE_* variables, for child processes."""
         env = {
@@ -60,6 +86,11 @@ class Settings(BaseSettings):
             "CANDLEWIRE_MAX_HISTORY_ROWS": str(self.max_history_rows),
         }
         env.update({f"CANDLEWIRE_PORTS__{k.upper()}": str(v) for k, v in self.ports.items()})
+        for name in ("kafka_bootstrap", "catalog_url", "warehouse"):
+            if getattr(self, name):
+                env[f"CANDLEWIRE_{name.upper()}"] = getattr(self, name)
+        env["CANDLEWIRE_SPARK_MASTER"] = self.spark_master
+        env["CANDLEWIRE_JVM_DIR"] = str(self.jvm_dir)
         if self.extra_publishers:
             env["CANDLEWIRE_EXTRA_PUBLISHERS"] = json.dumps(self.extra_publishers)
         return env

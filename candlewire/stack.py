@@ -1,7 +1,10 @@
-"""``candlewire up | down | status``: the local stack as supervised background processes.
+"""``candlewire up | down | status``: the local stack, each part with a live health check.
 
-Each service has a pid file and a log in the state dir. ``up`` is idempotent: a running
-service is left alone, a port held by something else is a one-line error naming the fix.
+Services start in order (PostgreSQL, the Iceberg catalog, Kafka, then the platform's own
+processes) and stop in reverse. Each process has a pid file and a log in the state dir.
+``up`` is idempotent: a running part is left alone; a port held by something else is a
+one-line error naming the fix. Parts pointed elsewhere by configuration (an existing Kafka
+cluster, an existing catalog database) are not started locally.
 """
 
 from __future__ import annotations
@@ -20,23 +23,11 @@ from pathlib import Path
 
 from candlewire.config import Settings
 
+Echo = Callable[[str], None]
+
 
 class StackError(RuntimeError):
-    """A prerequisite is missing or a service would not start; the message says what to do."""
-
-
-@dataclass
-class Service:
-    name: str
-    argv: list[str]
-    port: int
-    health: Callable[[], str | None]
-    """None when healthy, else a short description of what is wrong."""
-    env: dict[str, str] = field(default_factory=dict)
-    start_timeout: float = 30.0
-    prepare: Callable[[], None] | None = None
-    """One-time setup before the first start (formatting storage, creating dirs)."""
-    stop_timeout: float = 20.0
+    """A prerequisite is missing or a part would not start; the message says what to do."""
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -59,120 +50,276 @@ def http_health(url: str, needle: str) -> Callable[[], str | None]:
     return check
 
 
-class Stack:
-    def __init__(self, settings: Settings, services: list[Service]) -> None:
-        self.settings = settings
-        self.services = services
-        self.run_dir = settings.state_dir / "run"
-        self.log_dir = settings.state_dir / "logs"
+def reap(pid: int) -> None:
+    """Collect the exit status if the process is our own child, so it is not a zombie."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
 
-    def pidfile(self, svc: Service) -> Path:
-        return self.run_dir / f"{svc.name}.pid"
 
-    def logfile(self, svc: Service) -> Path:
-        return self.log_dir / f"{svc.name}.log"
+def alive(pid: int) -> bool:
+    reap(pid)
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
 
-    def pid(self, svc: Service) -> int | None:
-        """The recorded pid if that process is still alive."""
+
+class Service:
+    """One part of the stack. Subclasses say how it starts, stops and proves health."""
+
+    name: str
+    port: int
+
+    def pid(self) -> int | None:
+        return None
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        pass
+
+    def health(self) -> str | None:
+        raise NotImplementedError
+
+
+@dataclass
+class ProcessService(Service):
+    """A foreground process we spawn in its own session and track by pid file."""
+
+    name: str
+    argv: Callable[[], list[str]]
+    port: int
+    check: Callable[[], str | None]
+    run_dir: Path
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    prepare: Callable[[], None] | None = None
+    after_start: Callable[[], None] | None = None
+    start_timeout: float = 60.0
+    stop_timeout: float = 30.0
+
+    @property
+    def pidfile(self) -> Path:
+        return self.run_dir / f"{self.name}.pid"
+
+    def pid(self) -> int | None:
         try:
-            pid = int(self.pidfile(svc).read_text().strip())
-            os.kill(pid, 0)
+            pid = int(self.pidfile.read_text().strip())
         except (OSError, ValueError):
             return None
-        return pid
+        return pid if alive(pid) else None
 
-    def up(self, echo: Callable[[str], None] = print) -> None:
+    def health(self) -> str | None:
+        return self.check()
+
+    def start(self) -> None:
+        if self.prepare is not None:
+            self.prepare()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        for svc in self.services:
-            if self.pid(svc) is not None:
-                echo(f"{svc.name}: already running (pid {self.pid(svc)})")
-                continue
-            if port_open(self.settings.host, svc.port):
-                raise StackError(
-                    f"{svc.name}: port {svc.port} is taken by another process; stop it or set "
-                    f"CANDLEWIRE_PORTS__<NAME> to another port"
-                )
-            if svc.prepare is not None:
-                svc.prepare()
-            self._spawn(svc)
-            self._await_healthy(svc)
-            echo(f"{svc.name}: up on port {svc.port} (log {self.logfile(svc)})")
-
-    def _spawn(self, svc: Service) -> None:
-        log = self.logfile(svc).open("ab")
-        proc = subprocess.Popen(
-            svc.argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, **self.settings.to_env(), **svc.env},
-        )
-        self.pidfile(svc).write_text(str(proc.pid))
-
-    def _await_healthy(self, svc: Service) -> None:
-        deadline = time.monotonic() + svc.start_timeout
-        problem: str | None = "not started"
-        while time.monotonic() < deadline:
-            if self.pid(svc) is None:
-                tail = self.logfile(svc).read_text(errors="replace").splitlines()[-15:]
-                raise StackError(f"{svc.name} exited during start; log:\n" + "\n".join(tail))
-            problem = svc.health()
-            if problem is None:
-                return
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as log:
+            proc = subprocess.Popen(
+                self.argv(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **self.env},
+            )
+        self.pidfile.write_text(str(proc.pid))
+        deadline = time.monotonic() + self.start_timeout
+        problem = self.check()
+        while problem is not None:
+            if proc.poll() is not None:
+                tail = self.log.read_text(errors="replace").splitlines()[-20:]
+                self.pidfile.unlink(missing_ok=True)
+                raise StackError(f"{self.name} exited during start; {self.log}:\n" + "\n".join(tail))
+            if time.monotonic() > deadline:
+                raise StackError(f"{self.name} not healthy after {self.start_timeout:.0f}s: {problem}")
             time.sleep(0.3)
-        raise StackError(f"{svc.name} not healthy after {svc.start_timeout:.0f}s: {problem}")
+            problem = self.check()
+        if self.after_start is not None:
+            self.after_start()
 
-    def down(self, echo: Callable[[str], None] = print) -> None:
-        for svc in reversed(self.services):
-            pid = self.pid(svc)
-            if pid is None:
-                self.pidfile(svc).unlink(missing_ok=True)
-                continue
-            stop_process_group(pid, svc.stop_timeout)
-            self.pidfile(svc).unlink(missing_ok=True)
-            echo(f"{svc.name}: stopped")
-
-    def status(self) -> list[tuple[str, int, int | None, str]]:
-        """(name, port, pid, health) for each service."""
-        rows = []
-        for svc in self.services:
-            pid = self.pid(svc)
-            health = "stopped" if pid is None else (svc.health() or "healthy")
-            rows.append((svc.name, svc.port, pid, health))
-        return rows
+    def stop(self) -> None:
+        pid = self.pid()
+        if pid is not None:
+            stop_process_group(pid, self.stop_timeout)
+        self.pidfile.unlink(missing_ok=True)
 
 
 def stop_process_group(pid: int, timeout: float) -> None:
-    """SIGTERM the service's process group, then SIGKILL what outlives ``timeout``."""
+    """SIGTERM the process group, then SIGKILL whatever outlives ``timeout``."""
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        reap(pid)
         try:
             os.killpg(pid, 0)
         except ProcessLookupError:
             return
         time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
+    try:
         os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
 
 
-def python_service(module_args: list[str]) -> list[str]:
+@dataclass
+class PostgresService(Service):
+    """The private PostgreSQL, managed with pg_ctl (it daemonizes itself)."""
+
+    settings: Settings
+    log: Path
+    name: str = "postgres"
+
+    def __post_init__(self) -> None:
+        self.port = self.settings.port("postgres")
+
+    def _pg(self):
+        from candlewire.local.postgres import LocalPostgres, PostgresSetupError
+
+        try:
+            return LocalPostgres(self.settings.state_dir / "postgres", self.port)
+        except PostgresSetupError as exc:
+            raise StackError(str(exc)) from None
+
+    def pid(self) -> int | None:
+        return self._pg().pid()
+
+    def start(self) -> None:
+        from candlewire.local.postgres import PostgresSetupError
+
+        pg = self._pg()
+        try:
+            pg.init_once()
+            pg.start(self.log)
+        except PostgresSetupError as exc:
+            raise StackError(f"postgres: {exc}") from None
+
+    def stop(self) -> None:
+        self._pg().stop()
+
+    def health(self) -> str | None:
+        from candlewire.local.postgres import PostgresSetupError
+
+        try:
+            ok = self._pg().psql("SELECT 1").strip() == "1"
+        except PostgresSetupError as exc:
+            return str(exc)
+        return None if ok else "SELECT 1 did not answer 1"
+
+
+@dataclass
+class CatalogService(Service):
+    """Not a process: the Iceberg namespace and tables, created when missing."""
+
+    settings: Settings
+    name: str = "iceberg-catalog"
+
+    def __post_init__(self) -> None:
+        self.port = self.settings.port("postgres")
+
+    def start(self) -> None:
+        from candlewire.lake import ensure_tables
+
+        ensure_tables(self.settings)
+
+    def health(self) -> str | None:
+        from candlewire.lake import catalog_health
+
+        return catalog_health(self.settings)
+
+
+class Stack:
+    def __init__(self, settings: Settings, services: list[Service]) -> None:
+        self.settings = settings
+        self.services = services
+
+    def up(self, echo: Echo = print) -> None:
+        for svc in self.services:
+            pid = svc.pid()
+            if pid is not None:
+                echo(f"{svc.name}: already running (pid {pid})")
+                continue
+            if not isinstance(svc, CatalogService) and port_open(self.settings.host, svc.port):
+                raise StackError(
+                    f"{svc.name}: port {svc.port} is taken by another process; stop it or "
+                    f"move {svc.name} with CANDLEWIRE_PORTS__<NAME>=<port>"
+                )
+            svc.start()
+            echo(f"{svc.name}: up on port {svc.port}")
+
+    def down(self, echo: Echo = print) -> None:
+        for svc in reversed(self.services):
+            if svc.pid() is not None:
+                svc.stop()
+                echo(f"{svc.name}: stopped")
+
+    def status(self) -> list[tuple[str, int, int | None, str]]:
+        """(name, port, pid, health) for each part."""
+        rows = []
+        for svc in self.services:
+            pid = svc.pid()
+            if pid is None and not isinstance(svc, CatalogService):
+                rows.append((svc.name, svc.port, None, "stopped"))
+                continue
+            rows.append((svc.name, svc.port, pid, svc.health() or "healthy"))
+        return rows
+
+
+def candlewire_argv(*args: str) -> Callable[[], list[str]]:
     """Run a candlewire subcommand with this interpreter."""
-    return [sys.executable, "-m", "candlewire.cli", *module_args]
+    return lambda: [sys.executable, "-m", "candlewire.cli", *args]
 
 
-def default_services(settings: Settings) -> list[Service]:
+def default_services(settings: Settings, platform: bool = True) -> list[Service]:
+    """The stack ``make up`` runs; ``platform=False`` leaves out Kafka and PostgreSQL."""
+    from candlewire.kafka import ensure_topics, kafka_health
+
+    run, logs = settings.state_dir / "run", settings.state_dir / "logs"
+    env = settings.to_env()
+    services: list[Service] = []
+    if platform and settings.catalog_url is None:
+        services.append(PostgresService(settings, logs / "postgres.log"))
+    if platform:
+        services.append(CatalogService(settings))
+    if platform and settings.kafka_bootstrap is None:
+        from candlewire.local.kafka import KafkaBroker
+
+        broker = KafkaBroker(
+            settings.state_dir / "kafka",
+            settings.jvm_dir / "kafka",
+            settings.port("kafka"),
+            settings.port("kafka_controller"),
+        )
+        services.append(
+            ProcessService(
+                name="kafka",
+                argv=broker.argv,
+                port=settings.port("kafka"),
+                check=lambda: kafka_health(settings),
+                run_dir=run,
+                log=logs / "kafka.log",
+                prepare=broker.format_once,
+                after_start=lambda: ensure_topics(settings) and None,
+            )
+        )
     relay_metrics = f"http://{settings.host}:{settings.port('relay_metrics')}/metrics"
-    return [
-        Service(
+    services.append(
+        ProcessService(
             name="relay",
-            argv=python_service(["relay"]),
+            argv=candlewire_argv("relay"),
             port=settings.port("client_requests"),
-            health=http_health(relay_metrics, "candlewire_relay_up 1.0"),
-        ),
-    ]
+            check=http_health(relay_metrics, "candlewire_relay_up 1.0"),
+            run_dir=run,
+            log=logs / "relay.log",
+            env=env,
+        )
+    )
+    return services

@@ -1,13 +1,21 @@
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
 
 from candlewire.config import Settings
+from candlewire.kafka import ensure_topics, kafka_health
+from candlewire.lake import ensure_tables
+from candlewire.local.kafka import KafkaBroker
+from candlewire.local.postgres import LocalPostgres
+from candlewire.stack import ProcessService
 from proto import requests_pb2 as rq
 from relay import Relay
 from tests.support import FakePublisher, free_settings, serve_pipeline
@@ -51,3 +59,58 @@ def pipeline(ctx, settings, publisher, relay) -> Iterator[None]:
     yield
     stop.set()
     t.join()
+
+
+# -- the real platform, started once per test session on free ports ------------------------
+
+
+@pytest.fixture(scope="session")
+def platform_dir() -> Iterator[Path]:
+    # Not under pytest's 0700 tmp dir: PostgreSQL runs as the postgres user when we are root.
+    base = Path(tempfile.mkdtemp(prefix="candlewire-test-"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def platform_settings(platform_dir: Path) -> Settings:
+    return free_settings(platform_dir)
+
+
+@pytest.fixture(scope="session")
+def postgres(platform_settings: Settings) -> Iterator[LocalPostgres]:
+    pg = LocalPostgres(platform_settings.state_dir / "postgres", platform_settings.port("postgres"))
+    pg.init_once()
+    pg.start(platform_settings.state_dir / "postgres.log")
+    yield pg
+    pg.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka(platform_settings: Settings) -> Iterator[ProcessService]:
+    """The broker as `candlewire up` runs it; tests may stop() and start() it."""
+    s = platform_settings
+    broker = KafkaBroker(
+        s.state_dir / "kafka", s.jvm_dir / "kafka", s.port("kafka"), s.port("kafka_controller")
+    )
+    svc = ProcessService(
+        name="kafka",
+        argv=broker.argv,
+        port=s.port("kafka"),
+        check=lambda: kafka_health(s),
+        run_dir=s.state_dir / "run",
+        log=s.state_dir / "kafka.log",
+        prepare=broker.format_once,
+        after_start=lambda: ensure_topics(s) and None,
+    )
+    svc.start()
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="session")
+def lakehouse(platform_settings: Settings, postgres: LocalPostgres) -> Settings:
+    """Settings whose Iceberg catalog exists, with the platform's tables."""
+    ensure_tables(platform_settings)
+    return platform_settings

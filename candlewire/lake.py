@@ -1,0 +1,182 @@
+"""The Iceberg catalog and the platform's table schemas, defined once.
+
+One catalog name, one PostgreSQL database: Spark reaches it through Iceberg's JDBC catalog
+(:func:`spark_catalog_conf`), Python through pyiceberg's ``SqlCatalog`` (:func:`catalog`).
+Prices and sizes are DECIMAL(38, 18): exact, like the wire's decimal strings.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table.sorting import SortField, SortOrder
+from pyiceberg.transforms import DayTransform, IdentityTransform
+from pyiceberg.types import (
+    BooleanType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    TimestamptzType,
+)
+
+from candlewire.config import Settings
+
+NAMESPACE = "market"
+DEC = DecimalType(38, 18)
+
+
+def _fields(*spec: tuple[str, object, bool]) -> list[NestedField]:
+    return [NestedField(i, name, typ, required=req) for i, (name, typ, req) in enumerate(spec, 1)]
+
+
+TICKS_SCHEMA = Schema(
+    *_fields(
+        ("ticker", StringType(), True),
+        ("trade_id", StringType(), True),
+        ("price", DEC, True),
+        ("size", DEC, True),
+        ("side", StringType(), False),
+        ("exchange_time", TimestamptzType(), True),
+        ("ingest_time", TimestamptzType(), False),
+        ("exchange_time_ns", LongType(), True),
+    ),
+    identifier_field_ids=[1, 2],
+)
+OHLC_SCHEMA = Schema(
+    *_fields(
+        ("ticker", StringType(), True),
+        ("period_s", IntegerType(), True),
+        ("open_time", TimestamptzType(), True),
+        ("open", DEC, True),
+        ("high", DEC, True),
+        ("low", DEC, True),
+        ("close", DEC, True),
+        ("volume", DEC, True),
+        ("trade_count", LongType(), False),
+        ("closed", BooleanType(), False),
+        ("source", StringType(), False),  # "live" (aggregated here) or "history" (exchange)
+        ("update_time", TimestamptzType(), False),
+    ),
+    identifier_field_ids=[1, 2, 3],
+)
+SYMBOL_METADATA_SCHEMA = Schema(
+    *_fields(
+        ("ticker", StringType(), True),
+        ("exchange", StringType(), True),
+        ("base", StringType(), True),
+        ("quote", StringType(), True),
+        ("exchange_symbol", StringType(), False),
+        ("tick_size", DEC, False),
+        ("lot_size", DEC, False),
+        ("min_notional", DEC, False),
+        ("status", StringType(), True),
+        ("update_time", TimestamptzType(), True),
+    ),
+    identifier_field_ids=[1],
+)
+
+# Users ask for one ticker over a time range: partition by ticker and day (and the period for
+# candles) so a query reads only that ticker's days.
+TABLES: dict[str, tuple[Schema, PartitionSpec, SortOrder]] = {
+    "ticks": (
+        TICKS_SCHEMA,
+        PartitionSpec(
+            PartitionField(1, 1000, IdentityTransform(), "ticker"),
+            PartitionField(6, 1001, DayTransform(), "exchange_day"),
+        ),
+        SortOrder(SortField(6)),
+    ),
+    "ohlc": (
+        OHLC_SCHEMA,
+        PartitionSpec(
+            PartitionField(1, 1000, IdentityTransform(), "ticker"),
+            PartitionField(2, 1001, IdentityTransform(), "period_s"),
+            PartitionField(3, 1002, DayTransform(), "open_day"),
+        ),
+        SortOrder(SortField(3)),
+    ),
+    "symbol_metadata": (
+        SYMBOL_METADATA_SCHEMA,
+        PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "exchange")),
+        SortOrder(SortField(1)),
+    ),
+}
+
+
+def table_name(settings: Settings, table: str) -> str:
+    """Spark's fully qualified name, e.g. ``candlewire.market.ohlc``."""
+    return f"{settings.catalog_name}.{NAMESPACE}.{table}"
+
+
+def _db_parts(settings: Settings) -> tuple[str, str, str]:
+    """(host:port/db, user, password) of the catalog database URL."""
+    url = urlsplit(settings.catalog_db())
+    where = f"{url.hostname}:{url.port or 5432}{url.path}"
+    return where, url.username or "", url.password or ""
+
+
+def catalog(settings: Settings) -> SqlCatalog:
+    where, user, password = _db_parts(settings)
+    auth = f"{user}:{password}@" if password else f"{user}@"
+    return SqlCatalog(
+        settings.catalog_name,
+        uri=f"postgresql+psycopg2://{auth}{where}",
+        warehouse=settings.warehouse_uri(),
+        # Spark's JDBC catalog writes the same tables; keep pyiceberg from altering them.
+        init_catalog_tables="true",
+    )
+
+
+def spark_catalog_conf(settings: Settings) -> dict[str, str]:
+    where, user, password = _db_parts(settings)
+    prefix = f"spark.sql.catalog.{settings.catalog_name}"
+    return {
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.type": "jdbc",
+        f"{prefix}.uri": f"jdbc:postgresql://{where}",
+        f"{prefix}.jdbc.user": user,
+        f"{prefix}.jdbc.password": password,
+        # pyiceberg's SqlCatalog has no iceberg_type column: keep Spark on the V0 layout.
+        f"{prefix}.jdbc.schema-version": "V0",
+        f"{prefix}.warehouse": settings.warehouse_uri(),
+    }
+
+
+def ensure_tables(settings: Settings) -> list[str]:
+    """Create the namespace and any missing table; return the names created."""
+    cat = catalog(settings)
+    cat.create_namespace_if_not_exists(NAMESPACE)
+    created = []
+    for name, (schema, spec, order) in TABLES.items():
+        ident = f"{NAMESPACE}.{name}"
+        if not cat.table_exists(ident):
+            cat.create_table(
+                ident,
+                schema,
+                partition_spec=spec,
+                sort_order=order,
+                properties={
+                    "format-version": "2",
+                    "write.upsert.enabled": "true",
+                    "write.delete.mode": "merge-on-read",
+                    "write.update.mode": "merge-on-read",
+                    "write.merge.mode": "merge-on-read",
+                    "commit.retry.num-retries": "10",
+                },
+            )
+            created.append(ident)
+    return created
+
+
+def catalog_health(settings: Settings) -> str | None:
+    try:
+        cat = catalog(settings)
+        missing = [t for t in TABLES if not cat.table_exists(f"{NAMESPACE}.{t}")]
+    except Exception as exc:
+        return f"catalog unreachable: {str(exc).splitlines()[0]}"
+    return f"missing tables: {', '.join(missing)}" if missing else None

@@ -1,0 +1,99 @@
+"""A single-node Apache Kafka broker in KRaft mode, from the jars `make jvm` fetched."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from candlewire.config import REPO_ROOT
+
+LOG4J = REPO_ROOT / "jvm" / "log4j2-kafka.properties"
+
+
+class KafkaSetupError(RuntimeError):
+    pass
+
+
+class KafkaBroker:
+    """Broker + controller in one JVM, bound to 127.0.0.1, storage formatted once."""
+
+    def __init__(
+        self, home: Path, jars: Path, port: int, controller_port: int, heap: str = "768m"
+    ) -> None:
+        self.home = home
+        self.jars = jars
+        self.port = port
+        self.controller_port = controller_port
+        self.heap = heap
+        self.data = home / "data"
+        self.config = home / "server.properties"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def check_prerequisites(self) -> None:
+        if shutil.which("java") is None:
+            raise KafkaSetupError("java not found: install a JDK 17 (apt-get install openjdk-17-jre-headless)")
+        if not any(self.jars.glob("kafka_2.13-*.jar")):
+            raise KafkaSetupError(f"Kafka jars missing in {self.jars}: run `make jvm`")
+
+    def write_config(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.data),
+            "num.partitions": "3",
+            "auto.create.topics.enable": "false",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "3",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "log.retention.hours": "168",
+        }
+        self.config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+
+    def java(self, main: str, *args: str) -> list[str]:
+        return [
+            "java",
+            "-Xms256m",
+            f"-Xmx{self.heap}",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={LOG4J}",
+            "-cp",
+            f"{self.jars}/*",
+            main,
+            *args,
+        ]
+
+    def format_once(self) -> None:
+        """Format the storage on first use only; a formatted log dir is kept (data survives)."""
+        self.check_prerequisites()
+        self.write_config()
+        if (self.data / "meta.properties").exists():
+            return
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        out = subprocess.run(
+            self.java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config)),
+            capture_output=True,
+            text=True,
+        )
+        if out.returncode != 0:
+            raise KafkaSetupError(f"kafka storage format failed: {out.stdout}{out.stderr}")
+
+    def argv(self) -> list[str]:
+        return self.java("kafka.Kafka", str(self.config))

@@ -1,0 +1,57 @@
+"""The one Spark session factory, used by the streaming job and by Dagster.
+
+Jars come from `make jvm` (never spark.jars.packages), so the set is fixed and cached.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from candlewire.config import Settings
+from candlewire.lake import spark_catalog_conf
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+class SparkSetupError(RuntimeError):
+    pass
+
+
+def spark_jars(settings: Settings) -> list[str]:
+    jars = sorted(str(p) for p in (settings.jvm_dir / "spark").glob("*.jar"))
+    if not jars:
+        raise SparkSetupError(f"Spark jars missing in {settings.jvm_dir / 'spark'}: run `make jvm`")
+    return jars
+
+
+def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
+    """Every setting the platform needs; a cluster only changes master and locations."""
+    return {
+        "spark.app.name": app_name,
+        "spark.master": settings.spark_master,
+        "spark.jars": ",".join(spark_jars(settings)),
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.sql.defaultCatalog": settings.catalog_name,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.ui.enabled": str(settings.spark_ui).lower(),
+        "spark.driver.host": settings.host,
+        "spark.driver.bindAddress": settings.bind_host,
+        "spark.driver.memory": "2g",
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+        **spark_catalog_conf(settings),
+    }
+
+
+def build_session(settings: Settings, app_name: str = "candlewire") -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", settings.bind_host)
+    builder = SparkSession.builder
+    for key, value in spark_conf(settings, app_name).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

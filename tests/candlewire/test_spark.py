@@ -1,0 +1,133 @@
+"""Spark with the platform's session factory: Kafka in, Iceberg out, pyiceberg alongside."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from candlewire.lake import catalog
+from candlewire.spark import build_session
+from tests.candlewire.test_kafka import new_topic, produce
+
+NS = "sparktest"
+
+
+@pytest.fixture(scope="module")
+def spark(lakehouse, kafka):
+    session = build_session(lakehouse, "candlewire-tests")
+    session.sql(f"CREATE NAMESPACE IF NOT EXISTS {lakehouse.catalog_name}.{NS}")
+    yield session
+    session.stop()
+
+
+def new_table(settings, spark) -> tuple[str, str]:
+    """(Spark name, pyiceberg identifier) of a fresh table of Kafka coordinates."""
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    full = f"{settings.catalog_name}.{NS}.{name}"
+    spark.sql(f"CREATE TABLE {full} (k STRING, v STRING, part INT, off BIGINT) USING iceberg")
+    return full, f"{NS}.{name}"
+
+
+def kafka_frame(spark, settings, topic: str, stream: bool = False):
+    reader = spark.readStream if stream else spark.read
+    return (
+        reader.format("kafka")
+        .option("kafka.bootstrap.servers", settings.kafka_servers())
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+        .selectExpr(
+            "CAST(key AS STRING) k", "CAST(value AS STRING) v", "partition part", "offset off"
+        )
+    )
+
+
+def test_batch_read_from_kafka_into_iceberg_and_pyiceberg_reads_it(lakehouse, spark) -> None:
+    topic = new_topic(lakehouse)
+    produce(lakehouse, topic, [f"row{i}".encode() for i in range(300)])
+    full, ident = new_table(lakehouse, spark)
+    kafka_frame(spark, lakehouse, topic).writeTo(full).append()
+    assert spark.table(full).count() == 300
+    # pyiceberg reads the table while the Spark session is still open.
+    rows = catalog(lakehouse).load_table(ident).scan().to_arrow()
+    assert sorted(rows["v"].to_pylist()) == sorted(f"row{i}" for i in range(300))
+
+
+def test_streaming_read_from_kafka_resumes_from_checkpoint(lakehouse, spark, tmp_path) -> None:
+    topic = new_topic(lakehouse)
+    full, ident = new_table(lakehouse, spark)
+
+    def run_once() -> None:
+        query = (
+            kafka_frame(spark, lakehouse, topic, stream=True)
+            .writeStream.format("iceberg")
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .toTable(full)
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    produce(lakehouse, topic, [f"a{i}".encode() for i in range(100)])
+    run_once()
+    produce(lakehouse, topic, [f"b{i}".encode() for i in range(50)])
+    run_once()
+    values = catalog(lakehouse).load_table(ident).scan().to_arrow()["v"].to_pylist()
+    assert len(values) == 150 and len(set(values)) == 150
+
+
+def test_pyiceberg_append_is_seen_by_open_spark_session(lakehouse, spark) -> None:
+    full, ident = new_table(lakehouse, spark)
+    spark.sql(f"INSERT INTO {full} VALUES ('spark', 'x', 0, 1)")
+    table = catalog(lakehouse).load_table(ident)
+    table.append(
+        pa.table(
+            {
+                "k": ["py"],
+                "v": ["y"],
+                "part": pa.array([1], pa.int32()),
+                "off": pa.array([2], pa.int64()),
+            }
+        )
+    )
+    spark.sql(f"REFRESH TABLE {full}")
+    assert sorted(r.k for r in spark.table(full).collect()) == ["py", "spark"]
+
+
+CONCURRENT_APP = textwrap.dedent(
+    """
+    import sys
+    from candlewire.config import Settings
+    from candlewire.spark import build_session
+    table, tag = sys.argv[1], sys.argv[2]
+    spark = build_session(Settings(), f"writer-{tag}")
+    for i in range(5):
+        spark.sql(f"INSERT INTO {table} VALUES ('{tag}', '{i}', 0, {i})")
+    spark.stop()
+    """
+)
+
+
+def test_two_spark_applications_commit_concurrently(lakehouse, spark, tmp_path) -> None:
+    full, ident = new_table(lakehouse, spark)
+    script = tmp_path / "writer.py"
+    script.write_text(CONCURRENT_APP)
+    env = {**os.environ, **lakehouse.to_env()}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), full, tag], env=env, stderr=subprocess.PIPE, text=True
+        )
+        for tag in ("one", "two")
+    ]
+    errors = [p.communicate(timeout=240)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-3000:] for e in errors)
+    rows = catalog(lakehouse).load_table(ident).scan().to_arrow()
+    assert sorted(zip(rows["k"].to_pylist(), rows["v"].to_pylist(), strict=True)) == sorted(
+        (tag, str(i)) for tag in ("one", "two") for i in range(5)
+    )
