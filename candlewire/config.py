@@ -71,7 +71,10 @@ class Settings(BaseSettings):
 
     def catalog_db(self) -> str:
         """The catalog database as postgresql://user@host:port/db."""
-        return self.catalog_url or f"postgresql://candlewire@{self.host}:{self.port('postgres')}/candlewire"
+        return (
+            self.catalog_url
+            or f"postgresql://candlewire@{self.host}:{self.port('postgres')}/candlewire"
+        )
 
     def warehouse_uri(self) -> str:
         return self.warehouse or (self.state_dir.resolve() / "warehouse").as_uri()

@@ -135,9 +135,13 @@ class ProcessService(Service):
             if proc.poll() is not None:
                 tail = self.log.read_text(errors="replace").splitlines()[-20:]
                 self.pidfile.unlink(missing_ok=True)
-                raise StackError(f"{self.name} exited during start; {self.log}:\n" + "\n".join(tail))
+                raise StackError(
+                    f"{self.name} exited during start; {self.log}:\n" + "\n".join(tail)
+                )
             if time.monotonic() > deadline:
-                raise StackError(f"{self.name} not healthy after {self.start_timeout:.0f}s: {problem}")
+                raise StackError(
+                    f"{self.name} not healthy after {self.start_timeout:.0f}s: {problem}"
+                )
             time.sleep(0.3)
             problem = self.check()
         if self.after_start is not None:

@@ -37,7 +37,9 @@ class KafkaBroker:
 
     def check_prerequisites(self) -> None:
         if shutil.which("java") is None:
-            raise KafkaSetupError("java not found: install a JDK 17 (apt-get install openjdk-17-jre-headless)")
+            raise KafkaSetupError(
+                "java not found: install a JDK 17 (apt-get install openjdk-17-jre-headless)"
+            )
         if not any(self.jars.glob("kafka_2.13-*.jar")):
             raise KafkaSetupError(f"Kafka jars missing in {self.jars}: run `make jvm`")
 
@@ -88,7 +90,9 @@ class KafkaBroker:
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         out = subprocess.run(
-            self.java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config)),
+            self.java(
+                "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config)
+            ),
             capture_output=True,
             text=True,
         )

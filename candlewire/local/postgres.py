@@ -66,7 +66,16 @@ class LocalPostgres:
             self._check_traversable()
         self.data.chmod(0o700)
         self._run(
-            [str(self.bin / "initdb"), "-D", str(self.data), "-U", USER, "--auth=trust", "-E", "UTF8"]
+            [
+                str(self.bin / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                USER,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+            ]
         )
 
     def _check_traversable(self) -> None:
@@ -84,7 +93,19 @@ class LocalPostgres:
             shutil.chown(log, "postgres")
         opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.data} -c max_connections=200"
         self._run(
-            [str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(log), "-o", opts, "-w", "-t", "60", "start"]
+            [
+                str(self.bin / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(log),
+                "-o",
+                opts,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]
         )
         for db in DATABASES:
             self.create_database(db)
