@@ -48,6 +48,7 @@ status: install
 bench: install
 	$(PY) -m bench.relay
 	$(PY) -m bench.kafka
+	$(PY) -m bench.ingest
 
 lint: install
 	$(VENV)/bin/ruff check .

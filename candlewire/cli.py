@@ -16,6 +16,15 @@ def _relay(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _ingest(args: argparse.Namespace, settings: Settings) -> int:
+    from ingest.exchanges import make_exchange
+    from ingest.service import Ingestor
+
+    exchanges = [make_exchange(spec) for spec in args.exchange.split(",") if spec]
+    Ingestor(settings, exchanges, ingestor_id=args.id).run()
+    return 0
+
+
 def _watch(args: argparse.Namespace, settings: Settings) -> int:
     from google.protobuf import json_format
 
@@ -33,7 +42,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from candlewire.stack import Stack, StackError, default_services
+    from candlewire.stack import Stack, StackError, default_services, live_ingestors
 
     console = Console()
     try:
@@ -48,6 +57,11 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
             for name, port, pid, health in rows:
                 table.add_row(name, str(port), str(pid or "-"), health)
             console.print(table)
+            ingestors = live_ingestors(settings)
+            live = Table("exchange", "live ingestors (heartbeats via the relay)")
+            for exchange, peers in sorted(ingestors.items()):
+                live.add_row(exchange, ", ".join(f"{i} {s}" for i, s in sorted(peers.items())))
+            console.print(live if ingestors else "no live ingestor heard")
             return 0 if all(h == "healthy" for *_, h in rows) else 1
     except (StackError, OSError) as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -67,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("relay", help="run the relay in the foreground").set_defaults(fn=_relay)
+    ingest = sub.add_parser("ingest", help="run an ingestor in the foreground")
+    ingest.add_argument(
+        "--exchange",
+        default="SIM",
+        help="comma-separated: SIM, REPLAY, a ccxt id, or NAME=adapter (BINANCE=sim)",
+    )
+    ingest.add_argument("--id", default=None, help="ingestor id (default: random)")
+    ingest.set_defaults(fn=_ingest)
     watch = sub.add_parser("watch", help="print live messages of a ticker")
     watch.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, e.g. BINANCE:BTC/USDT")
     watch.add_argument("--type", default="tick", help="tick or ohlc:<period_s>")

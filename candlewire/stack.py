@@ -283,7 +283,7 @@ def candlewire_argv(*args: str) -> Callable[[], list[str]]:
 
 
 def default_services(settings: Settings, platform: bool = True) -> list[Service]:
-    """The stack ``make up`` runs; ``platform=False`` leaves out Kafka and PostgreSQL."""
+    """The stack ``make up`` runs; ``platform=False`` is the relay alone (no Kafka, no SQL)."""
     from candlewire.kafka import ensure_topics, kafka_health
 
     run, logs = settings.state_dir / "run", settings.state_dir / "logs"
@@ -326,4 +326,48 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
             env=env,
         )
     )
+    if not platform:
+        return services
+    ingest_metrics = f"http://{settings.host}:{settings.port('ingest_metrics')}/metrics"
+    services.append(
+        ProcessService(
+            name="ingest",
+            # SIM under its own name, and under BINANCE so BINANCE:BTC/USDT works out of the box.
+            argv=candlewire_argv("ingest", "--exchange", "SIM,BINANCE=sim", "--id", "ingest-local"),
+            port=settings.port("ingest_metrics"),
+            check=http_health(ingest_metrics, "candlewire_ingest_state"),
+            run_dir=run,
+            log=logs / "ingest.log",
+            env=env,
+        )
+    )
     return services
+
+
+def live_ingestors(settings: Settings, listen_s: float = 2.5) -> dict[str, dict[str, str]]:
+    """Ingestors heard through the relay's fanout: {exchange: {ingestor_id: state}}."""
+    import zmq
+
+    from proto import requests_pb2 as rq
+    from proto.envelope import EnvelopeError, decode_sub
+
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.subscribe(b"INGESTOR:")
+    sub.connect(settings.connect("market_data"))
+    seen: dict[str, dict[str, str]] = {}
+    deadline = time.monotonic() + listen_s
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            if not sub.poll(int(left * 1000)):
+                break
+            try:
+                _, hb = decode_sub(sub.recv_multipart())
+            except EnvelopeError:
+                continue
+            if isinstance(hb, rq.IngestorControl) and hb.action == rq.HEARTBEAT:
+                seen.setdefault(hb.exchange, {})[hb.ingestor_id] = rq.IngestorState.Name(hb.state)
+    finally:
+        sub.close()
+    return seen

@@ -88,3 +88,8 @@ def work_prefix(exchange: str) -> str:
 
 def user_topic(user_id: str) -> str:
     return f"USER:{user_id}"
+
+
+def ingestor_topic(exchange: str) -> str:
+    """Ingestor heartbeats of one exchange, fanned out by the relay like market data."""
+    return f"INGESTOR:{exchange}"

@@ -110,7 +110,7 @@ class OHLCBatch(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., page: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[OHLC, _Mapping]]] = ..., metadata: _Optional[_Union[HistoryRequestMetadata, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Market(_message.Message):
-    __slots__ = ("ticker", "exchange", "base", "quote", "tick_size", "lot_size", "min_notional", "status", "update_time_ms", "exchange_symbol", "request_id")
+    __slots__ = ("ticker", "exchange", "base", "quote", "tick_size", "lot_size", "min_notional", "status", "update_time_ms", "exchange_symbol", "request_id", "snapshot_size")
     TICKER_FIELD_NUMBER: _ClassVar[int]
     EXCHANGE_FIELD_NUMBER: _ClassVar[int]
     BASE_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class Market(_message.Message):
     UPDATE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     EXCHANGE_SYMBOL_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_SIZE_FIELD_NUMBER: _ClassVar[int]
     ticker: str
     exchange: str
     base: str
@@ -133,7 +134,8 @@ class Market(_message.Message):
     update_time_ms: int
     exchange_symbol: str
     request_id: str
-    def __init__(self, ticker: _Optional[str] = ..., exchange: _Optional[str] = ..., base: _Optional[str] = ..., quote: _Optional[str] = ..., tick_size: _Optional[str] = ..., lot_size: _Optional[str] = ..., min_notional: _Optional[str] = ..., status: _Optional[_Union[MarketStatus, str]] = ..., update_time_ms: _Optional[int] = ..., exchange_symbol: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    snapshot_size: int
+    def __init__(self, ticker: _Optional[str] = ..., exchange: _Optional[str] = ..., base: _Optional[str] = ..., quote: _Optional[str] = ..., tick_size: _Optional[str] = ..., lot_size: _Optional[str] = ..., min_notional: _Optional[str] = ..., status: _Optional[_Union[MarketStatus, str]] = ..., update_time_ms: _Optional[int] = ..., exchange_symbol: _Optional[str] = ..., request_id: _Optional[str] = ..., snapshot_size: _Optional[int] = ...) -> None: ...
 
 class SymbolMetadataUpdated(_message.Message):
     __slots__ = ("exchange", "symbol_count", "added", "removed", "changed", "update_time_ms", "snapshot_id", "request_id", "added_tickers")

@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -20,6 +20,15 @@ class ControlAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CONTROL_ACTION_UNSPECIFIED: _ClassVar[ControlAction]
     CANCEL_REALTIME: _ClassVar[ControlAction]
     CONFIG_UPDATE: _ClassVar[ControlAction]
+    HEARTBEAT: _ClassVar[ControlAction]
+
+class IngestorState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INGESTOR_STATE_UNSPECIFIED: _ClassVar[IngestorState]
+    READY: _ClassVar[IngestorState]
+    AVAILABLE: _ClassVar[IngestorState]
+    BUSY: _ClassVar[IngestorState]
+    DONE: _ClassVar[IngestorState]
 
 class NotifyMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -56,6 +65,12 @@ SYMBOL_METADATA: DataRequestKind
 CONTROL_ACTION_UNSPECIFIED: ControlAction
 CANCEL_REALTIME: ControlAction
 CONFIG_UPDATE: ControlAction
+HEARTBEAT: ControlAction
+INGESTOR_STATE_UNSPECIFIED: IngestorState
+READY: IngestorState
+AVAILABLE: IngestorState
+BUSY: IngestorState
+DONE: IngestorState
 NOTIFY_CLIENT: NotifyMode
 NOTIFY_REQUEST: NotifyMode
 SUBMIT_OK: SubmitStatus
@@ -98,7 +113,7 @@ class DataRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[DataRequestKind, str]] = ..., ticker: _Optional[str] = ..., exchange: _Optional[str] = ..., period_s: _Optional[int] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., client_id: _Optional[str] = ..., notification_topic: _Optional[str] = ..., submit_time_ms: _Optional[int] = ...) -> None: ...
 
 class IngestorControl(_message.Message):
-    __slots__ = ("action", "ticker", "request_id", "config", "exchange")
+    __slots__ = ("action", "ticker", "request_id", "config", "exchange", "ingestor_id", "state", "working", "done", "time_ms", "interval_ms")
     class ConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -111,12 +126,24 @@ class IngestorControl(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     EXCHANGE_FIELD_NUMBER: _ClassVar[int]
+    INGESTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    WORKING_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     action: ControlAction
     ticker: str
     request_id: str
     config: _containers.ScalarMap[str, str]
     exchange: str
-    def __init__(self, action: _Optional[_Union[ControlAction, str]] = ..., ticker: _Optional[str] = ..., request_id: _Optional[str] = ..., config: _Optional[_Mapping[str, str]] = ..., exchange: _Optional[str] = ...) -> None: ...
+    ingestor_id: str
+    state: IngestorState
+    working: _containers.RepeatedScalarFieldContainer[str]
+    done: _containers.RepeatedScalarFieldContainer[str]
+    time_ms: int
+    interval_ms: int
+    def __init__(self, action: _Optional[_Union[ControlAction, str]] = ..., ticker: _Optional[str] = ..., request_id: _Optional[str] = ..., config: _Optional[_Mapping[str, str]] = ..., exchange: _Optional[str] = ..., ingestor_id: _Optional[str] = ..., state: _Optional[_Union[IngestorState, str]] = ..., working: _Optional[_Iterable[str]] = ..., done: _Optional[_Iterable[str]] = ..., time_ms: _Optional[int] = ..., interval_ms: _Optional[int] = ...) -> None: ...
 
 class SubmitHistoricalRequest(_message.Message):
     __slots__ = ("request_id", "client_id", "ticker", "period_s", "start_ms", "end_ms", "notify")

@@ -119,3 +119,45 @@ def serve_pipeline(
                 ]
     finally:
         ing.close()
+
+
+def relay_call(settings: Settings, msg: Message, timeout: float = 5.0) -> rq.SubmitResponse:
+    """Send one envelope to the relay over REQ, as a trusted component would."""
+    from proto.envelope import decode, encode
+
+    ctx = zmq.Context.instance()
+    req = ctx.socket(zmq.REQ)
+    req.setsockopt(zmq.LINGER, 0)
+    req.connect(settings.connect("client_requests"))
+    try:
+        req.send_multipart(encode(msg))
+        assert req.poll(int(timeout * 1000)), "relay left a REQ peer without a reply"
+        resp = decode(req.recv_multipart())
+    finally:
+        req.close()
+    assert isinstance(resp, rq.SubmitResponse)
+    return resp
+
+
+def read_topic(
+    settings: Settings, topic: str, done: Callable[[list], bool], timeout: float = 30.0
+) -> list:
+    """Decoded records of a Kafka topic from the beginning, until ``done(records)``."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from candlewire.kafka import consumer_config
+    from proto.envelope import from_record
+
+    consumer = Consumer(consumer_config(settings, f"reader-{time.monotonic_ns()}"))
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    out: list = []
+    deadline = time.monotonic() + timeout
+    try:
+        while not done(out) and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                out.append(from_record(msg.value()))
+    finally:
+        consumer.close()
+    return out

@@ -1,0 +1,88 @@
+"""SIM ticks per second that one ingestor process writes to Kafka, against Kafka's own
+kafka-producer-perf-test measured in the same run on the same private broker.
+
+The ingestor streams SIM trades at a rate higher than it can write; we count the records
+that reach the ticks topic over the measuring window. The last line is JSON with
+``ingest_ticks_per_s``, ``kafka_perf_records_per_s`` and ``ratio``.
+
+    python -m bench.ingest [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from bench.kafka import perf_test_records_per_s, start_broker
+from candlewire.kafka import TICKS, consumer_config, ensure_topics
+from ingest.exchanges.sim import SimExchange
+from ingest.jobs import run_stream
+from ingest.sink import KafkaSink
+
+
+def topic_size(settings) -> int:
+    c = Consumer(consumer_config(settings, "bench-size"))
+    parts = c.list_topics(TICKS.name, timeout=10).topics[TICKS.name].partitions
+    total = sum(
+        c.get_watermark_offsets(TopicPartition(TICKS.name, p), timeout=10)[1] for p in parts
+    )
+    c.close()
+    return total
+
+
+class Flood(SimExchange):
+    """SIM's trades for the past hours, replayed as fast as the sink takes them."""
+
+    def trades(self, ticker, stop):
+        m0 = (int(time.time() * 1000) - 86_400_000 - 1_577_836_800_000) // 60_000
+        while not stop.is_set():
+            yield from self.trade_batch(ticker, m0, m0 + 10)
+            m0 += 10
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--records", type=int, default=2_000_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as base:
+        settings, broker = start_broker(Path(base))
+        try:
+            ensure_topics(settings)
+            baseline = perf_test_records_per_s(settings, args.records)
+            sink = KafkaSink(settings)
+            stop = threading.Event()
+            sim = Flood(rate=60.0)
+            worker = threading.Thread(target=run_stream, args=("SIM:BTC/USDT", sim, sink, stop))
+            before = topic_size(settings)
+            worker.start()
+            time.sleep(1.0)  # warm-up
+            t0, n0 = time.perf_counter(), topic_size(settings)
+            time.sleep(args.seconds)
+            t1, n1 = time.perf_counter(), topic_size(settings)
+            stop.set()
+            worker.join()
+            sink.flush()
+            rate = (n1 - n0) / (t1 - t0)
+            print(f"ingestor wrote {n1 - before:,} ticks; {rate:,.0f} ticks/s over {t1 - t0:.1f}s")
+        finally:
+            broker.stop()
+    print(
+        json.dumps(
+            {
+                "ingest_ticks_per_s": round(rate),
+                "kafka_perf_records_per_s": round(baseline),
+                "ratio": round(rate / baseline, 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The one small interface every exchange adapter implements.
+
+An adapter answers three questions: which markets exist, what candles a range holds (in
+pages), and what trades happen now. Everything else (Kafka, work queues, retries of whole
+requests) belongs to the ingestor, so an adapter is one file.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+
+from proto import market_pb2
+
+
+class ExchangeError(Exception):
+    """The exchange failed; retrying the same call may succeed."""
+
+
+class UnknownSymbol(ExchangeError):
+    """The exchange does not list this ticker. Final."""
+
+
+class RangeUnavailable(ExchangeError):
+    """The exchange holds no data for (part of) the range. Final."""
+
+
+@dataclass(frozen=True)
+class Page:
+    """One window of a history request; pages are numbered from 0 in time order."""
+
+    index: int
+    start_ms: int
+    end_ms: int
+
+
+def pages(start_ms: int, end_ms: int, period_s: int, rows_per_page: int) -> list[Page]:
+    """Fixed windows, so the page count is known before fetching (it goes in __metadata)."""
+    span = period_s * 1000 * rows_per_page
+    first = start_ms - start_ms % (period_s * 1000)
+    out, t = [], first
+    while t < end_ms:
+        out.append(Page(len(out), max(t, start_ms), min(t + span, end_ms)))
+        t += span
+    return out
+
+
+def fmt_fixed(value: int, decimals: int) -> str:
+    """Integer units of 10**-decimals as an exact decimal string."""
+    sign, value = ("-", -value) if value < 0 else ("", value)
+    if decimals == 0:
+        return f"{sign}{value}"
+    unit = 10**decimals
+    return f"{sign}{value // unit}.{value % unit:0{decimals}d}"
+
+
+def dec_str(value: Decimal | float | str) -> str:
+    """An exchange's number as a plain decimal string (no exponent)."""
+    d = value if isinstance(value, Decimal) else Decimal(str(value))
+    return format(d.normalize(), "f") if d == d.to_integral() else format(d, "f")
+
+
+class Exchange(ABC):
+    name: str
+
+    @abstractmethod
+    def markets(self) -> list[market_pb2.Market]:
+        """Every market the exchange lists, with precision and status."""
+
+    @abstractmethod
+    def ohlc_page(self, ticker: str, period_s: int, page: Page) -> list[market_pb2.OHLC]:
+        """Closed candles whose open time lies in the page. Raise ExchangeError to retry."""
+
+    @abstractmethod
+    def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
+        """Live trades until ``stop`` is set."""
+
+    rows_per_page: int = 1000
+
+    def check_ticker(self, ticker: str) -> market_pb2.Market:
+        for m in self.markets():
+            if m.ticker == ticker:
+                return m
+        raise UnknownSymbol(f"{self.name} does not list {ticker}")
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""

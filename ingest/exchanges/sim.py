@@ -1,0 +1,235 @@
+"""SIM: a deterministic simulated exchange.
+
+Trades are a pure function of (seed, ticker, minute, index): prices follow a seeded random
+walk of log-price in integer micro-units from a genesis time, and each minute holds
+``rate * 60`` trades whose prices bridge that minute's anchor to the next. History is computed
+from exactly the trades the live stream emits, vectorised with numpy, so candles asked for
+later always equal what was streamed. Prices and sizes are integer ticks and lots, so every
+decimal string is exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ingest.exchanges.base import Exchange, Page, RangeUnavailable, UnknownSymbol, fmt_fixed
+from proto import market_pb2
+
+GENESIS_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
+MINUTE_MS = 60_000
+BLOCK = 1 << 16  # minutes of anchors computed at a time
+DEFAULT_SYMBOLS = {"BTC/USDT": 30_000.0, "ETH/USDT": 2_000.0, "SOL/USDT": 100.0}
+PRICE_DECIMALS, SIZE_DECIMALS = 2, 4
+SIGMA_MICRO = 800  # per-minute log-price step, in 1e-6 units (about 0.08 %)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser, elementwise on uint64."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _uniform(key: np.uint64, a: np.ndarray, b: np.ndarray | int, stream: int) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        x = (
+            key
+            ^ (a.astype(np.uint64) * np.uint64(0xD1B54A32D192ED03))
+            ^ (np.asarray(b, dtype=np.uint64) * np.uint64(0xABC98388FB8FAC03))
+            ^ np.uint64(stream * 0x8CB92BA72F3D8DD7 & (2**64 - 1))
+        )
+    return (_mix(x) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+@dataclass
+class _Symbol:
+    ticker: str
+    base: str
+    quote: str
+    p0: float
+    key: np.uint64
+    blocks: list[np.ndarray]  # cumulative log-price (micro units) at each minute, per block
+
+
+class SimExchange(Exchange):
+    def __init__(
+        self,
+        name: str = "SIM",
+        symbols: dict[str, float] | None = None,
+        rate: float = 1.0,
+        seed: int = 42,
+        genesis_ms: int = GENESIS_MS,
+        rows_per_page: int = 1000,
+    ) -> None:
+        self.name = name
+        self.seed = seed
+        self.per_minute = max(1, round(rate * 60))
+        self.genesis_ms = genesis_ms
+        self.rows_per_page = rows_per_page
+        self._lock = threading.Lock()
+        self._symbols: dict[str, _Symbol] = {}
+        for pair, p0 in (symbols or DEFAULT_SYMBOLS).items():
+            base, quote = pair.split("/")
+            ticker = f"{name}:{pair}"
+            digest = hashlib.blake2b(f"{seed}:{ticker}".encode(), digest_size=8).digest()
+            key = np.uint64(int.from_bytes(digest, "little"))
+            self._symbols[ticker] = _Symbol(ticker, base, quote, p0, key, [])
+
+    # -- the price path ---------------------------------------------------------------------
+
+    def _anchors(self, sym: _Symbol, first: int, last: int) -> np.ndarray:
+        """Cumulative log-price at minutes first..last inclusive (minute 0 = genesis)."""
+        with self._lock:
+            while len(sym.blocks) * BLOCK <= last:
+                b = len(sym.blocks)
+                minutes = np.arange(b * BLOCK, (b + 1) * BLOCK, dtype=np.int64)
+                u1 = _uniform(sym.key, minutes, 0, 1)
+                u2 = _uniform(sym.key, minutes, 0, 2)
+                z = np.sqrt(-2.0 * np.log(u1 + 1e-300)) * np.cos(2 * np.pi * u2)
+                steps = np.rint(z * SIGMA_MICRO).astype(np.int64)
+                start = sym.blocks[-1][-1] if sym.blocks else np.int64(0)
+                sym.blocks.append(start + np.cumsum(steps))  # exact: integer sums
+            blocks = sym.blocks
+        whole = np.concatenate(blocks[first // BLOCK : last // BLOCK + 1])
+        offset = (first // BLOCK) * BLOCK
+        return whole[first - offset : last - offset + 1]
+
+    def _minutes(self, sym: _Symbol, m0: int, m1: int) -> dict[str, np.ndarray]:
+        """Every trade of minutes m0..m1-1 (minute index since genesis), as arrays."""
+        n = self.per_minute
+        minutes = np.repeat(np.arange(m0, m1, dtype=np.int64), n)
+        j = np.tile(np.arange(n, dtype=np.int64), m1 - m0)
+        anchors = self._anchors(sym, m0, m1)  # includes the next minute's anchor
+        lo = np.repeat(anchors[:-1], n).astype(np.float64)
+        hi = np.repeat(anchors[1:], n).astype(np.float64)
+        frac = (j + 1) / n
+        noise = (_uniform(sym.key, minutes, j, 3) - 0.5) * SIGMA_MICRO * 0.5
+        log_price = (lo + (hi - lo) * frac + noise) * 1e-6
+        price = np.rint(sym.p0 * np.exp(log_price) * 10**PRICE_DECIMALS).astype(np.int64)
+        size = 1 + np.floor(_uniform(sym.key, minutes, j, 4) * 2000).astype(np.int64)
+        offset = np.floor((j + 0.9 * _uniform(sym.key, minutes, j, 5)) * (MINUTE_MS * 1000 // n))
+        time_us = (self.genesis_ms + minutes * MINUTE_MS) * 1000 + offset.astype(np.int64)
+        buy = _uniform(sym.key, minutes, j, 6) < 0.5
+        return {
+            "minute": minutes,
+            "j": j,
+            "price": np.maximum(price, 1),
+            "size": size,
+            "time_us": time_us,
+            "buy": buy,
+        }
+
+    def _symbol(self, ticker: str) -> _Symbol:
+        try:
+            return self._symbols[ticker]
+        except KeyError:
+            raise UnknownSymbol(f"{self.name} does not list {ticker}") from None
+
+    # -- Exchange ---------------------------------------------------------------------------
+
+    def markets(self) -> list[market_pb2.Market]:
+        now = int(time.time() * 1000)
+        return [
+            market_pb2.Market(
+                ticker=s.ticker,
+                exchange=self.name,
+                base=s.base,
+                quote=s.quote,
+                tick_size=fmt_fixed(1, PRICE_DECIMALS),
+                lot_size=fmt_fixed(1, SIZE_DECIMALS),
+                min_notional="10",
+                status=market_pb2.TRADING,
+                update_time_ms=now,
+                exchange_symbol=f"{s.base}{s.quote}",
+            )
+            for s in self._symbols.values()
+        ]
+
+    def ohlc_page(self, ticker: str, period_s: int, page: Page) -> list[market_pb2.OHLC]:
+        sym = self._symbol(ticker)
+        if page.start_ms < self.genesis_ms:
+            raise RangeUnavailable(f"{self.name} history starts at {self.genesis_ms} ms")
+        period_ms = period_s * 1000
+        first_open = page.start_ms - page.start_ms % period_ms
+        if first_open < page.start_ms:
+            first_open += period_ms
+        now_ms = int(time.time() * 1000)
+        # Candles opening in [page.start, page.end) that have closed by now.
+        count = min(-(-(page.end_ms - first_open) // period_ms), (now_ms - first_open) // period_ms)
+        if count <= 0:
+            return []
+        m0 = (first_open - self.genesis_ms) // MINUTE_MS
+        m1 = m0 + count * (period_s // 60)
+        t = self._minutes(sym, m0, m1)
+        n = self.per_minute
+        per_candle = n * (period_s // 60)
+        price = t["price"].reshape(-1, per_candle)
+        size = t["size"].reshape(-1, per_candle)
+        opens = (first_open + np.arange(price.shape[0], dtype=np.int64) * period_ms).tolist()
+        cols = zip(
+            opens,
+            price[:, 0].tolist(),
+            price.max(axis=1).tolist(),
+            price.min(axis=1).tolist(),
+            price[:, -1].tolist(),
+            size.sum(axis=1).tolist(),
+            strict=True,
+        )
+        d, v = PRICE_DECIMALS, SIZE_DECIMALS
+        return [
+            market_pb2.OHLC(
+                ticker=ticker,
+                period_s=period_s,
+                open_time_ms=t,
+                open=fmt_fixed(o, d),
+                high=fmt_fixed(h, d),
+                low=fmt_fixed(lo, d),
+                close=fmt_fixed(c, d),
+                volume=fmt_fixed(vol, v),
+                trade_count=per_candle,
+                closed=True,
+                update_time_ms=now_ms,
+            )
+            for t, o, h, lo, c, vol in cols
+        ]
+
+    def trade_batch(self, ticker: str, m0: int, m1: int) -> list[market_pb2.Tick]:
+        """The trades of minutes [m0, m1) since genesis; what `trades` streams."""
+        sym = self._symbol(ticker)
+        t = self._minutes(sym, m0, m1)
+        n = self.per_minute
+        return [
+            market_pb2.Tick(
+                ticker=ticker,
+                trade_id=str(int(t["minute"][k]) * n + int(t["j"][k])),
+                price=fmt_fixed(int(t["price"][k]), PRICE_DECIMALS),
+                size=fmt_fixed(int(t["size"][k]), SIZE_DECIMALS),
+                side=market_pb2.BUY if t["buy"][k] else market_pb2.SELL,
+                exchange_time_ns=int(t["time_us"][k]) * 1000,
+            )
+            for k in range(len(t["price"]))
+        ]
+
+    def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
+        self._symbol(ticker)
+        now_ms = int(time.time() * 1000)
+        minute = (now_ms - self.genesis_ms) // MINUTE_MS
+        while not stop.is_set():
+            for tick in self.trade_batch(ticker, minute, minute + 1):
+                due = tick.exchange_time_ns / 1e9
+                if due * 1000 < now_ms:
+                    continue  # already past when the stream started
+                while (wait := due - time.time()) > 0:
+                    if stop.wait(min(wait, 0.5)):
+                        return
+                tick.ingest_time_ns = time.time_ns()
+                yield tick
+            minute += 1

@@ -1,0 +1,96 @@
+"""The work an ingestor does for one request: history pages, metadata, a live stream.
+
+History: the first record carries ``__metadata`` (the request, its notification topic and the
+page count, known up front because pages are fixed time windows). If the ticker is unknown,
+the range is not held, or the exchange keeps failing after retries, an error marker record
+(also carrying the metadata) tells the stream processor to publish HistoryReady ERROR.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from candlewire.kafka import OHLC_BATCHES, SYMBOL_METADATA, TICKS
+from ingest.exchanges.base import Exchange, ExchangeError, RangeUnavailable, UnknownSymbol, pages
+from ingest.sink import KafkaSink
+from proto import market_pb2
+from proto import requests_pb2 as rq
+
+log = logging.getLogger("candlewire.ingest")
+RETRIES = 3
+BACKOFF_S = 0.5
+
+
+def _retry(fn, *args):  # noqa: ANN001 - thin wrapper
+    for attempt in range(RETRIES):
+        try:
+            return fn(*args)
+        except (UnknownSymbol, RangeUnavailable):
+            raise
+        except ExchangeError:
+            if attempt == RETRIES - 1:
+                raise
+            time.sleep(BACKOFF_S * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def run_history(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink, ingestor_id: str) -> int:
+    """Write the request's pages (or an error marker); return the rows written."""
+    windows = pages(req.start_ms, req.end_ms, req.period_s, exchange.rows_per_page)
+    meta = market_pb2.HistoryRequestMetadata(
+        request_id=req.request_id,
+        client_id=req.client_id,
+        notification_topic=req.notification_topic,
+        ticker=req.ticker,
+        period_s=req.period_s,
+        start_ms=req.start_ms,
+        end_ms=req.end_ms,
+        expected_pages=len(windows),
+        ingestor_id=ingestor_id,
+    )
+    rows = 0
+    try:
+        exchange.check_ticker(req.ticker)
+        for w in windows:
+            candles = _retry(exchange.ohlc_page, req.ticker, req.period_s, w)
+            batch = market_pb2.OHLCBatch(request_id=req.request_id, page=w.index, rows=candles)
+            if w.index == 0:
+                batch.metadata.CopyFrom(meta)
+            sink.send(OHLC_BATCHES.name, req.request_id, batch)
+            rows += len(candles)
+    except ExchangeError as exc:
+        log.warning("history %s failed: %s", req.request_id, exc)
+        marker = market_pb2.OHLCBatch(
+            request_id=req.request_id, metadata=meta, error=str(exc) or type(exc).__name__
+        )
+        sink.send(OHLC_BATCHES.name, req.request_id, marker)
+    sink.flush()
+    return rows
+
+
+def run_metadata(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink) -> int:
+    markets = _retry(exchange.markets)
+    for m in markets:
+        m.request_id = req.request_id
+        m.snapshot_size = len(markets)
+        sink.send(SYMBOL_METADATA.name, m.ticker, m)
+    sink.flush()
+    return len(markets)
+
+
+def run_stream(ticker: str, exchange: Exchange, sink: KafkaSink, stop: threading.Event) -> int:
+    """Produce live trades keyed by ticker until ``stop``; reconnect on exchange errors."""
+    sent = 0
+    while not stop.is_set():
+        try:
+            for tick in exchange.trades(ticker, stop):
+                sink.send(TICKS.name, ticker, tick)
+                sent += 1
+        except UnknownSymbol:
+            raise
+        except ExchangeError as exc:
+            log.warning("stream %s: %s; reconnecting", ticker, exc)
+            stop.wait(1.0)
+    return sent

@@ -1,0 +1,79 @@
+"""Which ingestor does a piece of work: heartbeats and rendezvous hashing, no coordinator.
+
+The relay's work queue is PUB/SUB, so every ingestor of an exchange receives every request.
+Each one also hears every peer's heartbeat (published through the relay's fanout), so all
+hold the same view of who is alive, and each request has exactly one owner:
+
+1. a live peer that lists the work in its heartbeat's ``working`` keeps it (sticky), else
+2. the live, work-taking peer with the highest hash of (work key, peer id) takes it.
+
+When an owner dies (3 missed heartbeats) or says DONE, the next-ranked peer takes its work
+over, because every peer kept the request until it saw it listed as ``done``. A peer that
+just started stays READY for a few heartbeats, learning the view before it takes work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from proto import requests_pb2 as rq
+
+MISSED_BEATS = 3
+TAKING_WORK = (rq.AVAILABLE, rq.BUSY)
+
+
+def rank(key: str, peer_id: str) -> int:
+    return int.from_bytes(
+        hashlib.blake2b(f"{key}|{peer_id}".encode(), digest_size=8).digest(), "big"
+    )
+
+
+@dataclass
+class Peer:
+    state: int
+    seen: float
+    interval_s: float
+    working: frozenset[str] = frozenset()
+
+
+@dataclass
+class PeerView:
+    self_id: str
+    peers: dict[str, Peer] = field(default_factory=dict)
+    done: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    done_limit: int = 10_000
+
+    def observe(self, hb: rq.IngestorControl, now: float) -> None:
+        if hb.ingestor_id == self.self_id:
+            return
+        if hb.state == rq.DONE:
+            self.peers.pop(hb.ingestor_id, None)
+        else:
+            self.peers[hb.ingestor_id] = Peer(
+                hb.state, now, max(hb.interval_ms, 100) / 1000, frozenset(hb.working)
+            )
+        for rid in hb.done:
+            self.mark_done(rid, now)
+
+    def mark_done(self, key: str, now: float) -> None:
+        self.done[key] = now
+        self.done.move_to_end(key)
+        while len(self.done) > self.done_limit:
+            self.done.popitem(last=False)
+
+    def alive(self, now: float) -> dict[str, Peer]:
+        return {
+            pid: p for pid, p in self.peers.items() if now - p.seen <= MISSED_BEATS * p.interval_s
+        }
+
+    def owner(self, key: str, now: float, self_taking: bool) -> str | None:
+        live = self.alive(now)
+        for pid, p in live.items():
+            if key in p.working:
+                return pid
+        candidates = [pid for pid, p in live.items() if p.state in TAKING_WORK]
+        if self_taking:
+            candidates.append(self.self_id)
+        return max(candidates, key=lambda pid: rank(key, pid), default=None)

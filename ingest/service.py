@@ -1,0 +1,310 @@
+"""``candlewire ingest``: take work from the relay, fetch from exchanges, write to Kafka.
+
+One loop thread owns the sockets: the work queue and control channel (SUB, ``{EXCHANGE}:``
+prefixes), peers' heartbeats (SUB on the relay's fanout) and our own heartbeat (PUB into
+the relay's publisher ingress). Fetches run on a small thread pool, live streams on a thread
+each. Who does what is decided by :mod:`ingest.peers`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import uuid
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import FrameType
+
+import zmq
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from candlewire.config import Settings
+from candlewire.topics import ingestor_topic, work_prefix
+from candlewire.zmqutil import harden
+from ingest.exchanges.base import Exchange
+from ingest.jobs import run_history, run_metadata, run_stream
+from ingest.peers import PeerView
+from ingest.sink import KafkaSink
+from proto import requests_pb2 as rq
+from proto.envelope import EnvelopeError, decode_sub, encode_topic
+
+log = logging.getLogger("candlewire.ingest")
+
+
+def stream_key(ticker: str) -> str:
+    return f"stream:{ticker}"
+
+
+@dataclass
+class Job:
+    key: str
+    exchange: str
+    future: Future | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+class IngestMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.received = Counter(
+            "candlewire_ingest_requests", "Requests received, by kind", ["kind"], registry=r
+        )
+        self.completed = Counter(
+            "candlewire_ingest_jobs",
+            "Jobs finished, by kind and result",
+            ["kind", "result"],
+            registry=r,
+        )
+        self.rows = Counter("candlewire_ingest_rows", "History rows written to Kafka", registry=r)
+        self.dropped = Counter(
+            "candlewire_ingest_dropped_frames", "Undecodable frames dropped", ["socket"], registry=r
+        )
+        self.state = Gauge("candlewire_ingest_state", "1 READY, 2 AVAILABLE, 3 BUSY", registry=r)
+
+
+class Ingestor:
+    def __init__(
+        self,
+        settings: Settings,
+        exchanges: list[Exchange],
+        *,
+        ingestor_id: str | None = None,
+        heartbeat_s: float = 1.0,
+        warmup_beats: int = 3,
+        workers: int = 4,
+        metrics: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.exchanges = {e.name: e for e in exchanges}
+        self.id = ingestor_id or f"ing-{uuid.uuid4().hex[:12]}"
+        self.heartbeat_s = heartbeat_s
+        self.warmup_s = warmup_beats * heartbeat_s
+        self.views = {name: PeerView(self.id) for name in self.exchanges}
+        self.pending: dict[str, rq.DataRequest] = {}
+        self.jobs: dict[str, Job] = {}
+        self.recent_done: dict[str, deque[str]] = {n: deque(maxlen=200) for n in self.exchanges}
+        self.metrics = IngestMetrics()
+        self._serve_metrics = metrics
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ingest-job")
+        self._sink = KafkaSink(settings)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._http: object | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> Ingestor:
+        self._started = time.monotonic()
+        if self._serve_metrics:
+            self._http, _ = start_http_server(
+                self.settings.port("ingest_metrics"),
+                addr=self.settings.bind_host,
+                registry=self.metrics.registry,
+            )
+        self._thread = threading.Thread(target=self._loop, name=f"ingest-{self.id}", daemon=True)
+        self._thread.start()
+        log.info("ingestor %s serving %s", self.id, ", ".join(self.exchanges))
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        for job in self.jobs.values():
+            job.stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._http is not None:
+            self._http.shutdown()  # type: ignore[attr-defined]
+            self._http.server_close()  # type: ignore[attr-defined]
+        for exchange in self.exchanges.values():
+            exchange.close()
+
+    def run(self) -> None:
+        def _on_signal(signum: int, _frame: FrameType | None) -> None:
+            self._stop.set()
+
+        signal.signal(signal.SIGINT, _on_signal)
+        signal.signal(signal.SIGTERM, _on_signal)
+        self.start()
+        while not self._stop.wait(0.5):
+            pass
+        self.stop()
+
+    # -- state -------------------------------------------------------------------------------
+
+    def state(self, now: float) -> int:
+        if now - self._started < self.warmup_s:
+            return rq.READY
+        return (
+            rq.BUSY
+            if any(j.future and not j.future.done() for j in self.jobs.values())
+            else rq.AVAILABLE
+        )
+
+    def taking_work(self, now: float) -> bool:
+        return self.state(now) in (rq.AVAILABLE, rq.BUSY)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        ctx = zmq.Context()
+        size = self.settings.max_message_bytes
+        work = harden(ctx.socket(zmq.SUB), max_message_bytes=size)
+        control = harden(ctx.socket(zmq.SUB), max_message_bytes=size)
+        peers = harden(ctx.socket(zmq.SUB), max_message_bytes=size)
+        beat = harden(ctx.socket(zmq.PUB), max_message_bytes=size, linger_ms=1000)
+        for name in self.exchanges:
+            work.subscribe(work_prefix(name))
+            control.subscribe(work_prefix(name))
+            peers.subscribe(ingestor_topic(name))
+        work.connect(self.settings.connect("work_queue"))
+        control.connect(self.settings.connect("control"))
+        peers.connect(self.settings.connect("market_data"))
+        beat.connect(self.settings.connect("publisher_ingress"))
+        poller = zmq.Poller()
+        for s in (work, control, peers):
+            poller.register(s, zmq.POLLIN)
+        next_beat = 0.0
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(100))
+                now = time.monotonic()
+                if work in events:
+                    self._drain(work, "work_queue", self._on_work)
+                if control in events:
+                    self._drain(control, "control", self._on_control)
+                if peers in events:
+                    self._drain(peers, "peers", self._on_peer)
+                self._reap(now)
+                self._schedule(now)
+                if now >= next_beat:
+                    self._heartbeat(beat, now)
+                    next_beat = now + self.heartbeat_s
+                self.metrics.state.set(self.state(now))
+                self._sink.poll()
+            self._heartbeat(beat, time.monotonic(), final=True)
+        finally:
+            for s in (work, control, peers, beat):
+                s.close()
+            ctx.term()
+
+    def _drain(self, sock: zmq.Socket, name: str, handle) -> None:  # noqa: ANN001
+        for _ in range(1000):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                _, msg = decode_sub(frames)
+            except EnvelopeError:
+                self.metrics.dropped.labels(name).inc()
+                continue
+            handle(msg)
+
+    def _on_work(self, msg: object) -> None:
+        if not isinstance(msg, rq.DataRequest) or msg.exchange not in self.exchanges:
+            self.metrics.dropped.labels("work_queue").inc()
+            return
+        self.metrics.received.labels(rq.DataRequestKind.Name(msg.kind).lower()).inc()
+        if msg.kind == rq.REALTIME_SUBSCRIBE:
+            self.pending[stream_key(msg.ticker)] = msg
+        elif msg.kind == rq.REALTIME_CANCEL:
+            self._cancel(msg.ticker)
+        elif (
+            msg.kind in (rq.HISTORICAL, rq.SYMBOL_METADATA)
+            and msg.request_id not in self.views[msg.exchange].done
+        ):
+            self.pending[msg.request_id] = msg
+
+    def _on_control(self, msg: object) -> None:
+        if isinstance(msg, rq.IngestorControl) and msg.action == rq.CANCEL_REALTIME:
+            self._cancel(msg.ticker)
+
+    def _on_peer(self, msg: object) -> None:
+        if (
+            isinstance(msg, rq.IngestorControl)
+            and msg.action == rq.HEARTBEAT
+            and msg.exchange in self.views
+        ):
+            self.views[msg.exchange].observe(msg, time.monotonic())
+
+    def _cancel(self, ticker: str) -> None:
+        key = stream_key(ticker)
+        self.pending.pop(key, None)
+        job = self.jobs.pop(key, None)
+        if job is not None:
+            job.stop.set()
+            log.info("stream %s cancelled", ticker)
+
+    def _schedule(self, now: float) -> None:
+        taking = self.taking_work(now)
+        for key, req in list(self.pending.items()):
+            if key in self.jobs:
+                continue
+            view = self.views[req.exchange]
+            if key in view.done:
+                del self.pending[key]
+                continue
+            if view.owner(key, now, taking) == self.id:
+                self._start(key, req)
+
+    def _start(self, key: str, req: rq.DataRequest) -> None:
+        exchange = self.exchanges[req.exchange]
+        job = Job(key, req.exchange)
+        if req.kind == rq.HISTORICAL:
+            job.future = self._pool.submit(run_history, req, exchange, self._sink, self.id)
+        elif req.kind == rq.SYMBOL_METADATA:
+            job.future = self._pool.submit(run_metadata, req, exchange, self._sink)
+        else:
+            job.future = Future()
+            threading.Thread(
+                target=self._stream, args=(req.ticker, exchange, job), name=key, daemon=True
+            ).start()
+        self.jobs[key] = job
+        log.info("%s: started %s", self.id, key)
+
+    def _stream(self, ticker: str, exchange: Exchange, job: Job) -> None:
+        try:
+            job.future.set_result(run_stream(ticker, exchange, self._sink, job.stop))  # type: ignore[union-attr]
+        except Exception as exc:
+            job.future.set_exception(exc)  # type: ignore[union-attr]
+
+    def _reap(self, now: float) -> None:
+        for key, job in list(self.jobs.items()):
+            if job.future is None or not job.future.done():
+                continue
+            del self.jobs[key]
+            kind = "stream" if key.startswith("stream:") else "fetch"
+            exc = job.future.exception()
+            self.metrics.completed.labels(kind, "error" if exc else "ok").inc()
+            if exc is not None:
+                log.error("%s failed: %s", key, exc)
+            elif kind == "fetch" and isinstance(job.future.result(), int):
+                self.metrics.rows.inc(job.future.result())
+            if kind == "fetch":
+                self.pending.pop(key, None)
+                self.views[job.exchange].mark_done(key, now)
+                self.recent_done[job.exchange].append(key)
+            elif exc is not None:
+                self.pending.pop(key, None)  # unknown symbol: do not restart
+
+    def _heartbeat(self, beat: zmq.Socket, now: float, final: bool = False) -> None:
+        state = rq.DONE if final else self.state(now)
+        for name in self.exchanges:
+            working = [
+                k for k, j in self.jobs.items() if j.exchange == name and not j.stop.is_set()
+            ]
+            hb = rq.IngestorControl(
+                action=rq.HEARTBEAT,
+                exchange=name,
+                ingestor_id=self.id,
+                state=state,
+                working=working,
+                done=list(self.recent_done[name]),
+                time_ms=int(time.time() * 1000),
+                interval_ms=int(self.heartbeat_s * 1000),
+            )
+            beat.send_multipart(encode_topic(ingestor_topic(name), hb))

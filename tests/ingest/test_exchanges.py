@@ -1,0 +1,105 @@
+"""Adapters on their own: SIM's consistency, REPLAY's file layouts."""
+
+from __future__ import annotations
+
+import threading
+from decimal import Decimal
+
+import pytest
+
+from ingest.exchanges.base import Page, RangeUnavailable, UnknownSymbol, pages
+from ingest.exchanges.replay import ReplayExchange
+from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS, SimExchange
+
+T0 = 1_700_006_400_000  # a day boundary, so every period aligns
+
+
+def aggregate(ticks, period_s: int) -> list[tuple]:
+    """Candles from trades, independently of SimExchange.ohlc_page."""
+    out: dict[int, list] = {}
+    for t in ticks:
+        ms = t.exchange_time_ns // 1_000_000
+        out.setdefault(ms - ms % (period_s * 1000), []).append(t)
+    return [
+        (
+            open_ms,
+            Decimal(ts[0].price),
+            max(Decimal(t.price) for t in ts),
+            min(Decimal(t.price) for t in ts),
+            Decimal(ts[-1].price),
+            sum(Decimal(t.size) for t in ts),
+            len(ts),
+        )
+        for open_ms, ts in sorted(out.items())
+    ]
+
+
+@pytest.mark.parametrize("period_s", [60, 300, 900])
+def test_sim_history_equals_what_it_streams(period_s: int) -> None:
+    sim = SimExchange(rate=2.0)
+    m0 = (T0 - GENESIS_MS) // MINUTE_MS
+    ticks = sim.trade_batch("SIM:ETH/USDT", m0, m0 + 60)
+    want = [
+        c for c in aggregate(ticks, period_s) if c[0] >= T0 - T0 % (period_s * 1000) and c[0] >= T0
+    ]
+    got = sim.ohlc_page("SIM:ETH/USDT", period_s, Page(0, T0, T0 + 3_600_000))
+    assert [
+        (
+            c.open_time_ms,
+            Decimal(c.open),
+            Decimal(c.high),
+            Decimal(c.low),
+            Decimal(c.close),
+            Decimal(c.volume),
+            c.trade_count,
+        )
+        for c in got
+    ] == want
+
+
+def test_sim_is_deterministic_and_ids_are_contiguous() -> None:
+    a, b = SimExchange(seed=7), SimExchange(seed=7)
+    m0 = (T0 - GENESIS_MS) // MINUTE_MS
+    ta, tb = a.trade_batch("SIM:BTC/USDT", m0, m0 + 3), b.trade_batch("SIM:BTC/USDT", m0, m0 + 3)
+    assert ta == tb
+    ids = [int(t.trade_id) for t in ta]
+    assert ids == list(range(ids[0], ids[0] + len(ids)))
+    assert SimExchange(seed=8).trade_batch("SIM:BTC/USDT", m0, m0 + 1) != ta[:60]
+
+
+def test_sim_errors() -> None:
+    sim = SimExchange()
+    with pytest.raises(UnknownSymbol):
+        sim.ohlc_page("SIM:NOPE/USDT", 60, Page(0, T0, T0 + 60_000))
+    with pytest.raises(RangeUnavailable):
+        sim.ohlc_page("SIM:BTC/USDT", 60, Page(0, GENESIS_MS - 86_400_000, GENESIS_MS))
+
+
+def test_pages_are_fixed_windows() -> None:
+    ps = pages(T0 + 1, T0 + 10 * 60_000, 60, 4)
+    assert [(p.index, p.start_ms, p.end_ms) for p in ps] == [
+        (0, T0 + 1, T0 + 240_000),
+        (1, T0 + 240_000, T0 + 480_000),
+        (2, T0 + 480_000, T0 + 600_000),
+    ]
+
+
+def test_replay_sample_layouts() -> None:
+    replay = ReplayExchange(speed=1000.0)
+    assert sorted(m.ticker for m in replay.markets()) == ["REPLAY:BTC/USDT", "REPLAY:ETH/USDT"]
+    start, end = replay.recorded_range("REPLAY:BTC/USDT", 60)
+    assert end - start == 86_400_000
+    candles = replay.ohlc_page("REPLAY:BTC/USDT", 60, Page(0, start, start + 3_600_000))
+    assert len(candles) == 60 and all(c.closed for c in candles)
+    hourly = replay.ohlc_page("REPLAY:BTC/USDT", 3600, Page(0, start, end))
+    assert len(hourly) == 24
+    assert hourly[0].open == candles[0].open and hourly[0].close == candles[-1].close
+    stop = threading.Event()
+    got = []
+    for tick in replay.trades("REPLAY:ETH/USDT", stop):
+        got.append(tick)
+        if len(got) == 50:
+            stop.set()
+    assert len(got) == 50 and got[0].trade_id < got[-1].trade_id
+    with pytest.raises(RangeUnavailable):
+        replay.ohlc_page("REPLAY:BTC/USDT", 300, Page(0, start, end))

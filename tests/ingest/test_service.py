@@ -1,0 +1,283 @@
+"""The ingestor end to end: relay work queue in, the real Kafka broker out."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from candlewire import Client
+from candlewire.kafka import OHLC_BATCHES, TICKS
+from candlewire.topics import ingestor_topic
+from ingest.exchanges.base import Page
+from ingest.exchanges.replay import ReplayExchange
+from ingest.exchanges.sim import SimExchange
+from ingest.service import Ingestor
+from proto import market_pb2
+from proto import requests_pb2 as rq
+from relay import Relay
+from tests.support import read_topic, relay_call, wait_for
+
+DAY = 86_400_000
+T0 = 1_700_006_400_000  # a day boundary
+
+
+@pytest.fixture
+def live(platform_settings, kafka):
+    relay = Relay(platform_settings, metrics=False).start()
+    yield platform_settings
+    relay.stop()
+
+
+def start_ingestor(settings, *exchanges, **kw) -> Ingestor:
+    return Ingestor(
+        settings, list(exchanges), heartbeat_s=0.2, warmup_beats=2, metrics=False, **kw
+    ).start()
+
+
+def batches(
+    settings, request_id: str, complete=None, timeout: float = 60.0
+) -> list[market_pb2.OHLCBatch]:
+    def mine(records):
+        return [
+            r for r in records if isinstance(r, market_pb2.OHLCBatch) and r.request_id == request_id
+        ]
+
+    def done(records):
+        got = mine(records)
+        if complete is not None:
+            return complete(got)
+        meta = [b.metadata for b in got if b.HasField("metadata")]
+        return any(b.error for b in got) or (
+            bool(meta) and len({b.page for b in got}) >= meta[0].expected_pages
+        )
+
+    return mine(read_topic(settings, OHLC_BATCHES.name, done, timeout))
+
+
+def test_sim_history_pages_with_metadata_first(live) -> None:
+    ing = start_ingestor(live, SimExchange())
+    try:
+        with Client(live) as client:
+            ack = client.submit("SIM:BTC/USDT", 60, T0, T0 + DAY)
+        got = batches(live, ack.request_id)
+    finally:
+        ing.stop()
+    assert [b.page for b in got] == [0, 1]
+    meta = got[0].metadata
+    assert (meta.request_id, meta.ticker, meta.period_s, meta.expected_pages) == (
+        ack.request_id,
+        "SIM:BTC/USDT",
+        60,
+        2,
+    )
+    assert meta.notification_topic == ack.notification_topic and meta.client_id == client.client_id
+    assert not got[1].HasField("metadata")
+    rows = [r for b in got for r in b.rows]
+    want = SimExchange().ohlc_page("SIM:BTC/USDT", 60, Page(0, T0, T0 + DAY))
+
+    def fields(c):
+        return (c.open_time_ms, c.open, c.high, c.low, c.close, c.volume, c.trade_count)
+
+    assert len(rows) == 1440 and [fields(r) for r in rows] == [fields(c) for c in want]
+
+
+def test_replay_history(live) -> None:
+    replay = ReplayExchange()
+    start, end = replay.recorded_range("REPLAY:ETH/USDT", 3600)
+    ing = start_ingestor(live, replay)
+    try:
+        with Client(live) as client:
+            ack = client.submit("REPLAY:ETH/USDT", 3600, start, end)
+        got = batches(live, ack.request_id)
+    finally:
+        ing.stop()
+    rows = [r for b in got for r in b.rows]
+    assert len(rows) == 24 and rows == replay.ohlc_page(
+        "REPLAY:ETH/USDT", 3600, Page(0, start, end)
+    )
+
+
+@pytest.mark.parametrize(
+    ("ticker", "start", "reason"),
+    [
+        ("SIM:NOPE/USDT", T0, "does not list SIM:NOPE/USDT"),
+        ("SIM:BTC/USDT", 1_500_000_000_000, "history starts"),
+    ],
+)
+def test_error_marker(live, ticker, start, reason) -> None:
+    ing = start_ingestor(live, SimExchange())
+    try:
+        with Client(live) as client:
+            ack = client.submit(ticker, 3600, start, start + DAY, notify="request")
+        got = batches(live, ack.request_id)
+    finally:
+        ing.stop()
+    (marker,) = [b for b in got if b.error]
+    assert reason in marker.error
+    assert marker.metadata.notification_topic == f"HISTORY_READY:{ack.request_id}"
+
+
+def test_competing_ingestors_fetch_each_request_once(live) -> None:
+    a = start_ingestor(live, SimExchange(), ingestor_id="ing-a")
+    b = start_ingestor(live, SimExchange(), ingestor_id="ing-b")
+    try:
+        time.sleep(1.0)  # both past warm-up, each has seen the other
+        with Client(live) as client:
+            acks = [
+                client.submit("SIM:ETH/USDT", 300, T0 + i * DAY, T0 + (i + 1) * DAY)
+                for i in range(8)
+            ]
+        time.sleep(3.0)
+        ids = {ack.request_id for ack in acks}
+        records = read_topic(
+            live,
+            OHLC_BATCHES.name,
+            lambda rs: {r.request_id for r in rs if r.HasField("metadata")} >= ids,
+        )
+    finally:
+        a.stop()
+        b.stop()
+    mine = [r for r in records if r.request_id in ids]
+    assert len(mine) == len(ids), "a request was fetched more than once"
+    owners = {r.metadata.ingestor_id for r in mine}
+    assert owners == {"ing-a", "ing-b"}, f"work was not shared: {owners}"
+
+
+def subprocess_ingestor(settings, ingestor_id: str) -> subprocess.Popen:
+    env = {**os.environ, **settings.to_env(), "CANDLEWIRE_PORTS__INGEST_METRICS": "0"}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "candlewire.cli",
+            "ingest",
+            "--exchange",
+            "SIM",
+            "--id",
+            ingestor_id,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def test_takeover_after_kill_9_of_busy_ingestor(live) -> None:
+    procs = {i: subprocess_ingestor(live, i) for i in ("ing-x", "ing-y")}
+    try:
+        time.sleep(5.0)  # both started and past warm-up
+        with Client(live) as client:
+            ack = client.submit(
+                "SIM:SOL/USDT", 60, T0, T0 + 365 * DAY
+            )  # ~526 pages, seconds of work
+        first = batches(
+            live, ack.request_id, complete=lambda got: any(b.HasField("metadata") for b in got)
+        )
+        owner = next(b.metadata.ingestor_id for b in first if b.HasField("metadata"))
+        procs[owner].send_signal(signal.SIGKILL)
+        procs[owner].wait()
+        survivor = next(i for i in procs if i != owner)
+
+        def survivor_finished(got):
+            starts = [
+                i
+                for i, b in enumerate(got)
+                if b.HasField("metadata") and b.metadata.ingestor_id == survivor
+            ]
+            return bool(starts) and {b.page for b in got[starts[0] :]} >= set(range(526))
+
+        got = batches(live, ack.request_id, complete=survivor_finished, timeout=120)
+        assert survivor_finished(got), "the surviving ingestor did not take the request over"
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
+
+def subscribe(settings, ticker: str, exchange: str) -> None:
+    req = rq.DataRequest(
+        request_id=f"rt-{ticker}", kind=rq.REALTIME_SUBSCRIBE, ticker=ticker, exchange=exchange
+    )
+    resp = None
+    for _ in range(50):
+        resp = relay_call(settings, req)
+        if resp.status == rq.SUBMIT_OK:
+            return
+        time.sleep(0.1)
+    raise AssertionError(resp)
+
+
+def cancel(settings, ticker: str, exchange: str) -> None:
+    ctl = rq.IngestorControl(action=rq.CANCEL_REALTIME, ticker=ticker, exchange=exchange)
+    assert relay_call(settings, ctl).status == rq.SUBMIT_OK
+
+
+def ticks_of(settings, ticker: str, at_least: int, timeout: float = 30.0) -> list[market_pb2.Tick]:
+    def mine(rs):
+        return [r for r in rs if isinstance(r, market_pb2.Tick) and r.ticker == ticker]
+
+    return mine(read_topic(settings, TICKS.name, lambda rs: len(mine(rs)) >= at_least, timeout))
+
+
+def test_realtime_stream_and_cancel(live) -> None:
+    ing = start_ingestor(live, SimExchange(name="SIMC", symbols={"C1/USDT": 10.0}, rate=20.0))
+    try:
+        subscribe(live, "SIMC:C1/USDT", "SIMC")
+        assert len(ticks_of(live, "SIMC:C1/USDT", 20)) >= 20
+        cancel(live, "SIMC:C1/USDT", "SIMC")
+        time.sleep(1.0)
+        settled = len(ticks_of(live, "SIMC:C1/USDT", 10**9, timeout=3))
+        time.sleep(2.0)
+        assert len(ticks_of(live, "SIMC:C1/USDT", 10**9, timeout=3)) == settled
+        assert not ing.jobs
+    finally:
+        ing.stop()
+
+
+def test_broker_restart_mid_stream_loses_and_duplicates_nothing(live, kafka) -> None:
+    ing = start_ingestor(live, SimExchange(name="SIMR", symbols={"R1/USDT": 10.0}, rate=20.0))
+    try:
+        subscribe(live, "SIMR:R1/USDT", "SIMR")
+        ticks_of(live, "SIMR:R1/USDT", 20)
+        kafka.stop()
+        time.sleep(2.0)  # trades keep coming while the broker is down
+        kafka.start()
+        time.sleep(3.0)
+        cancel(live, "SIMR:R1/USDT", "SIMR")
+        wait_for(lambda: not ing.jobs, timeout=10)
+        ing._sink.flush(60)
+        got = ticks_of(live, "SIMR:R1/USDT", 10**9, timeout=8)
+    finally:
+        ing.stop()
+    ids = [int(t.trade_id) for t in got]
+    assert len(ids) == len(set(ids)), "duplicated ticks"
+    assert sorted(ids) == list(range(min(ids), max(ids) + 1)), "lost ticks"
+    assert len(ids) >= 20 * 6
+
+
+def test_heartbeats_are_visible_through_the_relay(live, ctx) -> None:
+    import zmq
+
+    from proto.envelope import decode_sub
+
+    ing = start_ingestor(live, SimExchange(name="SIMH"), ingestor_id="ing-h")
+    sub = ctx.socket(zmq.SUB)
+    sub.subscribe(ingestor_topic("SIMH"))
+    sub.connect(live.connect("market_data"))
+    try:
+        states = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and rq.AVAILABLE not in states:
+            if sub.poll(200):
+                _, hb = decode_sub(sub.recv_multipart())
+                assert hb.ingestor_id == "ing-h" and hb.exchange == "SIMH"
+                states.append(hb.state)
+        assert states[0] == rq.READY and rq.AVAILABLE in states
+    finally:
+        sub.close()
+        ing.stop()
