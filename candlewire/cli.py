@@ -25,6 +25,47 @@ def _ingest(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _stream(args: argparse.Namespace, settings: Settings) -> int:
+    from streaming.job import main as stream_main
+
+    stream_main(settings)
+    return 0
+
+
+def _history(args: argparse.Namespace, settings: Settings) -> int:
+    from datetime import datetime
+
+    from candlewire.client import Client
+
+    start, end = (datetime.fromisoformat(v) for v in (args.start, args.end))
+    with Client(settings) as client:
+        if args.fetch:
+            table = client.request_history(
+                args.ticker, args.period, start, end, read=True, timeout=args.timeout
+            )
+        else:
+            table = client.history(args.ticker, args.period, start, end)
+    if args.output:
+        if args.output.endswith(".csv"):
+            import pyarrow.csv as pacsv
+
+            pacsv.write_csv(table, args.output)
+        else:
+            import pyarrow.parquet as pq
+
+            pq.write_table(table, args.output)
+        print(f"{table.num_rows} rows written to {args.output}")
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        view = Table(*table.column_names)
+        for row in table.to_pylist():
+            view.add_row(*(str(v) for v in row.values()))
+        Console().print(view)
+    return 0
+
+
 def _watch(args: argparse.Namespace, settings: Settings) -> int:
     from google.protobuf import json_format
 
@@ -89,6 +130,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ingest.add_argument("--id", default=None, help="ingestor id (default: random)")
     ingest.set_defaults(fn=_ingest)
+    sub.add_parser("stream", help="run the Spark streaming job in the foreground").set_defaults(
+        fn=_stream
+    )
+    hist = sub.add_parser("history", help="print or save candles from Iceberg")
+    hist.add_argument("ticker")
+    hist.add_argument(
+        "--period", type=int, default=60, help="seconds: 60, 300, 900, 3600, 14400, 86400"
+    )
+    hist.add_argument("--start", required=True, help="ISO time, UTC if naive")
+    hist.add_argument("--end", required=True, help="ISO time, exclusive")
+    hist.add_argument("--fetch", action="store_true", help="request it through the relay first")
+    hist.add_argument("--timeout", type=float, default=300.0)
+    hist.add_argument("--output", help="write .parquet or .csv instead of printing")
+    hist.set_defaults(fn=_history)
     watch = sub.add_parser("watch", help="print live messages of a ticker")
     watch.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, e.g. BINANCE:BTC/USDT")
     watch.add_argument("--type", default="tick", help="tick or ohlc:<period_s>")

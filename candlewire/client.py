@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 
+import pyarrow as pa
 import zmq
 import zmq.asyncio
 from google.protobuf.message import Message
@@ -30,6 +31,7 @@ from candlewire._protocol import (
 )
 from candlewire.config import Settings
 from candlewire.errors import RequestRejected, RequestTimeout
+from candlewire.history import read_history
 from candlewire.topics import check_id, market_data_topic, response_topic
 from proto import requests_pb2 as rq
 
@@ -133,15 +135,24 @@ class Client(_Base):
         notify: Notify = "client",
         timeout: float = HISTORY_TIMEOUT_S,
         request_id: str | None = None,
-    ) -> rq.HistoryReadyNotification:
-        """Submit and wait until the rows are in Iceberg; raise HistoryFailed on ERROR."""
+        read: bool = False,
+    ) -> rq.HistoryReadyNotification | pa.Table:
+        """Submit and wait until the rows are in Iceberg; raise HistoryFailed on ERROR.
+
+        With ``read=True`` return the candles themselves (see :meth:`history`).
+        """
         call = HistoryCall.build(self.client_id, ticker, period, start, end, notify, request_id)
         self._submit(call)
         try:
-            return self.wait_ready(call.request.request_id, timeout)
+            note = self.wait_ready(call.request.request_id, timeout)
         finally:
             if notify == "request" and self._sub is not None:
                 self._sub.unsubscribe(call.topic)
+        return self.history(ticker, period, start, end) if read else note
+
+    def history(self, ticker: str, period: int, start: TimeLike, end: TimeLike) -> pa.Table:
+        """Candles already in Iceberg, read with pyiceberg (partition-pruned)."""
+        return read_history(self.settings, ticker, period, start, end)
 
     def wait_ready(
         self, request_id: str, timeout: float = HISTORY_TIMEOUT_S
@@ -266,14 +277,20 @@ class AsyncClient(_Base):
         notify: Notify = "client",
         timeout: float = HISTORY_TIMEOUT_S,
         request_id: str | None = None,
-    ) -> rq.HistoryReadyNotification:
+        read: bool = False,
+    ) -> rq.HistoryReadyNotification | pa.Table:
         call = HistoryCall.build(self.client_id, ticker, period, start, end, notify, request_id)
         await self._submit(call)
         try:
-            return await self.wait_ready(call.request.request_id, timeout)
+            note = await self.wait_ready(call.request.request_id, timeout)
         finally:
             if notify == "request" and self._sub is not None:
                 self._sub.unsubscribe(call.topic)
+        return await self.history(ticker, period, start, end) if read else note
+
+    async def history(self, ticker: str, period: int, start: TimeLike, end: TimeLike) -> pa.Table:
+        """Like :meth:`Client.history`, in a worker thread so the event loop stays free."""
+        return await asyncio.to_thread(read_history, self.settings, ticker, period, start, end)
 
     async def wait_ready(
         self, request_id: str, timeout: float = HISTORY_TIMEOUT_S

@@ -50,6 +50,14 @@ class Settings(BaseSettings):
     spark_master: str = "local[*]"
     """local[*], spark://host:7077 or k8s://https://host:443."""
     spark_ui: bool = False
+    checkpoint_dir: str | None = None
+    """Streaming checkpoints (a shared filesystem on a cluster); default <state_dir>/checkpoints."""
+    stream_trigger_s: float = 0.5
+    """Micro-batch interval of the streaming job."""
+    stream_watermark_s: float = 10.0
+    """How late a tick may be and still correct its candle."""
+    stream_publish_to: list[str] = Field(default_factory=list)
+    """Relay XSUB endpoints (publisher_ingress) the stream job also connects to."""
     jvm_dir: Path = REPO_ROOT / ".cache" / "jvm"
     """Where `make jvm` put the fetched jars (kafka/ and spark/)."""
 
@@ -79,6 +87,9 @@ class Settings(BaseSettings):
     def warehouse_uri(self) -> str:
         return self.warehouse or (self.state_dir.resolve() / "warehouse").as_uri()
 
+    def checkpoints(self) -> str:
+        return self.checkpoint_dir or str((self.state_dir / "checkpoints").resolve())
+
     def to_env(self) -> dict[str, str]:
         """These settings as CANDLEWIRE_* variables, for child processes."""
         env = {
@@ -93,6 +104,10 @@ class Settings(BaseSettings):
             if getattr(self, name):
                 env[f"CANDLEWIRE_{name.upper()}"] = getattr(self, name)
         env["CANDLEWIRE_SPARK_MASTER"] = self.spark_master
+        env["CANDLEWIRE_STREAM_TRIGGER_S"] = str(self.stream_trigger_s)
+        env["CANDLEWIRE_STREAM_WATERMARK_S"] = str(self.stream_watermark_s)
+        if self.checkpoint_dir:
+            env["CANDLEWIRE_CHECKPOINT_DIR"] = self.checkpoint_dir
         env["CANDLEWIRE_JVM_DIR"] = str(self.jvm_dir)
         if self.extra_publishers:
             env["CANDLEWIRE_EXTRA_PUBLISHERS"] = json.dumps(self.extra_publishers)

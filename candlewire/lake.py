@@ -120,12 +120,17 @@ def _db_parts(settings: Settings) -> tuple[str, str, str]:
     return where, url.username or "", url.password or ""
 
 
-def catalog(settings: Settings) -> SqlCatalog:
+def sql_url(settings: Settings) -> str:
+    """The catalog database for SQLAlchemy (psycopg2 driver)."""
     where, user, password = _db_parts(settings)
     auth = f"{user}:{password}@" if password else f"{user}@"
+    return f"postgresql+psycopg2://{auth}{where}"
+
+
+def catalog(settings: Settings) -> SqlCatalog:
     return SqlCatalog(
         settings.catalog_name,
-        uri=f"postgresql+psycopg2://{auth}{where}",
+        uri=sql_url(settings),
         warehouse=settings.warehouse_uri(),
         # Spark's JDBC catalog writes the same tables; keep pyiceberg from altering them.
         init_catalog_tables="true",

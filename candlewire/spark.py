@@ -6,6 +6,7 @@ Jars come from `make jvm` (never spark.jars.packages), so the set is fixed and c
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from candlewire.config import Settings
@@ -51,6 +52,8 @@ def build_session(settings: Settings, app_name: str = "candlewire") -> SparkSess
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", settings.bind_host)
+    # Python workers must be this interpreter (with candlewire installed), not PATH's python3.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder
     for key, value in spark_conf(settings, app_name).items():
         builder = builder.config(key, value)

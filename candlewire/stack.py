@@ -341,6 +341,19 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
             env=env,
         )
     )
+    stream_metrics = f"http://{settings.host}:{settings.port('stream_metrics')}/metrics"
+    services.append(
+        ProcessService(
+            name="stream",
+            argv=candlewire_argv("stream"),
+            port=settings.port("stream_metrics"),
+            check=http_health(stream_metrics, "candlewire_stream_up 1.0"),
+            run_dir=run,
+            log=logs / "stream.log",
+            env=env,
+            start_timeout=180.0,
+        )
+    )
     return services
 
 

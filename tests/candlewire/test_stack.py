@@ -66,6 +66,7 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
             "kafka": "healthy",
             "relay": "healthy",
             "ingest": "healthy",
+            "stream": "healthy",
         }
         producer = Producer(producer_config(settings))
         producer.produce(TICKS.name, key=b"BINANCE:BTC/USDT", value=b"kept")

@@ -1,0 +1,49 @@
+"""Reading candles from Iceberg with pyiceberg, filters pushed down.
+
+The ``ohlc`` table is partitioned by ticker, period and day, so these equality and range
+predicates prune to the files of one ticker's days before anything is read.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+
+from candlewire._protocol import TimeLike, to_ms
+from candlewire.config import Settings
+from candlewire.lake import NAMESPACE, catalog
+
+COLUMNS = (
+    "ticker",
+    "period_s",
+    "open_time",
+    "open",
+    "high",
+    "low",
+    "close",
+    "volume",
+    "trade_count",
+    "source",
+)
+
+
+def _iso(ms: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+
+def read_history(
+    settings: Settings, ticker: str, period: int, start: TimeLike, end: TimeLike
+) -> pa.Table:
+    """Candles with open_time in [start, end), sorted by open_time."""
+    table = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
+    row_filter = And(
+        EqualTo("ticker", ticker),
+        EqualTo("period_s", int(period)),
+        GreaterThanOrEqual("open_time", _iso(to_ms(start))),
+        LessThan("open_time", _iso(to_ms(end))),
+    )
+    return (
+        table.scan(row_filter=row_filter, selected_fields=COLUMNS).to_arrow().sort_by("open_time")
+    )

@@ -1,0 +1,144 @@
+"""What the job must remember across micro-batches and restarts, kept in PostgreSQL.
+
+History requests span pages (possibly several micro-batches); a metadata snapshot spans
+records. Both are recorded here only *after* their rows are committed to Iceberg, with
+idempotent inserts, so a replayed micro-batch changes nothing and a crash between the
+Iceberg commit and this write only means the notification is sent again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from candlewire.config import Settings
+from candlewire.lake import sql_url
+from proto import market_pb2
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS cw_history_requests (
+    request_id text PRIMARY KEY,
+    metadata bytea NOT NULL,
+    expected_pages integer NOT NULL,
+    error text
+);
+CREATE TABLE IF NOT EXISTS cw_history_pages (
+    request_id text NOT NULL,
+    page integer NOT NULL,
+    rows integer NOT NULL,
+    PRIMARY KEY (request_id, page)
+);
+CREATE TABLE IF NOT EXISTS cw_metadata_staging (
+    request_id text NOT NULL,
+    ticker text NOT NULL,
+    record bytea NOT NULL,
+    snapshot_size integer NOT NULL,
+    PRIMARY KEY (request_id, ticker)
+);
+"""
+
+
+@dataclass
+class Completed:
+    meta: market_pb2.HistoryRequestMetadata
+    rows: int
+    error: str | None
+
+
+class Progress:
+    def __init__(self, settings: Settings) -> None:
+        self.engine = sa.create_engine(sql_url(settings), pool_pre_ping=True)
+        with self.engine.begin() as conn:
+            for stmt in SCHEMA.split(";"):
+                if stmt.strip():
+                    conn.execute(sa.text(stmt))
+
+    def record_history(
+        self,
+        metas: list[market_pb2.HistoryRequestMetadata],
+        pages: list[tuple[str, int, int]],
+        errors: dict[str, str],
+    ) -> list[Completed]:
+        """Record pages and errors; return the requests now complete (or failed)."""
+        touched = {m.request_id for m in metas} | {p[0] for p in pages} | set(errors)
+        with self.engine.begin() as conn:
+            for m in metas:
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO cw_history_requests (request_id, metadata, expected_pages) "
+                        "VALUES (:r, :m, :e) ON CONFLICT (request_id) DO UPDATE SET metadata = :m, expected_pages = :e"
+                    ),
+                    {"r": m.request_id, "m": m.SerializeToString(), "e": m.expected_pages},
+                )
+            for rid, page, rows in pages:
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO cw_history_pages VALUES (:r, :p, :n) "
+                        "ON CONFLICT (request_id, page) DO UPDATE SET rows = :n"
+                    ),
+                    {"r": rid, "p": page, "n": rows},
+                )
+            for rid, error in errors.items():
+                conn.execute(
+                    sa.text("UPDATE cw_history_requests SET error = :e WHERE request_id = :r"),
+                    {"r": rid, "e": error},
+                )
+            if not touched:
+                return []
+            result = conn.execute(
+                sa.text(
+                    "SELECT r.request_id, r.metadata, r.expected_pages, r.error, "
+                    "count(p.page), coalesce(sum(p.rows), 0) FROM cw_history_requests r "
+                    "LEFT JOIN cw_history_pages p USING (request_id) WHERE r.request_id = ANY(:ids) "
+                    "GROUP BY r.request_id"
+                ),
+                {"ids": list(touched)},
+            )
+            done = []
+            for _rid, meta, expected, error, pages_seen, rows in result:
+                if error or pages_seen >= expected:
+                    done.append(
+                        Completed(
+                            market_pb2.HistoryRequestMetadata.FromString(bytes(meta)),
+                            int(rows),
+                            error,
+                        )
+                    )
+            return done
+
+    def stage_markets(self, markets: list[market_pb2.Market]) -> dict[str, list[market_pb2.Market]]:
+        """Stage snapshot records; return the snapshots now complete, by request_id."""
+        with self.engine.begin() as conn:
+            for m in markets:
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO cw_metadata_staging VALUES (:r, :t, :b, :n) "
+                        "ON CONFLICT (request_id, ticker) DO UPDATE SET record = :b"
+                    ),
+                    {
+                        "r": m.request_id,
+                        "t": m.ticker,
+                        "b": m.SerializeToString(),
+                        "n": max(m.snapshot_size, 1),
+                    },
+                )
+            ids = list({m.request_id for m in markets})
+            rows = conn.execute(
+                sa.text(
+                    "SELECT request_id, record, snapshot_size FROM cw_metadata_staging WHERE request_id = ANY(:ids)"
+                ),
+                {"ids": ids},
+            ).all()
+        groups: dict[str, list[market_pb2.Market]] = {}
+        sizes: dict[str, int] = {}
+        for rid, record, size in rows:
+            groups.setdefault(rid, []).append(market_pb2.Market.FromString(bytes(record)))
+            sizes[rid] = size
+        return {rid: ms for rid, ms in groups.items() if len(ms) >= sizes[rid]}
+
+    def forget_snapshot(self, request_id: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.text("DELETE FROM cw_metadata_staging WHERE request_id = :r"), {"r": request_id}
+            )

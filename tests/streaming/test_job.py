@@ -1,0 +1,315 @@
+"""The streaming job as a real process: Kafka in, Iceberg and ZMQ out, and a kill -9."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from decimal import Decimal
+
+import pandas as pd
+import pytest
+import zmq
+from confluent_kafka import Producer
+
+from candlewire import Client
+from candlewire.config import PERIODS_S
+from candlewire.kafka import TICKS, producer_config
+from candlewire.lake import NAMESPACE, catalog
+from candlewire.topics import metadata_update_topic
+from ingest.exchanges.base import Page
+from ingest.exchanges.sim import SimExchange
+from ingest.service import Ingestor
+from proto import market_pb2
+from proto import requests_pb2 as rq
+from proto.envelope import decode_sub, to_record
+from relay import Relay
+from tests.support import relay_call, wait_for
+
+DAY = 86_400_000
+T0 = 1_700_006_400_000
+
+
+def start_job(settings) -> subprocess.Popen:
+    env = {**os.environ, **settings.to_env(), "CANDLEWIRE_STREAM_WATERMARK_S": "172800"}
+    log = open(settings.state_dir / "stream.log", "ab")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "candlewire.cli", "stream"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{settings.port('stream_metrics')}/metrics"
+
+    def up() -> bool:
+        assert proc.poll() is None, (settings.state_dir / "stream.log").read_text()[-3000:]
+        try:
+            return (
+                "candlewire_stream_up 1.0" in urllib.request.urlopen(url, timeout=1).read().decode()
+            )
+        except OSError:
+            return False
+
+    wait_for(up, timeout=180, interval=0.5)
+    return proc
+
+
+def metric(settings, name: str) -> float:
+    body = (
+        urllib.request.urlopen(
+            f"http://127.0.0.1:{settings.port('stream_metrics')}/metrics", timeout=5
+        )
+        .read()
+        .decode()
+    )
+    return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(name))
+
+
+@pytest.fixture(scope="module")
+def pipeline(lakehouse, kafka):
+    relay = Relay(lakehouse, metrics=False).start()
+    ingestor = Ingestor(
+        lakehouse, [SimExchange()], heartbeat_s=0.2, warmup_beats=2, metrics=False
+    ).start()
+    job = start_job(lakehouse)
+    yield lakehouse
+    job.terminate()
+    job.wait(60)
+    ingestor.stop()
+    relay.stop()
+    shutil.copy(lakehouse.state_dir / "stream.log", "/tmp/candlewire-stream-test.log")
+
+
+def produce_ticks(settings, ticks: list[market_pb2.Tick]) -> None:
+    producer = Producer(producer_config(settings))
+    for t in ticks:
+        producer.produce(TICKS.name, key=t.ticker.encode(), value=to_record(t))
+    assert producer.flush(30) == 0
+
+
+def make_ticks(ticker: str, start_ms: int, n: int, seed: int) -> list[market_pb2.Tick]:
+    """Ticks every ~7 s across hour and day boundaries, a few out of order, some exactly on
+    a boundary (a window includes its start)."""
+    rng = random.Random(seed)
+    times = [start_ms + i * 7_000 + rng.randint(0, 6_000) for i in range(n)]
+    if n > 10:
+        times[10] = start_ms + 3_600_000  # exactly on an hour boundary
+    for i in range(20, n - 1, 15):  # swap neighbours: out of order within the watermark
+        times[i], times[i + 1] = times[i + 1], times[i]
+    return [
+        market_pb2.Tick(
+            ticker=ticker,
+            trade_id=str(i),
+            price=f"{100 + rng.randint(-500, 500) / 100:.2f}",
+            size=f"{rng.randint(1, 5000) / 1000:.3f}",
+            side=market_pb2.BUY,
+            exchange_time_ns=t * 1_000_000,
+        )
+        for i, t in enumerate(times)
+    ]
+
+
+def expected_candles(ticks: list[market_pb2.Tick], period_s: int) -> pd.DataFrame:
+    df = pd.DataFrame(
+        {
+            "time": pd.to_datetime([t.exchange_time_ns for t in ticks], unit="ns", utc=True),
+            "price": [Decimal(t.price) for t in ticks],
+            "size": [Decimal(t.size) for t in ticks],
+        }
+    ).sort_values("time")
+    r = df.set_index("time").resample(f"{period_s}s")
+    out = pd.DataFrame(
+        {
+            "open": r["price"].first(),
+            "high": r["price"].max(),
+            "low": r["price"].min(),
+            "close": r["price"].last(),
+            "volume": r["size"].sum(),
+            "trade_count": r["price"].count(),
+        }
+    )
+    return out[out["trade_count"] > 0]  # resample invents empty bins; candlewire does not
+
+
+def test_candles_equal_pandas_resample_for_every_period(pipeline) -> None:
+    ticker = f"TEST:C{uuid.uuid4().hex[:6].upper()}/USDT"
+    start = (int(time.time() * 1000) // DAY) * DAY - 2 * 3_600_000 - 600_000  # crosses hours
+    ticks = make_ticks(ticker, start, 1200, seed=1)  # ~2.3 hours
+    produce_ticks(pipeline, ticks)
+    ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
+
+    def rows() -> pd.DataFrame:
+        ohlc.refresh()
+        return ohlc.scan(row_filter=f"ticker = '{ticker}'").to_pandas()
+
+    def complete() -> bool:
+        got = rows()
+        return all(
+            (got["period_s"] == p).sum() == len(expected_candles(ticks, p))
+            and got[got["period_s"] == p]["trade_count"].sum() == len(ticks)
+            for p in PERIODS_S
+        )
+
+    wait_for(complete, timeout=120, interval=1.0)
+    got = rows()
+    for period in PERIODS_S:
+        want = expected_candles(ticks, period)
+        mine = got[got["period_s"] == period].set_index("open_time").sort_index()
+        assert list(mine.index) == list(want.index), period
+        for col in ("open", "high", "low", "close", "volume", "trade_count"):
+            assert [Decimal(str(v)) for v in mine[col]] == [Decimal(str(v)) for v in want[col]], (
+                period,
+                col,
+            )
+
+
+def test_ticks_land_in_iceberg_and_late_ticks_are_counted(pipeline) -> None:
+    ticker = f"TEST:L{uuid.uuid4().hex[:6].upper()}/USDT"
+    now = int(time.time() * 1000)
+    before = metric(pipeline, "candlewire_stream_late_ticks_total")
+    # Three days old: beyond the test job's two-day watermark.
+    produce_ticks(pipeline, make_ticks(ticker, now - 3 * DAY, 30, seed=2))
+    ticks = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
+
+    def landed() -> int:
+        ticks.refresh()
+        return len(ticks.scan(row_filter=f"ticker = '{ticker}'").to_arrow())
+
+    wait_for(lambda: landed() == 30, timeout=60, interval=1.0)
+    try:
+        wait_for(
+            lambda: metric(pipeline, "candlewire_stream_late_ticks_total") - before >= 30,
+            timeout=30,
+        )
+    except AssertionError:
+        log = (pipeline.state_dir / "stream.log").read_text().splitlines()
+        raise AssertionError(
+            "\n".join(x for x in log if "candlewire" in x or "rror" in x)[-3000:]
+        ) from None
+
+
+def test_history_end_to_end_through_the_relay(pipeline) -> None:
+    with Client(pipeline) as client:
+        note = client.request_history("SIM:BTC/USDT", 300, T0, T0 + DAY, timeout=120)
+        table = client.history("SIM:BTC/USDT", 300, T0, T0 + DAY)
+        again = client.request_history("SIM:BTC/USDT", 300, T0, T0 + DAY, timeout=120, read=True)
+    assert note.status == rq.HISTORY_OK and note.row_count == 288 and note.snapshot_id != 0
+    want = SimExchange().ohlc_page("SIM:BTC/USDT", 300, Page(0, T0, T0 + DAY))
+    assert [str(v.normalize()) for v in table["close"].to_pylist()] == [
+        str(Decimal(c.close).normalize()) for c in want
+    ]
+    assert again.num_rows == 288, "asking twice leaves one copy"
+
+
+def test_history_error_reaches_the_client(pipeline) -> None:
+    from candlewire import HistoryFailed
+
+    with Client(pipeline) as client, pytest.raises(HistoryFailed, match="does not list"):
+        client.request_history("SIM:NOPE/USDT", 60, T0, T0 + DAY, timeout=120)
+
+
+def test_metadata_refresh_publishes_metadata_update(pipeline, ctx) -> None:
+    sub = ctx.socket(zmq.SUB)
+    sub.subscribe(metadata_update_topic().encode())
+    sub.connect(pipeline.connect("market_data"))
+    time.sleep(0.5)
+    resp = relay_call(
+        pipeline,
+        rq.DataRequest(
+            request_id=f"meta-{uuid.uuid4().hex[:8]}", kind=rq.SYMBOL_METADATA, exchange="SIM"
+        ),
+    )
+    assert resp.status == rq.SUBMIT_OK
+    assert sub.poll(90_000), "no METADATA_UPDATE"
+    topic, note = decode_sub(sub.recv_multipart())
+    sub.close()
+    assert topic == "METADATA_UPDATE" and note.exchange == "SIM" and note.symbol_count == 3
+    table = (
+        catalog(pipeline)
+        .load_table(f"{NAMESPACE}.symbol_metadata")
+        .scan(row_filter="exchange = 'SIM'")
+        .to_arrow()
+    )
+    assert sorted(table["ticker"].to_pylist()) == ["SIM:BTC/USDT", "SIM:ETH/USDT", "SIM:SOL/USDT"]
+
+
+def test_live_candle_reaches_a_subscriber_through_the_relay(pipeline) -> None:
+    ticker = f"TEST:V{uuid.uuid4().hex[:6].upper()}/USDT"
+    now = int(time.time() * 1000)
+    with Client(pipeline) as client:
+        updates = client.subscribe(ticker, "ohlc:60", idle_timeout=60)
+        time.sleep(1.0)  # the subscription reaches the job through the relay
+        produce_ticks(pipeline, make_ticks(ticker, now, 3, seed=3))
+        candle = next(updates)
+    assert candle.ticker == ticker and candle.period_s == 60 and candle.trade_count >= 1
+
+
+def test_exactly_once_under_kill_9(pipeline) -> None:
+    """kill -9 while batches are in flight; after a restart the tables hold each row once."""
+    ticker = f"TEST:K{uuid.uuid4().hex[:6].upper()}/USDT"
+    start = int(time.time() * 1000) - 3_600_000
+    ticks = make_ticks(ticker, start, 3000, seed=4)
+    # The module's job keeps running: stop it so this test owns the checkpoints.
+    job = next(p for p in _jobs(pipeline))
+    produce_ticks(pipeline, ticks[:1000])
+    time.sleep(3.0)
+    os.kill(job, signal.SIGKILL)
+    produce_ticks(pipeline, ticks[1000:])
+    restarted = start_job(pipeline)
+    try:
+        ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
+        table = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
+
+        def ticks_done() -> bool:
+            table.refresh()
+            return len(table.scan(row_filter=f"ticker = '{ticker}'").to_arrow()) >= 3000
+
+        wait_for(ticks_done, timeout=180, interval=1.0)
+        time.sleep(5.0)  # any replayed batch would have landed by now
+        table.refresh()
+        ids = table.scan(row_filter=f"ticker = '{ticker}'").to_arrow()["trade_id"].to_pylist()
+        assert len(ids) == 3000 and len(set(ids)) == 3000, "ticks duplicated or lost"
+
+        def candles_done() -> bool:
+            ohlc.refresh()
+            got = ohlc.scan(row_filter=f"ticker = '{ticker}'").to_pandas()
+            return all(
+                int(got[got["period_s"] == p]["trade_count"].sum()) == 3000 for p in PERIODS_S
+            )
+
+        wait_for(candles_done, timeout=120, interval=1.0)
+        ohlc.refresh()
+        got = (
+            ohlc.scan(row_filter=f"ticker = '{ticker}' and period_s = 3600")
+            .to_pandas()
+            .set_index("open_time")
+            .sort_index()
+        )
+        want = expected_candles(ticks, 3600)
+        assert list(got.index) == list(want.index)
+        assert [int(v) for v in got["trade_count"]] == [int(v) for v in want["trade_count"]]
+        assert [Decimal(str(v)) for v in got["volume"]] == [Decimal(str(v)) for v in want["volume"]]
+    finally:
+        restarted.terminate()
+        restarted.wait(60)
+        # Leave a running job for the module's teardown and later tests.
+        _replace_module_job(pipeline)
+
+
+def _jobs(settings):
+    out = subprocess.run(["pgrep", "-f", "candlewire.cli stream"], capture_output=True, text=True)
+    for pid in map(int, out.stdout.split()):
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+        if f"CANDLEWIRE_PORTS__STREAM_METRICS={settings.port('stream_metrics')}".encode() in env:
+            yield pid
+
+
+def _replace_module_job(settings) -> None:
+    start_job(settings)
