@@ -49,6 +49,8 @@ bench: install
 	$(PY) -m bench.relay
 	$(PY) -m bench.kafka
 	$(PY) -m bench.ingest
+	$(PY) -m bench.stream
+	$(PY) -m bench.history
 
 lint: install
 	$(VENV)/bin/ruff check .

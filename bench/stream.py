@@ -1,0 +1,144 @@
+"""The streaming job on this machine: sustained ticks/s, and tick → live candle latency.
+
+Throughput: a burst of N ticks is written to Kafka as fast as possible; we time until the job
+has committed all of them to the ``ticks`` table. Latency: ticks at a low rate, each stamped
+when produced; a client subscribed through the relay to ``{ticker}|ohlc:60`` receives candle
+updates, and an update counting k trades of its minute covers the k-th tick of that minute,
+so its latency is receive time minus that tick's produce time. The last line is JSON.
+
+    python -m bench.stream [--burst N] [--latency-seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+import urllib.request
+
+from confluent_kafka import Producer
+
+from bench.stack import private_stack
+from candlewire import Client
+from candlewire.kafka import TICKS, producer_config
+from proto import market_pb2
+from proto.envelope import to_record
+
+
+def committed_ticks(settings) -> float:
+    url = f"http://{settings.host}:{settings.port('stream_metrics')}/metrics"
+    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(
+        float(x.split()[-1])
+        for x in body.splitlines()
+        if x.startswith('candlewire_stream_rows_total{table="ticks"}')
+    )
+
+
+def tick(ticker: str, i: int, t_ns: int) -> bytes:
+    return to_record(
+        market_pb2.Tick(
+            ticker=ticker,
+            trade_id=str(i),
+            price=f"{100 + i % 50}.25",
+            size="0.010",
+            side=market_pb2.BUY,
+            exchange_time_ns=t_ns,
+        )
+    )
+
+
+def throughput(settings, n: int) -> float:
+    producer = Producer(producer_config(settings, **{"linger.ms": 20}))
+    base = committed_ticks(settings)
+    now = time.time_ns()
+    t0 = time.perf_counter()
+    for i in range(n):
+        while True:
+            try:
+                producer.produce(
+                    TICKS.name,
+                    key=f"BENCH:T{i % 8}/USDT".encode(),
+                    value=tick(f"BENCH:T{i % 8}/USDT", i, now + i * 1000),
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(120)
+    produced = time.perf_counter() - t0
+    while committed_ticks(settings) - base < n:
+        time.sleep(0.2)
+    elapsed = time.perf_counter() - t0
+    print(f"{n:,} ticks produced in {produced:.1f}s, all committed after {elapsed:.1f}s")
+    return n / elapsed
+
+
+def latency(settings, seconds: float, rate: float = 20.0) -> list[float]:
+    ticker = "BENCH:LAT/USDT"
+    sent: dict[int, list[float]] = {}  # minute open → produce times, in order
+    samples: list[float] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        producer = Producer(producer_config(settings, **{"linger.ms": 0}))
+        i = 0
+        while not stop.is_set():
+            now_ns = time.time_ns()
+            minute = now_ns // 60_000_000_000 * 60_000
+            sent.setdefault(minute, []).append(time.time())
+            producer.produce(TICKS.name, key=ticker.encode(), value=tick(ticker, i, now_ns))
+            producer.poll(0)
+            i += 1
+            time.sleep(1 / rate)
+        producer.flush(10)
+
+    with Client(settings) as client:
+        updates = client.subscribe(ticker, "ohlc:60", idle_timeout=60)
+        time.sleep(1.0)
+        worker = threading.Thread(target=produce)
+        worker.start()
+        deadline = time.time() + seconds
+        try:
+            for candle in updates:
+                got = time.time()
+                times = sent.get(candle.open_time_ms, [])
+                if 0 < candle.trade_count <= len(times):
+                    samples.append(got - times[candle.trade_count - 1])
+                if got > deadline:
+                    break
+        finally:
+            stop.set()
+            worker.join()
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--burst", type=int, default=1_000_000)
+    parser.add_argument("--latency-seconds", type=float, default=60.0)
+    args = parser.parse_args()
+    with private_stack() as settings:
+        time.sleep(5)
+        rate = throughput(settings, args.burst)
+        lat = sorted(latency(settings, args.latency_seconds))
+    p50 = statistics.median(lat)
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    print(
+        f"sustained {rate:,.0f} ticks/s; tick → candle update via relay: p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms over {len(lat)} updates"
+    )
+    print(
+        json.dumps(
+            {
+                "ticks_per_s": round(rate),
+                "latency_p50_ms": round(p50 * 1000),
+                "latency_p99_ms": round(p99 * 1000),
+                "updates": len(lat),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
