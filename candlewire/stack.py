@@ -314,45 +314,39 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
                 after_start=lambda: ensure_topics(settings) and None,
             )
         )
-    relay_metrics = f"http://{settings.host}:{settings.port('relay_metrics')}/metrics"
-    services.append(
-        ProcessService(
-            name="relay",
-            argv=candlewire_argv("relay"),
-            port=settings.port("client_requests"),
-            check=http_health(relay_metrics, "candlewire_relay_up 1.0"),
+
+    def own(
+        name: str, args: list[str], metrics_port: str, healthy_line: str, **kw: object
+    ) -> ProcessService:
+        """One of candlewire's own processes, healthy when its metrics say so."""
+        url = f"http://{settings.host}:{settings.port(metrics_port)}/metrics"
+        return ProcessService(
+            name=name,
+            argv=candlewire_argv(*args),
+            port=settings.port(kw.pop("port_name", metrics_port)),  # type: ignore[arg-type]
+            check=http_health(url, healthy_line),
             run_dir=run,
-            log=logs / "relay.log",
+            log=logs / f"{name}.log",
             env=env,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    services.append(
+        own(
+            "relay",
+            ["relay"],
+            "relay_metrics",
+            "candlewire_relay_up 1.0",
+            port_name="client_requests",
         )
     )
     if not platform:
         return services
-    ingest_metrics = f"http://{settings.host}:{settings.port('ingest_metrics')}/metrics"
+    # SIM under its own name, and under BINANCE so BINANCE:BTC/USDT works out of the box.
+    ingest_args = ["ingest", "--exchange", "SIM,BINANCE=sim", "--id", "ingest-local"]
+    services.append(own("ingest", ingest_args, "ingest_metrics", "candlewire_ingest_state"))
     services.append(
-        ProcessService(
-            name="ingest",
-            # SIM under its own name, and under BINANCE so BINANCE:BTC/USDT works out of the box.
-            argv=candlewire_argv("ingest", "--exchange", "SIM,BINANCE=sim", "--id", "ingest-local"),
-            port=settings.port("ingest_metrics"),
-            check=http_health(ingest_metrics, "candlewire_ingest_state"),
-            run_dir=run,
-            log=logs / "ingest.log",
-            env=env,
-        )
-    )
-    stream_metrics = f"http://{settings.host}:{settings.port('stream_metrics')}/metrics"
-    services.append(
-        ProcessService(
-            name="stream",
-            argv=candlewire_argv("stream"),
-            port=settings.port("stream_metrics"),
-            check=http_health(stream_metrics, "candlewire_stream_up 1.0"),
-            run_dir=run,
-            log=logs / "stream.log",
-            env=env,
-            start_timeout=180.0,
-        )
+        own("stream", ["stream"], "stream_metrics", "candlewire_stream_up 1.0", start_timeout=180.0)
     )
     return services
 

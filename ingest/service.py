@@ -9,19 +9,18 @@ each. Who does what is decided by :mod:`ingest.peers`.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from types import FrameType
 
 import zmq
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from candlewire.config import Settings
+from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import ingestor_topic, work_prefix
 from candlewire.zmqutil import harden
 from ingest.exchanges.base import Exchange
@@ -92,17 +91,15 @@ class Ingestor:
         self._sink = KafkaSink(settings)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._http: object | None = None
+        self._http: MetricsServer | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> Ingestor:
         self._started = time.monotonic()
         if self._serve_metrics:
-            self._http, _ = start_http_server(
-                self.settings.port("ingest_metrics"),
-                addr=self.settings.bind_host,
-                registry=self.metrics.registry,
+            self._http = MetricsServer(
+                self.metrics.registry, self.settings.bind_host, self.settings.port("ingest_metrics")
             )
         self._thread = threading.Thread(target=self._loop, name=f"ingest-{self.id}", daemon=True)
         self._thread.start()
@@ -117,21 +114,12 @@ class Ingestor:
             job.stop.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._http is not None:
-            self._http.shutdown()  # type: ignore[attr-defined]
-            self._http.server_close()  # type: ignore[attr-defined]
+            self._http.close()
         for exchange in self.exchanges.values():
             exchange.close()
 
     def run(self) -> None:
-        def _on_signal(signum: int, _frame: FrameType | None) -> None:
-            self._stop.set()
-
-        signal.signal(signal.SIGINT, _on_signal)
-        signal.signal(signal.SIGTERM, _on_signal)
-        self.start()
-        while not self._stop.wait(0.5):
-            pass
-        self.stop()
+        run_until_signal(self.start, self.stop)
 
     # -- state -------------------------------------------------------------------------------
 

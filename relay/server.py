@@ -13,15 +13,13 @@ Nothing is remembered between messages, so a relay can be restarted, or several 
 from __future__ import annotations
 
 import logging
-import signal
 import threading
-from types import FrameType
 
 import zmq
 from google.protobuf.message import Message
-from prometheus_client import start_http_server
 
 from candlewire.config import Settings
+from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import TopicError, parse_ticker, work_prefix
 from candlewire.zmqutil import harden
 from proto import requests_pb2 as rq
@@ -57,7 +55,7 @@ class Relay:
         self._ctx = zmq.Context()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._http: object | None = None
+        self._http: MetricsServer | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -92,9 +90,7 @@ class Relay:
         for endpoint in [s.connect("stream_pub"), *s.extra_publishers]:
             self._xsub.connect(endpoint)
         if self._serve_metrics:
-            self._http, _ = start_http_server(
-                s.port("relay_metrics"), addr=s.bind_host, registry=self.metrics.registry
-            )
+            self._http = MetricsServer(self.metrics.registry, s.bind_host, s.port("relay_metrics"))
         proxy = threading.Thread(
             target=self._proxy, args=(proxy_steer,), name="relay-proxy", daemon=True
         )
@@ -122,18 +118,7 @@ class Relay:
 
     def run(self) -> None:
         """Serve in the foreground until SIGINT or SIGTERM."""
-
-        def _on_signal(signum: int, _frame: FrameType | None) -> None:
-            log.info("relay stopping on signal %d", signum)
-            self._stop.set()
-
-        signal.signal(signal.SIGINT, _on_signal)
-        signal.signal(signal.SIGTERM, _on_signal)
-        self.start()
-        while not self._stop.wait(0.5):
-            pass
-        self._stop.clear()
-        self.stop()
+        run_until_signal(self.start, self.stop)
 
     def __enter__(self) -> Relay:
         return self.start()
@@ -143,8 +128,7 @@ class Relay:
 
     def _close_all(self) -> None:
         if self._http is not None:
-            self._http.shutdown()  # type: ignore[attr-defined]
-            self._http.server_close()  # type: ignore[attr-defined]
+            self._http.close()
             self._http = None
         for name in ("_router", "_work", "_control", "_xpub", "_xsub", "_steer"):
             sock = getattr(self, name, None)

@@ -22,20 +22,19 @@ intervals.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from candlewire.config import PERIODS_S, Settings
 from candlewire.kafka import OHLC_BATCHES, SYMBOL_METADATA, TICKS
 from candlewire.lake import table_name
+from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.spark import build_session
 from candlewire.topics import market_data_topic, metadata_update_topic, ohlc_type, tick_type
 from proto import market_pb2
@@ -97,7 +96,7 @@ class StreamingJob:
         self.progress = Progress(settings)
         self.metrics = StreamMetrics()
         self._serve_metrics = metrics
-        self._http: object | None = None
+        self._http: MetricsServer | None = None
         self.queries: dict = {}
         self.watermark_ms = 0
         self.run_id = self._run_id()
@@ -186,10 +185,8 @@ class StreamingJob:
                 .start()
             )
         if self._serve_metrics:
-            self._http, _ = start_http_server(
-                self.settings.port("stream_metrics"),
-                addr=self.settings.bind_host,
-                registry=self.metrics.registry,
+            self._http = MetricsServer(
+                self.metrics.registry, self.settings.bind_host, self.settings.port("stream_metrics")
             )
         self.metrics.up.set(1)
         log.info("streaming job running: %s", ", ".join(self.queries))
@@ -201,26 +198,16 @@ class StreamingJob:
         self.metrics.up.set(0)
         self.publisher.close()
         if self._http is not None:
-            self._http.shutdown()  # type: ignore[attr-defined]
-            self._http.server_close()  # type: ignore[attr-defined]
+            self._http.close()
 
     def run(self) -> None:
-        stop = {"flag": False}
+        run_until_signal(self.start, self.stop, healthy=self._all_active)
 
-        def _on_signal(signum: int, _frame: FrameType | None) -> None:
-            stop["flag"] = True
-
-        signal.signal(signal.SIGINT, _on_signal)
-        signal.signal(signal.SIGTERM, _on_signal)
-        self.start()
-        while not stop["flag"]:
-            failed = [n for n, q in self.queries.items() if not q.isActive]
-            if failed:
-                for n in failed:
-                    log.error("query %s stopped: %s", n, self.queries[n].exception())
-                break
-            time.sleep(0.5)
-        self.stop()
+    def _all_active(self) -> bool:
+        failed = [n for n, q in self.queries.items() if not q.isActive]
+        for n in failed:
+            log.error("query %s stopped: %s", n, self.queries[n].exception())
+        return not failed
 
     # -- ticks -----------------------------------------------------------------------------
 
