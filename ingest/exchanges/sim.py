@@ -206,16 +206,25 @@ class SimExchange(Exchange):
         sym = self._symbol(ticker)
         t = self._minutes(sym, m0, m1)
         n = self.per_minute
+        ids = (t["minute"] * n + t["j"]).tolist()  # columns as lists: no numpy scalars per tick
+        buy, sell = market_pb2.BUY, market_pb2.SELL
         return [
             market_pb2.Tick(
                 ticker=ticker,
-                trade_id=str(int(t["minute"][k]) * n + int(t["j"][k])),
-                price=fmt_fixed(int(t["price"][k]), PRICE_DECIMALS),
-                size=fmt_fixed(int(t["size"][k]), SIZE_DECIMALS),
-                side=market_pb2.BUY if t["buy"][k] else market_pb2.SELL,
-                exchange_time_ns=int(t["time_us"][k]) * 1000,
+                trade_id=str(i),
+                price=fmt_fixed(p, PRICE_DECIMALS),
+                size=fmt_fixed(q, SIZE_DECIMALS),
+                side=buy if b else sell,
+                exchange_time_ns=us * 1000,
             )
-            for k in range(len(t["price"]))
+            for i, p, q, b, us in zip(
+                ids,
+                t["price"].tolist(),
+                t["size"].tolist(),
+                t["buy"].tolist(),
+                t["time_us"].tolist(),
+                strict=True,
+            )
         ]
 
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:

@@ -34,6 +34,7 @@ from tests.support import relay_call, wait_for
 
 DAY = 86_400_000
 T0 = 1_700_006_400_000
+RUNNING: list[subprocess.Popen] = []  # the module's job processes, stopped at teardown
 
 
 def start_job(settings) -> subprocess.Popen:
@@ -77,10 +78,11 @@ def pipeline(lakehouse, kafka):
     ingestor = Ingestor(
         lakehouse, [SimExchange()], heartbeat_s=0.2, warmup_beats=2, metrics=False
     ).start()
-    job = start_job(lakehouse)
+    RUNNING.append(start_job(lakehouse))
     yield lakehouse
-    job.terminate()
-    job.wait(60)
+    for job in RUNNING:
+        job.terminate()
+        job.wait(60)
     ingestor.stop()
     relay.stop()
     shutil.copy(lakehouse.state_dir / "stream.log", "/tmp/candlewire-stream-test.log")
@@ -312,4 +314,4 @@ def _jobs(settings):
 
 
 def _replace_module_job(settings) -> None:
-    start_job(settings)
+    RUNNING.append(start_job(settings))
