@@ -21,7 +21,8 @@ def _ingest(args: argparse.Namespace, settings: Settings) -> int:
     from ingest.service import Ingestor
 
     exchanges = [make_exchange(spec) for spec in args.exchange.split(",") if spec]
-    Ingestor(settings, exchanges, ingestor_id=args.id).run()
+    always_on = [t for t in args.stream.split(",") if t]
+    Ingestor(settings, exchanges, ingestor_id=args.id, always_on=always_on).run()
     return 0
 
 
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated: SIM, REPLAY, a ccxt id, or NAME=adapter (BINANCE=sim)",
     )
     ingest.add_argument("--id", default=None, help="ingestor id (default: random)")
+    ingest.add_argument("--stream", default="", help="comma-separated tickers to stream always")
     ingest.set_defaults(fn=_ingest)
     sub.add_parser("stream", help="run the Spark streaming job in the foreground").set_defaults(
         fn=_stream

@@ -344,6 +344,7 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
         return services
     # SIM under its own name, and under BINANCE so BINANCE:BTC/USDT works out of the box.
     ingest_args = ["ingest", "--exchange", "SIM,BINANCE=sim", "--id", "ingest-local"]
+    ingest_args += ["--stream", "BINANCE:BTC/USDT,SIM:BTC/USDT"]
     services.append(own("ingest", ingest_args, "ingest_metrics", "candlewire_ingest_state"))
     services.append(
         own("stream", ["stream"], "stream_metrics", "candlewire_stream_up 1.0", start_timeout=180.0)

@@ -75,6 +75,7 @@ class Ingestor:
         warmup_beats: int = 3,
         workers: int = 4,
         metrics: bool = True,
+        always_on: list[str] | None = None,
     ) -> None:
         self.settings = settings
         self.exchanges = {e.name: e for e in exchanges}
@@ -83,6 +84,17 @@ class Ingestor:
         self.warmup_s = warmup_beats * heartbeat_s
         self.views = {name: PeerView(self.id) for name in self.exchanges}
         self.pending: dict[str, rq.DataRequest] = {}
+        # Always-on streams: held like a subscription every ingestor of the exchange received,
+        # so exactly one of them streams each ticker and another takes over if it dies.
+        for ticker in always_on or []:
+            exchange = ticker.split(":", 1)[0]
+            if exchange in self.exchanges:
+                self.pending[stream_key(ticker)] = rq.DataRequest(
+                    request_id=f"always-on:{ticker}",
+                    kind=rq.REALTIME_SUBSCRIBE,
+                    ticker=ticker,
+                    exchange=exchange,
+                )
         self.jobs: dict[str, Job] = {}
         self.recent_done: dict[str, deque[str]] = {n: deque(maxlen=200) for n in self.exchanges}
         self.metrics = IngestMetrics()

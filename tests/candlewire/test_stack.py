@@ -46,13 +46,18 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
     import shutil
     import tempfile
     from datetime import UTC, datetime
+    from decimal import Decimal
     from pathlib import Path
 
     import pyarrow as pa
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Producer
 
-    from candlewire.kafka import TICKS, consumer_config, producer_config
+    from candlewire import Client
+    from candlewire.kafka import TICKS, producer_config
     from candlewire.lake import catalog
+    from proto import market_pb2
+    from proto.envelope import to_record
+    from tests.support import read_topic
 
     base = Path(tempfile.mkdtemp(prefix="candlewire-stack-"))
     base.chmod(0o755)
@@ -68,8 +73,13 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
             "ingest": "healthy",
             "stream": "healthy",
         }
+        # Live data out of the box: SIM streams BINANCE:BTC/USDT through Kafka, Spark and the relay.
+        with Client(settings) as client:
+            tick = next(client.subscribe("BINANCE:BTC/USDT", "tick", idle_timeout=90))
+        assert tick.ticker == "BINANCE:BTC/USDT" and Decimal(tick.price) > 0
+        kept = market_pb2.Tick(ticker="KEEP:X/USDT", trade_id="kept", price="1", size="1")
         producer = Producer(producer_config(settings))
-        producer.produce(TICKS.name, key=b"BINANCE:BTC/USDT", value=b"kept")
+        producer.produce(TICKS.name, key=b"KEEP:X/USDT", value=to_record(kept))
         assert producer.flush(30) == 0
         meta = catalog(settings).load_table("market.symbol_metadata")
         meta.append(
@@ -96,15 +106,8 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
         stack.up(lambda _: None)
         rows = catalog(settings).load_table("market.symbol_metadata").scan().to_arrow()
         assert rows["ticker"].to_pylist() == ["BINANCE:BTC/USDT"]
-        consumer = Consumer(consumer_config(settings, "survivor"))
-        consumer.subscribe([TICKS.name])
-        msg = None
-        for _ in range(30):
-            msg = consumer.poll(1)
-            if msg is not None and msg.error() is None:
-                break
-        consumer.close()
-        assert msg is not None and msg.value() == b"kept"
+        survived = read_topic(settings, TICKS.name, lambda rs: kept in rs, timeout=60)
+        assert kept in survived
     finally:
         stack.down(lambda _: None)
         shutil.rmtree(base, ignore_errors=True)
