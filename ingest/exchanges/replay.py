@@ -143,6 +143,25 @@ class ReplayExchange(Exchange):
                 )
 
 
+def kline_row(c: market_pb2.OHLC, period_s: int) -> list:
+    """A candle in Binance's 12-column kline layout (files and REST answers alike)."""
+    close_time = c.open_time_ms + period_s * 1000 - 1
+    return [
+        c.open_time_ms,
+        c.open,
+        c.high,
+        c.low,
+        c.close,
+        c.volume,
+        close_time,
+        "0",
+        c.trade_count,
+        "0",
+        "0",
+        "0",
+    ]
+
+
 def write_sample(out: Path, day_ms: int = 1_735_689_600_000) -> None:
     """Record one day of SIM klines (1m, 1h) and 30 minutes of trades per symbol."""
     from ingest.exchanges.base import pages
@@ -159,23 +178,7 @@ def write_sample(out: Path, day_ms: int = 1_735_689_600_000) -> None:
                 w = csv.writer(f)
                 for page in pages(day_ms, day_ms + 86_400_000, period, 1440):
                     for c in sim.ohlc_page(ticker, period, page):
-                        close_t = c.open_time_ms + period * 1000 - 1
-                        w.writerow(
-                            [
-                                c.open_time_ms,
-                                c.open,
-                                c.high,
-                                c.low,
-                                c.close,
-                                c.volume,
-                                close_t,
-                                "0",
-                                c.trade_count,
-                                "0",
-                                "0",
-                                "0",
-                            ]
-                        )
+                        w.writerow(kline_row(c, period))
         folder = out / "spot" / "daily" / "trades" / symbol
         folder.mkdir(parents=True, exist_ok=True)
         m0 = (day_ms - GENESIS_MS) // MINUTE_MS

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from ingest.exchanges.base import Page
+from ingest.exchanges.replay import kline_row
 from ingest.exchanges.sim import SimExchange
 
 SYMBOLS = {"BTCUSDT": ("BTC", "USDT"), "ETHUSDT": ("ETH", "USDT")}
@@ -101,23 +102,7 @@ class BinanceStandIn:
         candles = self.sim.ohlc_page(
             f"BINANCE:{base}/{quote}", period, Page(0, start, start + limit * period * 1000)
         )
-        return [
-            [
-                c.open_time_ms,
-                c.open,
-                c.high,
-                c.low,
-                c.close,
-                c.volume,
-                c.open_time_ms + period * 1000 - 1,
-                "0",
-                c.trade_count,
-                "0",
-                "0",
-                "0",
-            ]
-            for c in candles[:limit]
-        ]
+        return [kline_row(c, period) for c in candles[:limit]]
 
     @property
     def url(self) -> str:
