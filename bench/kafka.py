@@ -18,9 +18,7 @@ import tempfile
 from pathlib import Path
 
 from candlewire.config import Settings
-from candlewire.kafka import kafka_health
-from candlewire.local.kafka import KafkaBroker
-from candlewire.stack import ProcessService
+from candlewire.stack import ProcessService, kafka_service
 from tests.support import free_settings
 
 TOPIC = "bench.perf"
@@ -28,21 +26,7 @@ TOPIC = "bench.perf"
 
 def start_broker(base: Path) -> tuple[Settings, ProcessService]:
     settings = free_settings(base)
-    broker = KafkaBroker(
-        base / "kafka",
-        settings.jvm_dir / "kafka",
-        settings.port("kafka"),
-        settings.port("kafka_controller"),
-    )
-    svc = ProcessService(
-        name="kafka",
-        argv=broker.argv,
-        port=settings.port("kafka"),
-        check=lambda: kafka_health(settings),
-        run_dir=base / "run",
-        log=base / "kafka.log",
-        prepare=broker.format_once,
-    )
+    svc = kafka_service(settings)
     svc.start()
     return settings, svc
 

@@ -282,9 +282,31 @@ def candlewire_argv(*args: str) -> Callable[[], list[str]]:
     return lambda: [sys.executable, "-m", "candlewire.cli", *args]
 
 
+def kafka_service(settings: Settings) -> ProcessService:
+    """The local KRaft broker as a supervised process; `up`, the tests and benches share it."""
+    from candlewire.kafka import ensure_topics, kafka_health
+    from candlewire.local.kafka import KafkaBroker
+
+    broker = KafkaBroker(
+        settings.state_dir / "kafka",
+        settings.jvm_dir / "kafka",
+        settings.port("kafka"),
+        settings.port("kafka_controller"),
+    )
+    return ProcessService(
+        name="kafka",
+        argv=broker.argv,
+        port=settings.port("kafka"),
+        check=lambda: kafka_health(settings),
+        run_dir=settings.state_dir / "run",
+        log=settings.state_dir / "logs" / "kafka.log",
+        prepare=broker.format_once,
+        after_start=lambda: ensure_topics(settings) and None,
+    )
+
+
 def default_services(settings: Settings, platform: bool = True) -> list[Service]:
     """The stack ``make up`` runs; ``platform=False`` is the relay alone (no Kafka, no SQL)."""
-    from candlewire.kafka import ensure_topics, kafka_health
 
     run, logs = settings.state_dir / "run", settings.state_dir / "logs"
     env = settings.to_env()
@@ -294,41 +316,27 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
     if platform:
         services.append(CatalogService(settings))
     if platform and settings.kafka_bootstrap is None:
-        from candlewire.local.kafka import KafkaBroker
-
-        broker = KafkaBroker(
-            settings.state_dir / "kafka",
-            settings.jvm_dir / "kafka",
-            settings.port("kafka"),
-            settings.port("kafka_controller"),
-        )
-        services.append(
-            ProcessService(
-                name="kafka",
-                argv=broker.argv,
-                port=settings.port("kafka"),
-                check=lambda: kafka_health(settings),
-                run_dir=run,
-                log=logs / "kafka.log",
-                prepare=broker.format_once,
-                after_start=lambda: ensure_topics(settings) and None,
-            )
-        )
+        services.append(kafka_service(settings))
 
     def own(
-        name: str, args: list[str], metrics_port: str, healthy_line: str, **kw: object
+        name: str,
+        args: list[str],
+        metrics_port: str,
+        healthy_line: str,
+        port_name: str | None = None,
+        start_timeout: float = 60.0,
     ) -> ProcessService:
         """One of candlewire's own processes, healthy when its metrics say so."""
         url = f"http://{settings.host}:{settings.port(metrics_port)}/metrics"
         return ProcessService(
             name=name,
             argv=candlewire_argv(*args),
-            port=settings.port(kw.pop("port_name", metrics_port)),  # type: ignore[arg-type]
+            port=settings.port(port_name or metrics_port),
             check=http_health(url, healthy_line),
             run_dir=run,
             log=logs / f"{name}.log",
             env=env,
-            **kw,  # type: ignore[arg-type]
+            start_timeout=start_timeout,
         )
 
     services.append(

@@ -162,22 +162,17 @@ class StreamingJob:
                 F.count(F.lit(1)).alias("trade_count"),
             )
         )
-        plans = {
-            "ticks": (self._ticks().writeStream.foreachBatch(self._ticks_batch), None),
-            "candles": (
-                minute.writeStream.outputMode("update").foreachBatch(self._candles_batch),
-                None,
+        writers = {
+            "ticks": self._ticks().writeStream.foreachBatch(self._ticks_batch),
+            "candles": minute.writeStream.outputMode("update").foreachBatch(self._candles_batch),
+            "history": self._kafka(OHLC_BATCHES.name, 2000).writeStream.foreachBatch(
+                self._history_batch
             ),
-            "history": (
-                self._kafka(OHLC_BATCHES.name, 2000).writeStream.foreachBatch(self._history_batch),
-                None,
-            ),
-            "metadata": (
-                self._kafka(SYMBOL_METADATA.name).writeStream.foreachBatch(self._metadata_batch),
-                None,
+            "metadata": self._kafka(SYMBOL_METADATA.name).writeStream.foreachBatch(
+                self._metadata_batch
             ),
         }
-        for name, (writer, _) in plans.items():
+        for name, writer in writers.items():
             self.queries[name] = (
                 writer.queryName(f"candlewire-{name}")
                 .option("checkpointLocation", self._checkpoint(name))

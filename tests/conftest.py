@@ -11,11 +11,9 @@ import pytest
 import zmq
 
 from candlewire.config import Settings
-from candlewire.kafka import ensure_topics, kafka_health
 from candlewire.lake import ensure_tables
-from candlewire.local.kafka import KafkaBroker
 from candlewire.local.postgres import LocalPostgres
-from candlewire.stack import ProcessService
+from candlewire.stack import ProcessService, kafka_service
 from proto import requests_pb2 as rq
 from relay import Relay
 from tests.support import FakePublisher, free_settings, serve_pipeline
@@ -90,20 +88,7 @@ def postgres(platform_settings: Settings) -> Iterator[LocalPostgres]:
 @pytest.fixture(scope="session")
 def kafka(platform_settings: Settings) -> Iterator[ProcessService]:
     """The broker as `candlewire up` runs it; tests may stop() and start() it."""
-    s = platform_settings
-    broker = KafkaBroker(
-        s.state_dir / "kafka", s.jvm_dir / "kafka", s.port("kafka"), s.port("kafka_controller")
-    )
-    svc = ProcessService(
-        name="kafka",
-        argv=broker.argv,
-        port=s.port("kafka"),
-        check=lambda: kafka_health(s),
-        run_dir=s.state_dir / "run",
-        log=s.state_dir / "kafka.log",
-        prepare=broker.format_once,
-        after_start=lambda: ensure_topics(s) and None,
-    )
+    svc = kafka_service(platform_settings)
     svc.start()
     yield svc
     svc.stop()

@@ -121,22 +121,30 @@ def serve_pipeline(
         ing.close()
 
 
-def relay_call(settings: Settings, msg: Message, timeout: float = 5.0) -> rq.SubmitResponse:
-    """Send one envelope to the relay over REQ, as a trusted component would."""
-    from proto.envelope import decode, encode
+def relay_frames(
+    settings: Settings, frames: list[bytes], timeout: float = 5.0
+) -> rq.SubmitResponse:
+    """Send raw frames to the relay over REQ; a REQ peer must always get a SubmitResponse."""
+    from proto.envelope import decode
 
-    ctx = zmq.Context.instance()
-    req = ctx.socket(zmq.REQ)
+    req = zmq.Context.instance().socket(zmq.REQ)
     req.setsockopt(zmq.LINGER, 0)
     req.connect(settings.connect("client_requests"))
     try:
-        req.send_multipart(encode(msg))
+        req.send_multipart(frames)
         assert req.poll(int(timeout * 1000)), "relay left a REQ peer without a reply"
         resp = decode(req.recv_multipart())
     finally:
         req.close()
     assert isinstance(resp, rq.SubmitResponse)
     return resp
+
+
+def relay_call(settings: Settings, msg: Message, timeout: float = 5.0) -> rq.SubmitResponse:
+    """Send one envelope to the relay, as a trusted component would."""
+    from proto.envelope import encode
+
+    return relay_frames(settings, encode(msg), timeout)
 
 
 def read_topic(

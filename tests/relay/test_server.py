@@ -19,7 +19,14 @@ from candlewire.topics import work_prefix
 from proto import requests_pb2 as rq
 from proto.envelope import decode, encode
 from relay import Relay
-from tests.support import FakeIngestor, FakePublisher, serve_pipeline, wait_for
+from tests.support import (
+    FakeIngestor,
+    FakePublisher,
+    relay_call,
+    relay_frames,
+    serve_pipeline,
+    wait_for,
+)
 
 DAY_MS = 86_400_000
 START = 1_700_000_000_000
@@ -149,18 +156,6 @@ def test_validation_rejects_with_reason(settings, pipeline, kwargs, reason) -> N
     assert info.value.reason == reason
 
 
-def _req_roundtrip(ctx, settings, frames: list[bytes]) -> rq.SubmitResponse:
-    req = ctx.socket(zmq.REQ)
-    req.setsockopt(zmq.LINGER, 0)
-    req.connect(settings.connect("client_requests"))
-    req.send_multipart(frames)
-    assert req.poll(5000), "relay left a REQ peer without a reply"
-    resp = decode(req.recv_multipart())
-    req.close()
-    assert isinstance(resp, rq.SubmitResponse)
-    return resp
-
-
 @pytest.mark.parametrize(
     ("frames", "reason"),
     [
@@ -175,7 +170,7 @@ def _req_roundtrip(ctx, settings, frames: list[bytes]) -> rq.SubmitResponse:
     ],
 )
 def test_malformed_req_always_gets_an_error_reply(ctx, settings, pipeline, frames, reason) -> None:
-    resp = _req_roundtrip(ctx, settings, frames)
+    resp = relay_frames(settings, frames)
     assert resp.status == rq.SUBMIT_REJECTED
     assert resp.reason == reason
     # ...and the relay still serves.
@@ -209,16 +204,16 @@ def test_trusted_forwarding_of_control_and_realtime(ctx, settings, relay) -> Non
     cancel = rq.IngestorControl(
         action=rq.CANCEL_REALTIME, ticker="BINANCE:BTC/USDT", exchange="BINANCE", request_id="c1"
     )
-    assert _req_roundtrip(ctx, settings, encode(cancel)).status == rq.SUBMIT_OK
+    assert relay_call(settings, cancel).status == rq.SUBMIT_OK
     assert control.poll(2000)
     assert decode(control.recv_multipart()[1:]) == cancel
     meta = rq.DataRequest(request_id="m1", kind=rq.SYMBOL_METADATA, exchange="BINANCE")
-    assert _req_roundtrip(ctx, settings, encode(meta)).status == rq.SUBMIT_OK
+    assert relay_call(settings, meta).status == rq.SUBMIT_OK
     assert ing.recv(2.0)[1] == meta
     wrong = rq.DataRequest(
         request_id="m2", kind=rq.REALTIME_SUBSCRIBE, exchange="KRAKEN", ticker="BINANCE:BTC/USDT"
     )
-    assert _req_roundtrip(ctx, settings, encode(wrong)).reason == rq.BAD_TICKER
+    assert relay_call(settings, wrong).reason == rq.BAD_TICKER
     control.close()
     ing.close()
 
