@@ -8,6 +8,7 @@ server listens on 127.0.0.1 and a socket in its data dir only.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import pwd
 import shutil
@@ -32,6 +33,14 @@ def bindir() -> Path:
     raise PostgresSetupError(
         "PostgreSQL server not installed: run `make install` (apt-get install postgresql)"
     )
+
+
+RELOCATED = Path("/var/lib/candlewire")
+
+
+def reachable(path: Path) -> bool:
+    """Whether another user (postgres) can traverse every directory down to ``path``."""
+    return all(p.stat().st_mode & 0o001 for p in (path, *path.parents) if p.exists())
 
 
 class LocalPostgres:
@@ -60,10 +69,11 @@ class LocalPostgres:
     def init_once(self) -> None:
         if (self.data / "PG_VERSION").exists():
             return
+        if os.geteuid() == 0 and not reachable(self.data.parent):
+            self._relocate()
         self.data.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.data, "postgres", "postgres")
-            self._check_traversable()
         self.data.chmod(0o700)
         self._run(
             [
@@ -78,16 +88,29 @@ class LocalPostgres:
             ]
         )
 
-    def _check_traversable(self) -> None:
-        for parent in self.data.parents:
-            if not parent.stat().st_mode & 0o001:
-                raise PostgresSetupError(
-                    f"the postgres user cannot reach {self.data}: {parent} is not world-"
-                    f"searchable (chmod o+x {parent}, or set CANDLEWIRE_STATE_DIR elsewhere)"
-                )
+    def _relocate(self) -> None:
+        """The state dir is private (e.g. under /root): the postgres user cannot enter it.
+
+        Keep the cluster under /var/lib/candlewire/<id of the state dir> instead, with a
+        link from the state dir, so `up` works wherever the project was cloned.
+        """
+        home = RELOCATED / hashlib.sha256(str(self.data).encode()).hexdigest()[:16]
+        home.mkdir(parents=True, exist_ok=True)
+        for d in (RELOCATED, home):
+            d.chmod(0o755)
+        self.data.parent.mkdir(parents=True, exist_ok=True)
+        self.data.symlink_to(home / "postgres")
+        self.data = home / "postgres"
 
     def start(self, log: Path) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0 and not reachable(log.parent):
+            # pg_ctl opens the log as the postgres user: keep it beside the data, linked.
+            beside = self.data.parent / "postgres.log"
+            if not log.is_symlink():
+                log.unlink(missing_ok=True)
+                log.symlink_to(beside)
+            log = beside
         log.touch()
         if os.geteuid() == 0:
             shutil.chown(log, "postgres")
