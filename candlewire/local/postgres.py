@@ -40,6 +40,7 @@ RELOCATED = Path("/var/lib/candlewire")
 
 def reachable(path: Path) -> bool:
     """Whether another user (postgres) can traverse every directory down to ``path``."""
+    path = path.absolute()
     return all(p.stat().st_mode & 0o001 for p in (path, *path.parents) if p.exists())
 
 
@@ -61,7 +62,7 @@ class LocalPostgres:
         return ["runuser", "-u", "postgres", "--", *argv]
 
     def _run(self, argv: list[str]) -> str:
-        out = subprocess.run(self._as_owner(argv), capture_output=True, text=True)
+        out = subprocess.run(self._as_owner(argv), capture_output=True, text=True, cwd="/")
         if out.returncode != 0:
             raise PostgresSetupError(f"{' '.join(argv[:2])} failed: {out.stdout}{out.stderr}")
         return out.stdout
@@ -103,6 +104,7 @@ class LocalPostgres:
         self.data = home / "postgres"
 
     def start(self, log: Path) -> None:
+        log = log.absolute()  # pg_ctl runs as another user, from another directory
         log.parent.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0 and not reachable(log.parent):
             # pg_ctl opens the log as the postgres user: keep it beside the data, linked.
