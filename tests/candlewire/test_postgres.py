@@ -17,14 +17,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_private_state_dir_relocates_and_keeps_data() -> None:
+def test_private_state_dir_relocates_and_keeps_data(monkeypatch) -> None:
     private = Path(tempfile.mkdtemp())  # 0700: the postgres user cannot enter it
     assert private.stat().st_mode & 0o777 == 0o700
-    data, log, port = (
-        private / "state" / "postgres",
-        private / "state" / "logs" / "postgres.log",
-        free_port(),
-    )
+    clone = private / "clone"  # a readable clone inside a private directory
+    clone.mkdir(mode=0o755)
+    monkeypatch.chdir(clone)  # the stack passes paths relative to the clone, as here
+    data, log, port = Path("state/postgres"), Path("state/logs/postgres.log"), free_port()
     pg = LocalPostgres(data, port)
     try:
         pg.init_once()
