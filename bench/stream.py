@@ -18,13 +18,14 @@ import threading
 import time
 import urllib.request
 
+import zmq
 from confluent_kafka import Producer
 
 from bench.stack import private_stack
-from candlewire import Client
 from candlewire.kafka import TICKS, producer_config
+from candlewire.topics import market_data_topic
 from proto import market_pb2
-from proto.envelope import to_record
+from proto.envelope import decode_sub, to_record
 
 
 def committed_ticks(settings) -> float:
@@ -94,8 +95,13 @@ def latency(settings, seconds: float, rate: float = 20.0) -> list[float]:
             time.sleep(1 / rate)
         producer.flush(10)
 
-    with Client(settings) as client:
-        updates = client.subscribe(ticker, "ohlc:60", idle_timeout=60)
+    # A raw SUB: the bench plays the ingestor itself, so the Client would rightly report that
+    # no ingestor serves BENCH.
+    with zmq.Context() as ctx, ctx.socket(zmq.SUB) as sub:
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.subscribe(market_data_topic(ticker, "ohlc:60"))
+        sub.connect(settings.connect("market_data"))
+        updates = (decode_sub(sub.recv_multipart())[1] for _ in iter(int, 1))
         time.sleep(1.0)
         worker = threading.Thread(target=produce)
         worker.start()

@@ -12,6 +12,7 @@ from candlewire.errors import (
     ProtocolError,
     RequestRejected,
     RequestTimeout,
+    SubscriptionFailed,
 )
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "RequestRejected",
     "RequestTimeout",
     "Settings",
+    "SubscriptionFailed",
 ]

@@ -15,8 +15,15 @@ from typing import Literal
 import zmq
 from google.protobuf.message import Message
 
-from candlewire.errors import HistoryFailed, ProtocolError, RequestRejected
-from candlewire.topics import check_id, history_ready_topic, response_topic
+from candlewire.errors import HistoryFailed, ProtocolError, RequestRejected, SubscriptionFailed
+from candlewire.topics import (
+    check_id,
+    history_ready_topic,
+    market_data_topic,
+    response_topic,
+    subscription_error_topic,
+)
+from proto import market_pb2
 from proto import requests_pb2 as rq
 from proto.envelope import EnvelopeError, decode, decode_sub, encode, expect
 
@@ -38,6 +45,17 @@ def to_ms(value: TimeLike) -> int:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def accept_ack(reply: list[bytes]) -> rq.SubmitResponse:
+    """Check the relay's ack; raise :class:`RequestRejected` on refusal."""
+    try:
+        resp = expect(decode(reply), rq.SubmitResponse)
+    except EnvelopeError as exc:
+        raise ProtocolError(f"relay answered with a bad envelope: {exc}") from None
+    if resp.status != rq.SUBMIT_OK:
+        raise RequestRejected(resp)
+    return resp
 
 
 @dataclass
@@ -78,18 +96,45 @@ class HistoryCall:
         return encode(self.request)
 
     def accept(self, reply: list[bytes]) -> rq.SubmitResponse:
-        """Check the relay's ack; raise :class:`RequestRejected` on refusal."""
-        try:
-            resp = expect(decode(reply), rq.SubmitResponse)
-        except EnvelopeError as exc:
-            raise ProtocolError(f"relay answered with a bad envelope: {exc}") from None
-        if resp.status != rq.SUBMIT_OK:
-            raise RequestRejected(resp)
+        resp = accept_ack(reply)
         if resp.notification_topic != self.topic:
             raise ProtocolError(
                 f"relay names topic {resp.notification_topic!r}, client expected {self.topic!r}"
             )
         return resp
+
+
+@dataclass
+class MetadataCall:
+    """One symbol-metadata refresh: a DataRequest, ended by its SymbolMetadataUpdated."""
+
+    request: rq.DataRequest
+
+    @classmethod
+    def build(cls, exchange: str) -> MetadataCall:
+        if not exchange or not exchange.isupper():
+            raise ValueError(f"exchange {exchange!r} must be upper case, e.g. BINANCE")
+        return cls(
+            rq.DataRequest(request_id=new_id("md"), kind=rq.SYMBOL_METADATA, exchange=exchange)
+        )
+
+    def frames(self) -> list[bytes]:
+        return encode(self.request)
+
+    def accept(self, reply: list[bytes]) -> rq.SubmitResponse:
+        return accept_ack(reply)
+
+    def match(self, frames: list[bytes]) -> market_pb2.SymbolMetadataUpdated | None:
+        try:
+            _topic, msg = decode_sub(frames)
+        except EnvelopeError:
+            return None
+        if (
+            isinstance(msg, market_pb2.SymbolMetadataUpdated)
+            and msg.request_id == self.request.request_id
+        ):
+            return msg
+        return None
 
 
 @dataclass
@@ -124,10 +169,22 @@ class NotificationInbox:
 
 @dataclass
 class MarketFilter:
-    """Exact-topic filter for one market-data subscription (SUB filters by prefix)."""
+    """Exact-topic filter for one market-data subscription (SUB filters by prefix).
+
+    The ticker's error topic is subscribed first, so a SubscriptionError about it (no live
+    ingestor, unknown symbol) cannot miss us and ends the subscription with an exception.
+    """
 
     topic: str
+    error_topic: str
     dropped: int = 0
+
+    @classmethod
+    def open(cls, sub: zmq.Socket, ticker: str, data_type: str) -> MarketFilter:
+        filt = cls(market_data_topic(ticker, data_type), subscription_error_topic(ticker))
+        sub.subscribe(filt.error_topic)
+        sub.subscribe(filt.topic)
+        return filt
 
     def accept(self, frames: list[bytes]) -> Message | None:
         try:
@@ -135,6 +192,8 @@ class MarketFilter:
         except EnvelopeError:
             self.dropped += 1
             return None
+        if topic == self.error_topic and isinstance(msg, rq.SubscriptionError):
+            raise SubscriptionFailed(msg)
         return msg if topic == self.topic else None
 
 

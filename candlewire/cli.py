@@ -22,7 +22,9 @@ def _ingest(args: argparse.Namespace, settings: Settings) -> int:
 
     exchanges = [make_exchange(spec) for spec in args.exchange.split(",") if spec]
     always_on = [t for t in args.stream.split(",") if t]
-    Ingestor(settings, exchanges, ingestor_id=args.id, always_on=always_on).run()
+    Ingestor(
+        settings, exchanges, ingestor_id=args.id, always_on=always_on, on_demand=args.on_demand
+    ).run()
     return 0
 
 
@@ -97,7 +99,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
             table = Table("service", "port", "pid", "health")
             rows = stack.status()
             for name, port, pid, health in rows:
-                table.add_row(name, str(port), str(pid or "-"), health)
+                table.add_row(name, str(port or "-"), str(pid or "-"), health)
             console.print(table)
             ingestors = live_ingestors(settings)
             live = Table("exchange", "live ingestors (heartbeats via the relay)")
@@ -131,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ingest.add_argument("--id", default=None, help="ingestor id (default: random)")
     ingest.add_argument("--stream", default="", help="comma-separated tickers to stream always")
+    ingest.add_argument(
+        "--on-demand",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stream any listed ticker while someone subscribes to it (grace period: "
+        "CANDLEWIRE_DEMAND_GRACE_S, default 60 s)",
+    )
     ingest.set_defaults(fn=_ingest)
     sub.add_parser("stream", help="run the Spark streaming job in the foreground").set_defaults(
         fn=_stream

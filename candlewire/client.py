@@ -22,6 +22,7 @@ from candlewire._protocol import (
     ConnectionState,
     HistoryCall,
     MarketFilter,
+    MetadataCall,
     NotificationInbox,
     Notify,
     TimeLike,
@@ -32,7 +33,8 @@ from candlewire._protocol import (
 from candlewire.config import Settings
 from candlewire.errors import RequestRejected, RequestTimeout
 from candlewire.history import read_history
-from candlewire.topics import check_id, market_data_topic, response_topic
+from candlewire.topics import check_id, metadata_update_topic, response_topic
+from proto import market_pb2
 from proto import requests_pb2 as rq
 
 SUBMIT_TIMEOUT_S = 30.0  # the spec's REQ/REP default
@@ -205,6 +207,44 @@ class Client(_Base):
             self._wait_connected(0)
         raise RequestTimeout(f"relay did not answer within {self.submit_timeout:.0f}s")
 
+    # -- symbol metadata -------------------------------------------------------------------
+
+    def refresh_metadata(
+        self, exchange: str, *, timeout: float = HISTORY_TIMEOUT_S
+    ) -> market_pb2.SymbolMetadataUpdated:
+        """Have an ingestor fetch the exchange's markets; return once they are in Iceberg.
+
+        Like a history request: subscribe to METADATA_UPDATE first, submit, then wait for the
+        SymbolMetadataUpdated that names our request_id (added, removed, changed counts).
+        """
+        if self._sub is None:
+            self._open_notifications(self._ctx)
+        assert self._sub is not None
+        self._sub.subscribe(metadata_update_topic())
+        call = MetadataCall.build(exchange)
+        deadline = time.monotonic() + timeout
+        self._wait_connected(min(CONNECT_TIMEOUT_S, self.submit_timeout / 2))
+        submit_deadline = time.monotonic() + self.submit_timeout
+        while True:
+            try:
+                call.accept(self._lazy_pirate(call.frames(), submit_deadline))
+                break
+            except RequestRejected as exc:
+                if not exc.retryable or remaining(submit_deadline) < RETRY_PAUSE_S:
+                    raise
+            time.sleep(RETRY_PAUSE_S)
+        try:
+            while remaining(deadline):
+                if self._sub.poll(ms(min(remaining(deadline), 0.5))):
+                    frames = self._sub.recv_multipart()
+                    done = call.match(frames)
+                    if done is not None:
+                        return done
+                    self.inbox.offer(frames)
+            raise RequestTimeout(f"no SymbolMetadataUpdated for {exchange} within {timeout:.0f}s")
+        finally:
+            self._sub.unsubscribe(metadata_update_topic())
+
     # -- market data ---------------------------------------------------------------------
 
     def subscribe(
@@ -212,12 +252,14 @@ class Client(_Base):
     ) -> Iterator[Message]:
         """Yield decoded Tick/OHLC messages of one topic until closed.
 
-        ``idle_timeout`` raises RequestTimeout after that many seconds without a message.
+        Subscribing is enough: an ingestor starts streaming the ticker for its first
+        subscriber. SubscriptionFailed says why nothing will flow (no live ingestor for the
+        exchange, a symbol the exchange does not list); ``idle_timeout`` raises
+        RequestTimeout after that many seconds without a message.
         """
-        filt = MarketFilter(market_data_topic(ticker, data_type))
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.subscribe(filt.topic)
+        filt = MarketFilter.open(sub, ticker, data_type)
         sub.connect(self.settings.connect("market_data"))
         try:
             while True:
@@ -345,10 +387,9 @@ class AsyncClient(_Base):
     async def subscribe(
         self, ticker: str, data_type: str = "tick", *, idle_timeout: float | None = None
     ) -> AsyncIterator[Message]:
-        filt = MarketFilter(market_data_topic(ticker, data_type))
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.subscribe(filt.topic)
+        filt = MarketFilter.open(sub, ticker, data_type)
         sub.connect(self.settings.connect("market_data"))
         try:
             while True:

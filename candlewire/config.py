@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     catalog_name: str = "candlewire"
     catalog_url: str | None = None
     """Iceberg JDBC catalog database, postgresql://user:password@host:port/db; default local."""
+    dagster_db: str | None = None
+    """Dagster's storage database, postgresql://...; default the local PostgreSQL's `dagster`."""
     warehouse: str | None = None
     """Iceberg warehouse location (file://, s3://...); default <state_dir>/warehouse."""
     spark_master: str = "local[*]"
@@ -56,8 +58,11 @@ class Settings(BaseSettings):
     """Micro-batch interval of the streaming job."""
     stream_watermark_s: float = 10.0
     """How late a tick may be and still correct its candle."""
-    stream_publish_to: list[str] = Field(default_factory=list)
-    """Relay XSUB endpoints (publisher_ingress) the stream job also connects to."""
+    extra_relays: list[str] = Field(default_factory=list)
+    """publisher_ingress endpoints of further relays. The stream job and ingestors publish
+    into each, and ingestors take subscription demand from each."""
+    demand_grace_s: float = 60.0
+    """How long an on-demand stream outlives its last subscriber."""
     jvm_dir: Path = REPO_ROOT / ".cache" / "jvm"
     """Where `make jvm` put the fetched jars (kafka/ and spark/)."""
 
@@ -84,6 +89,11 @@ class Settings(BaseSettings):
             or f"postgresql://candlewire@{self.host}:{self.port('postgres')}/candlewire"
         )
 
+    def dagster_storage(self) -> str:
+        return self.dagster_db or (
+            f"postgresql://candlewire@{self.host}:{self.port('postgres')}/dagster"
+        )
+
     def warehouse_uri(self) -> str:
         return self.warehouse or (self.state_dir.resolve() / "warehouse").as_uri()
 
@@ -100,7 +110,7 @@ class Settings(BaseSettings):
             "CANDLEWIRE_MAX_HISTORY_ROWS": str(self.max_history_rows),
         }
         env.update({f"CANDLEWIRE_PORTS__{k.upper()}": str(v) for k, v in self.ports.items()})
-        for name in ("kafka_bootstrap", "catalog_url", "warehouse"):
+        for name in ("kafka_bootstrap", "catalog_url", "dagster_db", "warehouse"):
             if getattr(self, name):
                 env[f"CANDLEWIRE_{name.upper()}"] = getattr(self, name)
         env["CANDLEWIRE_SPARK_MASTER"] = self.spark_master
@@ -109,6 +119,8 @@ class Settings(BaseSettings):
         if self.checkpoint_dir:
             env["CANDLEWIRE_CHECKPOINT_DIR"] = self.checkpoint_dir
         env["CANDLEWIRE_JVM_DIR"] = str(self.jvm_dir)
-        if self.extra_publishers:
-            env["CANDLEWIRE_EXTRA_PUBLISHERS"] = json.dumps(self.extra_publishers)
+        env["CANDLEWIRE_DEMAND_GRACE_S"] = str(self.demand_grace_s)
+        for name in ("extra_publishers", "extra_relays"):
+            if getattr(self, name):
+                env[f"CANDLEWIRE_{name.upper()}"] = json.dumps(getattr(self, name))
         return env

@@ -33,5 +33,16 @@ class HistoryFailed(CandlewireError):
         )
 
 
+class SubscriptionFailed(CandlewireError):
+    """Nothing will flow for a subscribed ticker: ``reason`` is NO_INGESTOR or UNKNOWN_SYMBOL."""
+
+    def __init__(self, error: rq.SubscriptionError) -> None:
+        self.error = error
+        self.reason = rq.RejectReason.Name(error.reason)
+        super().__init__(
+            f"subscription to {error.ticker} failed ({self.reason}): {error.error_message}"
+        )
+
+
 class ProtocolError(CandlewireError):
     """A peer answered with something that is not the expected envelope."""

@@ -69,7 +69,7 @@ class Service:
     """One part of the stack. Subclasses say how it starts, stops and proves health."""
 
     name: str
-    port: int
+    port: int | None
 
     def pid(self) -> int | None:
         return None
@@ -90,7 +90,7 @@ class ProcessService(Service):
 
     name: str
     argv: Callable[[], list[str]]
-    port: int
+    port: int | None  # None: serves no port of its own
     check: Callable[[], str | None]
     run_dir: Path
     log: Path
@@ -251,13 +251,17 @@ class Stack:
             if pid is not None:
                 echo(f"{svc.name}: already running (pid {pid})")
                 continue
-            if not isinstance(svc, CatalogService) and port_open(self.settings.host, svc.port):
+            if (
+                not isinstance(svc, CatalogService)
+                and svc.port is not None
+                and port_open(self.settings.host, svc.port)
+            ):
                 raise StackError(
                     f"{svc.name}: port {svc.port} is taken by another process; stop it or "
                     f"move {svc.name} with CANDLEWIRE_PORTS__<NAME>=<port>"
                 )
             svc.start()
-            echo(f"{svc.name}: up on port {svc.port}")
+            echo(f"{svc.name}: up" + (f" on port {svc.port}" if svc.port else ""))
 
     def down(self, echo: Echo = print) -> None:
         for svc in reversed(self.services):
@@ -265,7 +269,7 @@ class Stack:
                 svc.stop()
                 echo(f"{svc.name}: stopped")
 
-    def status(self) -> list[tuple[str, int, int | None, str]]:
+    def status(self) -> list[tuple[str, int | None, int | None, str]]:
         """(name, port, pid, health) for each part."""
         rows = []
         for svc in self.services:
@@ -357,7 +361,38 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
     services.append(
         own("stream", ["stream"], "stream_metrics", "candlewire_stream_up 1.0", start_timeout=180.0)
     )
+    services += dagster_services(settings)
     return services
+
+
+def dagster_services(settings: Settings) -> list[Service]:
+    """Dagster's webserver (UI and GraphQL) and daemon (schedules, sensors, backfills)."""
+    from orchestration import home
+
+    run, logs = settings.state_dir / "run", settings.state_dir / "logs"
+    env = home.env(settings)
+    return [
+        ProcessService(
+            name="dagster-webserver",
+            argv=lambda: home.webserver_argv(settings),
+            port=settings.port("dagster"),
+            check=lambda: home.webserver_health(settings),
+            run_dir=run,
+            log=logs / "dagster-webserver.log",
+            env=env,
+            start_timeout=120.0,
+        ),
+        ProcessService(
+            name="dagster-daemon",
+            argv=lambda: home.daemon_argv(settings),
+            port=None,
+            check=lambda: home.daemon_health(settings),
+            run_dir=run,
+            log=logs / "dagster-daemon.log",
+            env=env,
+            start_timeout=120.0,
+        ),
+    ]
 
 
 def live_ingestors(settings: Settings, listen_s: float = 2.5) -> dict[str, dict[str, str]]:

@@ -69,6 +69,30 @@ def ticker_prefix(ticker: str) -> str:
     return f"{ticker}|"
 
 
+def subscription_error_topic(ticker: str) -> str:
+    """Where a ticker's unservable subscriptions are answered (SubscriptionError)."""
+    return market_data_topic(ticker, "error")
+
+
+def demanded_ticker(subscription: str) -> str | None:
+    """The ticker whose live data a SUB subscription asks for, else None.
+
+    ``T|tick``, ``T|ohlc:60``, ``T|ohlc`` and ``T|`` all demand T; its error topic, other
+    channels and malformed tickers do not.
+    """
+    ticker, sep, rest = subscription.partition("|")
+    if not sep:
+        return None
+    data = rest == "" or tick_type().startswith(rest) or ohlc_type(0).startswith(rest[:5])
+    if not data:
+        return None
+    try:
+        parse_ticker(ticker)
+    except TopicError:
+        return None
+    return ticker
+
+
 def response_topic(client_id: str) -> str:
     return f"RESPONSE:{client_id}"
 

@@ -8,7 +8,10 @@ hold the same view of who is alive, and each request has exactly one owner:
 2. the live, work-taking peer with the highest hash of (work key, peer id) takes it.
 
 When an owner dies (3 missed heartbeats) or says DONE, the next-ranked peer takes its work
-over, because every peer kept the request until it saw it listed as ``done``. A peer that
+over, because every peer kept the request until it saw it listed as ``done``. Views can
+briefly disagree (a stalled heartbeat looks like a death), so two peers may both start a
+piece of work; for a live stream, which never ends by itself, the lower-ranked one yields
+as soon as it hears the other working on it. A peer that
 just started stays READY for a few heartbeats, learning the view before it takes work.
 """
 
@@ -77,3 +80,8 @@ class PeerView:
         if self_taking:
             candidates.append(self.self_id)
         return max(candidates, key=lambda pid: rank(key, pid), default=None)
+
+    def outranked(self, key: str, now: float) -> bool:
+        """Another live peer works on ``key`` too and outranks us: ours is the duplicate."""
+        mine = rank(key, self.self_id)
+        return any(key in p.working and rank(key, pid) > mine for pid, p in self.alive(now).items())

@@ -1,9 +1,12 @@
 """``candlewire ingest``: take work from the relay, fetch from exchanges, write to Kafka.
 
 One loop thread owns the sockets: the work queue and control channel (SUB, ``{EXCHANGE}:``
-prefixes), peers' heartbeats (SUB on the relay's fanout) and our own heartbeat (PUB into
-the relay's publisher ingress). Fetches run on a small thread pool, live streams on a thread
-each. Who does what is decided by :mod:`ingest.peers`.
+prefixes), peers' heartbeats (SUB on the relay's fanout) and our own heartbeat, an XPUB
+connected into each relay's publisher ingress. Through that XPUB the relays hand us every
+market-data topic's first subscription and last unsubscription, so a subscriber anywhere
+starts its ticker's stream (on demand) and the last one leaving stops it after a grace
+period (:mod:`candlewire.demand`). Fetches run on a small thread pool, live streams on a
+thread each. Who does what is decided by :mod:`ingest.peers`.
 """
 
 from __future__ import annotations
@@ -20,21 +23,27 @@ import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from candlewire.config import Settings
+from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
-from candlewire.topics import ingestor_topic, work_prefix
+from candlewire.topics import ingestor_topic, parse_ticker, work_prefix
 from candlewire.zmqutil import harden
-from ingest.exchanges.base import Exchange
+from ingest.exchanges.base import Exchange, UnknownSymbol
 from ingest.jobs import run_history, run_metadata, run_stream
 from ingest.peers import PeerView
 from ingest.sink import KafkaSink
 from proto import requests_pb2 as rq
-from proto.envelope import EnvelopeError, decode_sub, encode_topic
+from proto.envelope import EnvelopeError, decode_sub, encode, encode_topic
 
 log = logging.getLogger("candlewire.ingest")
 
 
 def stream_key(ticker: str) -> str:
     return f"stream:{ticker}"
+
+
+def demand_id(ticker: str) -> str:
+    """request_id of a stream held because someone subscribes (not an explicit request)."""
+    return f"demand:{ticker}"
 
 
 @dataclass
@@ -76,6 +85,8 @@ class Ingestor:
         workers: int = 4,
         metrics: bool = True,
         always_on: list[str] | None = None,
+        on_demand: bool = True,
+        grace_s: float | None = None,
     ) -> None:
         self.settings = settings
         self.exchanges = {e.name: e for e in exchanges}
@@ -95,6 +106,9 @@ class Ingestor:
                     ticker=ticker,
                     exchange=exchange,
                 )
+        self.on_demand = on_demand
+        self.demand = Demand(settings.demand_grace_s if grace_s is None else grace_s)
+        self.failed: dict[str, tuple[int, str, float]] = {}  # ticker -> reason, text, next report
         self.jobs: dict[str, Job] = {}
         self.recent_done: dict[str, deque[str]] = {n: deque(maxlen=200) for n in self.exchanges}
         self.metrics = IngestMetrics()
@@ -155,7 +169,8 @@ class Ingestor:
         work = harden(ctx.socket(zmq.SUB), max_message_bytes=size)
         control = harden(ctx.socket(zmq.SUB), max_message_bytes=size)
         peers = harden(ctx.socket(zmq.SUB), max_message_bytes=size)
-        beat = harden(ctx.socket(zmq.PUB), max_message_bytes=size, linger_ms=1000)
+        beat = harden(ctx.socket(zmq.XPUB), max_message_bytes=size, linger_ms=1000)
+        requests = harden(ctx.socket(zmq.DEALER), max_message_bytes=size, linger_ms=1000)
         for name in self.exchanges:
             work.subscribe(work_prefix(name))
             control.subscribe(work_prefix(name))
@@ -163,9 +178,12 @@ class Ingestor:
         work.connect(self.settings.connect("work_queue"))
         control.connect(self.settings.connect("control"))
         peers.connect(self.settings.connect("market_data"))
-        beat.connect(self.settings.connect("publisher_ingress"))
+        for endpoint in [self.settings.connect("publisher_ingress"), *self.settings.extra_relays]:
+            beat.connect(endpoint)
+        requests.connect(self.settings.connect("client_requests"))
+        self._requests = requests
         poller = zmq.Poller()
-        for s in (work, control, peers):
+        for s in (work, control, peers, beat, requests):
             poller.register(s, zmq.POLLIN)
         next_beat = 0.0
         try:
@@ -178,16 +196,22 @@ class Ingestor:
                     self._drain(control, "control", self._on_control)
                 if peers in events:
                     self._drain(peers, "peers", self._on_peer)
+                if beat in events:
+                    self._drain_subscriptions(beat, now)
+                if requests in events:
+                    self._drain_replies(requests)
+                self._expire(now)
                 self._reap(now)
                 self._schedule(now)
                 if now >= next_beat:
                     self._heartbeat(beat, now)
                     next_beat = now + self.heartbeat_s
+                self._report_failures(beat, now)
                 self.metrics.state.set(self.state(now))
                 self._sink.poll()
             self._heartbeat(beat, time.monotonic(), final=True)
         finally:
-            for s in (work, control, peers, beat):
+            for s in (work, control, peers, beat, requests):
                 s.close()
             ctx.term()
 
@@ -221,7 +245,69 @@ class Ingestor:
 
     def _on_control(self, msg: object) -> None:
         if isinstance(msg, rq.IngestorControl) and msg.action == rq.CANCEL_REALTIME:
+            if self.on_demand and self.demand.watched(msg.ticker):
+                log.info("cancel of %s ignored: it has subscribers again", msg.ticker)
+                return
             self._cancel(msg.ticker)
+
+    # -- realtime on demand -------------------------------------------------------------------
+
+    def _drain_subscriptions(self, beat: zmq.Socket, now: float) -> None:
+        for _ in range(1000):
+            try:
+                change = self.demand.apply(beat.recv(zmq.NOBLOCK), now)
+            except zmq.Again:
+                return
+            if change is None or not self.on_demand:
+                continue
+            ticker, watched = change
+            exchange = parse_ticker(ticker).exchange
+            if watched and exchange in self.exchanges and stream_key(ticker) not in self.pending:
+                log.info("%s: %s has a subscriber; streaming on demand", self.id, ticker)
+                self.metrics.received.labels("demand").inc()
+                self.pending[stream_key(ticker)] = rq.DataRequest(
+                    request_id=demand_id(ticker),
+                    kind=rq.REALTIME_SUBSCRIBE,
+                    ticker=ticker,
+                    exchange=exchange,
+                )
+
+    def _expire(self, now: float) -> None:
+        """Stop on-demand streams whose last subscriber left a grace period ago."""
+        for ticker in self.demand.expired(now):
+            self.failed.pop(ticker, None)
+            key = stream_key(ticker)
+            req = self.pending.get(key)
+            if req is None or req.request_id != demand_id(ticker):
+                continue  # always-on or explicitly requested: not ours to stop
+            del self.pending[key]
+            if key in self.jobs:
+                # Tell every ingestor of the exchange, as an operator's cancel would.
+                self._cancel(ticker)
+                cancel = rq.IngestorControl(
+                    request_id=f"{demand_id(ticker)}:{int(now * 1000)}",
+                    action=rq.CANCEL_REALTIME,
+                    exchange=req.exchange,
+                    ticker=ticker,
+                )
+                self._requests.send_multipart([b"", *encode(cancel)])
+
+    def _drain_replies(self, sock: zmq.Socket) -> None:
+        """The relay acknowledges our cancels; nothing waits on the answer."""
+        while True:
+            try:
+                sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+
+    def _report_failures(self, beat: zmq.Socket, now: float) -> None:
+        """Tell a failed stream's subscribers why, for as long as they watch."""
+        for ticker, (reason, text, due) in list(self.failed.items()):
+            if not self.demand.watched(ticker):
+                del self.failed[ticker]
+            elif now >= due:
+                beat.send_multipart(subscription_error(ticker, reason, text, self.id))
+                self.failed[ticker] = (reason, text, now + ERROR_REPEAT_S)
 
     def _on_peer(self, msg: object) -> None:
         if (
@@ -240,6 +326,11 @@ class Ingestor:
             log.info("stream %s cancelled", ticker)
 
     def _schedule(self, now: float) -> None:
+        for key, job in list(self.jobs.items()):
+            if key.startswith("stream:") and self.views[job.exchange].outranked(key, now):
+                log.info("%s: %s is streamed by a higher-ranked peer too; yielding", self.id, key)
+                job.stop.set()
+                del self.jobs[key]
         taking = self.taking_work(now)
         for key, req in list(self.pending.items()):
             if key in self.jobs:
@@ -290,6 +381,8 @@ class Ingestor:
                 self.recent_done[job.exchange].append(key)
             elif exc is not None:
                 self.pending.pop(key, None)  # unknown symbol: do not restart
+                if isinstance(exc, UnknownSymbol):
+                    self.failed[key.removeprefix("stream:")] = (rq.UNKNOWN_SYMBOL, str(exc), now)
 
     def _heartbeat(self, beat: zmq.Socket, now: float, final: bool = False) -> None:
         state = rq.DONE if final else self.state(now)

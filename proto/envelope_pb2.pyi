@@ -20,6 +20,7 @@ class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SUBMIT_RESPONSE: _ClassVar[MessageType]
     HISTORY_READY_NOTIFICATION: _ClassVar[MessageType]
     SYMBOL_METADATA_UPDATED: _ClassVar[MessageType]
+    SUBSCRIPTION_ERROR: _ClassVar[MessageType]
     USER_EVENT: _ClassVar[MessageType]
     EVENT_ACK: _ClassVar[MessageType]
 MESSAGE_TYPE_UNSPECIFIED: MessageType
@@ -36,5 +37,6 @@ SUBMIT_HISTORICAL_REQUEST: MessageType
 SUBMIT_RESPONSE: MessageType
 HISTORY_READY_NOTIFICATION: MessageType
 SYMBOL_METADATA_UPDATED: MessageType
+SUBSCRIPTION_ERROR: MessageType
 USER_EVENT: MessageType
 EVENT_ACK: MessageType

@@ -52,6 +52,7 @@ class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNSUPPORTED_VERSION: _ClassVar[RejectReason]
     UNEXPECTED_TYPE: _ClassVar[RejectReason]
     NO_INGESTOR: _ClassVar[RejectReason]
+    UNKNOWN_SYMBOL: _ClassVar[RejectReason]
 
 class HistoryStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -85,6 +86,7 @@ MALFORMED: RejectReason
 UNSUPPORTED_VERSION: RejectReason
 UNEXPECTED_TYPE: RejectReason
 NO_INGESTOR: RejectReason
+UNKNOWN_SYMBOL: RejectReason
 HISTORY_OK: HistoryStatus
 HISTORY_ERROR: HistoryStatus
 
@@ -204,3 +206,17 @@ class HistoryReadyNotification(_message.Message):
     completed_time_ms: int
     client_id: str
     def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[HistoryStatus, str]] = ..., row_count: _Optional[int] = ..., iceberg_table: _Optional[str] = ..., ticker: _Optional[str] = ..., period_s: _Optional[int] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., error_message: _Optional[str] = ..., snapshot_id: _Optional[int] = ..., completed_time_ms: _Optional[int] = ..., client_id: _Optional[str] = ...) -> None: ...
+
+class SubscriptionError(_message.Message):
+    __slots__ = ("ticker", "reason", "error_message", "source", "time_ms")
+    TICKER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    ticker: str
+    reason: RejectReason
+    error_message: str
+    source: str
+    time_ms: int
+    def __init__(self, ticker: _Optional[str] = ..., reason: _Optional[_Union[RejectReason, str]] = ..., error_message: _Optional[str] = ..., source: _Optional[str] = ..., time_ms: _Optional[int] = ...) -> None: ...

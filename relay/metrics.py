@@ -39,4 +39,14 @@ class RelayMetrics:
             "Work-queue topic prefixes with at least one ingestor subscribed",
             registry=self.registry,
         )
+        self.watched_tickers = Gauge(
+            "candlewire_relay_watched_tickers",
+            "Tickers with at least one market-data subscriber on this relay",
+            registry=self.registry,
+        )
+        self.unserved_reports = Counter(
+            "candlewire_relay_unserved_reports",
+            "SubscriptionError NO_INGESTOR messages published to subscribers",
+            registry=self.registry,
+        )
         self.up = Gauge("candlewire_relay_up", "1 while serving", registry=self.registry)

@@ -6,6 +6,9 @@
   relay forwards them to ``work_queue`` or ``control`` unchanged.
 - ``market_data`` (XPUB) ← ``stream_pub`` and ``publisher_ingress`` (XSUB): forwarded by
   libzmq's steerable proxy in its own thread, with no Python per message.
+- A watcher XPUB connected to that XSUB over inproc sees every topic's first subscription
+  and last unsubscription (never data), so the relay can tell subscribers of a ticker whose
+  exchange has no live ingestor, on the ticker's error topic.
 
 Nothing is remembered between messages, so a relay can be restarted, or several run.
 """
@@ -14,11 +17,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import zmq
 from google.protobuf.message import Message
 
 from candlewire.config import Settings
+from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import TopicError, parse_ticker, work_prefix
 from candlewire.zmqutil import harden
@@ -43,6 +48,9 @@ _REJECT_FOR_ENVELOPE: dict[type[EnvelopeError], int] = {
     UnknownMessageType: rq.UNEXPECTED_TYPE,
     UnexpectedMessage: rq.UNEXPECTED_TYPE,
 }
+# Ingestors reconnect to a restarted relay within about a second; only a ticker left
+# unserved for longer is reported.
+UNSERVED_AFTER_S = 2.0
 
 
 class Relay:
@@ -70,6 +78,9 @@ class Relay:
         self._control = harden(self._ctx.socket(zmq.PUB), max_message_bytes=size)
         self._xpub = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
         self._xsub = harden(self._ctx.socket(zmq.XSUB), max_message_bytes=size)
+        self._watch = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
+        self._watched = Demand(grace_s=0.0)
+        self._unserved: dict[str, float] = {}  # ticker -> when next to report it
         self._steer = self._ctx.socket(zmq.PAIR)
         steer_addr = f"inproc://relay-steer-{id(self)}"
         self._steer.bind(steer_addr)
@@ -81,6 +92,8 @@ class Relay:
             self._control.bind(s.bind("control"))
             self._xpub.bind(s.bind("market_data"))
             self._xsub.bind(s.bind("publisher_ingress"))
+            self._xsub.bind(f"inproc://relay-watch-{id(self)}")
+            self._watch.connect(f"inproc://relay-watch-{id(self)}")
         except zmq.ZMQError as exc:
             proxy_steer.close(linger=0)
             self._close_all()
@@ -130,7 +143,7 @@ class Relay:
         if self._http is not None:
             self._http.close()
             self._http = None
-        for name in ("_router", "_work", "_control", "_xpub", "_xsub", "_steer"):
+        for name in ("_router", "_work", "_control", "_xpub", "_xsub", "_watch", "_steer"):
             sock = getattr(self, name, None)
             if sock is not None:
                 sock.close(linger=200)
@@ -152,8 +165,13 @@ class Relay:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._work, zmq.POLLIN)
+        poller.register(self._watch, zmq.POLLIN)
+        self._up_since = time.monotonic()
         while not self._stop.is_set():
-            if not poller.poll(100):
+            events = poller.poll(100)
+            self._track_subscribers()
+            self._report_unserved(time.monotonic())
+            if not events:
                 continue
             self._track_ingestors()
             for _ in range(1024):
@@ -178,6 +196,36 @@ class Relay:
             else:
                 self._served.discard(topic)
             self.metrics.served_exchanges.set(len(self._served))
+
+    def _track_subscribers(self) -> None:
+        while True:
+            try:
+                msg = self._watch.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            change = self._watched.apply(msg, time.monotonic())
+            if change is not None and not change[1]:
+                self._unserved.pop(change[0], None)
+        self.metrics.watched_tickers.set(len(self._watched.topics))
+
+    def _report_unserved(self, now: float) -> None:
+        """Answer subscribers of tickers no live ingestor serves, after a short grace."""
+        self._watched.expired(now)  # only watched tickers matter here
+        for ticker in self._watched.tickers():
+            exchange = parse_ticker(ticker).exchange
+            if self.has_ingestor(exchange):
+                self._unserved.pop(ticker, None)
+                continue
+            due = self._unserved.setdefault(ticker, now + UNSERVED_AFTER_S)
+            if now < due or now - self._up_since < UNSERVED_AFTER_S:
+                continue
+            self._unserved[ticker] = now + ERROR_REPEAT_S
+            self._watch.send_multipart(
+                subscription_error(
+                    ticker, rq.NO_INGESTOR, f"no live ingestor serves {exchange}", "relay"
+                )
+            )
+            self.metrics.unserved_reports.inc()
 
     def has_ingestor(self, exchange: str) -> bool:
         prefix = work_prefix(exchange)

@@ -79,6 +79,31 @@ def _ts(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("TIMESTAMP'%Y-%m-%d %H:%M:%S.%f'")
 
 
+# Iceberg commits are optimistic: a concurrent compaction (rewrite_data_files) that replaced
+# files a MERGE read makes the MERGE fail validation. Our MERGEs write absolute values, so
+# running one again on the new table state is safe and gives the same result.
+MERGE_ATTEMPTS = 6
+_CONFLICTS = (
+    "ValidationException",
+    "CommitFailedException",
+    "conflicting",
+    "Missing required files",
+)
+
+
+def merge(spark: SparkSession, statement: str) -> None:
+    """Run a MERGE, retrying it when a concurrent commit won the race."""
+    for attempt in range(1, MERGE_ATTEMPTS + 1):
+        try:
+            spark.sql(statement)
+            return
+        except Exception as exc:
+            if attempt == MERGE_ATTEMPTS or not any(c in str(exc) for c in _CONFLICTS):
+                raise
+            log.warning("MERGE lost a commit race (attempt %d), retrying: %s", attempt, exc)
+            time.sleep(0.2 * attempt)
+
+
 def _quoted(values: set[str]) -> str:
     return ", ".join("'" + v.replace("'", "''") + "'" for v in sorted(values))
 
@@ -283,12 +308,13 @@ class StreamingJob:
         hi_ms: int,
     ) -> None:
         """Upsert by (ticker, period_s, open_time); literal bounds let Iceberg prune files."""
-        spark.sql(
+        merge(
+            spark,
             f"MERGE INTO {self.tables['ohlc']} t USING {view} s "
             f"ON t.ticker = s.ticker AND t.period_s = s.period_s AND t.open_time = s.open_time "
             f"AND t.ticker IN ({_quoted(tickers)}) AND t.period_s IN ({', '.join(map(str, sorted(periods)))}) "
             f"AND t.open_time >= {_ts(lo_ms)} AND t.open_time <= {_ts(hi_ms)} "
-            f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+            f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
         )
 
     def _candles_batch(self, df: DataFrame, batch_id: int) -> None:
@@ -507,9 +533,10 @@ class StreamingJob:
                 F.current_timestamp().alias("update_time"),
             )
             view.createOrReplaceTempView("cw_markets")
-            spark.sql(
+            merge(
+                spark,
                 f"MERGE INTO {self.tables['symbol_metadata']} t USING cw_markets s ON t.ticker = s.ticker "
-                f"AND t.exchange = '{exchange}' WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+                f"AND t.exchange = '{exchange}' WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
             )
             note = market_pb2.SymbolMetadataUpdated(
                 exchange=exchange,

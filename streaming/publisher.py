@@ -26,7 +26,7 @@ class StreamPublisher:
         self._ctx = zmq.Context()
         self._sock = harden(self._ctx.socket(zmq.PUB), max_message_bytes=settings.max_message_bytes)
         self._sock.bind(settings.bind("stream_pub"))
-        for endpoint in settings.stream_publish_to:
+        for endpoint in settings.extra_relays:
             self._sock.connect(endpoint)
         self._lock = threading.Lock()
         self._due: list[tuple[float, int, str, Message]] = []

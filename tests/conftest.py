@@ -14,9 +14,18 @@ from candlewire.config import Settings
 from candlewire.lake import ensure_tables
 from candlewire.local.postgres import LocalPostgres
 from candlewire.stack import ProcessService, kafka_service
+from candlewire.topics import work_prefix
 from proto import requests_pb2 as rq
 from relay import Relay
-from tests.support import FakePublisher, free_settings, serve_pipeline
+from tests.support import (
+    RUNNING,
+    FakeIngestor,
+    FakePublisher,
+    free_settings,
+    serve_pipeline,
+    start_job,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -43,6 +52,15 @@ def publisher(ctx: zmq.Context, settings: Settings) -> Iterator[FakePublisher]:
     pub = FakePublisher(ctx, settings.bind("stream_pub"))
     yield pub
     pub.close()
+
+
+@pytest.fixture
+def served(ctx: zmq.Context, settings: Settings, relay: Relay) -> Iterator[FakeIngestor]:
+    """Work-queue subscribers for BINANCE and COINBASE, so the relay sees them served."""
+    ing = FakeIngestor(ctx, settings, [work_prefix("BINANCE"), work_prefix("COINBASE")])
+    wait_for(lambda: relay.has_ingestor("BINANCE") and relay.has_ingestor("COINBASE"))
+    yield ing
+    ing.close()
 
 
 @pytest.fixture
@@ -99,3 +117,24 @@ def lakehouse(platform_settings: Settings, postgres: LocalPostgres) -> Settings:
     """Settings whose Iceberg catalog exists, with the platform's tables."""
     ensure_tables(platform_settings)
     return platform_settings
+
+
+@pytest.fixture(scope="session")
+def live_pipeline(lakehouse: Settings, kafka: ProcessService) -> Iterator[Settings]:
+    """Relay, a SIM ingestor and the real Spark streaming job, shared by the modules that
+    need the whole path (streaming, orchestration); a test may replace the job (RUNNING)."""
+    from ingest.exchanges.sim import SimExchange
+    from ingest.service import Ingestor
+
+    relay = Relay(lakehouse, metrics=False).start()
+    ingestor = Ingestor(
+        lakehouse, [SimExchange()], heartbeat_s=0.2, warmup_beats=2, metrics=False
+    ).start()
+    RUNNING.append(start_job(lakehouse))
+    yield lakehouse
+    for job in RUNNING:
+        job.terminate()
+        job.wait(60)
+    ingestor.stop()
+    relay.stop()
+    shutil.copy(lakehouse.state_dir / "stream.log", "/tmp/candlewire-stream-test.log")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 
 import zmq
@@ -169,3 +173,36 @@ def read_topic(
     finally:
         consumer.close()
     return out
+
+
+# -- the real streaming job ------------------------------------------------------------------
+
+RUNNING: list[subprocess.Popen] = []  # streaming-job processes, stopped at session end
+
+
+def start_job(settings: Settings) -> subprocess.Popen:
+    """`candlewire stream` as a process, returned once its metrics say it is up.
+
+    The watermark is two days so tests may produce ticks of the recent past.
+    """
+    env = {**os.environ, **settings.to_env(), "CANDLEWIRE_STREAM_WATERMARK_S": "172800"}
+    log = open(settings.state_dir / "stream.log", "ab")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "candlewire.cli", "stream"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{settings.port('stream_metrics')}/metrics"
+
+    def up() -> bool:
+        assert proc.poll() is None, (settings.state_dir / "stream.log").read_text()[-3000:]
+        try:
+            return (
+                "candlewire_stream_up 1.0" in urllib.request.urlopen(url, timeout=1).read().decode()
+            )
+        except OSError:
+            return False
+
+    wait_for(up, timeout=180, interval=0.5)
+    return proc

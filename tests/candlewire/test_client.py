@@ -69,7 +69,9 @@ def test_submit_times_out_without_relay(settings) -> None:
     assert time.monotonic() - t0 < 5
 
 
-def test_subscribe_yields_only_its_topic_and_skips_malformed(settings, relay, publisher) -> None:
+def test_subscribe_yields_only_its_topic_and_skips_malformed(
+    settings, relay, publisher, served
+) -> None:
     stop = threading.Event()
     feeders = [
         feed(publisher, "BINANCE:BTC/USDT|tick", stop, junk=True),
@@ -89,7 +91,7 @@ def test_subscribe_yields_only_its_topic_and_skips_malformed(settings, relay, pu
     assert all(isinstance(m, market_pb2.Tick) and m.ticker == "BINANCE:BTC/USDT" for m in got)
 
 
-def test_async_subscribe(settings, relay, publisher) -> None:
+def test_async_subscribe(settings, relay, publisher, served) -> None:
     stop = threading.Event()
     feeder = feed(publisher, "COINBASE:ETH/USD|tick", stop)
 
@@ -114,7 +116,7 @@ def test_subscribe_idle_timeout(settings, relay) -> None:
         next(client.subscribe("BINANCE:BTC/USDT", idle_timeout=0.3))
 
 
-def test_watch_cli_prints_live_messages(settings, relay, publisher) -> None:
+def test_watch_cli_prints_live_messages(settings, relay, publisher, served) -> None:
     import os
 
     env = {**os.environ, **settings.to_env()}

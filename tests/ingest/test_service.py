@@ -148,7 +148,7 @@ def test_competing_ingestors_fetch_each_request_once(live) -> None:
     assert owners == {"ing-a", "ing-b"}, f"work was not shared: {owners}"
 
 
-def subprocess_ingestor(settings, ingestor_id: str) -> subprocess.Popen:
+def subprocess_ingestor(settings, ingestor_id: str, exchange: str = "SIM") -> subprocess.Popen:
     env = {**os.environ, **settings.to_env(), "CANDLEWIRE_PORTS__INGEST_METRICS": "0"}
     return subprocess.Popen(
         [
@@ -157,7 +157,7 @@ def subprocess_ingestor(settings, ingestor_id: str) -> subprocess.Popen:
             "candlewire.cli",
             "ingest",
             "--exchange",
-            "SIM",
+            exchange,
             "--id",
             ingestor_id,
         ],

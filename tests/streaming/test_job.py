@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -22,43 +20,16 @@ from candlewire import Client
 from candlewire.config import PERIODS_S
 from candlewire.kafka import TICKS, producer_config
 from candlewire.lake import NAMESPACE, catalog
-from candlewire.topics import metadata_update_topic
+from candlewire.topics import metadata_update_topic, work_prefix
 from ingest.exchanges.base import Page
 from ingest.exchanges.sim import SimExchange
-from ingest.service import Ingestor
 from proto import market_pb2
 from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, to_record
-from relay import Relay
-from tests.support import relay_call, wait_for
+from tests.support import RUNNING, FakeIngestor, relay_call, start_job, wait_for
 
 DAY = 86_400_000
 T0 = 1_700_006_400_000
-RUNNING: list[subprocess.Popen] = []  # the module's job processes, stopped at teardown
-
-
-def start_job(settings) -> subprocess.Popen:
-    env = {**os.environ, **settings.to_env(), "CANDLEWIRE_STREAM_WATERMARK_S": "172800"}
-    log = open(settings.state_dir / "stream.log", "ab")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "candlewire.cli", "stream"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{settings.port('stream_metrics')}/metrics"
-
-    def up() -> bool:
-        assert proc.poll() is None, (settings.state_dir / "stream.log").read_text()[-3000:]
-        try:
-            return (
-                "candlewire_stream_up 1.0" in urllib.request.urlopen(url, timeout=1).read().decode()
-            )
-        except OSError:
-            return False
-
-    wait_for(up, timeout=180, interval=0.5)
-    return proc
 
 
 def metric(settings, name: str) -> float:
@@ -70,22 +41,6 @@ def metric(settings, name: str) -> float:
         .decode()
     )
     return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(name))
-
-
-@pytest.fixture(scope="module")
-def pipeline(lakehouse, kafka):
-    relay = Relay(lakehouse, metrics=False).start()
-    ingestor = Ingestor(
-        lakehouse, [SimExchange()], heartbeat_s=0.2, warmup_beats=2, metrics=False
-    ).start()
-    RUNNING.append(start_job(lakehouse))
-    yield lakehouse
-    for job in RUNNING:
-        job.terminate()
-        job.wait(60)
-    ingestor.stop()
-    relay.stop()
-    shutil.copy(lakehouse.state_dir / "stream.log", "/tmp/candlewire-stream-test.log")
 
 
 def produce_ticks(settings, ticks: list[market_pb2.Tick]) -> None:
@@ -244,12 +199,26 @@ def test_metadata_refresh_publishes_metadata_update(pipeline, ctx) -> None:
 def test_live_candle_reaches_a_subscriber_through_the_relay(pipeline) -> None:
     ticker = f"TEST:V{uuid.uuid4().hex[:6].upper()}/USDT"
     now = int(time.time() * 1000)
-    with Client(pipeline) as client:
+    # The test plays the TEST exchange's ingestor (it produces to Kafka), so it serves TEST's
+    # work queue: the relay would otherwise tell the subscriber no ingestor serves it.
+    with Client(pipeline) as client, zmq.Context() as ctx:
+        fake = FakeIngestor(ctx, pipeline, [work_prefix("TEST")])
         updates = client.subscribe(ticker, "ohlc:60", idle_timeout=60)
         time.sleep(1.0)  # the subscription reaches the job through the relay
         produce_ticks(pipeline, make_ticks(ticker, now, 3, seed=3))
         candle = next(updates)
+        fake.close()
     assert candle.ticker == ticker and candle.period_s == 60 and candle.trade_count >= 1
+
+
+def test_first_subscriber_starts_a_cold_ticker_end_to_end(pipeline) -> None:
+    """Nobody asked SIM:SOL/USDT to stream: subscribing is enough, and the first tick comes
+    through ingest → Kafka → streaming → relay."""
+    t0 = time.time()
+    with Client(pipeline) as client:
+        tick = next(client.subscribe("SIM:SOL/USDT", "tick", idle_timeout=120))
+    assert tick.ticker == "SIM:SOL/USDT"
+    assert tick.exchange_time_ns / 1e9 >= t0 - 5, "a live trade, not an old one"
 
 
 def test_exactly_once_under_kill_9(pipeline) -> None:
@@ -311,6 +280,11 @@ def _jobs(settings):
             env = f.read().split(b"\0")
         if f"CANDLEWIRE_PORTS__STREAM_METRICS={settings.port('stream_metrics')}".encode() in env:
             yield pid
+
+
+@pytest.fixture
+def pipeline(live_pipeline):
+    return live_pipeline
 
 
 def _replace_module_job(settings) -> None:

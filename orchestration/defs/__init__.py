@@ -1,0 +1,1 @@
+"""Dagster definitions by concept: ``assets/``, ``automation.py``, ``resources.py``."""

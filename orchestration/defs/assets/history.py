@@ -1,0 +1,201 @@
+"""``ohlc_history``: one day of one ticker's 1-minute candles per partition, fetched the way a
+user would, through the relay, and checked in Iceberg afterwards.
+
+Partitions are day by ticker. Tickers are a dynamic set that ``symbol_metadata`` fills from
+the exchanges' markets. Dagster advises keeping an asset under about 100,000 partitions:
+days since ``CANDLEWIRE_HISTORY_START`` times tickers stays far below that for a few hundred
+tickers over a few years. Backfills run as a few runs of up to ``PARTITIONS_PER_RUN``
+partitions each; every run submits its requests together (up to ``max_in_flight`` at once)
+and the pipeline fetches them in parallel.
+"""
+
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+
+import dagster as dg
+import pyarrow.compute as pc
+
+from candlewire.client import Client
+from candlewire.errors import CandlewireError
+from orchestration.defs.assets.lineage import iceberg_key
+from orchestration.defs.resources import CandlewireResource
+from proto import requests_pb2 as rq
+
+PERIOD_S = 60
+DAY_MS = 86_400_000
+PARTITIONS_PER_RUN = 100
+HISTORY_START = os.environ.get("CANDLEWIRE_HISTORY_START", "2025-01-01")
+
+TICKERS = dg.DynamicPartitionsDefinition(name="tickers")
+DAYS = dg.DailyPartitionsDefinition(start_date=HISTORY_START, timezone="UTC")
+PARTITIONS = dg.MultiPartitionsDefinition({"day": DAYS, "ticker": TICKERS})
+
+
+@dataclass(frozen=True)
+class Want:
+    """One partition as a history request: a ticker's 1-minute candles for one UTC day."""
+
+    key: str
+    ticker: str
+    start_ms: int
+    end_ms: int
+
+    @classmethod
+    def of(cls, key: str) -> "Want":
+        dims = PARTITIONS.get_partition_key_from_str(key).keys_by_dimension
+        day = datetime.combine(date.fromisoformat(dims["day"]), datetime.min.time(), UTC)
+        start = int(day.timestamp() * 1000)
+        return cls(key, dims["ticker"], start, start + DAY_MS)
+
+
+@dataclass
+class Outcome:
+    ok: list[tuple[Want, rq.HistoryReadyNotification, float]] = field(default_factory=list)
+    failed: list[tuple[Want, str]] = field(default_factory=list)
+
+
+def fetch(
+    client: Client,
+    wants: list[Want],
+    max_in_flight: int,
+    timeout: float,
+    progress: Callable[[str], object],
+) -> Outcome:
+    """Submit every partition's request, keeping at most ``max_in_flight`` unanswered."""
+    out = Outcome()
+    flight: deque[tuple[Want, str, float]] = deque()
+    todo = deque(wants)
+    deadline = time.monotonic() + timeout
+    while todo or flight:
+        while todo and len(flight) < max_in_flight:
+            want = todo.popleft()
+            try:
+                ack = client.submit(want.ticker, PERIOD_S, want.start_ms, want.end_ms)
+                flight.append((want, ack.request_id, time.monotonic()))
+            except CandlewireError as exc:
+                out.failed.append((want, str(exc)))
+        if not flight:
+            continue
+        want, request_id, t0 = flight.popleft()
+        try:
+            note = client.wait_ready(request_id, max(1.0, deadline - time.monotonic()))
+        except CandlewireError as exc:
+            out.failed.append((want, str(exc)))
+            continue
+        if note.status == rq.HISTORY_OK:
+            out.ok.append((want, note, time.monotonic() - t0))
+        else:
+            out.failed.append((want, note.error_message or rq.HistoryStatus.Name(note.status)))
+        done = len(out.ok) + len(out.failed)
+        progress(f"{done}/{len(wants)} partitions answered ({len(out.failed)} failed)")
+    return out
+
+
+@dg.asset(
+    partitions_def=PARTITIONS,
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=PARTITIONS_PER_RUN),
+    deps=[
+        iceberg_key("ohlc"),
+        # Tickers come from every exchange's refresh, not from one matching partition.
+        dg.AssetDep("symbol_metadata", partition_mapping=dg.AllPartitionMapping()),
+    ],
+    kinds={"iceberg"},
+    group_name="history",
+)
+def ohlc_history(context: dg.AssetExecutionContext, candlewire: CandlewireResource) -> None:
+    """1-minute candles of one ticker for one UTC day, requested through the relay.
+
+    An ERROR HistoryReady (unknown symbol, a range the exchange does not hold, exchange
+    failures) fails the run with each partition's reason.
+    """
+    wants = [Want.of(k) for k in context.partition_keys]
+    context.log.info(f"requesting {len(wants)} partitions through the relay")
+    with candlewire.client() as client:
+        out = fetch(
+            client, wants, candlewire.max_in_flight, candlewire.history_timeout_s, context.log.info
+        )
+    for want, note, seconds in out.ok:
+        context.add_asset_metadata(
+            {
+                "rows": int(note.row_count),
+                "start": datetime.fromtimestamp(note.start_ms / 1000, UTC).isoformat(),
+                "end": datetime.fromtimestamp(note.end_ms / 1000, UTC).isoformat(),
+                "duration_s": round(seconds, 3),
+                "iceberg_snapshot_id": str(note.snapshot_id),
+                "request_id": note.request_id,
+            },
+            partition_key=want.key,
+        )
+    if out.failed:
+        reasons = {w.key: reason for w, reason in out.failed}
+        raise dg.Failure(
+            description=f"{len(reasons)} of {len(wants)} partitions failed: "
+            + "; ".join(f"{k}: {r}" for k, r in list(reasons.items())[:10]),
+            metadata={"failed_partitions": dg.MetadataValue.json(reasons)},
+        )
+
+
+def _minutes(candlewire: CandlewireResource, want: Want) -> list[int]:
+    with candlewire.client() as client:
+        table = client.history(want.ticker, PERIOD_S, want.start_ms, want.end_ms)
+    times = pc.cast(table["open_time"], "int64").to_pylist()  # µs since the epoch
+    return [t // 1000 for t in times]
+
+
+def _check(context: dg.AssetCheckExecutionContext, judge) -> dg.AssetCheckResult:  # noqa: ANN001
+    bad: dict[str, str] = {}
+    resource: CandlewireResource = context.resources.candlewire
+    for key in context.partition_keys:
+        want = Want.of(key)
+        problem = judge(want, _minutes(resource, want))
+        if problem:
+            bad[key] = problem
+    return dg.AssetCheckResult(
+        passed=not bad,
+        metadata={
+            "partitions_checked": len(context.partition_keys),
+            "failing": dg.MetadataValue.json(bad),
+        },
+    )
+
+
+def missing_minutes(want: Want, minutes: list[int]) -> str:
+    """A 24/7 market has a candle for every minute of a day; list the ones it lacks."""
+    expected = set(range(want.start_ms, want.end_ms, PERIOD_S * 1000))
+    missing = sorted(expected - set(minutes))
+    if not missing:
+        return ""
+    shown = ", ".join(datetime.fromtimestamp(m / 1000, UTC).strftime("%H:%M") for m in missing[:20])
+    return f"{len(missing)} of 1440 minutes missing: {shown}{' …' if len(missing) > 20 else ''}"
+
+
+def duplicate_keys(want: Want, minutes: list[int]) -> str:
+    dupes = len(minutes) - len(set(minutes))
+    return f"{dupes} duplicated (ticker, period, open_time) keys" if dupes else ""
+
+
+@dg.asset_check(
+    asset=ohlc_history, partitions_def=PARTITIONS, required_resource_keys={"candlewire"}
+)
+def day_is_complete(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    """Every minute of the day has its candle (SIM and crypto markets trade 24/7)."""
+    return _check(context, missing_minutes)
+
+
+@dg.asset_check(
+    asset=ohlc_history, partitions_def=PARTITIONS, required_resource_keys={"candlewire"}
+)
+def no_duplicate_candles(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    """Upserts keep one row per (ticker, period, open_time)."""
+    return _check(context, duplicate_keys)
+
+
+@dg.definitions
+def history() -> dg.Definitions:
+    return dg.Definitions(
+        assets=[ohlc_history], asset_checks=[day_is_complete, no_duplicate_candles]
+    )

@@ -1,0 +1,98 @@
+"""Dagster's instance for the local stack: DAGSTER_HOME inside the state dir, storage in the
+platform's PostgreSQL, telemetry off, and the processes ``make up`` runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+from candlewire.config import REPO_ROOT, Settings
+
+WORKSPACE = REPO_ROOT / "workspace.yaml"
+MAX_CONCURRENT_RUNS = 2  # two cores: more runs only queue inside Spark and the relay
+
+
+def dagster_home(settings: Settings) -> Path:
+    home = (settings.state_dir / "dagster").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text(
+        json.dumps(  # JSON is YAML; no templating of quotes
+            {
+                "telemetry": {"enabled": False},
+                "storage": {"postgres": {"postgres_url": settings.dagster_storage()}},
+                "run_coordinator": {
+                    "module": "dagster.core.run_coordinator",
+                    "class": "QueuedRunCoordinator",
+                    "config": {"max_concurrent_runs": MAX_CONCURRENT_RUNS},
+                },
+            },
+            indent=2,
+        )
+    )
+    return home
+
+
+def env(settings: Settings) -> dict[str, str]:
+    """What Dagster's processes need: the platform settings and their own home."""
+    return {
+        **settings.to_env(),
+        "DAGSTER_HOME": str(dagster_home(settings)),
+        "DAGSTER_DISABLE_TELEMETRY": "1",
+    }
+
+
+def webserver_argv(settings: Settings) -> list[str]:
+    return [
+        str(Path(sys.executable).with_name("dagster-webserver")),
+        "-h",
+        settings.bind_host,
+        "-p",
+        str(settings.port("dagster")),
+        "-w",
+        str(WORKSPACE),
+    ]
+
+
+def daemon_argv(settings: Settings) -> list[str]:
+    return [str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w", str(WORKSPACE)]
+
+
+def graphql(settings: Settings, query: str, variables: dict | None = None) -> dict:
+    """One request to the webserver's GraphQL endpoint, as the UI makes it."""
+    body = json.dumps({"query": query, "variables": variables or {}}).encode()
+    req = urllib.request.Request(
+        f"http://{settings.host}:{settings.port('dagster')}/graphql",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        out = json.loads(resp.read())
+    if out.get("errors"):
+        raise RuntimeError(f"GraphQL errors: {out['errors']}")
+    return out["data"]
+
+
+DAEMON_HEALTH = (
+    "{ instance { daemonHealth { allDaemonStatuses { daemonType required healthy } } } }"
+)
+
+
+def webserver_health(settings: Settings) -> str | None:
+    try:
+        graphql(settings, "{ version }")
+    except (OSError, RuntimeError, ValueError) as exc:
+        return f"dagster webserver: {exc}"
+    return None
+
+
+def daemon_health(settings: Settings) -> str | None:
+    try:
+        statuses = graphql(settings, DAEMON_HEALTH)["instance"]["daemonHealth"]
+    except (OSError, RuntimeError, ValueError, KeyError) as exc:
+        return f"dagster daemon (asked through the webserver): {exc}"
+    sick = [
+        s["daemonType"] for s in statuses["allDaemonStatuses"] if s["required"] and not s["healthy"]
+    ]
+    return f"daemons not healthy yet: {', '.join(sick)}" if sick else None

@@ -1,0 +1,211 @@
+"""Realtime on demand: subscriptions through the relay start and stop ingestor streams."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from candlewire import Client, SubscriptionFailed
+from candlewire.config import Settings
+from candlewire.topics import ingestor_topic, market_data_topic, work_prefix
+from ingest.exchanges.sim import SimExchange
+from ingest.service import Ingestor, stream_key
+from proto import requests_pb2 as rq
+from proto.envelope import decode_sub
+from relay import Relay
+from tests.ingest.test_service import start_ingestor, subprocess_ingestor, ticks_of
+from tests.support import free_port, wait_for
+
+GRACE_S = 1.5
+
+
+@pytest.fixture
+def relay(platform_settings, kafka) -> Iterator[Relay]:
+    r = Relay(platform_settings, metrics=False).start()
+    yield r
+    r.stop()
+
+
+class Watcher:
+    """A market-data subscriber as libzmq sees it: a SUB socket and its topics."""
+
+    def __init__(self, ctx: zmq.Context, settings: Settings, ticker: str, kind: str) -> None:
+        self.sock = ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        self.sock.subscribe(market_data_topic(ticker, kind))
+        self.sock.connect(settings.connect("market_data"))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def streaming(ingestors: list[Ingestor], ticker: str) -> list[Ingestor]:
+    return [i for i in ingestors if stream_key(ticker) in i.jobs]
+
+
+def sim(name: str) -> SimExchange:
+    return SimExchange(name=name, symbols={"A/USDT": 10.0, "B/USDT": 20.0}, rate=20.0)
+
+
+def test_first_subscriber_starts_second_adds_nothing_last_leaving_stops(relay, ctx) -> None:
+    s = relay.settings
+    ticker = "SIMD:A/USDT"
+    ings = [start_ingestor(s, sim("SIMD"), grace_s=GRACE_S, ingestor_id=f"d{i}") for i in (1, 2)]
+    control = ctx.socket(zmq.SUB)
+    control.subscribe(work_prefix("SIMD"))
+    control.connect(s.connect("control"))
+    try:
+        time.sleep(1.0)  # past warm-up
+        first = Watcher(ctx, s, ticker, "tick")
+        # One ingestor streams each ticker (a brief duplicate while heartbeat views disagree
+        # resolves itself: the lower-ranked peer yields).
+        owners = wait_for(lambda: len(streaming(ings, ticker)) == 1 and streaming(ings, ticker))
+        time.sleep(1.0)
+        assert streaming(ings, ticker) == owners
+        job = owners[0].jobs[stream_key(ticker)]
+        assert len(ticks_of(s, ticker, 20)) >= 20
+
+        second = Watcher(ctx, s, ticker, "ohlc:60")
+        time.sleep(2 * GRACE_S)
+        first.close()
+        time.sleep(2 * GRACE_S)
+        assert streaming(ings, ticker) == owners and owners[0].jobs[stream_key(ticker)] is job
+        assert not control.poll(0), "no cancel while someone still watches"
+
+        second.close()
+        time.sleep(GRACE_S / 3)
+        assert streaming(ings, ticker) == owners, "the stream outlives its subscriber for a grace"
+        wait_for(lambda: not streaming(ings, ticker), timeout=GRACE_S + 5)
+        assert control.poll(5000), "the cancel goes out on the control channel"
+        _, msg = decode_sub(control.recv_multipart())
+        assert (msg.action, msg.ticker) == (rq.CANCEL_REALTIME, ticker)
+        assert all(stream_key(ticker) not in i.pending for i in ings)
+        time.sleep(1.0)
+        settled = len(ticks_of(s, ticker, 10**9, timeout=3))
+        time.sleep(1.5)
+        assert len(ticks_of(s, ticker, 10**9, timeout=3)) == settled, "ticks kept flowing"
+    finally:
+        control.close()
+        for i in ings:
+            i.stop()
+
+
+def test_relay_restart_keeps_active_subscriptions_streaming(platform_settings, kafka, ctx):
+    s = platform_settings
+    ticker = "SIMD:B/USDT"
+    relays = [Relay(s, metrics=False).start()]
+    ing = start_ingestor(s, sim("SIMD"), grace_s=4.0)
+    watcher = Watcher(ctx, s, ticker, "tick")
+    try:
+        wait_for(lambda: streaming([ing], ticker), timeout=10)
+        job = ing.jobs[stream_key(ticker)]
+        relays.pop().stop()
+        time.sleep(1.0)
+        relays.append(Relay(s, metrics=False).start())
+        # The SUB resends its subscription to the new relay, which hands it to the ingestor
+        # before the grace period ends: the stream never stopped.
+        wait_for(lambda: ing.demand.watched(ticker), timeout=5)
+        time.sleep(5.0)
+        assert ing.jobs.get(stream_key(ticker)) is job and not job.stop.is_set()
+        before = len(ticks_of(s, ticker, 1, timeout=3))
+        assert len(ticks_of(s, ticker, before + 20, timeout=10)) >= before + 20
+    finally:
+        watcher.close()
+        ing.stop()
+        for r in relays:
+            r.stop()
+
+
+def test_several_relays_count_their_subscribers_together(relay, ctx) -> None:
+    a = relay.settings
+    b = a.model_copy(
+        update={
+            "ports": {
+                **a.ports,
+                **{n: free_port() for n in ("client_requests", "work_queue", "control")},
+                **{n: free_port() for n in ("market_data", "publisher_ingress")},
+            }
+        }
+    )
+    other = Relay(b, metrics=False).start()
+    ticker = "SIMD:A/USDT"
+    both = a.model_copy(update={"extra_relays": [b.connect("publisher_ingress")]})
+    ing = start_ingestor(both, sim("SIMD"), grace_s=GRACE_S)
+    on_a, on_b = Watcher(ctx, a, ticker, "tick"), Watcher(ctx, b, ticker, "tick")
+    try:
+        wait_for(lambda: streaming([ing], ticker), timeout=10)
+        job = ing.jobs[stream_key(ticker)]
+        on_a.close()
+        time.sleep(3 * GRACE_S)
+        assert ing.jobs.get(stream_key(ticker)) is job, "a subscriber on relay B still watches"
+        on_b.close()
+        wait_for(lambda: not streaming([ing], ticker), timeout=GRACE_S + 5)
+    finally:
+        ing.stop()
+        other.stop()
+
+
+def heartbeat_work(settings: Settings, ctx: zmq.Context, exchange: str) -> dict[str, set[str]]:
+    """What each live ingestor of an exchange says it is working on, from its heartbeats."""
+    sub = ctx.socket(zmq.SUB)
+    sub.subscribe(ingestor_topic(exchange))
+    sub.connect(settings.connect("market_data"))
+    seen: dict[str, set[str]] = {}
+    deadline = time.monotonic() + 2.5
+    try:
+        while time.monotonic() < deadline:
+            if sub.poll(100):
+                _, hb = decode_sub(sub.recv_multipart())
+                seen[hb.ingestor_id] = set(hb.working)
+    finally:
+        sub.close(linger=0)
+    return seen
+
+
+def test_another_ingestor_picks_the_stream_up_after_kill_9(relay, ctx) -> None:
+    s = relay.settings
+    ticker = "SIMK:ETH/USDT"
+    procs = {i: subprocess_ingestor(s, i, "SIMK=sim") for i in ("k1", "k2")}
+    watcher = Watcher(ctx, s, ticker, "tick")
+    key = stream_key(ticker)
+    try:
+
+        def owner() -> str | None:
+            work = heartbeat_work(s, ctx, "SIMK")
+            return next((i for i, keys in work.items() if key in keys), None)
+
+        first = wait_for(owner, timeout=30, interval=0.1)
+        procs[first].send_signal(signal.SIGKILL)
+        procs[first].wait()
+        survivor = next(i for i in procs if i != first)
+        wait_for(lambda: owner() == survivor, timeout=20, interval=0.1)
+        before = len(ticks_of(s, ticker, 1, timeout=3))
+        assert len(ticks_of(s, ticker, before + 5, timeout=10)) >= before + 5
+    finally:
+        watcher.close()
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
+
+def test_unknown_ticker_gets_its_error(relay) -> None:
+    ing = start_ingestor(relay.settings, sim("SIMD"), grace_s=GRACE_S)
+    try:
+        time.sleep(1.0)
+        with Client(relay.settings) as client, pytest.raises(SubscriptionFailed) as info:
+            next(client.subscribe("SIMD:NOPE/USDT", "tick", idle_timeout=15))
+    finally:
+        ing.stop()
+    assert info.value.reason == "UNKNOWN_SYMBOL"
+    assert info.value.error.source == ing.id and "NOPE/USDT" in str(info.value)
+
+
+def test_exchange_without_live_ingestor_gets_its_error(relay) -> None:
+    with Client(relay.settings) as client, pytest.raises(SubscriptionFailed) as info:
+        next(client.subscribe("NOBODY:BTC/USDT", "ohlc:60", idle_timeout=15))
+    assert info.value.reason == "NO_INGESTOR" and info.value.error.source == "relay"

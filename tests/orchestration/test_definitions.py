@@ -1,0 +1,107 @@
+"""The code location loads cleanly; schedules and the sensor ask for the right runs."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import warnings
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import dagster as dg
+
+from candlewire.config import REPO_ROOT
+
+
+def load() -> dg.Definitions:
+    import orchestration.definitions
+
+    return importlib.reload(orchestration.definitions).defs()
+
+
+def test_definitions_load_with_deprecations_as_errors() -> None:
+    modules = [m for m in list(sys.modules) if m.startswith("orchestration")]
+    for m in modules:
+        del sys.modules[m]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        defs = load()
+    keys = {s.key.to_user_string() for s in defs.resolve_all_asset_specs()}
+    assert {"ohlc_history", "symbol_metadata", "kafka/ticks", "iceberg/ohlc"} <= keys
+    checks = {k.name for k in defs.resolve_asset_graph().asset_check_keys}
+    assert checks == {"day_is_complete", "no_duplicate_candles"}
+    assert {j.name for j in defs.resolve_all_job_defs()} >= {
+        "iceberg_maintenance",
+        "ohlc_history_backfill",
+        "symbol_metadata_refresh",
+    }
+
+
+def test_lineage_runs_ingest_kafka_streaming_iceberg_to_history() -> None:
+    graph = load().resolve_asset_graph()
+
+    def parents(key: str) -> set[str]:
+        return {
+            p.to_user_string() for p in graph.get(dg.AssetKey.from_user_string(key)).parent_keys
+        }
+
+    assert parents("kafka/ohlc_batches") == {"exchanges"}
+    assert parents("iceberg/ohlc") == {"kafka/ticks", "kafka/ohlc_batches"}
+    assert parents("ohlc_history") == {"iceberg/ohlc", "symbol_metadata"}
+    assert parents("symbol_metadata") == {"iceberg/symbol_metadata"}
+    spec = graph.get(dg.AssetKey(["kafka", "ticks"]))
+    assert "kafka" in spec.kinds
+
+
+def test_dg_check_defs_passes() -> None:
+    dg_bin = Path(sys.executable).with_name("dg")
+    out = subprocess.run(
+        [str(dg_bin), "check", "defs"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "All definitions loaded successfully" in out.stdout + out.stderr
+
+
+def test_daily_schedule_refreshes_every_exchange() -> None:
+    defs = load()
+    schedule = defs.resolve_schedule_def("daily_symbol_metadata")
+    when = datetime(2026, 3, 1, 1, 0, tzinfo=UTC)
+    requests = list(
+        schedule.evaluate_tick(
+            dg.build_schedule_context(
+                scheduled_execution_time=when, repository_def=defs.get_repository_def()
+            )
+        ).run_requests
+    )
+    assert sorted(r.partition_key for r in requests) == ["BINANCE", "SIM"]
+    assert all(r.run_key.endswith("2026-03-01") for r in requests)
+    assert load().resolve_schedule_def("daily_maintenance").cron_schedule == "30 2 * * *"
+
+
+def test_new_ticker_sensor_backfills_only_new_tickers_and_is_off_by_default() -> None:
+    defs = load()
+    sensor = defs.resolve_sensor_def("new_ticker_history")
+    assert sensor.default_status == dg.DefaultSensorStatus.STOPPED
+    with (
+        dg.instance_for_test() as instance,
+        # The daemon evaluates sensors inside such a context; validating a dynamic partition
+        # key needs the instance that stores the partitions.
+        dg.partition_loading_context(dynamic_partitions_store=instance),
+    ):
+        instance.add_dynamic_partitions("tickers", ["SIM:BTC/USDT"])
+        ctx = dg.build_sensor_context(instance=instance, definitions=defs)
+        first = sensor.evaluate_tick(ctx)
+        assert not first.run_requests and first.cursor
+        instance.add_dynamic_partitions("tickers", ["SIM:NEW/USDT"])
+        second = sensor.evaluate_tick(
+            dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs)
+        )
+        keys = [r.partition_key for r in second.run_requests]
+        yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+        assert len(keys) == 7 and all(k.keys_by_dimension["ticker"] == "SIM:NEW/USDT" for k in keys)
+        assert yesterday in {k.keys_by_dimension["day"] for k in keys}
+        third = sensor.evaluate_tick(
+            dg.build_sensor_context(instance=instance, cursor=second.cursor, definitions=defs)
+        )
+        assert not third.run_requests
