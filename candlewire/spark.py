@@ -5,8 +5,10 @@ Jars come from `make jvm` (never spark.jars.packages), so the set is fixed and c
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from candlewire.config import Settings
@@ -16,8 +18,37 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+log = logging.getLogger("candlewire.spark")
+
+# Iceberg commits are optimistic: when another writer commits first (the streaming job's
+# MERGEs and appends, a compaction's rewrites), a commit that conflicts with it fails
+# validation instead of overwriting it. Every statement we send through here is safe to run
+# again on the new table state: MERGEs write absolute values, and maintenance procedures
+# re-plan from the latest snapshot.
+COMMIT_ATTEMPTS = 6
+_CONFLICTS = (
+    "ValidationException",
+    "CommitFailedException",
+    "conflicting",
+    "Missing required files",
+)
+
+
 class SparkSetupError(RuntimeError):
     pass
+
+
+def commit_sql(spark: SparkSession, statement: str) -> list:
+    """Run a committing statement, again when a concurrent commit won the race."""
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        try:
+            return spark.sql(statement).collect()
+        except Exception as exc:
+            if attempt == COMMIT_ATTEMPTS or not any(c in str(exc) for c in _CONFLICTS):
+                raise
+            log.warning("commit lost a race (attempt %d), running again: %s", attempt, exc)
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
 
 
 def spark_jars(settings: Settings) -> list[str]:

@@ -14,6 +14,12 @@ WORKSPACE = REPO_ROOT / "workspace.yaml"
 MAX_CONCURRENT_RUNS = 2  # two cores: more runs only queue inside Spark and the relay
 
 
+def sqlalchemy_url(settings: Settings) -> str:
+    """dagster-postgres goes through SQLAlchemy; name the driver we install (psycopg2)."""
+    url = settings.dagster_storage()
+    return url.replace("postgresql://", "postgresql+psycopg2://", 1)
+
+
 def dagster_home(settings: Settings) -> Path:
     home = (settings.state_dir / "dagster").resolve()
     home.mkdir(parents=True, exist_ok=True)
@@ -21,7 +27,7 @@ def dagster_home(settings: Settings) -> Path:
         json.dumps(  # JSON is YAML; no templating of quotes
             {
                 "telemetry": {"enabled": False},
-                "storage": {"postgres": {"postgres_url": settings.dagster_storage()}},
+                "storage": {"postgres": {"postgres_url": sqlalchemy_url(settings)}},
                 "run_coordinator": {
                     "module": "dagster.core.run_coordinator",
                     "class": "QueuedRunCoordinator",

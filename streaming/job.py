@@ -35,7 +35,7 @@ from candlewire.config import PERIODS_S, Settings
 from candlewire.kafka import OHLC_BATCHES, SYMBOL_METADATA, TICKS
 from candlewire.lake import table_name
 from candlewire.runtime import MetricsServer, run_until_signal
-from candlewire.spark import build_session
+from candlewire.spark import build_session, commit_sql
 from candlewire.topics import market_data_topic, metadata_update_topic, ohlc_type, tick_type
 from proto import market_pb2
 from proto import requests_pb2 as rq
@@ -77,31 +77,6 @@ class StreamMetrics:
 
 def _ts(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("TIMESTAMP'%Y-%m-%d %H:%M:%S.%f'")
-
-
-# Iceberg commits are optimistic: a concurrent compaction (rewrite_data_files) that replaced
-# files a MERGE read makes the MERGE fail validation. Our MERGEs write absolute values, so
-# running one again on the new table state is safe and gives the same result.
-MERGE_ATTEMPTS = 6
-_CONFLICTS = (
-    "ValidationException",
-    "CommitFailedException",
-    "conflicting",
-    "Missing required files",
-)
-
-
-def merge(spark: SparkSession, statement: str) -> None:
-    """Run a MERGE, retrying it when a concurrent commit won the race."""
-    for attempt in range(1, MERGE_ATTEMPTS + 1):
-        try:
-            spark.sql(statement)
-            return
-        except Exception as exc:
-            if attempt == MERGE_ATTEMPTS or not any(c in str(exc) for c in _CONFLICTS):
-                raise
-            log.warning("MERGE lost a commit race (attempt %d), retrying: %s", attempt, exc)
-            time.sleep(0.2 * attempt)
 
 
 def _quoted(values: set[str]) -> str:
@@ -308,7 +283,7 @@ class StreamingJob:
         hi_ms: int,
     ) -> None:
         """Upsert by (ticker, period_s, open_time); literal bounds let Iceberg prune files."""
-        merge(
+        commit_sql(
             spark,
             f"MERGE INTO {self.tables['ohlc']} t USING {view} s "
             f"ON t.ticker = s.ticker AND t.period_s = s.period_s AND t.open_time = s.open_time "
@@ -533,7 +508,7 @@ class StreamingJob:
                 F.current_timestamp().alias("update_time"),
             )
             view.createOrReplaceTempView("cw_markets")
-            merge(
+            commit_sql(
                 spark,
                 f"MERGE INTO {self.tables['symbol_metadata']} t USING cw_markets s ON t.ticker = s.ticker "
                 f"AND t.exchange = '{exchange}' WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import dagster as dg
 from confluent_kafka import Producer
 
+from candlewire import Client
 from candlewire.kafka import TICKS, producer_config
 from candlewire.lake import NAMESPACE, catalog
 from orchestration.defs.assets.history import day_is_complete, no_duplicate_candles, ohlc_history
@@ -19,6 +20,8 @@ from proto import market_pb2
 from proto.envelope import to_record
 from tests.support import wait_for
 
+HISTORY_DAY = 1_740_787_200_000  # 2025-03-01
+DAY_MS = 86_400_000
 CHECKS = [ohlc_history, day_is_complete, no_duplicate_candles]
 
 
@@ -78,6 +81,19 @@ def test_symbol_metadata_refresh_reports_counts_and_feeds_ticker_partitions(plat
     assert sorted(meta["new_ticker_partitions"]) == sorted(tickers)
 
 
+def tick(ticker: str, i: int) -> bytes:
+    return to_record(
+        market_pb2.Tick(
+            ticker=ticker,
+            trade_id=str(i),
+            price="100.5",
+            size="0.25",
+            side=market_pb2.BUY,
+            exchange_time_ns=time.time_ns(),
+        )
+    )
+
+
 def _rows(settings, table: str, row_filter: str) -> list[tuple]:
     t = catalog(settings).load_table(f"{NAMESPACE}.{table}")
     return sorted(tuple(r.values()) for r in t.scan(row_filter=row_filter).to_arrow().to_pylist())
@@ -92,27 +108,36 @@ def test_compaction_while_streaming_loses_and_duplicates_nothing(platform_env) -
     def produce() -> None:  # live ticks all along: appends to ticks, MERGEs into ohlc
         producer = Producer(producer_config(settings))
         while not stop.is_set():
-            i = len(sent)
-            tick = market_pb2.Tick(
-                ticker=live,
-                trade_id=str(i),
-                price="100.5",
-                size="0.25",
-                side=market_pb2.BUY,
-                exchange_time_ns=time.time_ns(),
-            )
-            producer.produce(TICKS.name, key=live.encode(), value=to_record(tick))
+            producer.produce(TICKS.name, key=live.encode(), value=tick(live, len(sent)))
             producer.poll(0)
-            sent.append(i)
+            sent.append(len(sent))
             time.sleep(0.02)
         assert producer.flush(30) == 0
+
+    # A quiet ticker written in five separate micro-batches: five small files to compact.
+    quiet = "TEST:QUIET/USDT"
+    ticks_table = catalog(settings).load_table(f"{NAMESPACE}.ticks")
+
+    def files_of(ticker: str) -> int:
+        ticks_table.refresh()
+        return len(list(ticks_table.scan(row_filter=f"ticker = '{ticker}'").plan_files()))
+
+    producer = Producer(producer_config(settings))
+    for burst in range(5):
+        for i in range(burst * 20, burst * 20 + 20):
+            producer.produce(TICKS.name, key=quiet.encode(), value=tick(quiet, i))
+        assert producer.flush(30) == 0
+        wait_for(lambda n=burst: files_of(quiet) > n, timeout=60, interval=0.5)
+    assert files_of(quiet) >= 5
 
     # Rows that exist now and that nothing rewrites but compaction: ticks are append-only
     # (the job may still be catching up on older tests' ticks, which land later), and the
     # history partition of the test above is not touched by streaming.
+    with Client(settings) as client:
+        client.request_history("SIM:ETH/USDT", 60, HISTORY_DAY, HISTORY_DAY + DAY_MS, timeout=180)
     cut = datetime.now(UTC).isoformat()
     old_ticks = f"ingest_time <= '{cut}'"
-    history = "ticker = 'SIM:ETH/USDT' and period_s = 60"
+    history = "ticker = 'SIM:ETH/USDT' and period_s = 60"  # 2025-03-01, fetched above
     ticks_before = _rows(settings, "ticks", old_ticks)
     ohlc_before = _rows(settings, "ohlc", history)
     assert len(ohlc_before) >= 1440
@@ -138,8 +163,8 @@ def test_compaction_while_streaming_loses_and_duplicates_nothing(platform_env) -
         if e.event_type_value == "ASSET_OBSERVATION"
     }
     assert set(stats) == {"ticks", "ohlc", "symbol_metadata"}
-    ticks = {k: v.value for k, v in stats["ticks"].items()}
-    assert ticks["files_after"] < ticks["files_before"], ticks
+    assert {"files_before", "files_after", "bytes_before", "bytes_after"} <= set(stats["ticks"])
+    assert files_of(quiet) == 1, "the quiet ticker's small files were not compacted"
 
     # Every live tick landed exactly once; the rest of both tables is unchanged.
     table = catalog(settings).load_table(f"{NAMESPACE}.ticks")

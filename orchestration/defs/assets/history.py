@@ -4,9 +4,10 @@ user would, through the relay, and checked in Iceberg afterwards.
 Partitions are day by ticker. Tickers are a dynamic set that ``symbol_metadata`` fills from
 the exchanges' markets. Dagster advises keeping an asset under about 100,000 partitions:
 days since ``CANDLEWIRE_HISTORY_START`` times tickers stays far below that for a few hundred
-tickers over a few years. Backfills run as a few runs of up to ``PARTITIONS_PER_RUN``
-partitions each; every run submits its requests together (up to ``max_in_flight`` at once)
-and the pipeline fetches them in parallel.
+tickers over a few years. Backfills run as a few runs: Dagster cuts a multi-partitioned
+backfill into one range of days per ticker, each run covering up to ``PARTITIONS_PER_RUN``
+days. Every run submits its requests together (up to ``max_in_flight`` at once) and the
+pipeline fetches them in parallel.
 """
 
 import os

@@ -3,8 +3,9 @@
 It runs while the job writes. ``ticks`` only receives appends, which never conflict with a
 rewrite. ``ohlc`` and ``symbol_metadata`` receive MERGEs; a rewrite that commits between a
 MERGE's read and its commit makes that MERGE fail validation, and the streaming job runs it
-again (``streaming.job.merge``). Rewrites use partial progress, so a group that loses a race
-is simply left for the next run instead of failing the job.
+again; a maintenance step that loses such a race runs again the same way
+(``candlewire.spark.commit_sql``). Rewrites use partial progress, so a file group that loses
+a race is left for the next run instead of failing the others.
 """
 
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,7 @@ from dagster_pyspark import PySparkResource
 
 from candlewire.config import Settings
 from candlewire.lake import NAMESPACE, TABLES, table_name
+from candlewire.spark import commit_sql
 from orchestration.defs.assets.lineage import iceberg_key
 
 ORPHAN_AGE = timedelta(hours=24)
@@ -34,19 +36,22 @@ def maintain(spark, settings: Settings, table: str) -> dict[str, dict[str, int]]
     system = f"{settings.catalog_name}.system"
     cutoff = (datetime.now(UTC) - ORPHAN_AGE).strftime("%Y-%m-%d %H:%M:%S")
     before = file_stats(spark, full)
-    spark.sql(
+    commit_sql(
+        spark,
         f"CALL {system}.rewrite_data_files(table => '{short}', options => map("
         "'partial-progress.enabled', 'true', 'min-input-files', '2', "
-        "'max-concurrent-file-group-rewrites', '4'))"
-    ).collect()
-    spark.sql(f"CALL {system}.rewrite_manifests(table => '{short}')").collect()
-    spark.sql(
+        "'max-concurrent-file-group-rewrites', '4'))",
+    )
+    commit_sql(spark, f"CALL {system}.rewrite_manifests(table => '{short}')")
+    commit_sql(
+        spark,
         f"CALL {system}.expire_snapshots(table => '{short}', "
-        f"older_than => TIMESTAMP '{cutoff}', retain_last => {KEEP_SNAPSHOTS})"
-    ).collect()
-    spark.sql(
-        f"CALL {system}.remove_orphan_files(table => '{short}', older_than => TIMESTAMP '{cutoff}')"
-    ).collect()
+        f"older_than => TIMESTAMP '{cutoff}', retain_last => {KEEP_SNAPSHOTS})",
+    )
+    commit_sql(
+        spark,
+        f"CALL {system}.remove_orphan_files(table => '{short}', older_than => TIMESTAMP '{cutoff}')",
+    )
     return {"before": before, "after": file_stats(spark, full)}
 
 
