@@ -51,6 +51,8 @@ bench: install
 	$(PY) -m bench.ingest
 	$(PY) -m bench.stream
 	$(PY) -m bench.history
+	$(PY) -m bench.subscribe
+	$(PY) -m bench.backfill
 
 lint: install
 	$(VENV)/bin/ruff check .

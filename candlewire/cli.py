@@ -172,10 +172,15 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    from candlewire.errors import CandlewireError
+
     try:
         return args.fn(args, Settings())
     except KeyboardInterrupt:
         return 130
+    except CandlewireError as exc:  # rejected, timed out, failed: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -34,6 +34,9 @@ def spark_resource() -> PySparkResource:
 
 @dg.definitions
 def resources() -> dg.Definitions:
+    # In-process steps: our runs have one step each, and a second Python process per run
+    # (the multiprocess executor's default) costs more than the step itself on small hosts.
     return dg.Definitions(
-        resources={"candlewire": CandlewireResource(), "pyspark": spark_resource()}
+        resources={"candlewire": CandlewireResource(), "pyspark": spark_resource()},
+        executor=dg.in_process_executor,
     )

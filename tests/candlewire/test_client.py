@@ -143,3 +143,18 @@ def test_rejection_carries_relay_reason(settings, pipeline) -> None:
     with Client(settings) as client, pytest.raises(RequestRejected) as info:
         client.submit("BINANCE:BTC/USDT", 60, START + DAY_MS, START)
     assert info.value.response.reason == rq.BAD_RANGE
+
+
+def test_watch_cli_reports_an_unservable_ticker_in_one_line(settings, relay) -> None:
+    import os
+
+    out = subprocess.run(
+        [sys.executable, "-m", "candlewire.cli", "watch", "NOBODY:BTC/USDT"],
+        env={**os.environ, **settings.to_env()},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith("error: subscription to NOBODY:BTC/USDT")
+    assert "NO_INGESTOR" in out.stderr and "Traceback" not in out.stderr

@@ -72,6 +72,8 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
             "relay": "healthy",
             "ingest": "healthy",
             "stream": "healthy",
+            "dagster-webserver": "healthy",
+            "dagster-daemon": "healthy",
         }
         # Live data out of the box: SIM streams BINANCE:BTC/USDT through Kafka, Spark and the relay.
         with Client(settings) as client:
