@@ -1,0 +1,174 @@
+"""EventPublisher: routing by priority and watchers, acks and resends, and the journal."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import zmq
+
+from candlewire.events import EventPublisher, Route
+from candlewire.topics import user_topic
+from proto import events_pb2 as ev
+from proto.envelope import decode, decode_sub, encode
+from tests.support import free_port, wait_for
+
+
+def event(user: str, priority: int) -> ev.UserEvent:
+    return ev.UserEvent(
+        user_id=user,
+        event_id=uuid.uuid4().hex,
+        timestamp=int(time.time() * 1000),
+        event_type=ev.ORDER_FILLED,
+        payload=b'{"qty": 1}',
+        delivery=ev.DeliverySpec(priority=priority),
+    )
+
+
+class Gateway:
+    """A gateway as the publisher sees it: a SUB for sessions and a ROUTER for critical events."""
+
+    def __init__(self, ctx: zmq.Context, settings, endpoint: str) -> None:
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.connect(settings.connect("user_events"))
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind(endpoint)
+
+    def take(self, timeout: float = 5.0) -> tuple[list[bytes], ev.UserEvent] | None:
+        if not self.router.poll(int(timeout * 1000)):
+            return None
+        frames = self.router.recv_multipart()
+        return frames[:2], decode(frames[2:])
+
+    def ack(self, route: list[bytes], event_id: str, status: int = ev.DELIVERED) -> None:
+        self.router.send_multipart([*route, *encode(ev.EventAck(event_id=event_id, status=status))])
+
+    def close(self) -> None:
+        self.sub.close()
+        self.router.close()
+
+
+@pytest.fixture
+def gateways(ctx, settings):
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    gws = [Gateway(ctx, settings, e) for e in endpoints]
+    yield gws, endpoints
+    for g in gws:
+        g.close()
+
+
+def publisher(settings, endpoints, tmp_path, **kw) -> EventPublisher:
+    return EventPublisher(
+        settings, gateways=endpoints, journal=tmp_path / "pending.log", **kw
+    ).start()
+
+
+@pytest.mark.parametrize(
+    ("priority", "watched", "route"),
+    [
+        (ev.INFORMATIONAL, True, Route.XPUB),
+        (ev.INFORMATIONAL, False, Route.DROPPED),
+        (ev.NORMAL, True, Route.XPUB),
+        (ev.NORMAL, False, Route.DEALER),
+        (ev.CRITICAL, True, Route.DEALER),
+        (ev.CRITICAL, False, Route.DEALER),
+    ],
+)
+def test_routing_by_priority_and_session(settings, gateways, tmp_path, priority, watched, route):
+    gws, endpoints = gateways
+    gw = gws[0]
+    with publisher(settings, endpoints, tmp_path) as pub:
+        if watched:
+            gw.sub.subscribe(user_topic("u1"))
+            wait_for(lambda: pub.watched("u1"))
+        e = event("u1", priority)
+        assert pub.publish(e) == route
+        if route is Route.XPUB:
+            assert gw.sub.poll(5000)
+            topic, got = decode_sub(gw.sub.recv_multipart())
+            assert topic == "USER:u1" and got.event_id == e.event_id
+        if route is Route.DEALER:
+            got = take_any(gws)
+            assert got is not None and got[2].event_id == e.event_id
+
+
+def test_watchers_are_counted_per_gateway_and_dropped_with_a_dead_one(
+    ctx, settings, gateways, tmp_path
+):
+    (a, b), endpoints = gateways
+    with publisher(settings, endpoints, tmp_path) as pub:
+        a.sub.subscribe(user_topic("u2"))
+        b.sub.subscribe(user_topic("u2"))
+        wait_for(lambda: pub.watched("u2"))
+        a.sub.unsubscribe(user_topic("u2"))
+        time.sleep(0.3)
+        assert pub.watched("u2"), "gateway b still watches u2"
+        b.sub.close(linger=0)  # disconnects without unsubscribing
+        wait_for(lambda: not pub.watched("u2"))
+
+
+def take_any(gws: list[Gateway], timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for gw in gws:
+            item = gw.take(0.05)
+            if item is not None:
+                return gw, *item
+    return None
+
+
+def test_unacked_event_goes_to_the_next_gateway(settings, gateways, tmp_path) -> None:
+    gws, endpoints = gateways
+    with publisher(settings, endpoints, tmp_path, ack_timeout=0.5) as pub:
+        time.sleep(0.3)  # both gateways connected, so the DEALER alternates
+        e = event("u3", ev.CRITICAL)
+        pub.publish(e)
+        first, _, got = take_any(gws)
+        assert got.event_id == e.event_id  # never acked: as if that gateway died
+        second, route, again = take_any(gws)
+        assert again.event_id == e.event_id and second is not first
+        second.ack(route, e.event_id)
+        wait_for(lambda: pub.unacked() == 0, timeout=5)
+        assert pub.acks["DELIVERED"] == 1
+
+
+def test_pending_events_survive_kill_9_and_are_resent(settings, gateways, tmp_path) -> None:
+    (a, _), endpoints = gateways
+    journal = tmp_path / "pending.log"
+    script = f"""
+import sys, time, uuid
+from candlewire.events import EventPublisher
+from candlewire.config import Settings
+from proto import events_pb2 as ev
+s = Settings.model_validate_json({settings.model_dump_json()!r})
+pub = EventPublisher(s, gateways=["tcp://127.0.0.1:{free_port()}"], journal=__import__("pathlib").Path({str(journal)!r})).start()
+for i in range(5):
+    pub.publish(ev.UserEvent(user_id="u4", event_id=f"e{{i}}", delivery=ev.DeliverySpec(priority=ev.CRITICAL)))
+print("published", flush=True)
+time.sleep(60)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "published"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        proc.kill()
+    with publisher(settings, [endpoints[0]], tmp_path) as pub:
+        got = set()
+        while len(got) < 5:
+            item = a.take(10)
+            assert item is not None, f"only {sorted(got)} resent"
+            got.add(item[1].event_id)
+            a.ack(item[0], item[1].event_id)
+        assert got == {f"e{i}" for i in range(5)}
+        wait_for(lambda: pub.unacked() == 0)
+    # Acked events stay acked: a restart resends nothing.
+    with publisher(settings, [endpoints[0]], tmp_path):
+        assert a.take(1.0) is None
