@@ -68,6 +68,7 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.sql.defaultCatalog": settings.catalog_name,
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "4",
+        "spark.scheduler.mode": "FAIR",
         "spark.ui.enabled": str(settings.spark_ui).lower(),
         "spark.driver.host": settings.host,
         "spark.driver.bindAddress": settings.bind_host,

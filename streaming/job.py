@@ -173,6 +173,9 @@ class StreamingJob:
             ),
         }
         for name, writer in writers.items():
+            # One FAIR pool per query (spark_conf sets FAIR mode): a long candle MERGE no
+            # longer holds up the next ticks batch, which is what live subscribers wait for.
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", name)
             self.queries[name] = (
                 writer.queryName(f"candlewire-{name}")
                 .option("checkpointLocation", self._checkpoint(name))
