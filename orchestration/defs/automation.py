@@ -1,30 +1,20 @@
-"""When things run: daily metadata refreshes and maintenance, and an opt-in sensor that
+"""When things run besides the assets' own automation conditions (``symbol_metadata``
+refreshes every exchange daily): nightly table maintenance, and an opt-in sensor that
 backfills history for tickers an exchange newly lists."""
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
 from orchestration.defs.assets.history import DAYS, TICKERS, ohlc_history
 from orchestration.defs.assets.maintenance import iceberg_maintenance
-from orchestration.defs.assets.metadata import EXCHANGES, symbol_metadata
+from orchestration.defs.assets.metadata import symbol_metadata
 
 NEW_TICKER_DAYS = 7  # how much history the sensor fetches for a newly listed ticker
 
 metadata_job = dg.define_asset_job("symbol_metadata_refresh", selection=[symbol_metadata])
 history_job = dg.define_asset_job("ohlc_history_backfill", selection=[ohlc_history])
-
-
-@dg.schedule(cron_schedule="0 1 * * *", job=metadata_job, execution_timezone="UTC")
-def daily_symbol_metadata(context: dg.ScheduleEvaluationContext) -> Iterator[dg.RunRequest]:
-    """One refresh per exchange every day."""
-    for exchange in EXCHANGES.get_partition_keys():
-        yield dg.RunRequest(
-            run_key=f"{exchange}:{context.scheduled_execution_time:%Y-%m-%d}",
-            partition_key=exchange,
-        )
 
 
 daily_maintenance = dg.ScheduleDefinition(
@@ -71,6 +61,6 @@ def new_ticker_history(
 def automation() -> dg.Definitions:
     return dg.Definitions(
         jobs=[metadata_job, history_job],
-        schedules=[daily_symbol_metadata, daily_maintenance],
+        schedules=[daily_maintenance],
         sensors=[new_ticker_history],
     )

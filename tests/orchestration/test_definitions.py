@@ -63,20 +63,29 @@ def test_dg_check_defs_passes() -> None:
     assert "All definitions loaded successfully" in out.stdout + out.stderr
 
 
-def test_daily_schedule_refreshes_every_exchange() -> None:
+def test_metadata_refreshes_every_exchange_once_a_day_by_automation_condition() -> None:
     defs = load()
-    schedule = defs.resolve_schedule_def("daily_symbol_metadata")
-    when = datetime(2026, 3, 1, 1, 0, tzinfo=UTC)
-    requests = list(
-        schedule.evaluate_tick(
-            dg.build_schedule_context(
-                scheduled_execution_time=when, repository_def=defs.get_repository_def()
-            )
-        ).run_requests
-    )
-    assert sorted(r.partition_key for r in requests) == ["BINANCE", "SIM"]
-    assert all(r.run_key.endswith("2026-03-01") for r in requests)
-    assert load().resolve_schedule_def("daily_maintenance").cron_schedule == "30 2 * * *"
+    with dg.instance_for_test() as instance:
+        before = dg.evaluate_automation_conditions(
+            defs, instance, evaluation_time=datetime(2026, 3, 1, 0, 59, tzinfo=UTC)
+        )
+        assert before.total_requested == 0
+        tick = dg.evaluate_automation_conditions(
+            defs,
+            instance,
+            evaluation_time=datetime(2026, 3, 1, 1, 1, tzinfo=UTC),
+            cursor=before.cursor,
+        )
+        requested = tick.get_requested_partitions(dg.AssetKey("symbol_metadata"))
+        assert requested == {"SIM", "BINANCE"} and tick.total_requested == 2
+        later = dg.evaluate_automation_conditions(
+            defs,
+            instance,
+            evaluation_time=datetime(2026, 3, 1, 1, 30, tzinfo=UTC),
+            cursor=tick.cursor,
+        )
+        assert later.total_requested == 0, "once per cron tick"
+    assert defs.resolve_schedule_def("daily_maintenance").cron_schedule == "30 2 * * *"
 
 
 def test_new_ticker_sensor_backfills_only_new_tickers_and_is_off_by_default() -> None:

@@ -34,8 +34,18 @@ def listed_tickers(candlewire: CandlewireResource, exchange: str) -> list[str]:
     return sorted(rows["ticker"].to_pylist())
 
 
+REFRESH_CRON = os.environ.get("CANDLEWIRE_METADATA_CRON", "0 1 * * *")  # daily, 01:00 UTC
+
+# Every exchange partition once per cron tick, unless a refresh of it is already running. The
+# table it waits on is written outside Dagster, so "dependencies updated" cannot gate it.
+REFRESH = dg.AutomationCondition.cron_tick_passed(REFRESH_CRON, "UTC") & ~(
+    dg.AutomationCondition.in_progress()
+)
+
+
 @dg.asset(
     partitions_def=EXCHANGES,
+    automation_condition=REFRESH,
     deps=[iceberg_key("symbol_metadata")],
     kinds={"iceberg"},
     group_name="history",
