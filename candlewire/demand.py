@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from candlewire.topics import demanded_ticker, subscription_error_topic
+from candlewire.zmqutil import subscription
 from proto import requests_pb2 as rq
 from proto.envelope import encode_topic
 
@@ -49,15 +50,16 @@ class Demand:
 
     def apply(self, message: bytes, now: float) -> tuple[str, bool] | None:
         """Feed one XPUB message; return (ticker, watched) when the ticker's state flips."""
-        if not message or message[0] not in (0, 1):
+        sub = subscription(message)
+        if sub is None:
             return None
-        topic = message[1:].decode(errors="replace")
+        subscribed, topic = sub
         ticker = demanded_ticker(topic)
         if ticker is None:
             return None
         held = self.topics.setdefault(ticker, set())
         was_watched = bool(held)
-        if message[0]:
+        if subscribed:
             held.add(topic)
         else:
             held.discard(topic)

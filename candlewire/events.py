@@ -39,7 +39,7 @@ import zmq
 
 from candlewire.config import Settings
 from candlewire.topics import user_topic
-from candlewire.zmqutil import harden
+from candlewire.zmqutil import harden, pending, subscription
 from proto import events_pb2 as ev
 from proto.envelope import EnvelopeError, decode, encode, encode_topic, expect
 
@@ -232,17 +232,15 @@ class EventPublisher:
             self._resend_due(time.monotonic())
 
     def _track_watchers(self) -> None:
-        while True:
-            try:
-                msg = self._xpub.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if msg and msg[0] in (0, 1):
-                topic = msg[1:].decode(errors="replace")
-                with self._lock:
-                    self._watchers[topic] += 1 if msg[0] else -1
-                    if self._watchers[topic] <= 0:
-                        del self._watchers[topic]
+        for msg in pending(self._xpub):
+            sub = subscription(msg)
+            if sub is None:
+                continue
+            subscribed, topic = sub
+            with self._lock:
+                self._watchers[topic] += 1 if subscribed else -1
+                if self._watchers[topic] <= 0:
+                    del self._watchers[topic]
 
     def _send_outbox(self) -> None:
         with self._lock:

@@ -6,6 +6,8 @@ notice a peer that vanished without closing its connection.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import zmq
 
 HWM = 100_000
@@ -25,3 +27,19 @@ def harden(
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2_000)
     return sock
+
+
+def pending(sock: zmq.Socket, limit: int = 10_000) -> Iterator[bytes]:
+    """The single-frame messages waiting on a socket, without blocking (at most ``limit``)."""
+    for _ in range(limit):
+        try:
+            yield sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+
+
+def subscription(msg: bytes) -> tuple[bool, str] | None:
+    """An XPUB's subscription message as (subscribed, topic); None for anything else."""
+    if not msg or msg[0] not in (0, 1):
+        return None
+    return bool(msg[0]), msg[1:].decode(errors="replace")

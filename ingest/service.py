@@ -26,7 +26,7 @@ from candlewire.config import Settings
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import ingestor_topic, parse_ticker, work_prefix
-from candlewire.zmqutil import harden
+from candlewire.zmqutil import harden, pending
 from ingest.exchanges.base import Exchange, UnknownSymbol
 from ingest.jobs import run_history, run_metadata, run_stream
 from ingest.peers import PeerView
@@ -253,11 +253,8 @@ class Ingestor:
     # -- realtime on demand -------------------------------------------------------------------
 
     def _drain_subscriptions(self, beat: zmq.Socket, now: float) -> None:
-        for _ in range(1000):
-            try:
-                change = self.demand.apply(beat.recv(zmq.NOBLOCK), now)
-            except zmq.Again:
-                return
+        for msg in pending(beat):
+            change = self.demand.apply(msg, now)
             if change is None or not self.on_demand:
                 continue
             ticker, watched = change

@@ -26,7 +26,7 @@ from candlewire.config import Settings
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import TopicError, parse_ticker, work_prefix
-from candlewire.zmqutil import harden
+from candlewire.zmqutil import harden, pending, subscription
 from proto import requests_pb2 as rq
 from proto.envelope import (
     EnvelopeError,
@@ -183,26 +183,19 @@ class Relay:
 
     def _track_ingestors(self) -> None:
         """Apply the work queue's subscription messages: ``\\x01`` + prefix, ``\\x00`` + prefix."""
-        while True:
-            try:
-                msg = self._work.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if not msg or msg[0] not in (0, 1):
+        for msg in pending(self._work):
+            sub = subscription(msg)
+            if sub is None:
                 continue
-            topic = msg[1:].decode(errors="replace")
-            if msg[0]:
+            subscribed, topic = sub
+            if subscribed:
                 self._served.add(topic)
             else:
                 self._served.discard(topic)
             self.metrics.served_exchanges.set(len(self._served))
 
     def _track_subscribers(self) -> None:
-        while True:
-            try:
-                msg = self._watch.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for msg in pending(self._watch):
             change = self._watched.apply(msg, time.monotonic())
             if change is not None and not change[1]:
                 self._unserved.pop(change[0], None)
