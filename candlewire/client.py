@@ -175,6 +175,10 @@ class Client(_Base):
         if call.topic != response_topic(self.client_id):
             self._sub.subscribe(call.topic)
         self.inbox.expect(call.request.request_id)
+        return self._send(call)
+
+    def _send(self, call: HistoryCall | MetadataCall) -> rq.SubmitResponse:
+        """REQ with Lazy-Pirate retries; a NO_INGESTOR rejection is retried until the deadline."""
         deadline = time.monotonic() + self.submit_timeout
         self._wait_connected(min(CONNECT_TIMEOUT_S, self.submit_timeout / 2))
         while True:
@@ -223,16 +227,7 @@ class Client(_Base):
         self._sub.subscribe(metadata_update_topic())
         call = MetadataCall.build(exchange)
         deadline = time.monotonic() + timeout
-        self._wait_connected(min(CONNECT_TIMEOUT_S, self.submit_timeout / 2))
-        submit_deadline = time.monotonic() + self.submit_timeout
-        while True:
-            try:
-                call.accept(self._lazy_pirate(call.frames(), submit_deadline))
-                break
-            except RequestRejected as exc:
-                if not exc.retryable or remaining(submit_deadline) < RETRY_PAUSE_S:
-                    raise
-            time.sleep(RETRY_PAUSE_S)
+        self._send(call)
         try:
             while remaining(deadline):
                 if self._sub.poll(ms(min(remaining(deadline), 0.5))):

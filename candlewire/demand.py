@@ -42,9 +42,12 @@ def subscription_error(ticker: str, reason: int, message: str, source: str) -> l
 
 @dataclass
 class Demand:
-    """Watched tickers, and since when the unwatched ones have been idle."""
+    """Watched tickers, and since when the unwatched ones have been idle.
 
-    grace_s: float
+    ``grace_s=None`` keeps no idle times: for a watcher that only asks what is watched now.
+    """
+
+    grace_s: float | None
     topics: dict[str, set[str]] = field(default_factory=dict)
     idle_since: dict[str, float] = field(default_factory=dict)
 
@@ -68,7 +71,8 @@ class Demand:
             return ticker, True
         if not held and was_watched:
             del self.topics[ticker]
-            self.idle_since[ticker] = now
+            if self.grace_s is not None:
+                self.idle_since[ticker] = now
             return ticker, False
         if not held:
             del self.topics[ticker]
@@ -82,6 +86,8 @@ class Demand:
 
     def expired(self, now: float) -> list[str]:
         """Tickers unwatched for the whole grace period; each is reported once."""
+        if self.grace_s is None:
+            return []
         out = [t for t, since in self.idle_since.items() if now - since >= self.grace_s]
         for t in out:
             del self.idle_since[t]

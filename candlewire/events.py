@@ -130,7 +130,7 @@ class EventPublisher:
         self.settings = settings or Settings()
         self.gateways = gateways or [self.settings.connect("critical_events")]
         self.ack_timeout = ack_timeout
-        self.log = EventLog(journal or self.settings.state_dir / "events" / "pending.log")
+        self.journal = EventLog(journal or self.settings.state_dir / "events" / "pending.log")
         self.pending: dict[str, Pending] = {}
         self.acks: Counter[str] = Counter()
         self.dropped_frames = 0
@@ -157,15 +157,15 @@ class EventPublisher:
         self._wake_recv.bind(f"inproc://events-wake-{id(self)}")
         self._wake = self._ctx.socket(zmq.PAIR)
         self._wake.connect(f"inproc://events-wake-{id(self)}")
-        recovered = self.log.replay()
-        self.log.compact(recovered)
+        recovered = self.journal.replay()
+        self.journal.compact(recovered)
         now = time.monotonic()
         with self._lock:
             for event in recovered.values():
                 # Sent again at once: the last send may never have left the dead process.
                 self.pending[event.event_id] = Pending(event, now - self.ack_timeout, 0)
         if recovered:
-            log.info("recovered %d pending events from %s", len(recovered), self.log.path)
+            log.info("recovered %d pending events from %s", len(recovered), self.journal.path)
         self._thread = threading.Thread(target=self._loop, name="event-publisher", daemon=True)
         self._thread.start()
         return self
@@ -178,7 +178,7 @@ class EventPublisher:
         for sock in (self._xpub, self._dealer, self._wake, self._wake_recv):
             sock.close(linger=0)
         self._ctx.term()
-        self.log.close()
+        self.journal.close()
 
     def __enter__(self) -> EventPublisher:
         return self.start()
@@ -202,7 +202,7 @@ class EventPublisher:
         else:
             route = Route.DEALER
             with self._lock:
-                self.log.pending(event)
+                self.journal.pending(event)
                 self.pending[event.event_id] = Pending(event, time.monotonic(), 0)
         with self._lock:
             self._outbox.append((route, event))
@@ -285,7 +285,7 @@ class EventPublisher:
             # DELIVERED and ERROR are final; QUEUED means the gateway owns the retry now.
             with self._lock:
                 if self.pending.pop(ack.event_id, None) is not None:
-                    self.log.acked(ack.event_id)
+                    self.journal.acked(ack.event_id)
                     if ack.status == ev.ERROR:
                         log.warning(
                             "event %s failed at the gateway: %s", ack.event_id, ack.error_message

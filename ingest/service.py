@@ -199,7 +199,8 @@ class Ingestor:
                 if beat in events:
                     self._drain_subscriptions(beat, now)
                 if requests in events:
-                    self._drain_replies(requests)
+                    for _ in pending(requests):
+                        pass  # the relay acknowledges our cancels; nothing waits on them
                 self._expire(now)
                 self._reap(now)
                 self._schedule(now)
@@ -288,14 +289,6 @@ class Ingestor:
                     ticker=ticker,
                 )
                 self._requests.send_multipart([b"", *encode(cancel)])
-
-    def _drain_replies(self, sock: zmq.Socket) -> None:
-        """The relay acknowledges our cancels; nothing waits on the answer."""
-        while True:
-            try:
-                sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
 
     def _report_failures(self, beat: zmq.Socket, now: float) -> None:
         """Tell a failed stream's subscribers why, for as long as they watch."""

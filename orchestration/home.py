@@ -80,6 +80,31 @@ def graphql(settings: Settings, query: str, variables: dict | None = None) -> di
     return out["data"]
 
 
+# The GraphQL documents the UI sends to add a ticker partition, launch a partition backfill
+# and follow it; the tests and bench.backfill drive Dagster through them as a user would.
+REPO = {"repositoryLocationName": "candlewire", "repositoryName": "__repository__"}
+ADD_PARTITION = """
+mutation($repo: RepositorySelector!, $name: String!, $key: String!) {
+  addDynamicPartition(repositorySelector: $repo, partitionsDefName: $name, partitionKey: $key) {
+    __typename ... on PythonError { message }
+  }
+}"""
+LAUNCH = """
+mutation($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message }
+  }
+}"""
+STATUS = """
+query($id: String!) {
+  partitionBackfillOrError(backfillId: $id) {
+    ... on PartitionBackfill { status numPartitions runs(limit: 10) { runId status } }
+    ... on PythonError { message }
+  }
+}"""
+
 DAEMON_HEALTH = (
     "{ instance { daemonHealth { allDaemonStatuses { daemonType required healthy } } } }"
 )

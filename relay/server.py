@@ -79,7 +79,7 @@ class Relay:
         self._xpub = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
         self._xsub = harden(self._ctx.socket(zmq.XSUB), max_message_bytes=size)
         self._watch = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
-        self._watched = Demand(grace_s=0.0)
+        self._watched = Demand(grace_s=None)
         self._unserved: dict[str, float] = {}  # ticker -> when next to report it
         self._steer = self._ctx.socket(zmq.PAIR)
         steer_addr = f"inproc://relay-steer-{id(self)}"
@@ -203,7 +203,6 @@ class Relay:
 
     def _report_unserved(self, now: float) -> None:
         """Answer subscribers of tickers no live ingestor serves, after a short grace."""
-        self._watched.expired(now)  # only watched tickers matter here
         for ticker in self._watched.tickers():
             exchange = parse_ticker(ticker).exchange
             if self.has_ingestor(exchange):

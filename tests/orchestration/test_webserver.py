@@ -11,30 +11,7 @@ import pytest
 from candlewire.config import Settings
 from candlewire.lake import NAMESPACE, catalog
 from candlewire.stack import Stack, dagster_services
-from orchestration.home import graphql
-
-REPO = {"repositoryLocationName": "candlewire", "repositoryName": "__repository__"}
-ADD_PARTITION = """
-mutation($repo: RepositorySelector!, $name: String!, $key: String!) {
-  addDynamicPartition(repositorySelector: $repo, partitionsDefName: $name, partitionKey: $key) {
-    __typename ... on PythonError { message }
-  }
-}"""
-LAUNCH = """
-mutation($params: LaunchBackfillParams!) {
-  launchPartitionBackfill(backfillParams: $params) {
-    __typename
-    ... on LaunchBackfillSuccess { backfillId }
-    ... on PythonError { message }
-  }
-}"""
-STATUS = """
-query($id: String!) {
-  partitionBackfillOrError(backfillId: $id) {
-    ... on PartitionBackfill { status numPartitions runs(limit: 10) { runId status } }
-    ... on PythonError { message }
-  }
-}"""
+from orchestration.home import ADD_PARTITION, LAUNCH, REPO, STATUS, graphql
 
 
 @pytest.fixture
