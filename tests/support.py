@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import zmq
 from google.protobuf.message import Message
@@ -20,11 +22,38 @@ from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
 from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, encode_topic
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that is free now and that the kernel will not hand out on its own.
+
+    Port 0 picks from the ephemeral range, where every outgoing connection (Kafka
+    clients, ZMQ connects) also takes its local port; between our pick and the
+    service's bind one of those could take it. So pick below that range instead,
+    never twice in one test run.
+    """
+    top = min(_ephemeral_low(), 32768) - 1
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randint(top - 12000, top)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def free_settings(tmp_path: object, **overrides: object) -> Settings:
