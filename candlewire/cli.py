@@ -82,6 +82,38 @@ def _watch(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _gateway(args: argparse.Namespace, settings: Settings) -> int:
+    from gateway.config import GatewaySettings
+
+    gw = GatewaySettings.load()
+    if args.action == "token":
+        from gateway.auth import issue_token
+
+        print(issue_token(gw.secret.get_secret_value(), args.user))
+        return 0
+    if args.action == "user":
+        import json
+        from pathlib import Path
+
+        from candlewire.lake import sql_url
+        from gateway.directory import Directory
+
+        push = (
+            json.loads(Path(args.push_subscription).read_text()) if args.push_subscription else None
+        )
+        directory = Directory(gw.directory_url or sql_url(settings)).create()
+        directory.set_user(
+            args.user, telegram_chat_id=args.telegram_chat, email=args.email, push_subscription=push
+        )
+        print(directory.user(args.user))
+        directory.close()
+        return 0
+    from gateway.service import Gateway
+
+    Gateway(settings, gw).run()
+    return 0
+
+
 def _stack(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -155,6 +187,17 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--timeout", type=float, default=300.0)
     hist.add_argument("--output", help="write .parquet or .csv instead of printing")
     hist.set_defaults(fn=_history)
+    gw = sub.add_parser("gateway", help="run the user-event gateway, or manage its users")
+    gw.set_defaults(fn=_gateway, action="run")
+    gw_sub = gw.add_subparsers(dest="action")
+    gw_sub.add_parser("run", help="run the gateway in the foreground (the default)")
+    token = gw_sub.add_parser("token", help="print a signed session token for a user")
+    token.add_argument("user")
+    user = gw_sub.add_parser("user", help="set where a user is reached (the user directory)")
+    user.add_argument("user")
+    user.add_argument("--telegram-chat", help="Telegram chat id")
+    user.add_argument("--email")
+    user.add_argument("--push-subscription", help="a file with the browser's PushSubscription JSON")
     watch = sub.add_parser("watch", help="print live messages of a ticker")
     watch.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, e.g. BINANCE:BTC/USDT")
     watch.add_argument("--type", default="tick", help="tick or ohlc:<period_s>")

@@ -1,0 +1,42 @@
+"""Delivery channels, one file each behind :class:`Channel`.
+
+A channel answers every send with a :class:`Result`: delivered, retry later (a rate limit or
+a transient failure: the event is acked QUEUED and retried by the gateway), skipped (the
+user has no address for it) or failed (permanent). Channels never raise for a delivery
+problem, and never put a credential in a result or a log line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from gateway.directory import UserAddress
+from gateway.symbols import Rendered
+from proto import events_pb2 as ev
+
+
+class Outcome(Enum):
+    DELIVERED = "delivered"
+    RETRY = "retry"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Result:
+    outcome: Outcome
+    detail: str = ""
+    retry_after_s: float = 0.0
+
+
+DELIVERED = Result(Outcome.DELIVERED)
+
+
+class Channel(Protocol):
+    kind: ev.ChannelType.ValueType
+
+    async def send(self, user: UserAddress, event: ev.UserEvent, message: Rendered) -> Result: ...
+
+    async def close(self) -> None: ...

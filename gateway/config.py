@@ -1,0 +1,65 @@
+"""What a gateway needs beyond the shared :class:`~candlewire.config.Settings`.
+
+Credentials are :class:`~pydantic.SecretStr`: they print as ``**********`` in reprs, logs
+and tracebacks. Each can come from the environment (``CANDLEWIRE_GATEWAY_TELEGRAM_TOKEN``)
+or from a file in ``CANDLEWIRE_GATEWAY_SECRETS_DIR`` named like the variable in lower case
+(``candlewire_gateway_telegram_token``), the layout Docker and Kubernetes secrets mount.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from candlewire.config import Settings
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CANDLEWIRE_GATEWAY_", env_nested_delimiter="__")
+
+    secret: SecretStr = SecretStr("")
+    """Signs session tokens; required. ``candlewire gateway token USER`` mints one."""
+    token_max_age_s: int = 30 * 24 * 3600
+    directory_url: str | None = None
+    """SQLAlchemy URL of the user directory; default the Iceberg catalog's database."""
+    containers: list[str] = Field(default_factory=list)
+    """User containers' XPUB endpoints (informational path); default the local one."""
+    session_queue: int = 256
+    """Messages a WebSocket session may have waiting; a client that falls further behind is
+    disconnected rather than buffered without bound."""
+    max_ws_message_bytes: int = 64 * 1024
+    max_sessions_per_user: int = 16
+    auth_timeout_s: float = 5.0
+    dedup_window_s: float = 300.0
+    """A critical event seen again within this window is acked again, not delivered again."""
+    max_inflight: int = 16
+    """Critical events delivered at once by this gateway."""
+    retry_poll_s: float = 1.0
+    max_retries: int = 20
+    """Rate-limited (QUEUED) deliveries tried this often before the gateway gives up."""
+
+    telegram_token: SecretStr = SecretStr("")
+    telegram_api: str = "https://api.telegram.org"
+    smtp_host: str = ""
+    smtp_port: int = 587
+    smtp_user: str = ""
+    smtp_password: SecretStr = SecretStr("")
+    smtp_starttls: bool = True
+    smtp_from: str = "candlewire@localhost"
+    smtp_ca_file: str = ""
+    """A CA bundle to trust for STARTTLS, for relays with private certificates."""
+    vapid_private_key: SecretStr = SecretStr("")
+    """The VAPID key (PEM, or the base64url raw key) that signs Web Push requests."""
+    vapid_subject: str = "mailto:ops@localhost"
+    http_timeout_s: float = 10.0
+
+    @classmethod
+    def load(cls, **overrides: object) -> GatewaySettings:
+        secrets = os.environ.get("CANDLEWIRE_GATEWAY_SECRETS_DIR")
+        return cls(_secrets_dir=Path(secrets) if secrets else None, **overrides)  # type: ignore[arg-type]
+
+    def container_endpoints(self, settings: Settings) -> list[str]:
+        return self.containers or [settings.connect("user_events")]

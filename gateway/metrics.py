@@ -1,0 +1,60 @@
+"""Prometheus counters of one gateway (its own registry, so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.up = Gauge("candlewire_gateway_up", "1 while the gateway serves", registry=r)
+        self.sessions = Gauge("candlewire_gateway_sessions", "Open WebSocket sessions", registry=r)
+        self.users = Gauge("candlewire_gateway_users", "Users with a session", registry=r)
+        self.informational = Counter(
+            "candlewire_gateway_informational",
+            "Fast-path events, by result (sent to sessions, or no session here)",
+            ["result"],
+            registry=r,
+        )
+        self.critical = Counter(
+            "candlewire_gateway_critical",
+            "Critical-path events answered, by ack (and duplicates answered again)",
+            ["result"],
+            registry=r,
+        )
+        self.channel = Counter(
+            "candlewire_gateway_channel_sends",
+            "Delivery attempts, by channel and outcome",
+            ["channel", "outcome"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "candlewire_gateway_retries_finished",
+            "Queued deliveries that ended, by how",
+            ["result"],
+            registry=r,
+        )
+        self.dropped = Counter(
+            "candlewire_gateway_dropped_frames",
+            "Inbound messages dropped, by socket and reason",
+            ["socket", "reason"],
+            registry=r,
+        )
+        self.slow_disconnects = Counter(
+            "candlewire_gateway_slow_disconnects",
+            "Sessions closed because their outbox filled",
+            registry=r,
+        )
+        self.auth_failures = Counter(
+            "candlewire_gateway_auth_failures", "Sessions refused at sign-in", registry=r
+        )
+        self.candles = Counter(
+            "candlewire_gateway_candles", "Candle updates forwarded to sessions", registry=r
+        )
+        self.metadata_reloads = Counter(
+            "candlewire_gateway_metadata_reloads",
+            "Symbol-metadata reloads from Iceberg",
+            registry=r,
+        )
+        self.symbols = Gauge("candlewire_gateway_symbols", "Symbols known", registry=r)

@@ -1,0 +1,474 @@
+"""The gateway process: user sessions in, user events out.
+
+Read top to bottom:
+
+1. :meth:`Gateway._main` opens everything: the user directory (PostgreSQL), the symbol
+   catalog (Iceberg), the ROUTER for critical events, a SUB on every user container's XPUB,
+   a SUB on the relay's market data, and the HTTP + WebSocket server.
+2. :meth:`_session` is one browser: sign in with a token, then charts on request; events
+   reach it through :class:`~gateway.sessions.Sessions`.
+3. :meth:`_informational` is the fast path: a user's first session subscribes
+   ``USER:{id}`` on every container, the last one unsubscribes, and each event fans out to
+   that user's sessions.
+4. :meth:`_critical` is the at-least-once path (:mod:`gateway.critical`).
+5. :meth:`_market` forwards candles to charts and reloads symbols on METADATA_UPDATE.
+
+Everything runs on one asyncio loop in one thread; blocking database and Iceberg calls go
+to worker threads. A malformed frame or WebSocket message is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from http import HTTPStatus
+from importlib import resources
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from candlewire.config import Settings
+from candlewire.lake import sql_url
+from candlewire.runtime import MetricsServer, run_until_signal
+from candlewire.topics import (
+    market_data_topic,
+    metadata_update_topic,
+    ohlc_type,
+    subscription_error_topic,
+    user_topic,
+)
+from candlewire.zmqutil import harden
+from gateway.auth import BadToken, check_secret, verify_token
+from gateway.channels import Channel
+from gateway.channels.email import EmailChannel
+from gateway.channels.push import PushChannel
+from gateway.channels.telegram import TelegramChannel
+from gateway.config import GatewaySettings
+from gateway.critical import CriticalDelivery
+from gateway.directory import Directory
+from gateway.metrics import GatewayMetrics
+from gateway.sessions import SLOW_CLOSE_CODE, Session, SessionChannel, Sessions, event_message
+from gateway.symbols import SymbolCatalog
+from proto import events_pb2 as ev
+from proto import market_pb2
+from proto import requests_pb2 as rq
+from proto.envelope import EnvelopeError, decode, decode_sub, encode, expect
+
+log = logging.getLogger("candlewire.gateway")
+
+PURGE_EVERY_S = 60.0
+
+
+def build_channels(gw: GatewaySettings, sessions: Sessions) -> dict[int, Channel]:
+    """Every channel; one without credentials answers SKIPPED, so preferences fall through."""
+    timeout = gw.http_timeout_s
+    return {
+        ev.ACTIVE_SESSION: SessionChannel(ev.ACTIVE_SESSION, sessions),
+        ev.WEB: SessionChannel(ev.WEB, sessions),
+        ev.TELEGRAM: TelegramChannel(
+            gw.telegram_token.get_secret_value(), gw.telegram_api, timeout
+        ),
+        ev.EMAIL: EmailChannel(
+            gw.smtp_host,
+            gw.smtp_port,
+            gw.smtp_from,
+            username=gw.smtp_user,
+            password=gw.smtp_password.get_secret_value(),
+            starttls=gw.smtp_starttls,
+            ca_file=gw.smtp_ca_file,
+            timeout_s=timeout,
+        ),
+        ev.PUSH: PushChannel(gw.vapid_private_key.get_secret_value(), gw.vapid_subject, timeout),
+    }
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        gateway: GatewaySettings | None = None,
+        *,
+        metrics: bool = True,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.gw = gateway or GatewaySettings.load()
+        check_secret(self.gw.secret.get_secret_value())  # fail at start, not at first sign-in
+        self.metrics = GatewayMetrics()
+        self.symbols = SymbolCatalog(self.settings)
+        self._serve_metrics = metrics
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._charts: dict[str, int] = {}  # market-data topic -> sessions drawing it
+        self._errors: dict[str, int] = {}  # ticker -> sessions drawing it
+        self.sessions = Sessions(
+            self.gw.session_queue,
+            self.gw.max_sessions_per_user,
+            on_first=self._watch_user,
+            on_last=self._unwatch_user,
+            on_slow=self._slow,
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> Gateway:
+        self._thread = threading.Thread(target=self._run, name="gateway", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("gateway did not start in time")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            return
+        if self._loop is not None and self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        self._thread.join(15)
+
+    def run(self) -> None:
+        run_until_signal(
+            self.start, self.stop, lambda: self._thread is not None and self._thread.is_alive()
+        )
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._loop.run_until_complete(self._main())
+        except BaseException as exc:  # reported to start()
+            self._error = exc
+            log.exception("gateway stopped on an error")
+        finally:
+            self._ready.set()
+            self._loop.close()
+
+    async def _main(self) -> None:
+        s, gw = self.settings, self.gw
+        self._stopping = asyncio.Event()
+        self.directory = Directory(gw.directory_url or sql_url(s))
+        await asyncio.to_thread(self.directory.create)
+        await asyncio.to_thread(self._reload_symbols)
+        self.channels = build_channels(gw, self.sessions)
+        self.critical = CriticalDelivery(
+            self.directory,
+            self.channels,
+            self.sessions,
+            self.symbols,
+            self.metrics,
+            dedup_window_s=gw.dedup_window_s,
+            max_retries=gw.max_retries,
+        )
+        ctx = zmq.asyncio.Context()
+        size = s.max_message_bytes
+        self._router = harden(ctx.socket(zmq.ROUTER), max_message_bytes=size)
+        self._events = harden(ctx.socket(zmq.SUB), max_message_bytes=size)
+        self._market = harden(ctx.socket(zmq.SUB), max_message_bytes=size)
+        metrics_server: MetricsServer | None = None
+        server: Server | None = None
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            self._router.bind(s.bind("critical_events"))
+            for endpoint in gw.container_endpoints(s):
+                self._events.connect(endpoint)
+            self._market.connect(s.connect("market_data"))
+            self._market.subscribe(metadata_update_topic())
+            server = await serve(
+                self._session,
+                s.bind_host,
+                s.port("gateway_http"),
+                process_request=self._http,
+                max_size=gw.max_ws_message_bytes,
+                max_queue=16,
+                close_timeout=2,
+            )
+            if self._serve_metrics:
+                metrics_server = MetricsServer(
+                    self.metrics.registry, s.bind_host, s.port("gateway_metrics")
+                )
+            tasks = [
+                asyncio.create_task(coro)
+                for coro in (
+                    self._critical(),
+                    self._informational(),
+                    self._markets(),
+                    self._retries(),
+                    self._purge(),
+                )
+            ]
+            self.metrics.up.set(1)
+            log.info(
+                "gateway: http %s:%d, critical events on %s",
+                s.bind_host,
+                s.port("gateway_http"),
+                s.bind("critical_events"),
+            )
+            self._ready.set()
+            await self._stopping.wait()
+        finally:
+            self.metrics.up.set(0)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if server is not None:
+                server.close()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(server.wait_closed(), 5)
+            if metrics_server is not None:
+                metrics_server.close()
+            for channel in getattr(self, "channels", {}).values():
+                with contextlib.suppress(Exception):
+                    await channel.close()
+            ctx.destroy(linger=0)
+            self.directory.close()
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def _session(self, ws: ServerConnection) -> None:
+        user = await self._sign_in(ws)
+        if user is None:
+            return
+        session = self.sessions.open(user, ws)
+        if session is None:
+            await ws.close(1008, "too many sessions for this user")
+            return
+        self._count_sessions()
+        session.offer({"type": "welcome", "user": user})
+        writer = asyncio.create_task(session.write())
+        try:
+            async for raw in ws:
+                reply = self._command(session, raw)
+                if reply is not None:
+                    session.offer(reply)
+        except ConnectionClosed:
+            pass
+        finally:
+            self.sessions.close(session)
+            self._chart(session, None)
+            writer.cancel()
+            self._count_sessions()
+
+    async def _sign_in(self, ws: ServerConnection) -> str | None:
+        """The first message must be ``{"op": "auth", "token": ...}``, within the timeout."""
+        try:
+            raw = await asyncio.wait_for(ws.recv(), self.gw.auth_timeout_s)
+            msg = json.loads(raw)
+            if not isinstance(msg, dict) or msg.get("op") != "auth":
+                raise BadToken('the first message must be {"op": "auth", "token": ...}')
+            return verify_token(
+                self.gw.secret.get_secret_value(),
+                str(msg.get("token", "")),
+                self.gw.token_max_age_s,
+            )
+        except (BadToken, ValueError, TimeoutError) as exc:
+            self.metrics.auth_failures.inc()
+            reason = str(exc) if isinstance(exc, BadToken) else "sign-in failed"
+            with contextlib.suppress(ConnectionClosed):
+                await ws.send(json.dumps({"type": "error", "message": reason}))
+                await ws.close(1008, reason[:100])
+            return None
+        except ConnectionClosed:
+            return None
+
+    def _command(self, session: Session, raw: str | bytes) -> dict[str, Any] | None:
+        try:
+            msg = json.loads(raw)
+            op = msg.get("op") if isinstance(msg, dict) else None
+        except ValueError:
+            op = None
+        if op == "chart":
+            ticker, period = str(msg.get("ticker", "")), msg.get("period", 60)
+            period = period if isinstance(period, int) else -1
+            problem = self.symbols.check_chart(ticker, period)
+            if problem is not None:
+                return {"type": "error", "message": problem}
+            self._chart(session, market_data_topic(ticker, ohlc_type(period)))
+            return {"type": "chart", "ticker": ticker, "period": period}
+        if op == "unchart":
+            self._chart(session, None)
+            return {"type": "chart", "ticker": None}
+        if op == "ping":
+            return {"type": "pong"}
+        self.metrics.dropped.labels("websocket", "bad_command").inc()
+        return {"type": "error", "message": "unknown command; use chart, unchart or ping"}
+
+    def _chart(self, session: Session, topic: str | None) -> None:
+        """Point a session's chart at a topic, refcounting the relay subscriptions."""
+        if session.chart == topic:
+            return
+        if session.chart is not None:
+            _release(self._charts, session.chart, self._market.unsubscribe)
+            _release(self._errors, _error_topic(session.chart), self._market.unsubscribe)
+        session.chart = topic
+        if topic is not None:
+            _acquire(self._errors, _error_topic(topic), self._market.subscribe)
+            _acquire(self._charts, topic, self._market.subscribe)
+
+    def _watch_user(self, user_id: str) -> None:
+        self._events.subscribe(user_topic(user_id))
+
+    def _unwatch_user(self, user_id: str) -> None:
+        self._events.unsubscribe(user_topic(user_id))
+
+    def _slow(self, session: Session) -> None:
+        self.metrics.slow_disconnects.inc()
+        log.warning(
+            "closing a session of %s: it fell %d messages behind",
+            session.user_id,
+            self.gw.session_queue,
+        )
+        asyncio.get_running_loop().create_task(session.ws.close(SLOW_CLOSE_CODE, "too slow"))
+        self._chart(session, None)
+        self._count_sessions()
+
+    def _count_sessions(self) -> None:
+        self.metrics.sessions.set(len(self.sessions.all()))
+        self.metrics.users.set(self.sessions.users())
+
+    # -- the fast path ----------------------------------------------------------------------
+
+    async def _informational(self) -> None:
+        while True:
+            frames = await self._events.recv_multipart()
+            try:
+                _, msg = decode_sub(frames)
+                event = expect(msg, ev.UserEvent)
+            except EnvelopeError as exc:
+                self.metrics.dropped.labels("user_events", exc.reason).inc()
+                continue
+            message = event_message(event, self.symbols.render(event), "informational")
+            sent = self.sessions.send(event.user_id, message)
+            self.metrics.informational.labels("sent" if sent else "no_session").inc()
+
+    # -- the critical path ------------------------------------------------------------------
+
+    async def _critical(self) -> None:
+        slots = asyncio.Semaphore(self.gw.max_inflight)
+        while True:
+            frames = await self._router.recv_multipart()
+            identity, body = frames[0], frames[1:]
+            if body and not body[0]:
+                body = body[1:]  # DEALER's empty delimiter
+            try:
+                event = expect(decode(body), ev.UserEvent)
+            except EnvelopeError as exc:
+                self.metrics.dropped.labels("critical_events", exc.reason).inc()
+                continue
+            await slots.acquire()
+            task = asyncio.create_task(self._answer(identity, event))
+            task.add_done_callback(lambda _t: slots.release())
+
+    async def _answer(self, identity: bytes, event: ev.UserEvent) -> None:
+        try:
+            ack = await self.critical.handle(event)
+        except Exception:  # no ack: the container resends, nothing is lost
+            log.exception("event %s not handled; the container will resend", event.event_id)
+            return
+        await self._router.send_multipart([identity, b"", *encode(ack)])
+
+    async def _retries(self) -> None:
+        while True:
+            try:
+                while await self.critical.retry_due():
+                    pass
+            except Exception:  # the database may be away; try again later
+                log.exception("retrying queued events failed")
+            await asyncio.sleep(self.gw.retry_poll_s)
+
+    async def _purge(self) -> None:
+        while True:
+            await asyncio.sleep(PURGE_EVERY_S)
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.directory.purge, self.gw.dedup_window_s)
+
+    # -- market data and symbol metadata ----------------------------------------------------
+
+    async def _markets(self) -> None:
+        while True:
+            frames = await self._market.recv_multipart()
+            try:
+                topic, msg = decode_sub(frames)
+            except EnvelopeError as exc:
+                self.metrics.dropped.labels("market_data", exc.reason).inc()
+                continue
+            if isinstance(msg, market_pb2.SymbolMetadataUpdated):
+                await asyncio.to_thread(self._reload_symbols)
+            elif isinstance(msg, market_pb2.OHLC):
+                watchers = [x for x in self.sessions.all() if x.chart == topic]
+                self.sessions.offer_to(watchers, _candle(msg))
+                self.metrics.candles.inc()
+            elif isinstance(msg, rq.SubscriptionError):
+                watchers = [
+                    x for x in self.sessions.all() if x.chart and _error_topic(x.chart) == topic
+                ]
+                self.sessions.offer_to(watchers, {"type": "error", "message": msg.error_message})
+
+    def _reload_symbols(self) -> None:
+        self.symbols.reload()
+        self.metrics.metadata_reloads.inc()
+        self.metrics.symbols.set(len(self.symbols))
+
+    # -- plain HTTP: the live page ----------------------------------------------------------
+
+    def _http(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path == "/ws":
+            return None
+        if path == "/healthz":
+            return connection.respond(HTTPStatus.OK, "ok\n")
+        if path in ("/", "/index.html"):
+            page = resources.files("gateway").joinpath("static/index.html").read_text()
+            return _typed(connection.respond(HTTPStatus.OK, page), "text/html; charset=utf-8")
+        return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
+
+
+def _typed(response: Response, content_type: str) -> Response:
+    headers = Headers(
+        (k, v) for k, v in response.headers.raw_items() if k.lower() != "content-type"
+    )
+    headers["Content-Type"] = content_type
+    headers["Cache-Control"] = "no-store"
+    headers["Content-Security-Policy"] = "default-src 'self' 'unsafe-inline'; connect-src 'self'"
+    return Response(response.status_code, response.reason_phrase, headers, response.body)
+
+
+def _error_topic(chart_topic: str) -> str:
+    return subscription_error_topic(chart_topic.split("|", 1)[0])
+
+
+def _acquire(counts: dict[str, int], topic: str, subscribe: Any) -> None:
+    counts[topic] = counts.get(topic, 0) + 1
+    if counts[topic] == 1:
+        subscribe(topic)
+
+
+def _release(counts: dict[str, int], topic: str, unsubscribe: Any) -> None:
+    counts[topic] -= 1
+    if counts[topic] <= 0:
+        del counts[topic]
+        unsubscribe(topic)
+
+
+def _candle(c: market_pb2.OHLC) -> dict[str, Any]:
+    return {
+        "type": "candle",
+        "ticker": c.ticker,
+        "period": c.period_s,
+        "t": c.open_time_ms,
+        "o": c.open,
+        "h": c.high,
+        "l": c.low,
+        "c": c.close,
+        "v": c.volume,
+        "closed": c.closed,
+    }

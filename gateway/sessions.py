@@ -1,0 +1,142 @@
+"""WebSocket sessions: who is connected, what each is owed, and who is too slow.
+
+Several sessions per user, each with a bounded outbox that one writer task drains. A
+session that lets its outbox fill is closed (code 1013, "try again later"): the gateway
+never buffers without bound for a client that does not read. ``on_first`` and ``on_last``
+fire when a user's first session opens and last one closes; the gateway subscribes and
+unsubscribes ``USER:{id}`` on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+from gateway.channels import DELIVERED, Outcome, Result
+from gateway.directory import UserAddress
+from gateway.symbols import Rendered
+from proto import events_pb2 as ev
+
+log = logging.getLogger("candlewire.gateway.sessions")
+
+SLOW_CLOSE_CODE = 1013
+
+
+class Session:
+    def __init__(self, user_id: str, ws: ServerConnection, max_queue: int) -> None:
+        self.user_id, self.ws = user_id, ws
+        self.outbox: asyncio.Queue[str] = asyncio.Queue(max_queue)
+        self.chart: str | None = None  # the market-data topic this session draws
+        self.closed = False
+
+    def offer(self, message: dict[str, Any]) -> bool:
+        """Queue a message; False (and the session is closing) when the client is too slow."""
+        if self.closed:
+            return False
+        try:
+            self.outbox.put_nowait(json.dumps(message))
+            return True
+        except asyncio.QueueFull:
+            self.closed = True
+            return False
+
+    async def write(self) -> None:
+        """Drain the outbox to the socket until the session ends."""
+        with contextlib.suppress(ConnectionClosed):
+            while not self.closed:
+                await self.ws.send(await self.outbox.get())
+
+
+class Sessions:
+    def __init__(
+        self,
+        max_queue: int,
+        max_per_user: int,
+        on_first: Callable[[str], None],
+        on_last: Callable[[str], None],
+        on_slow: Callable[[Session], None],
+    ) -> None:
+        self.max_queue, self.max_per_user = max_queue, max_per_user
+        self._by_user: dict[str, set[Session]] = {}
+        self._on_first, self._on_last, self._on_slow = on_first, on_last, on_slow
+
+    def open(self, user_id: str, ws: ServerConnection) -> Session | None:
+        """A new session, or None when the user already has the most allowed."""
+        mine = self._by_user.setdefault(user_id, set())
+        if len(mine) >= self.max_per_user:
+            return None
+        session = Session(user_id, ws, self.max_queue)
+        mine.add(session)
+        if len(mine) == 1:
+            self._on_first(user_id)
+        return session
+
+    def close(self, session: Session) -> None:
+        session.closed = True
+        mine = self._by_user.get(session.user_id)
+        if mine is None or session not in mine:
+            return
+        mine.discard(session)
+        if not mine:
+            del self._by_user[session.user_id]
+            self._on_last(session.user_id)
+
+    def active(self, user_id: str) -> bool:
+        return bool(self._by_user.get(user_id))
+
+    def all(self) -> list[Session]:
+        return [s for mine in self._by_user.values() for s in mine]
+
+    def users(self) -> int:
+        return len(self._by_user)
+
+    def send(self, user_id: str, message: dict[str, Any]) -> int:
+        """Offer a message to every session of a user; the number that took it."""
+        return self.offer_to(list(self._by_user.get(user_id, ())), message)
+
+    def offer_to(self, sessions: list[Session], message: dict[str, Any]) -> int:
+        taken = 0
+        for session in sessions:
+            if session.offer(message):
+                taken += 1
+            elif session.closed and session in self._by_user.get(session.user_id, ()):
+                self.close(session)
+                self._on_slow(session)
+        return taken
+
+
+def event_message(event: ev.UserEvent, rendered: Rendered, path: str) -> dict[str, Any]:
+    """What a browser receives for one event."""
+    return {
+        "type": "event",
+        "path": path,
+        "event_id": event.event_id,
+        "event_type": ev.EventType.Name(event.event_type),
+        "priority": ev.Priority.Name(event.delivery.priority),
+        "timestamp": event.timestamp,
+        "title": rendered.title,
+        "text": rendered.text,
+        "data": rendered.data,
+    }
+
+
+class SessionChannel:
+    """ACTIVE_SESSION and WEB on the critical path: this gateway's open sessions."""
+
+    def __init__(self, kind: ev.ChannelType.ValueType, sessions: Sessions) -> None:
+        self.kind, self._sessions = kind, sessions
+
+    async def send(self, user: UserAddress, event: ev.UserEvent, message: Rendered) -> Result:
+        if self._sessions.send(event.user_id, event_message(event, message, "critical")):
+            return DELIVERED
+        return Result(Outcome.SKIPPED, "no active session on this gateway")
+
+    async def close(self) -> None:
+        return None

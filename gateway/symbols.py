@@ -1,0 +1,136 @@
+"""Symbol metadata as the gateway knows it, and how an event is put into words with it.
+
+The catalog is read from the Iceberg ``symbol_metadata`` table at start and again on every
+METADATA_UPDATE notification (the spec's guard against a gateway that starts before the
+metadata exists). Chart subscriptions are checked against it, and prices in events are
+shown with the symbol's tick size.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from candlewire.config import PERIODS_S, Settings
+from candlewire.topics import TopicError, parse_ticker
+from proto import events_pb2 as ev
+
+log = logging.getLogger("candlewire.gateway.symbols")
+
+
+@dataclass(frozen=True)
+class Symbol:
+    ticker: str
+    base: str
+    quote: str
+    tick_size: Decimal | None
+    status: str
+
+
+@dataclass(frozen=True)
+class Rendered:
+    event_id: str
+    title: str
+    text: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class SymbolCatalog:
+    """Thread-safe: reloads run in a worker thread while the loop reads."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._symbols: dict[str, Symbol] = {}
+        self._exchanges: set[str] = set()
+        self._lock = threading.Lock()
+        self.loads = 0
+
+    def reload(self) -> int:
+        """Read the whole table again; on failure keep what we had."""
+        from candlewire.lake import NAMESPACE, catalog
+
+        try:
+            table = catalog(self.settings).load_table(f"{NAMESPACE}.symbol_metadata")
+            rows = table.scan(
+                selected_fields=("ticker", "exchange", "base", "quote", "tick_size", "status")
+            ).to_arrow()
+        except Exception as exc:  # no catalog yet must not stop the gateway
+            log.warning("symbol metadata not loaded: %s", exc)
+            return len(self._symbols)
+        symbols = {
+            r["ticker"]: Symbol(r["ticker"], r["base"], r["quote"], r["tick_size"], r["status"])
+            for r in rows.to_pylist()
+        }
+        with self._lock:
+            self._symbols = symbols
+            self._exchanges = {r for r in rows.column("exchange").to_pylist()}
+            self.loads += 1
+        log.info("symbol metadata loaded: %d symbols", len(symbols))
+        return len(symbols)
+
+    def get(self, ticker: str) -> Symbol | None:
+        with self._lock:
+            return self._symbols.get(ticker)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._symbols)
+
+    def check_chart(self, ticker: str, period_s: int) -> str | None:
+        """Why a chart subscription is refused, or None to accept it.
+
+        A ticker of an exchange the catalog has never listed is let through: its ingestor
+        answers UNKNOWN_SYMBOL itself if it has to.
+        """
+        try:
+            t = parse_ticker(ticker)
+        except TopicError as exc:
+            return str(exc)
+        if period_s not in PERIODS_S:
+            return f"period {period_s} is not one of {', '.join(map(str, PERIODS_S))}"
+        with self._lock:
+            known, listed = self._symbols.get(ticker), t.exchange in self._exchanges
+        if listed and known is None:
+            return f"{ticker} is not listed on {t.exchange}"
+        if known is not None and known.status == "DELISTED":
+            return f"{ticker} is delisted"
+        return None
+
+    def price(self, ticker: str, value: object) -> str:
+        """A price rounded to the symbol's tick size, when we know it."""
+        try:
+            amount = Decimal(str(value))
+        except InvalidOperation:
+            return str(value)
+        sym = self.get(ticker)
+        if sym is None or not sym.tick_size:
+            return str(amount)
+        return str(amount.quantize(sym.tick_size.normalize()))
+
+    def render(self, event: ev.UserEvent) -> Rendered:
+        """Title and text for people; JSON payloads are shown field by field."""
+        kind = ev.EventType.Name(event.event_type).replace("_", " ").lower()
+        try:
+            data = json.loads(event.payload) if event.payload else {}
+        except (ValueError, UnicodeDecodeError):
+            data = None
+        if not isinstance(data, dict):
+            text = f"{len(event.payload)} bytes of payload"
+            return Rendered(event.event_id, kind.capitalize(), text, {"event_id": event.event_id})
+        ticker = str(data.get("ticker", ""))
+        sym = self.get(ticker) if ticker else None
+        title = kind.capitalize() + (f": {ticker}" if ticker else "")
+        lines = []
+        for key, value in data.items():
+            if key in ("price", "stop", "limit", "fill_price") and ticker:
+                value = self.price(ticker, value)
+            lines.append(f"{key}: {value}")
+        if sym is not None:
+            lines.append(f"market: {sym.base}/{sym.quote}")
+        lines.append(f"ref: {event.event_id}")
+        out = {"event_id": event.event_id, **{k: v for k, v in data.items() if k != "event_id"}}
+        return Rendered(event.event_id, title, "\n".join(lines), out)

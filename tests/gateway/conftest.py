@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from websockets.sync.client import ClientConnection, connect
+
+from candlewire.config import Settings
+from candlewire.events import EventPublisher
+from gateway import Gateway, GatewaySettings, issue_token
+from proto import events_pb2 as ev
+from tests.gateway.standins import TelegramStandIn
+from tests.support import free_port
+
+SECRET = "test-secret-0123456789"
+BOT_TOKEN = "123456:TEST-token"
+
+
+def gateway_settings(lakehouse: Settings, state_dir: Path) -> Settings:
+    """Fresh ports and state; the session's PostgreSQL and Iceberg catalog."""
+    from candlewire.endpoints import ENDPOINTS
+
+    return Settings(
+        ports={name: free_port() for name in ENDPOINTS},
+        state_dir=state_dir,
+        catalog_url=lakehouse.catalog_db(),
+        warehouse=lakehouse.warehouse_uri(),
+    )
+
+
+@pytest.fixture
+def gw_env(lakehouse: Settings, tmp_path: Path) -> Settings:
+    return gateway_settings(lakehouse, tmp_path)
+
+
+@pytest.fixture
+def telegram() -> Iterator[TelegramStandIn]:
+    server = TelegramStandIn(BOT_TOKEN)
+    yield server
+    server.close()
+
+
+def gw_config(telegram: TelegramStandIn | None = None, **overrides: object) -> GatewaySettings:
+    base: dict[str, object] = {"secret": SECRET, "retry_poll_s": 0.1}
+    if telegram is not None:
+        base |= {"telegram_token": BOT_TOKEN, "telegram_api": telegram.url}
+    return GatewaySettings(**(base | overrides))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def make_gateway() -> Iterator[Callable[..., Gateway]]:
+    started: list[Gateway] = []
+
+    def make(settings: Settings, config: GatewaySettings) -> Gateway:
+        g = Gateway(settings, config, metrics=False).start()
+        started.append(g)
+        return g
+
+    yield make
+    for g in started:
+        g.stop()
+
+
+@pytest.fixture
+def make_publisher(tmp_path: Path) -> Iterator[Callable[..., EventPublisher]]:
+    started: list[EventPublisher] = []
+
+    def make(settings: Settings, gateways: list[str] | None = None, **kw: object) -> EventPublisher:
+        name = f"pending-{len(started)}.log"
+        pub = EventPublisher(settings, gateways=gateways, journal=tmp_path / name, **kw).start()  # type: ignore[arg-type]
+        started.append(pub)
+        return pub
+
+    yield make
+    for p in started:
+        p.close()
+
+
+def new_user() -> str:
+    return f"u{uuid.uuid4().hex[:10]}"
+
+
+def user_event(
+    user: str,
+    priority: int,
+    channels: list[tuple[int, bool]] | None = None,
+    payload: dict | None = None,
+    event_type: int = ev.ORDER_FILLED,
+) -> ev.UserEvent:
+    prefs = [ev.ChannelPreference(channel=c, only_if_active=a) for c, a in (channels or [])]
+    return ev.UserEvent(
+        user_id=user,
+        event_id=uuid.uuid4().hex,
+        timestamp=int(time.time() * 1000),
+        event_type=event_type,
+        payload=json.dumps(payload or {"qty": 1}).encode(),
+        delivery=ev.DeliverySpec(priority=priority, channels=prefs),
+    )
+
+
+def sign_in(settings: Settings, user: str, **kw: object) -> ClientConnection:
+    ws = connect(f"ws://127.0.0.1:{settings.port('gateway_http')}/ws", legacy=True, **kw)  # type: ignore[arg-type]
+    ws.send(json.dumps({"op": "auth", "token": issue_token(SECRET, user)}))
+    welcome = json.loads(ws.recv(timeout=5))
+    assert welcome == {"type": "welcome", "user": user}
+    return ws
+
+
+def next_of(ws: ClientConnection, kind: str, timeout: float = 10.0) -> dict:
+    """The next message of a type, skipping others (candles, pongs)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = json.loads(ws.recv(timeout=max(0.01, deadline - time.monotonic())))
+        if msg["type"] == kind:
+            return msg

@@ -1,0 +1,149 @@
+"""The spec's routing, end to end: EventPublisher → gateway → WebSocket or Telegram.
+
+Each priority and session state: a browser signed in for the user or not.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+from websockets.client import ClientProtocol
+from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
+from websockets.uri import parse_uri
+
+from candlewire.events import Route
+from gateway import issue_token
+from proto import events_pb2 as ev
+from tests.gateway.conftest import SECRET, gw_config, new_user, next_of, sign_in, user_event
+from tests.support import wait_for
+
+FALLBACK = [(ev.ACTIVE_SESSION, True), (ev.TELEGRAM, False)]
+
+
+@pytest.mark.parametrize(
+    ("priority", "signed_in", "route", "lands"),
+    [
+        (ev.INFORMATIONAL, True, Route.XPUB, "session"),
+        (ev.INFORMATIONAL, False, Route.DROPPED, None),
+        (ev.NORMAL, True, Route.XPUB, "session"),
+        (ev.NORMAL, False, Route.DEALER, "telegram"),
+        (ev.CRITICAL, True, Route.DEALER, "session"),
+        (ev.CRITICAL, False, Route.DEALER, "telegram"),
+    ],
+)
+def test_priority_by_session_state(
+    gw_env, telegram, make_gateway, make_publisher, priority, signed_in, route, lands
+) -> None:
+    gw = make_gateway(gw_env, gw_config(telegram))
+    pub = make_publisher(gw_env)
+    user = new_user()
+    gw.directory.set_user(user, telegram_chat_id="4242")
+    ws = sign_in(gw_env, user) if signed_in else None
+    if ws is not None:
+        wait_for(lambda: pub.watched(user))
+    event = user_event(user, priority, FALLBACK)
+    assert pub.publish(event) is route
+    if lands == "session":
+        msg = next_of(ws, "event")
+        assert msg["event_id"] == event.event_id
+        assert msg["path"] == ("critical" if priority == ev.CRITICAL else "informational")
+    elif lands == "telegram":
+        wait_for(lambda: telegram.messages)
+        assert telegram.messages[0]["chat_id"] == "4242"
+        assert event.event_id in telegram.messages[0]["text"]
+    if route is Route.DEALER:
+        wait_for(lambda: pub.unacked() == 0)
+        assert pub.acks == {"DELIVERED": 1}
+    if lands != "telegram":
+        assert telegram.messages == []
+    if ws is not None:
+        ws.close()
+
+
+def test_several_sessions_share_one_subscription_until_the_last_leaves(
+    gw_env, make_gateway, make_publisher
+) -> None:
+    make_gateway(gw_env, gw_config())
+    pub = make_publisher(gw_env)
+    user = new_user()
+    first, second = sign_in(gw_env, user), sign_in(gw_env, user)
+    wait_for(lambda: pub.watched(user))
+    event = user_event(user, ev.INFORMATIONAL)
+    assert pub.publish(event) is Route.XPUB
+    assert next_of(first, "event")["event_id"] == event.event_id
+    assert next_of(second, "event")["event_id"] == event.event_id
+    first.close()
+    other = user_event(user, ev.INFORMATIONAL)
+    wait_for(lambda: pub.publish(other) is Route.XPUB)  # still watched: one session left
+    assert next_of(second, "event")["event_id"] == other.event_id
+    second.close()
+    wait_for(lambda: not pub.watched(user))
+    assert pub.publish(user_event(user, ev.INFORMATIONAL)) is Route.DROPPED
+
+
+def test_sign_in_needs_a_valid_token(gw_env, make_gateway) -> None:
+    from websockets.sync.client import connect
+
+    from gateway import issue_token
+
+    gw = make_gateway(gw_env, gw_config())
+    url = f"ws://127.0.0.1:{gw_env.port('gateway_http')}/ws"
+    forged = issue_token("another-secret-0123456789", "alice")
+    for first in (json.dumps({"op": "auth", "token": forged}), "not json", '{"op": "chart"}'):
+        with connect(url) as ws:
+            ws.send(first)
+            assert json.loads(ws.recv(timeout=5))["type"] == "error"
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=5)
+            assert closed.value.rcvd.code == 1008
+    assert gw.metrics.auth_failures._value.get() == 3
+    assert gw.sessions.users() == 0
+
+
+def stalled_client(port: int, token: str) -> socket.socket:
+    """A client that signs in and then never reads: TCP fills, and the gateway must cope."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    proto = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/ws"))
+    proto.send_request(proto.connect())
+    sock.sendall(b"".join(proto.data_to_send()))
+    while proto.handshake_exc is None and proto.state is not State.OPEN:
+        proto.receive_data(sock.recv(4096))
+    proto.send_text(json.dumps({"op": "auth", "token": token}).encode())
+    sock.sendall(b"".join(proto.data_to_send()))
+    return sock
+
+
+def test_a_client_that_does_not_read_is_disconnected_not_buffered(
+    gw_env, make_gateway, make_publisher
+) -> None:
+    gw = make_gateway(gw_env, gw_config(session_queue=8))
+    pub = make_publisher(gw_env)
+    user = new_user()
+    reader = sign_in(gw_env, user)
+    got: list[str] = []
+    reading = threading.Thread(
+        target=lambda: got.extend(next_of(reader, "event")["event_id"] for _ in range(200))
+    )
+    reading.start()
+    stalled = stalled_client(gw_env.port("gateway_http"), issue_token(SECRET, user))
+    wait_for(lambda: pub.watched(user))
+    sent = []
+    for _ in range(200):
+        event = user_event(user, ev.INFORMATIONAL, payload={"blob": "x" * 60_000})
+        pub.publish(event)
+        sent.append(event.event_id)
+        time.sleep(0.002)  # a pace the reading client keeps up with
+    reading.join(30)
+    assert got == sent  # the reader lost nothing
+    assert gw.metrics.slow_disconnects._value.get() == 1
+    assert len(gw.sessions.all()) == 1
+    stalled.close()
+    assert pub.watched(user)
+    reader.close()
