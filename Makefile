@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 JARS   := .cache/jvm
 MVN    := mvn -q -B -s jvm/maven-settings.xml
 
-.PHONY: install jvm postgres-server test up down status bench lint proto clean
+.PHONY: install jvm system-packages test up down status bench lint proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,13 +25,19 @@ $(JARS)/.fetched: jvm/kafka.xml jvm/spark.xml jvm/maven-settings.xml
 
 jvm: $(JARS)/.fetched
 
-# The PostgreSQL server from Debian's package, if the machine lacks it.
-postgres-server:
-	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
-	  echo "installing PostgreSQL from Debian's packages"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+# From Debian's packages, whatever the machine lacks: the PostgreSQL server (Iceberg catalog,
+# Dagster, user directory), and Chromium with its driver for the live page's browser test.
+system-packages:
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing from Debian's packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
 
-install: $(STAMP) jvm postgres-server
+install: $(STAMP) jvm system-packages
 
 test: install
 	$(PY) -m pytest

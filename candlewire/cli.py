@@ -85,7 +85,7 @@ def _watch(args: argparse.Namespace, settings: Settings) -> int:
 def _gateway(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.config import GatewaySettings
 
-    gw = GatewaySettings.load()
+    gw = GatewaySettings.load(settings)
     if args.action == "token":
         from gateway.auth import issue_token
 

@@ -329,6 +329,7 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
         healthy_line: str,
         port_name: str | None = None,
         start_timeout: float = 60.0,
+        prepare: Callable[[], None] | None = None,
     ) -> ProcessService:
         """One of candlewire's own processes, healthy when its metrics say so."""
         url = f"http://{settings.host}:{settings.port(metrics_port)}/metrics"
@@ -341,6 +342,7 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
             log=logs / f"{name}.log",
             env=env,
             start_timeout=start_timeout,
+            prepare=prepare,
         )
 
     services.append(
@@ -360,6 +362,18 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
     services.append(own("ingest", ingest_args, "ingest_metrics", "candlewire_ingest_state"))
     services.append(
         own("stream", ["stream"], "stream_metrics", "candlewire_stream_up 1.0", start_timeout=180.0)
+    )
+    from gateway.config import ensure_local_secret
+
+    services.append(
+        own(
+            "gateway",
+            ["gateway"],
+            "gateway_metrics",
+            "candlewire_gateway_up 1.0",
+            port_name="gateway_http",
+            prepare=lambda: ensure_local_secret(settings) and None,
+        )
     )
     services += dagster_services(settings)
     return services

@@ -9,6 +9,7 @@ or from a file in ``CANDLEWIRE_GATEWAY_SECRETS_DIR`` named like the variable in 
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 from pydantic import Field, SecretStr
@@ -57,9 +58,29 @@ class GatewaySettings(BaseSettings):
     http_timeout_s: float = 10.0
 
     @classmethod
-    def load(cls, **overrides: object) -> GatewaySettings:
-        secrets = os.environ.get("CANDLEWIRE_GATEWAY_SECRETS_DIR")
-        return cls(_secrets_dir=Path(secrets) if secrets else None, **overrides)  # type: ignore[arg-type]
+    def load(cls, settings: Settings | None = None, **overrides: object) -> GatewaySettings:
+        """From the environment and secret files: CANDLEWIRE_GATEWAY_SECRETS_DIR, else the
+        local stack's ``<state_dir>/secrets`` when it exists."""
+        env = os.environ.get("CANDLEWIRE_GATEWAY_SECRETS_DIR")
+        local = local_secrets_dir(settings or Settings())
+        secrets = Path(env) if env else (local if local.is_dir() else None)
+        return cls(_secrets_dir=secrets, **overrides)  # type: ignore[arg-type]
 
     def container_endpoints(self, settings: Settings) -> list[str]:
         return self.containers or [settings.connect("user_events")]
+
+
+def local_secrets_dir(settings: Settings) -> Path:
+    return settings.state_dir / "secrets"
+
+
+def ensure_local_secret(settings: Settings) -> Path:
+    """The local stack's session-token secret: made once, readable by its owner only."""
+    folder = local_secrets_dir(settings)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = folder / "candlewire_gateway_secret"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+    return path

@@ -99,7 +99,7 @@ class Gateway:
         metrics: bool = True,
     ) -> None:
         self.settings = settings or Settings()
-        self.gw = gateway or GatewaySettings.load()
+        self.gw = gateway or GatewaySettings.load(self.settings)
         check_secret(self.gw.secret.get_secret_value())  # fail at start, not at first sign-in
         self.metrics = GatewayMetrics()
         self.symbols = SymbolCatalog(self.settings)

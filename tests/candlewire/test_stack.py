@@ -45,6 +45,7 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
     """The whole local platform: PostgreSQL, catalog, Kafka, relay; data kept across down/up."""
     import shutil
     import tempfile
+    import urllib.request
     from datetime import UTC, datetime
     from decimal import Decimal
     from pathlib import Path
@@ -72,9 +73,16 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
             "relay": "healthy",
             "ingest": "healthy",
             "stream": "healthy",
+            "gateway": "healthy",
             "dagster-webserver": "healthy",
             "dagster-daemon": "healthy",
         }
+        page = f"http://127.0.0.1:{settings.port('gateway_http')}/"
+        with urllib.request.urlopen(page, timeout=10) as resp:
+            assert b"<title>candlewire</title>" in resp.read()
+        assert (
+            settings.state_dir / "secrets" / "candlewire_gateway_secret"
+        ).stat().st_mode & 0o077 == 0
         # Live data out of the box: SIM streams BINANCE:BTC/USDT through Kafka, Spark and the relay.
         with Client(settings) as client:
             tick = next(client.subscribe("BINANCE:BTC/USDT", "tick", idle_timeout=90))

@@ -13,8 +13,9 @@ from candlewire.config import Settings
 from candlewire.events import EventPublisher
 from gateway import Gateway, GatewaySettings, issue_token
 from proto import events_pb2 as ev
+from relay import Relay
 from tests.gateway.standins import TelegramStandIn
-from tests.support import free_port
+from tests.support import FakePublisher, free_port
 
 SECRET = "test-secret-0123456789"
 BOT_TOKEN = "123456:TEST-token"
@@ -78,6 +79,16 @@ def make_publisher(tmp_path: Path) -> Iterator[Callable[..., EventPublisher]]:
     yield make
     for p in started:
         p.close()
+
+
+@pytest.fixture
+def market(gw_env, ctx):
+    """A relay, and a stream-processor PUB behind it."""
+    relay = Relay(gw_env, metrics=False).start()
+    pub = FakePublisher(ctx, gw_env.bind("stream_pub"))
+    yield pub
+    pub.close()
+    relay.stop()
 
 
 def new_user() -> str:

@@ -6,6 +6,7 @@ import base64
 import json
 import threading
 import time
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -32,7 +33,7 @@ class _Server:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                status, headers, reply = owner.handle(self.path, dict(self.headers), body)
+                status, headers, reply = owner.handle(self.path, self.headers, body)
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -49,7 +50,7 @@ class _Server:
         self.url = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
-    def handle(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict, bytes]:
+    def handle(self, path: str, headers: Message, body: bytes) -> tuple[int, dict, bytes]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -75,7 +76,7 @@ class TelegramStandIn(_Server):
         with self.lock:
             self._limited, self._retry_after = calls, retry_after
 
-    def handle(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict, bytes]:
+    def handle(self, path: str, headers: Message, body: bytes) -> tuple[int, dict, bytes]:
         ctype = {"Content-Type": "application/json"}
         if path != f"/bot{self.token}/sendMessage":
             return 404, ctype, json.dumps({"ok": False, "error_code": 404}).encode()
@@ -126,7 +127,7 @@ class PushStandIn(_Server):
             "keys": {"p256dh": b64url(point), "auth": b64url(self.auth)},
         }
 
-    def handle(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict, bytes]:
+    def handle(self, path: str, headers: Message, body: bytes) -> tuple[int, dict, bytes]:
         name = path.rsplit("/", 1)[-1]
         if name in self.gone:
             return 410, {}, b"subscription gone"

@@ -1,0 +1,171 @@
+"""Channels against stand-ins that speak the real protocols: SMTP (aiosmtpd, with and without
+STARTTLS) and Web Push (VAPID-signed, aes128gcm-encrypted). Telegram is in test_critical."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import ssl
+from email import message_from_bytes, policy
+
+import pytest
+from aiosmtpd.controller import Controller
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from py_vapid import Vapid
+
+from proto import events_pb2 as ev
+from tests.gateway.conftest import gw_config, new_user, user_event
+from tests.gateway.standins import PushStandIn, b64url
+from tests.gateway.test_critical import Container
+from tests.support import free_port
+
+
+class Inbox:
+    """An aiosmtpd handler: keeps every message with whether it came over TLS."""
+
+    def __init__(self) -> None:
+        self.mail: list[tuple[bool, list[str], object]] = []
+
+    async def handle_DATA(self, server, session, envelope) -> str:
+        parsed = message_from_bytes(envelope.content, policy=policy.default)
+        self.mail.append((session.ssl is not None, list(envelope.rcpt_tos), parsed))
+        return "250 OK"
+
+
+def self_signed(tmp_path) -> tuple[ssl.SSLContext, str]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "candlewire test smtp")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / "smtp.crt", tmp_path / "smtp.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert_file, key_file)
+    return ctx, str(cert_file)
+
+
+@pytest.mark.parametrize("starttls", [False, True])
+def test_email_reaches_a_real_smtp_server(gw_env, make_gateway, tmp_path, starttls) -> None:
+    inbox, port = Inbox(), free_port()
+    tls, ca_file = self_signed(tmp_path) if starttls else (None, "")
+    smtpd = Controller(
+        inbox, hostname="127.0.0.1", port=port, tls_context=tls, require_starttls=starttls
+    )
+    smtpd.start()
+    try:
+        gw = make_gateway(
+            gw_env,
+            gw_config(
+                smtp_host="127.0.0.1",
+                smtp_port=port,
+                smtp_starttls=starttls,
+                smtp_ca_file=ca_file,
+                smtp_from="alerts@candlewire.test",
+            ),
+        )
+        user = new_user()
+        gw.directory.set_user(user, email=f"{user}@example.test")
+        event = user_event(
+            user,
+            ev.CRITICAL,
+            [(ev.EMAIL, False)],
+            payload={"ticker": "SIM:BTC/USDT", "side": "buy", "qty": "0.5"},
+        )
+        ack = Container(gw_env.connect("critical_events")).send(event)
+        assert ack.status == ev.DELIVERED, ack.error_message
+        assert len(inbox.mail) == 1
+        over_tls, rcpt, mail = inbox.mail[0]
+        assert over_tls is starttls
+        assert rcpt == [f"{user}@example.test"]
+        assert mail["Subject"] == "Order filled: SIM:BTC/USDT"
+        assert mail["From"] == "alerts@candlewire.test"
+        assert mail["X-Candlewire-Event"] == event.event_id
+        body = mail.get_content()
+        assert "side: buy" in body and "qty: 0.5" in body and event.event_id in body
+    finally:
+        smtpd.stop()
+
+
+def test_starttls_refuses_an_untrusted_certificate(gw_env, make_gateway, tmp_path) -> None:
+    inbox, port = Inbox(), free_port()
+    tls, _ = self_signed(tmp_path)
+    smtpd = Controller(
+        inbox, hostname="127.0.0.1", port=port, tls_context=tls, require_starttls=True
+    )
+    smtpd.start()
+    try:
+        gw = make_gateway(gw_env, gw_config(smtp_host="127.0.0.1", smtp_port=port))
+        user = new_user()
+        gw.directory.set_user(user, email=f"{user}@example.test")
+        ack = Container(gw_env.connect("critical_events")).send(
+            user_event(user, ev.CRITICAL, [(ev.EMAIL, False)])
+        )
+        # Not delivered in the clear: queued for a retry, and nothing reached the server.
+        assert ack.status == ev.QUEUED
+        assert "EMAIL" in ack.error_message
+        assert inbox.mail == []
+    finally:
+        smtpd.stop()
+
+
+def test_web_push_is_signed_and_encrypted_for_the_subscription(gw_env, make_gateway) -> None:
+    vapid = Vapid()
+    vapid.generate_keys()
+    public = b64url(
+        vapid.public_key.public_bytes(
+            serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+        )
+    )
+    push = PushStandIn(public)
+    try:
+        gw = make_gateway(
+            gw_env,
+            gw_config(
+                vapid_private_key=vapid.private_pem().decode(),
+                vapid_subject="mailto:ops@candlewire.test",
+            ),
+        )
+        user, gone = new_user(), new_user()
+        gw.directory.set_user(user, push_subscription=push.subscription("phone"))
+        gw.directory.set_user(gone, push_subscription=push.subscription("old-phone"))
+        push.gone.add("old-phone")
+        dealer = Container(gw_env.connect("critical_events"))
+        event = user_event(
+            user, ev.CRITICAL, [(ev.PUSH, False)], payload={"ticker": "SIM:ETH/USDT"}
+        )
+        ack = dealer.send(event)
+        assert ack.status == ev.DELIVERED, (ack.error_message, push.rejected)
+        assert push.rejected == []
+        [got] = push.received
+        assert got["subscription"] == "phone"
+        assert got["title"] == "Order filled: SIM:ETH/USDT"
+        assert got["event_id"] == event.event_id
+        expired = dealer.send(user_event(gone, ev.CRITICAL, [(ev.PUSH, False)]))
+        assert expired.status == ev.ERROR
+        assert "expired" in expired.error_message
+    finally:
+        push.close()

@@ -1,0 +1,110 @@
+"""METADATA_UPDATE: the gateway reloads symbols from Iceberg, and charts and event texts use them.
+
+The notification travels the real way: a stream-processor PUB, the relay's XSUB → XPUB, the
+gateway's SUB. Candles for a chart come the same way.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import uuid
+from decimal import Decimal
+
+import pyarrow as pa
+
+from candlewire.lake import NAMESPACE, catalog
+from candlewire.topics import market_data_topic, metadata_update_topic, ohlc_type
+from proto import events_pb2 as ev
+from proto import market_pb2
+from tests.gateway.conftest import gw_config, new_user, next_of, sign_in, user_event
+from tests.support import FakePublisher, wait_for
+
+
+def list_symbols(settings, exchange: str, pairs: list[tuple[str, str, str]]) -> None:
+    """What the stream job's metadata MERGE leaves in Iceberg, written with pyiceberg."""
+    table = catalog(settings).load_table(f"{NAMESPACE}.symbol_metadata")
+    now = dt.datetime.now(dt.UTC)
+    rows = [
+        {
+            "ticker": f"{exchange}:{base}/{quote}",
+            "exchange": exchange,
+            "base": base,
+            "quote": quote,
+            "exchange_symbol": f"{base}{quote}",
+            "tick_size": Decimal(tick),
+            "lot_size": Decimal("0.001"),
+            "min_notional": Decimal("10"),
+            "status": "TRADING",
+            "update_time": now,
+        }
+        for base, quote, tick in pairs
+    ]
+    table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()))
+
+
+def publish_until(pub: FakePublisher, topic: str, msg, done, timeout: float = 10.0) -> None:
+    """Publish until the subscriber has it: a new subscription takes a moment to propagate."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"nothing arrived on {topic}"
+        pub.publish(topic, msg)
+        time.sleep(0.1)
+
+
+def chart(ws, ticker: str, period: int) -> None:
+    ws.send(json.dumps({"op": "chart", "ticker": ticker, "period": period}))
+
+
+def maybe_next(ws, kind: str) -> dict | None:
+    try:
+        return next_of(ws, kind, timeout=0.2)
+    except TimeoutError:
+        return None
+
+
+def test_metadata_update_reloads_symbols_used_by_charts_and_events(
+    gw_env, market, make_gateway, make_publisher
+) -> None:
+    exchange = f"GW{uuid.uuid4().hex[:6].upper()}"
+    gw = make_gateway(gw_env, gw_config())
+    events = make_publisher(gw_env)
+    user = new_user()
+    ws = sign_in(gw_env, user)
+    chart(ws, f"{exchange}:NOPE/USD", 60)
+    assert next_of(ws, "chart")["ticker"] == f"{exchange}:NOPE/USD"  # exchange not listed yet
+
+    list_symbols(gw_env, exchange, [("FOO", "USD", "0.01")])
+    loads = gw.symbols.loads
+    note = market_pb2.SymbolMetadataUpdated(exchange=exchange, symbol_count=1, added=1)
+    publish_until(market, metadata_update_topic(), note, lambda: gw.symbols.loads > loads)
+    assert gw.symbols.get(f"{exchange}:FOO/USD").tick_size == Decimal("0.01")
+
+    chart(ws, f"{exchange}:NOPE/USD", 60)
+    assert next_of(ws, "error")["message"] == f"{exchange}:NOPE/USD is not listed on {exchange}"
+    chart(ws, f"{exchange}:FOO/USD", 7)
+    assert "period 7" in next_of(ws, "error")["message"]
+
+    ticker = f"{exchange}:FOO/USD"
+    chart(ws, f"{ticker}", 60)
+    assert next_of(ws, "chart")["ticker"] == ticker
+    candle = market_pb2.OHLC(
+        ticker=ticker, period_s=60, open_time_ms=1_700_000_040_000, open="1", high="3", low="1"
+    )
+    candle.close, candle.volume = "2", "5"
+    got: list[dict] = []
+    publish_until(
+        market,
+        market_data_topic(ticker, ohlc_type(60)),
+        candle,
+        lambda: got.extend(m for m in [maybe_next(ws, "candle")] if m) or got,
+    )
+    assert (got[0]["c"], got[0]["t"], got[0]["period"]) == ("2", 1_700_000_040_000, 60)
+
+    wait_for(lambda: events.watched(user))
+    events.publish(
+        user_event(user, ev.INFORMATIONAL, payload={"ticker": ticker, "price": "101.23456"})
+    )
+    assert "price: 101.23\n" in next_of(ws, "event")["text"]
+    ws.close()
