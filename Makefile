@@ -59,6 +59,7 @@ bench: install
 	$(PY) -m bench.history
 	$(PY) -m bench.subscribe
 	$(PY) -m bench.backfill
+	$(PY) -m bench.events
 
 lint: install
 	$(VENV)/bin/ruff check .

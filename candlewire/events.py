@@ -206,7 +206,10 @@ class EventPublisher:
                 self.pending[event.event_id] = Pending(event, time.monotonic(), 0)
         with self._lock:
             self._outbox.append((route, event))
-        self._wake.send(b"", zmq.NOBLOCK)
+        # A full wake pipe means a wake-up is already pending; the I/O thread takes the
+        # whole outbox each time it wakes.
+        with contextlib.suppress(zmq.Again):
+            self._wake.send(b"", zmq.NOBLOCK)
         return route
 
     def unacked(self) -> int:

@@ -172,3 +172,24 @@ time.sleep(60)
     # Acked events stay acked: a restart resends nothing.
     with publisher(settings, [endpoints[0]], tmp_path):
         assert a.take(1.0) is None
+
+
+def test_publishing_faster_than_the_io_thread_never_raises(ctx, settings, tmp_path) -> None:
+    """A burst fills the inproc wake pipe; publish() must not fail on it (it once raised
+    zmq.Again), and every event still goes out."""
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RCVHWM, 0)
+    sub.subscribe(user_topic("burst"))
+    sub.connect(settings.connect("user_events"))
+    with publisher(settings, [f"tcp://127.0.0.1:{free_port()}"], tmp_path) as pub:
+        wait_for(lambda: pub.watched("burst"))
+        n = 30_000
+        routes = {pub.publish(event("burst", ev.INFORMATIONAL)) for _ in range(n)}
+        assert routes == {Route.XPUB}
+        got = 0
+        while got < n and sub.poll(5000):
+            decode_sub(sub.recv_multipart())
+            got += 1
+        assert got == n
+    sub.close()

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +19,7 @@ from gateway import Gateway, GatewaySettings, issue_token
 from proto import events_pb2 as ev
 from relay import Relay
 from tests.gateway.standins import TelegramStandIn
-from tests.support import FakePublisher, free_port
+from tests.support import FakePublisher, free_port, wait_for
 
 SECRET = "test-secret-0123456789"
 BOT_TOKEN = "123456:TEST-token"
@@ -128,3 +132,30 @@ def next_of(ws: ClientConnection, kind: str, timeout: float = 10.0) -> dict:
         msg = json.loads(ws.recv(timeout=max(0.01, deadline - time.monotonic())))
         if msg["type"] == kind:
             return msg
+
+
+def spawn_gateway(
+    settings: Settings, telegram_url: str, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """``candlewire gateway`` as a process of its own, up when its metrics say so."""
+    env = os.environ | settings.to_env()
+    env |= {
+        "CANDLEWIRE_GATEWAY_SECRET": SECRET,
+        "CANDLEWIRE_GATEWAY_TELEGRAM_TOKEN": BOT_TOKEN,
+        "CANDLEWIRE_GATEWAY_TELEGRAM_API": telegram_url,
+    } | (extra_env or {})
+    log = (settings.state_dir / f"gateway-{settings.port('critical_events')}.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "candlewire.cli", "gateway"], env=env, stdout=log, stderr=log
+    )
+    url = f"http://127.0.0.1:{settings.port('gateway_metrics')}/metrics"
+    wait_for(lambda: b"candlewire_gateway_up 1.0" in get(url), timeout=60)
+    return proc
+
+
+def get(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.read()
+    except OSError:
+        return b""

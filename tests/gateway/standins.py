@@ -31,6 +31,9 @@ class _Server:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the real services offer
+            disable_nagle_algorithm = True
+
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 status, headers, reply = owner.handle(self.path, self.headers, body)
@@ -91,7 +94,10 @@ class TelegramStandIn(_Server):
                     "parameters": {"retry_after": self._retry_after},
                 }
                 return 429, ctype, json.dumps(reply).encode()
-            msg = json.loads(body)
+            try:
+                msg = json.loads(body)
+            except ValueError:
+                msg = {}
             if not msg.get("chat_id") or not msg.get("text"):
                 return 400, ctype, b'{"ok":false,"error_code":400,"description":"Bad Request"}'
             self.messages.append(msg)

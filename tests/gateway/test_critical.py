@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections import Counter
 
 import pytest
@@ -17,7 +13,7 @@ import zmq
 from candlewire.config import Settings
 from proto import events_pb2 as ev
 from proto.envelope import decode, encode, expect
-from tests.gateway.conftest import BOT_TOKEN, SECRET, gw_config, new_user, user_event
+from tests.gateway.conftest import get, gw_config, new_user, spawn_gateway, user_event
 from tests.support import free_port, wait_for
 
 TELEGRAM_ONLY = [(ev.TELEGRAM, False)]
@@ -144,34 +140,8 @@ def dropped(gw) -> float:
 # -- real processes: kill -9 with events in flight, two gateways ---------------------------
 
 
-def spawn_gateway(settings: Settings, telegram_url: str) -> subprocess.Popen:
-    env = os.environ | settings.to_env()
-    env |= {
-        "CANDLEWIRE_GATEWAY_SECRET": SECRET,
-        "CANDLEWIRE_GATEWAY_TELEGRAM_TOKEN": BOT_TOKEN,
-        "CANDLEWIRE_GATEWAY_TELEGRAM_API": telegram_url,
-        # One delivery at a time: the kill can cut short at most one channel call.
-        "CANDLEWIRE_GATEWAY_MAX_INFLIGHT": "1",
-    }
-    log = (settings.state_dir / f"gateway-{settings.port('critical_events')}.log").open("ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "candlewire.cli", "gateway"], env=env, stdout=log, stderr=log
-    )
-    url = f"http://127.0.0.1:{settings.port('gateway_metrics')}/metrics"
-    wait_for(lambda: b"candlewire_gateway_up 1.0" in _get(url), timeout=60)
-    return proc
-
-
-def _get(url: str) -> bytes:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.read()
-    except OSError:
-        return b""
-
-
 def delivered_by(settings: Settings) -> float:
-    body = _get(f"http://127.0.0.1:{settings.port('gateway_metrics')}/metrics").decode()
+    body = get(f"http://127.0.0.1:{settings.port('gateway_metrics')}/metrics").decode()
     m = re.search(r'candlewire_gateway_critical_total\{result="delivered"\} (\S+)', body)
     return float(m.group(1)) if m else 0.0
 
@@ -186,7 +156,9 @@ def test_kill_9_of_a_gateway_with_events_in_flight_loses_none_and_duplicates_non
             | {n: free_port() for n in ("critical_events", "gateway_http", "gateway_metrics")}
         }
     )
-    procs = [spawn_gateway(a, telegram.url), spawn_gateway(b, telegram.url)]
+    # One delivery at a time: the kill can cut short at most one channel call.
+    one = {"CANDLEWIRE_GATEWAY_MAX_INFLIGHT": "1"}
+    procs = [spawn_gateway(a, telegram.url, one), spawn_gateway(b, telegram.url, one)]
     try:
         pub = make_publisher(
             gw_env,
@@ -207,7 +179,7 @@ def test_kill_9_of_a_gateway_with_events_in_flight_loses_none_and_duplicates_non
                 procs[0].send_signal(signal.SIGKILL)  # events are in flight to it
                 procs[0].wait()
             if i == 220:
-                procs[0] = spawn_gateway(a, telegram.url)
+                procs[0] = spawn_gateway(a, telegram.url, one)
             event = user_event(user, ev.CRITICAL, TELEGRAM_ONLY, payload={"n": i})
             pub.publish(event)
             sent.append(event.event_id)
