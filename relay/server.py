@@ -51,6 +51,7 @@ _REJECT_FOR_ENVELOPE: dict[type[EnvelopeError], int] = {
 # Ingestors reconnect to a restarted relay within about a second; only a ticker left
 # unserved for longer is reported.
 UNSERVED_AFTER_S = 2.0
+STEER_TIMEOUT_MS = 2_000  # how long stop() waits for the proxy to take TERMINATE
 
 
 class Relay:
@@ -82,6 +83,7 @@ class Relay:
         self._watched = Demand(grace_s=None)
         self._unserved: dict[str, float] = {}  # ticker -> when next to report it
         self._steer = self._ctx.socket(zmq.PAIR)
+        self._steer.setsockopt(zmq.SNDTIMEO, STEER_TIMEOUT_MS)
         steer_addr = f"inproc://relay-steer-{id(self)}"
         self._steer.bind(steer_addr)
         proxy_steer = self._ctx.socket(zmq.PAIR)
@@ -123,7 +125,16 @@ class Relay:
         if self._stop.is_set():
             return
         self._stop.set()
-        self._steer.send(b"TERMINATE")
+        try:
+            self._steer.send(b"TERMINATE")
+        except zmq.Again:
+            # The proxy is stuck inside libzmq: leave its sockets to the process exit rather
+            # than hang here or close them under a running proxy.
+            log.error("relay proxy did not take TERMINATE within %.1fs", STEER_TIMEOUT_MS / 1e3)
+            for t in self._threads[1:]:
+                t.join(timeout)
+            self.metrics.up.set(0)
+            return
         for t in self._threads:
             t.join(timeout)
         self._close_all()

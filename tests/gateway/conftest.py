@@ -11,11 +11,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from websockets.sync.client import ClientConnection, connect
 
 from candlewire.config import Settings
 from candlewire.events import EventPublisher
+from candlewire.lake import sql_url
 from gateway import Gateway, GatewaySettings, issue_token
+from gateway.directory import Directory, retries
 from proto import events_pb2 as ev
 from relay import Relay
 from tests.gateway.standins import TelegramStandIn
@@ -38,8 +41,20 @@ def gateway_settings(lakehouse: Settings, state_dir: Path) -> Settings:
 
 
 @pytest.fixture
-def gw_env(lakehouse: Settings, tmp_path: Path) -> Settings:
-    return gateway_settings(lakehouse, tmp_path)
+def gw_env(lakehouse: Settings, tmp_path: Path) -> Iterator[Settings]:
+    settings = gateway_settings(lakehouse, tmp_path)
+    forget_queued(settings)
+    yield settings
+    forget_queued(settings)
+
+
+def forget_queued(settings: Settings) -> None:
+    """Gateways share queued retries through PostgreSQL; one test's must not reach the next
+    test's stand-ins."""
+    directory = Directory(sql_url(settings)).create()
+    with directory.engine.begin() as db:
+        db.execute(sa.delete(retries))
+    directory.close()
 
 
 @pytest.fixture
