@@ -26,17 +26,20 @@ class KafkaSink:
         # Delivery reports for failures only: a Python callback per record would cost more
         # than the produce call itself, and success needs no action from us.
         config = producer_config(settings, **overrides)
-        config.setdefault("delivery.report.only.error", True)
-        config.setdefault("on_delivery", self._on_delivery)
-        self._producer = Producer(config)
-        self._lock = threading.Lock()
-        self.failed: list[str] = []
-        self._sent = 0
+        failed: list[str] = []
+        lock = threading.Lock()
 
-    def _on_delivery(self, err: KafkaError | None, _msg: object) -> None:
-        if err is not None:
-            with self._lock:
-                self.failed.append(str(err))
+        def on_delivery(err: KafkaError | None, _msg: object) -> None:
+            # A closure, not a bound method: the producer must not keep this sink alive.
+            if err is not None:
+                with lock:
+                    failed.append(str(err))
+
+        config.setdefault("delivery.report.only.error", True)
+        config.setdefault("on_delivery", on_delivery)
+        self._producer = Producer(config)
+        self.failed = failed
+        self._sent = 0
 
     def send(self, topic: str, key: str, msg: Message) -> None:
         value, key_bytes = to_record(msg), key.encode()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 
 from candlewire.kafka import TICKS
@@ -20,3 +22,6 @@ def test_undeliverable_records_fail_the_flush(settings) -> None:
         )
     with pytest.raises(SinkError, match=r"3 records failed: .*timed out"):
         sink.flush(10)
+    ref = weakref.ref(sink)
+    del sink
+    assert ref() is None  # nothing keeps the producer (and its reconnect attempts) alive
