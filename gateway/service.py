@@ -24,6 +24,8 @@ import contextlib
 import json
 import logging
 import threading
+import time
+from decimal import Decimal
 from http import HTTPStatus
 from importlib import resources
 from typing import Any
@@ -36,6 +38,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from candlewire.config import Settings
+from candlewire.history import read_history
 from candlewire.lake import sql_url
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import (
@@ -65,6 +68,7 @@ from proto.envelope import EnvelopeError, decode, decode_sub, encode, expect
 log = logging.getLogger("candlewire.gateway")
 
 PURGE_EVERY_S = 60.0
+SEED_CANDLES = 90  # what the page draws
 
 
 def build_channels(gw: GatewaySettings, sessions: Sessions) -> dict[int, Channel]:
@@ -293,6 +297,7 @@ class Gateway:
             if problem is not None:
                 return {"type": "error", "message": problem}
             self._chart(session, market_data_topic(ticker, ohlc_type(period)))
+            asyncio.get_running_loop().create_task(self._seed_chart(session, ticker, period))
             return {"type": "chart", "ticker": ticker, "period": period}
         if op == "unchart":
             self._chart(session, None)
@@ -313,6 +318,23 @@ class Gateway:
         if topic is not None:
             _acquire(self._errors, _error_topic(topic), self._market.subscribe)
             _acquire(self._charts, topic, self._market.subscribe)
+
+    async def _seed_chart(self, session: Session, ticker: str, period: int) -> None:
+        """The chart's recent past from the Iceberg ``ohlc`` table, so it does not start
+        empty. Marked ``seed``: the page never lets one replace a live update."""
+        topic, now = session.chart, int(time.time() * 1000)
+        start = now - period * 1000 * SEED_CANDLES
+        try:
+            rows = await asyncio.to_thread(
+                read_history, self.settings, ticker, period, start, now + period * 1000
+            )
+        except Exception as exc:  # no table yet, catalog away: live updates still flow
+            log.warning("no history to seed a chart of %s: %s", ticker, exc)
+            return
+        if session.chart != topic or session.closed:
+            return  # the session moved on meanwhile
+        for row in rows.to_pylist():
+            session.offer(_seed_candle(row))
 
     def _watch_user(self, user_id: str) -> None:
         self._events.subscribe(user_topic(user_id))
@@ -457,6 +479,27 @@ def _release(counts: dict[str, int], topic: str, unsubscribe: Any) -> None:
     if counts[topic] <= 0:
         del counts[topic]
         unsubscribe(topic)
+
+
+def _plain(value: Decimal) -> str:
+    """Iceberg's decimal(38, 18) without its trailing zeros or an exponent."""
+    return format(value.normalize(), "f")
+
+
+def _seed_candle(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "candle",
+        "seed": True,
+        "ticker": row["ticker"],
+        "period": row["period_s"],
+        "t": int(row["open_time"].timestamp() * 1000),
+        "o": _plain(row["open"]),
+        "h": _plain(row["high"]),
+        "l": _plain(row["low"]),
+        "c": _plain(row["close"]),
+        "v": _plain(row["volume"]),
+        "closed": row["open_time"].timestamp() + row["period_s"] <= time.time(),
+    }
 
 
 def _candle(c: market_pb2.OHLC) -> dict[str, Any]:

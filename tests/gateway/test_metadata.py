@@ -53,6 +53,28 @@ def publish_until(pub: FakePublisher, topic: str, msg, done, timeout: float = 10
         time.sleep(0.1)
 
 
+def write_candles(settings, ticker: str, opens_s: list[int]) -> None:
+    table = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
+    rows = [
+        {
+            "ticker": ticker,
+            "period_s": 60,
+            "open_time": dt.datetime.fromtimestamp(t, dt.UTC),
+            "open": Decimal("100"),
+            "high": Decimal("101"),
+            "low": Decimal("99"),
+            "close": Decimal("100.50"),
+            "volume": Decimal("2"),
+            "trade_count": 3,
+            "closed": True,
+            "source": "live",
+            "update_time": dt.datetime.now(dt.UTC),
+        }
+        for t in opens_s
+    ]
+    table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()))
+
+
 def chart(ws, ticker: str, period: int) -> None:
     ws.send(json.dumps({"op": "chart", "ticker": ticker, "period": period}))
 
@@ -87,8 +109,15 @@ def test_metadata_update_reloads_symbols_used_by_charts_and_events(
     assert "period 7" in next_of(ws, "error")["message"]
 
     ticker = f"{exchange}:FOO/USD"
+    minute = int(time.time()) // 60 * 60
+    write_candles(gw_env, ticker, [minute - 120, minute - 60])  # the chart's recent past
     chart(ws, f"{ticker}", 60)
     assert next_of(ws, "chart")["ticker"] == ticker
+    seeded = [next_of(ws, "candle"), next_of(ws, "candle")]
+    assert [(c["seed"], c["t"], c["c"]) for c in seeded] == [
+        (True, (minute - 120) * 1000, "100.5"),
+        (True, (minute - 60) * 1000, "100.5"),
+    ]
     candle = market_pb2.OHLC(
         ticker=ticker, period_s=60, open_time_ms=1_700_000_040_000, open="1", high="3", low="1"
     )
