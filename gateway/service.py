@@ -113,8 +113,6 @@ class Gateway:
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
-        self._charts: dict[str, int] = {}  # market-data topic -> sessions drawing it
-        self._errors: dict[str, int] = {}  # ticker -> sessions drawing it
         self.sessions = Sessions(
             self.gw.session_queue,
             self.gw.max_sessions_per_user,
@@ -308,16 +306,18 @@ class Gateway:
         return {"type": "error", "message": "unknown command; use chart, unchart or ping"}
 
     def _chart(self, session: Session, topic: str | None) -> None:
-        """Point a session's chart at a topic, refcounting the relay subscriptions."""
+        """Point a session's chart at a topic. libzmq counts a SUB's duplicate subscriptions
+        and tells the relay only of the first and the last, so each session simply
+        subscribes and unsubscribes its own."""
         if session.chart == topic:
             return
         if session.chart is not None:
-            _release(self._charts, session.chart, self._market.unsubscribe)
-            _release(self._errors, _error_topic(session.chart), self._market.unsubscribe)
+            self._market.unsubscribe(session.chart)
+            self._market.unsubscribe(_error_topic(session.chart))
         session.chart = topic
         if topic is not None:
-            _acquire(self._errors, _error_topic(topic), self._market.subscribe)
-            _acquire(self._charts, topic, self._market.subscribe)
+            self._market.subscribe(_error_topic(topic))
+            self._market.subscribe(topic)
 
     async def _seed_chart(self, session: Session, ticker: str, period: int) -> None:
         """The chart's recent past from the Iceberg ``ohlc`` table, so it does not start
@@ -466,19 +466,6 @@ def _typed(response: Response, content_type: str) -> Response:
 
 def _error_topic(chart_topic: str) -> str:
     return subscription_error_topic(chart_topic.split("|", 1)[0])
-
-
-def _acquire(counts: dict[str, int], topic: str, subscribe: Any) -> None:
-    counts[topic] = counts.get(topic, 0) + 1
-    if counts[topic] == 1:
-        subscribe(topic)
-
-
-def _release(counts: dict[str, int], topic: str, unsubscribe: Any) -> None:
-    counts[topic] -= 1
-    if counts[topic] <= 0:
-        del counts[topic]
-        unsubscribe(topic)
 
 
 def _plain(value: Decimal) -> str:

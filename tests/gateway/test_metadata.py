@@ -137,3 +137,25 @@ def test_metadata_update_reloads_symbols_used_by_charts_and_events(
     )
     assert "price: 101.23\n" in next_of(ws, "event")["text"]
     ws.close()
+
+
+def test_a_chart_keeps_flowing_while_another_session_on_it_leaves(
+    gw_env, market, make_gateway
+) -> None:
+    make_gateway(gw_env, gw_config())
+    ticker = f"GW{uuid.uuid4().hex[:6].upper()}:BAR/USD"
+    staying, leaving = sign_in(gw_env, new_user()), sign_in(gw_env, new_user())
+    for ws in (staying, leaving):
+        chart(ws, ticker, 60)
+        assert next_of(ws, "chart")["ticker"] == ticker
+    candle = market_pb2.OHLC(ticker=ticker, period_s=60, open_time_ms=1_700_000_040_000)
+    topic = market_data_topic(ticker, ohlc_type(60))
+    publish_until(market, topic, candle, lambda: maybe_next(leaving, "candle"))
+    leaving.send(json.dumps({"op": "unchart"}))
+    assert next_of(leaving, "chart")["ticker"] is None
+    leaving.close()
+    time.sleep(0.5)  # an unsubscribe, had one been sent, reaches the relay
+    while maybe_next(staying, "candle"):
+        pass  # what came before the other left
+    publish_until(market, topic, candle, lambda: maybe_next(staying, "candle"))
+    staying.close()
