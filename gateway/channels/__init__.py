@@ -34,6 +34,12 @@ class Result:
 DELIVERED = Result(Outcome.DELIVERED)
 
 
+def unreachable(service: str, exc: BaseException, retry_after_s: float) -> Result:
+    """A transport failure, retried later. It names the exception's type only: messages of
+    HTTP and SMTP errors may carry the URL or server reply, and a URL may hold a token."""
+    return Result(Outcome.RETRY, f"{service} unreachable ({type(exc).__name__})", retry_after_s)
+
+
 class Channel(Protocol):
     kind: ev.ChannelType.ValueType
 

@@ -10,7 +10,7 @@ from email.message import EmailMessage
 
 import aiosmtplib
 
-from gateway.channels import DELIVERED, Outcome, Result
+from gateway.channels import DELIVERED, Outcome, Result, unreachable
 from gateway.directory import UserAddress
 from gateway.symbols import Rendered
 from proto import events_pb2 as ev
@@ -65,9 +65,7 @@ class EmailChannel:
                 return Result(Outcome.RETRY, f"smtp {exc.code}", TRANSIENT_RETRY_S)
             return Result(Outcome.FAILED, f"smtp {exc.code}: {exc.message[:200]}")
         except (aiosmtplib.SMTPException, OSError) as exc:
-            return Result(
-                Outcome.RETRY, f"smtp unreachable ({type(exc).__name__})", TRANSIENT_RETRY_S
-            )
+            return unreachable("smtp", exc, TRANSIENT_RETRY_S)
         return DELIVERED
 
     async def close(self) -> None:

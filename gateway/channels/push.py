@@ -13,7 +13,7 @@ import aiohttp
 from py_vapid import Vapid
 from pywebpush import WebPushException, webpush_async
 
-from gateway.channels import DELIVERED, Outcome, Result
+from gateway.channels import DELIVERED, Outcome, Result, unreachable
 from gateway.directory import UserAddress
 from gateway.symbols import Rendered
 from proto import events_pb2 as ev
@@ -69,9 +69,7 @@ class PushChannel:
                 return Result(Outcome.FAILED, "push subscription expired")
             return Result(Outcome.FAILED, f"push service {status}")
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return Result(
-                Outcome.RETRY, f"push service unreachable ({type(exc).__name__})", TRANSIENT_RETRY_S
-            )
+            return unreachable("push service", exc, TRANSIENT_RETRY_S)
         return DELIVERED
 
     async def close(self) -> None:

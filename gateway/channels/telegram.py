@@ -10,7 +10,7 @@ import logging
 
 import httpx
 
-from gateway.channels import DELIVERED, Outcome, Result
+from gateway.channels import DELIVERED, Outcome, Result, unreachable
 from gateway.directory import UserAddress
 from gateway.symbols import Rendered
 from proto import events_pb2 as ev
@@ -37,9 +37,7 @@ class TelegramChannel:
         try:
             resp = await self._http.post(f"/bot{self._token}/sendMessage", json=body)
         except httpx.HTTPError as exc:
-            return Result(
-                Outcome.RETRY, f"telegram unreachable ({type(exc).__name__})", TRANSIENT_RETRY_S
-            )
+            return unreachable("telegram", exc, TRANSIENT_RETRY_S)
         try:
             data = resp.json()
         except ValueError:
