@@ -349,9 +349,8 @@ class Gateway:
             session.user_id,
             self.gw.session_queue,
         )
+        # Closing ends the session's read loop, whose cleanup releases its chart and recounts.
         asyncio.get_running_loop().create_task(session.ws.close(SLOW_CLOSE_CODE, "too slow"))
-        self._chart(session, None)
-        self._count_sessions()
 
     def _count_sessions(self) -> None:
         self.metrics.sessions.set(len(self.sessions.all()))
