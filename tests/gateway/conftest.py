@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+import zmq
 from websockets.sync.client import ClientConnection, connect
 
 from candlewire.config import Settings
@@ -20,6 +21,7 @@ from candlewire.lake import sql_url
 from gateway import Gateway, GatewaySettings, issue_token
 from gateway.directory import Directory, retries
 from proto import events_pb2 as ev
+from proto.envelope import decode, encode, expect
 from relay import Relay
 from tests.gateway.standins import TelegramStandIn
 from tests.support import FakePublisher, free_port, wait_for
@@ -174,3 +176,36 @@ def get(url: str) -> bytes:
             return r.read()
     except OSError:
         return b""
+
+
+class Container:
+    """A user container's DEALER, sending events by hand to see each ack."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def send(self, event: ev.UserEvent, timeout: float = 10.0) -> ev.EventAck:
+        self.sock.send_multipart([b"", *encode(event)])
+        assert self.sock.poll(int(timeout * 1000)), "no ack"
+        frames = self.sock.recv_multipart()
+        return expect(decode(frames[1:]), ev.EventAck)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+
+
+@pytest.fixture
+def container():
+    made: list[Container] = []
+
+    def make(settings: Settings) -> Container:
+        made.append(Container(settings.connect("critical_events")))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()

@@ -19,7 +19,6 @@ from py_vapid import Vapid
 from proto import events_pb2 as ev
 from tests.gateway.conftest import gw_config, new_user, user_event
 from tests.gateway.standins import PushStandIn, b64url
-from tests.gateway.test_critical import Container
 from tests.support import free_port
 
 
@@ -69,7 +68,9 @@ def self_signed(tmp_path) -> tuple[ssl.SSLContext, str]:
 
 
 @pytest.mark.parametrize("starttls", [False, True])
-def test_email_reaches_a_real_smtp_server(gw_env, make_gateway, tmp_path, starttls) -> None:
+def test_email_reaches_a_real_smtp_server(
+    gw_env, make_gateway, container, tmp_path, starttls
+) -> None:
     inbox, port = Inbox(), free_port()
     tls, ca_file = self_signed(tmp_path) if starttls else (None, "")
     smtpd = Controller(
@@ -95,7 +96,7 @@ def test_email_reaches_a_real_smtp_server(gw_env, make_gateway, tmp_path, startt
             [(ev.EMAIL, False)],
             payload={"ticker": "SIM:BTC/USDT", "side": "buy", "qty": "0.5"},
         )
-        ack = Container(gw_env.connect("critical_events")).send(event)
+        ack = container(gw_env).send(event)
         assert ack.status == ev.DELIVERED, ack.error_message
         assert len(inbox.mail) == 1
         over_tls, rcpt, mail = inbox.mail[0]
@@ -110,7 +111,9 @@ def test_email_reaches_a_real_smtp_server(gw_env, make_gateway, tmp_path, startt
         smtpd.stop()
 
 
-def test_starttls_refuses_an_untrusted_certificate(gw_env, make_gateway, tmp_path) -> None:
+def test_starttls_refuses_an_untrusted_certificate(
+    gw_env, make_gateway, container, tmp_path
+) -> None:
     inbox, port = Inbox(), free_port()
     tls, _ = self_signed(tmp_path)
     smtpd = Controller(
@@ -121,9 +124,7 @@ def test_starttls_refuses_an_untrusted_certificate(gw_env, make_gateway, tmp_pat
         gw = make_gateway(gw_env, gw_config(smtp_host="127.0.0.1", smtp_port=port))
         user = new_user()
         gw.directory.set_user(user, email=f"{user}@example.test")
-        ack = Container(gw_env.connect("critical_events")).send(
-            user_event(user, ev.CRITICAL, [(ev.EMAIL, False)])
-        )
+        ack = container(gw_env).send(user_event(user, ev.CRITICAL, [(ev.EMAIL, False)]))
         # Not delivered in the clear: queued for a retry, and nothing reached the server.
         assert ack.status == ev.QUEUED
         assert "EMAIL" in ack.error_message
@@ -132,7 +133,9 @@ def test_starttls_refuses_an_untrusted_certificate(gw_env, make_gateway, tmp_pat
         smtpd.stop()
 
 
-def test_web_push_is_signed_and_encrypted_for_the_subscription(gw_env, make_gateway) -> None:
+def test_web_push_is_signed_and_encrypted_for_the_subscription(
+    gw_env, make_gateway, container
+) -> None:
     vapid = Vapid()
     vapid.generate_keys()
     public = b64url(
@@ -153,7 +156,7 @@ def test_web_push_is_signed_and_encrypted_for_the_subscription(gw_env, make_gate
         gw.directory.set_user(user, push_subscription=push.subscription("phone"))
         gw.directory.set_user(gone, push_subscription=push.subscription("old-phone"))
         push.gone.add("old-phone")
-        dealer = Container(gw_env.connect("critical_events"))
+        dealer = container(gw_env)
         event = user_event(
             user, ev.CRITICAL, [(ev.PUSH, False)], payload={"ticker": "SIM:ETH/USDT"}
         )

@@ -7,7 +7,6 @@ import logging
 from gateway import GatewaySettings
 from proto import events_pb2 as ev
 from tests.gateway.conftest import BOT_TOKEN, gw_config, new_user, user_event
-from tests.gateway.test_critical import Container
 from tests.support import free_port
 
 
@@ -25,15 +24,13 @@ def test_secrets_come_from_files_and_never_print(tmp_path, monkeypatch) -> None:
         assert secret not in shown
 
 
-def test_an_unreachable_telegram_leaks_no_token(gw_env, make_gateway, caplog) -> None:
+def test_an_unreachable_telegram_leaks_no_token(gw_env, make_gateway, container, caplog) -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     gw = make_gateway(gw_env, gw_config(telegram_token=BOT_TOKEN, telegram_api=dead))
     user = new_user()
     gw.directory.set_user(user, telegram_chat_id="3")
     with caplog.at_level(logging.DEBUG):
-        ack = Container(gw_env.connect("critical_events")).send(
-            user_event(user, ev.CRITICAL, [(ev.TELEGRAM, False)])
-        )
+        ack = container(gw_env).send(user_event(user, ev.CRITICAL, [(ev.TELEGRAM, False)]))
     assert ack.status == ev.QUEUED
     assert ack.error_message == "TELEGRAM: telegram unreachable (ConnectError)"
     assert BOT_TOKEN not in caplog.text and BOT_TOKEN.split(":")[1] not in ack.error_message

@@ -7,49 +7,12 @@ import signal
 import time
 from collections import Counter
 
-import pytest
-import zmq
-
 from candlewire.config import Settings
 from proto import events_pb2 as ev
-from proto.envelope import decode, encode, expect
 from tests.gateway.conftest import get, gw_config, new_user, spawn_gateway, user_event
 from tests.support import free_port, wait_for
 
 TELEGRAM_ONLY = [(ev.TELEGRAM, False)]
-
-
-class Container:
-    """A user container's DEALER, sending events by hand to see each ack."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-
-    def send(self, event: ev.UserEvent, timeout: float = 10.0) -> ev.EventAck:
-        self.sock.send_multipart([b"", *encode(event)])
-        assert self.sock.poll(int(timeout * 1000)), "no ack"
-        frames = self.sock.recv_multipart()
-        return expect(decode(frames[1:]), ev.EventAck)
-
-    def close(self) -> None:
-        self.sock.close()
-        self.ctx.term()
-
-
-@pytest.fixture
-def container():
-    made: list[Container] = []
-
-    def make(settings: Settings) -> Container:
-        made.append(Container(settings.connect("critical_events")))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.close()
 
 
 def refs(texts: list[str]) -> list[str]:
