@@ -61,6 +61,10 @@ OHLC_SCHEMA = Schema(
         ("closed", BooleanType(), False),
         ("source", StringType(), False),  # "live" (aggregated here) or "history" (exchange)
         ("update_time", TimestamptzType(), False),
+        # Event times of a live candle's first and last trade: a late tick, or the forming
+        # candles restored after a restart, then merge exactly. Empty for history rows.
+        ("first_trade_ns", LongType(), False),
+        ("last_trade_ns", LongType(), False),
     ),
     identifier_field_ids=[1, 2, 3],
 )
@@ -153,13 +157,21 @@ def spark_catalog_conf(settings: Settings) -> dict[str, str]:
 
 
 def ensure_tables(settings: Settings) -> list[str]:
-    """Create the namespace and any missing table; return the names created."""
+    """Create the namespace and any missing table, and add columns a newer release
+    defines to tables an older one made; return the names created."""
     cat = catalog(settings)
     cat.create_namespace_if_not_exists(NAMESPACE)
     created = []
     for name, (schema, spec, order) in TABLES.items():
         ident = f"{NAMESPACE}.{name}"
-        if not cat.table_exists(ident):
+        if cat.table_exists(ident):
+            table = cat.load_table(ident)
+            missing = [f for f in schema.fields if f.name not in table.schema().column_names]
+            if missing:
+                with table.update_schema() as update:
+                    for f in missing:
+                        update.add_column(f.name, f.field_type, f.doc)
+        else:
             cat.create_table(
                 ident,
                 schema,

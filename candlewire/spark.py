@@ -70,6 +70,7 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.sql.shuffle.partitions": "4",
         "spark.scheduler.mode": "FAIR",
         "spark.ui.enabled": str(settings.spark_ui).lower(),
+        "spark.ui.showConsoleProgress": "false",  # progress bars are noise in a service log
         "spark.driver.host": settings.host,
         "spark.driver.bindAddress": settings.bind_host,
         "spark.driver.memory": "2g",

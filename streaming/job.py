@@ -1,14 +1,15 @@
 """``candlewire stream``: Kafka → Iceberg tables and live ZMQ market data, with PySpark.
 
-Four streaming queries, each with its own checkpoint under ``checkpoint_dir``:
+Three streaming queries, each with its own checkpoint under ``checkpoint_dir``:
 
-- **ticks**: append to ``ticks`` and publish each tick on ``{ticker}|tick``. Appends carry
-  the micro-batch id as an Iceberg snapshot property, so a batch replayed after a crash is
-  recognised and skipped: exactly once.
-- **candles**: a stateful 1-minute aggregation (event time, watermark) in update mode; each
-  micro-batch MERGEs the updated minutes into ``ohlc``, recomputes the touched 5m…1d candles
-  from the committed minutes, MERGEs those too, then publishes every updated candle on
-  ``{ticker}|ohlc:{period}``. MERGE of absolute values is idempotent: exactly once.
+- **ticks**: one read and one decode per tick. Each micro-batch publishes every tick on
+  ``{ticker}|tick``, reduces the batch to partial candles for every period (a stateless Spark
+  aggregation), folds them into the forming candles (:mod:`streaming.candles`) and publishes
+  each updated candle on ``{ticker}|ohlc:{period}`` at once; then it appends the ticks to
+  ``ticks`` and MERGEs the updated candles into ``ohlc``. Both commits carry the run and batch
+  id as Iceberg snapshot properties (``ohlc``'s also the watermark), so a batch replayed after
+  a crash skips what is committed, and the forming candles are restored from ``ohlc``:
+  exactly once. Publishing comes first because live subscribers should not wait on commits.
 - **history**: OHLCBatch pages are MERGEd into ``ohlc``; when a request's pages are all in
   (or its error marker arrives), HistoryReady is published, only after the commit.
 - **metadata**: complete snapshots of an exchange's markets are MERGEd into
@@ -27,6 +28,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -39,14 +41,14 @@ from candlewire.spark import build_session, commit_sql
 from candlewire.topics import market_data_topic, metadata_update_topic, ohlc_type, tick_type
 from proto import market_pb2
 from proto import requests_pb2 as rq
+from streaming.candles import Candle, FormingCandles, candle_from_row
 from streaming.decode import TICK_DDL, candles_table, decode_records, decode_ticks
-from streaming.progress import Progress
+from streaming.progress import CandleCommit, Progress
 from streaming.publisher import StreamPublisher
 
 log = logging.getLogger("candlewire.stream")
 DEC = "DECIMAL(38,18)"
-OHLC_COLUMNS = "ticker, period_s, open_time, open, high, low, close, volume, trade_count, closed, source, update_time"
-HIGHER = [p for p in PERIODS_S if p != 60]
+TRADE_TIMES = ("first_trade_ns", "last_trade_ns")  # live candles only
 
 
 class StreamMetrics:
@@ -98,9 +100,10 @@ class StreamingJob:
         self._serve_metrics = metrics
         self._http: MetricsServer | None = None
         self.queries: dict = {}
-        self.watermark_ms = 0
         self.run_id = self._run_id()
         self.committed_ticks = self._last_committed("ticks")
+        self.forming = FormingCandles()
+        self.committed_candles, self.watermark_ms = self._restore_candles()
 
     # -- exactly-once bookkeeping -----------------------------------------------------
 
@@ -125,6 +128,30 @@ class StreamingJob:
         ).collect()
         return max((int(r.b) for r in rows), default=-1)
 
+    def _restore_candles(self) -> tuple[int, int]:
+        """(last batch whose candles are in ``ohlc``, the watermark after it). The forming
+        candles come back from ``ohlc``'s live rows as of that batch's snapshot, so a batch
+        whose MERGE landed but was not recorded is replayed onto the state before it."""
+        last = self.progress.last_candles(self.run_id)
+        if last is None:
+            return -1, 0
+        query = (
+            f"SELECT ticker, period_s, unix_millis(open_time) AS open_ms, open, high, low, "
+            f"close, volume, trade_count, first_trade_ns, last_trade_ns "
+            f"FROM {self.tables['ohlc']} {{version}} WHERE source = 'live' "
+            f"AND first_trade_ns IS NOT NULL AND open_time >= {_ts(last.watermark_ms - 86_400_000)}"
+        )
+        try:
+            rows = self.spark.sql(
+                query.format(version=f"VERSION AS OF {last.snapshot_id}")
+            ).toArrow()
+        except Exception:  # expired by maintenance: the table as it is now is the best left
+            log.warning("ohlc snapshot %d is gone; restoring from the table", last.snapshot_id)
+            rows = self.spark.sql(query.format(version="")).toArrow()
+        self.forming.restore(map(candle_from_row, rows.to_pylist()), last.watermark_ms)
+        log.info("restored %d forming candles as of batch %d", len(self.forming), last.batch)
+        return last.batch, last.watermark_ms
+
     # -- sources -------------------------------------------------------------------------
 
     def _kafka(self, topic: str, max_per_trigger: int = 500_000) -> DataFrame:
@@ -144,27 +171,8 @@ class StreamingJob:
 
     def start(self) -> StreamingJob:
         trigger = {"processingTime": f"{int(self.settings.stream_trigger_s * 1000)} milliseconds"}
-        valid = self._ticks().where("valid")
-        minute = (
-            valid.withColumn("event_time", F.timestamp_micros(F.expr("exchange_time_ns DIV 1000")))
-            .withColumn("price", F.col("price").cast(DEC))
-            .withColumn("size", F.col("size").cast(DEC))
-            .withWatermark(
-                "event_time", f"{int(self.settings.stream_watermark_s * 1000)} milliseconds"
-            )
-            .groupBy("ticker", F.window("event_time", "60 seconds"))
-            .agg(
-                F.min_by("price", "exchange_time_ns").alias("open"),
-                F.max("price").alias("high"),
-                F.min("price").alias("low"),
-                F.max_by("price", "exchange_time_ns").alias("close"),
-                F.sum("size").alias("volume"),
-                F.count(F.lit(1)).alias("trade_count"),
-            )
-        )
         writers = {
             "ticks": self._ticks().writeStream.foreachBatch(self._ticks_batch),
-            "candles": minute.writeStream.outputMode("update").foreachBatch(self._candles_batch),
             "history": self._kafka(OHLC_BATCHES.name, 2000).writeStream.foreachBatch(
                 self._history_batch
             ),
@@ -173,8 +181,8 @@ class StreamingJob:
             ),
         }
         for name, writer in writers.items():
-            # One FAIR pool per query (spark_conf sets FAIR mode): a long candle MERGE no
-            # longer holds up the next ticks batch, which is what live subscribers wait for.
+            # One FAIR pool per query (spark_conf sets FAIR mode): a long history MERGE does
+            # not hold up the next ticks batch, which is what live subscribers wait for.
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", name)
             self.queries[name] = (
                 writer.queryName(f"candlewire-{name}")
@@ -210,69 +218,89 @@ class StreamingJob:
     # -- ticks -----------------------------------------------------------------------------
 
     def _ticks_batch(self, df: DataFrame, batch_id: int) -> None:
-        if batch_id <= self.committed_ticks:
-            return  # committed before a crash: the snapshot property says so
+        if batch_id <= min(self.committed_ticks, self.committed_candles):
+            return  # committed before a crash: the snapshot properties say so
         df = df.persist()
         try:
-            # Spark's watermark: the largest event time of earlier batches minus the delay.
-            # Ticks behind it still land in `ticks`, but no longer change a candle.
-            counts = df.agg(
-                F.sum(F.when(~F.col("valid"), 1).otherwise(0)).alias("bad"),
-                F.sum(
-                    F.when(
-                        F.col("valid")
-                        & (F.col("exchange_time_ns") < F.lit(self.watermark_ms * 1_000_000)),
-                        1,
-                    ).otherwise(0)
-                ).alias("late"),
-                F.sum(F.when(F.col("valid"), 1).otherwise(0)).alias("good"),
-                F.max("exchange_time_ns").alias("max_ns"),
-            ).first()
-            good = df.where("valid")
-            if counts.good:
-                (
-                    good.select(
-                        "ticker",
-                        "trade_id",
-                        F.col("price").cast(DEC).alias("price"),
-                        F.col("size").cast(DEC).alias("size"),
-                        "side",
-                        F.timestamp_micros(F.expr("exchange_time_ns DIV 1000")).alias(
-                            "exchange_time"
-                        ),
-                        F.timestamp_micros(F.expr("ingest_time_ns DIV 1000")).alias("ingest_time"),
-                        "exchange_time_ns",
-                    )
-                    .writeTo(self.tables["ticks"])
-                    .option("snapshot-property.candlewire.query", "ticks")
-                    .option("snapshot-property.candlewire.run", self.run_id)
-                    .option("snapshot-property.candlewire.batch", str(batch_id))
-                    .append()
-                )
-                live = good.select("ticker", "record").toArrow()
-                topics = {
-                    t: market_data_topic(t, tick_type()).encode()
-                    for t in set(live["ticker"].to_pylist())
-                }
-                self.publisher.publish_raw(
-                    list(
-                        zip(
-                            (topics[t] for t in live["ticker"].to_pylist()),
-                            live["record"].to_pylist(),
-                            strict=True,
-                        )
-                    )
-                )
-            self.committed_ticks = batch_id
-            self.metrics.late.inc(counts.late or 0)
-            if counts.max_ns:
-                delay_ms = int(self.settings.stream_watermark_s * 1000)
-                self.watermark_ms = max(self.watermark_ms, counts.max_ns // 1_000_000 - delay_ms)
-            self.metrics.rows.labels("ticks").inc(counts.good or 0)
-            self.metrics.bad.labels(TICKS.name).inc(counts.bad or 0)
-            self.metrics.batches.labels("ticks").inc()
+            self._ticks_and_candles(df, batch_id)
         finally:
             df.unpersist()
+
+    def _ticks_and_candles(self, df: DataFrame, batch_id: int) -> None:
+        # Late ticks (older than the watermark) still land in `ticks`, but change no candle.
+        late_ns = self.watermark_ms * 1_000_000
+        lap = _Laps()
+        counts = df.agg(
+            F.sum(F.when(~F.col("valid"), 1).otherwise(0)).alias("bad"),
+            F.sum(
+                F.when(F.col("valid") & (F.col("exchange_time_ns") < late_ns), 1).otherwise(0)
+            ).alias("late"),
+            F.sum(F.when(F.col("valid"), 1).otherwise(0)).alias("good"),
+            F.max("exchange_time_ns").alias("max_ns"),
+        ).first()
+        self.metrics.bad.labels(TICKS.name).inc(counts.bad or 0)
+        lap("decode")
+        if not counts.good:
+            self.committed_ticks = self.committed_candles = batch_id
+            return
+        good = df.where("valid")
+        live = good.select("ticker", "record").toArrow()
+        topics = {
+            t: market_data_topic(t, tick_type()).encode() for t in set(live["ticker"].to_pylist())
+        }
+        self.publisher.publish_raw(
+            list(
+                zip(
+                    (topics[t] for t in live["ticker"].to_pylist()),
+                    live["record"].to_pylist(),
+                    strict=True,
+                )
+            )
+        )
+        lap("ticks_live")
+        delay_ms = int(self.settings.stream_watermark_s * 1000)
+        watermark = max(self.watermark_ms, (counts.max_ns or 0) // 1_000_000 - delay_ms)
+        updated: list[Candle] = []
+        if batch_id > self.committed_candles:
+            partials = _partial_candles(good.where(F.col("exchange_time_ns") >= late_ns))
+            updated = self.forming.merge(map(candle_from_row, partials.toArrow().to_pylist()))
+            self._publish_candles(updated, watermark)
+            self.metrics.late.inc(counts.late or 0)
+            lap("candles_live")
+        if batch_id > self.committed_ticks:
+            (
+                good.select(
+                    "ticker",
+                    "trade_id",
+                    F.col("price").cast(DEC).alias("price"),
+                    F.col("size").cast(DEC).alias("size"),
+                    "side",
+                    F.timestamp_micros(F.expr("exchange_time_ns DIV 1000")).alias("exchange_time"),
+                    F.timestamp_micros(F.expr("ingest_time_ns DIV 1000")).alias("ingest_time"),
+                    "exchange_time_ns",
+                )
+                .writeTo(self.tables["ticks"])
+                .options(**self._commit_properties("ticks", batch_id))
+                .append()
+            )
+            self.committed_ticks = batch_id
+            self.metrics.rows.labels("ticks").inc(counts.good)
+            lap("ticks_commit")
+        if batch_id > self.committed_candles:
+            if updated:
+                self._commit_candles(updated, batch_id, watermark)
+            self.committed_candles = batch_id
+            lap("candles_commit")
+        self.watermark_ms = watermark
+        self.forming.evict(watermark)
+        self.metrics.batches.labels("ticks").inc()
+        log.info(
+            "ticks batch %d: %d ticks, %d candles; %s", batch_id, counts.good, len(updated), lap
+        )
+
+    def _commit_properties(self, query: str, batch_id: int) -> dict[str, str]:
+        props = {"query": query, "run": self.run_id, "batch": batch_id}
+        return {f"snapshot-property.candlewire.{k}": str(v) for k, v in props.items()}
 
     # -- candles ----------------------------------------------------------------------------
 
@@ -295,86 +323,72 @@ class StreamingJob:
             f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
         )
 
-    def _candles_batch(self, df: DataFrame, batch_id: int) -> None:
-        spark = df.sparkSession
-        rows = df.select(
+    def _commit_candles(self, candles: list[Candle], batch_id: int, watermark_ms: int) -> None:
+        """MERGE the updated candles' absolute values, then record the batch, the watermark
+        and the snapshot, from which a restart restores the forming candles."""
+        spark = self.spark
+        spark.createDataFrame(
+            pa.table(
+                {
+                    "ticker": [c.ticker for c in candles],
+                    "period_s": pa.array([c.period_s for c in candles], pa.int32()),
+                    "open_ms": pa.array([c.open_ms for c in candles], pa.int64()),
+                    **{
+                        f: pa.array([getattr(c, f) for c in candles], pa.decimal128(38, 18))
+                        for f in ("open", "high", "low", "close", "volume")
+                    },
+                    "trade_count": pa.array([c.trade_count for c in candles], pa.int64()),
+                    "closed": [c.end_ms <= watermark_ms for c in candles],
+                    "first_trade_ns": pa.array([c.first_trade_ns for c in candles], pa.int64()),
+                    "last_trade_ns": pa.array([c.last_trade_ns for c in candles], pa.int64()),
+                }
+            )
+        ).select(
             "ticker",
-            F.lit(60).alias("period_s"),
-            F.col("window.start").alias("open_time"),
+            "period_s",
+            F.timestamp_millis("open_ms").alias("open_time"),
             "open",
             "high",
             "low",
             "close",
             "volume",
-            F.col("trade_count").cast("bigint").alias("trade_count"),
-            F.lit(False).alias("closed"),
+            "trade_count",
+            "closed",
             F.lit("live").alias("source"),
             F.current_timestamp().alias("update_time"),
-        ).persist()
-        try:
-            bounds = rows.agg(
-                F.min("open_time").alias("lo"),
-                F.max("open_time").alias("hi"),
-                F.collect_set("ticker").alias("tickers"),
-            ).first()
-            if bounds.lo is None:
-                return
-            tickers = set(bounds.tickers)
-            lo_ms, hi_ms = (
-                int(bounds.lo.replace(tzinfo=UTC).timestamp() * 1000),
-                int(bounds.hi.replace(tzinfo=UTC).timestamp() * 1000),
-            )
-            rows.createOrReplaceTempView("cw_live_minutes")
-            self._merge_ohlc(spark, "cw_live_minutes", tickers, {60}, lo_ms, hi_ms)
-            day_lo = lo_ms - lo_ms % 86_400_000
-            higher = spark.sql(
-                f"""
-                WITH touched AS (
-                  SELECT DISTINCT s.ticker, p.period_s,
-                         timestamp_seconds(floor(unix_seconds(s.open_time) / p.period_s) * p.period_s) AS open_time
-                  FROM cw_live_minutes s
-                  CROSS JOIN (SELECT explode(array({", ".join(map(str, HIGHER))})) AS period_s) p
-                )
-                SELECT t.ticker, CAST(t.period_s AS INT) AS period_s, t.open_time,
-                       min_by(o.open, o.open_time) AS open, max(o.high) AS high, min(o.low) AS low,
-                       max_by(o.close, o.open_time) AS close, CAST(sum(o.volume) AS {DEC}) AS volume,
-                       sum(o.trade_count) AS trade_count, false AS closed, 'live' AS source,
-                       current_timestamp() AS update_time
-                FROM touched t JOIN {self.tables["ohlc"]} o
-                  ON o.ticker = t.ticker AND o.open_time >= t.open_time
-                 AND o.open_time < t.open_time + make_dt_interval(0, 0, 0, t.period_s)
-                WHERE o.period_s = 60 AND o.ticker IN ({_quoted(tickers)})
-                  AND o.open_time >= {_ts(day_lo)} AND o.open_time <= {_ts(hi_ms)}
-                GROUP BY t.ticker, t.period_s, t.open_time
-                """
-            ).persist()
-            higher.createOrReplaceTempView("cw_live_higher")
-            self._merge_ohlc(spark, "cw_live_higher", tickers, set(HIGHER), day_lo, hi_ms)
-            updated = rows.unionByName(higher).toArrow()
-            higher.unpersist()
-            self._publish_candles(updated)
-            self.metrics.rows.labels("ohlc").inc(updated.num_rows)
-            self.metrics.batches.labels("candles").inc()
-        finally:
-            rows.unpersist()
+            "first_trade_ns",
+            "last_trade_ns",
+        ).createOrReplaceTempView("cw_live_candles")
+        self._merge_ohlc(
+            spark,
+            "cw_live_candles",
+            {c.ticker for c in candles},
+            {c.period_s for c in candles},
+            min(c.open_ms for c in candles),
+            max(c.open_ms for c in candles),
+        )
+        self.progress.record_candles(
+            self.run_id, CandleCommit(batch_id, watermark_ms, self._snapshot_id("ohlc"))
+        )
+        self.metrics.rows.labels("ohlc").inc(len(candles))
 
-    def _publish_candles(self, table: object) -> None:
-        for r in table.to_pylist():  # type: ignore[attr-defined]
-            open_ms = int(r["open_time"].replace(tzinfo=UTC).timestamp() * 1000)
+    def _publish_candles(self, candles: list[Candle], watermark_ms: int) -> None:
+        now_ms = int(time.time() * 1000)
+        for c in candles:
             candle = market_pb2.OHLC(
-                ticker=r["ticker"],
-                period_s=r["period_s"],
-                open_time_ms=open_ms,
-                open=str(r["open"].normalize()),
-                high=str(r["high"].normalize()),
-                low=str(r["low"].normalize()),
-                close=str(r["close"].normalize()),
-                volume=str(r["volume"].normalize()),
-                trade_count=r["trade_count"],
-                closed=open_ms + r["period_s"] * 1000 <= self.watermark_ms,
-                update_time_ms=int(time.time() * 1000),
+                ticker=c.ticker,
+                period_s=c.period_s,
+                open_time_ms=c.open_ms,
+                open=str(c.open.normalize()),
+                high=str(c.high.normalize()),
+                low=str(c.low.normalize()),
+                close=str(c.close.normalize()),
+                volume=str(c.volume.normalize()),
+                trade_count=c.trade_count,
+                closed=c.end_ms <= watermark_ms,
+                update_time_ms=now_ms,
             )
-            self.publisher.publish(market_data_topic(r["ticker"], ohlc_type(r["period_s"])), candle)
+            self.publisher.publish(market_data_topic(c.ticker, ohlc_type(c.period_s)), candle)
 
     # -- history -----------------------------------------------------------------------------
 
@@ -399,6 +413,7 @@ class StreamingJob:
                     "closed",
                     "source",
                     F.current_timestamp().alias("update_time"),
+                    *(F.lit(None).cast("bigint").alias(c) for c in TRADE_TIMES),
                 )
                 .dropDuplicates(["ticker", "period_s", "open_time"])
             )
@@ -531,6 +546,52 @@ class StreamingJob:
             self.progress.forget_snapshot(request_id)
             self.metrics.notifications.labels("metadata").inc()
         self.metrics.batches.labels("metadata").inc()
+
+
+class _Laps:
+    """Seconds per step of a batch, for the log: where a slow batch spends its time."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+        self._laps: list[str] = []
+
+    def __call__(self, step: str) -> None:
+        now = time.perf_counter()
+        self._laps.append(f"{step} {now - self._last:.2f}s")
+        self._last = now
+
+    def __str__(self) -> str:
+        return ", ".join(self._laps)
+
+
+def _partial_candles(ticks: DataFrame) -> DataFrame:
+    """One partial candle per (ticker, period, window) of a batch: a stateless aggregation
+    over every period at once. Windows are aligned to the epoch, like Spark's ``window``."""
+    t = F.col("exchange_time_ns")
+    return (
+        ticks.select(
+            "ticker",
+            F.col("price").cast(DEC).alias("price"),
+            F.col("size").cast(DEC).alias("size"),
+            t,
+            F.explode(F.array(*(F.lit(p) for p in PERIODS_S))).alias("period_s"),
+        )
+        .withColumn(
+            "open_ms",
+            F.expr("exchange_time_ns DIV 1000000 DIV (period_s * 1000) * period_s * 1000"),
+        )
+        .groupBy("ticker", "period_s", "open_ms")
+        .agg(
+            F.min_by("price", t).alias("open"),
+            F.max("price").alias("high"),
+            F.min("price").alias("low"),
+            F.max_by("price", t).alias("close"),
+            F.sum("size").alias("volume"),
+            F.count(F.lit(1)).alias("trade_count"),
+            F.min(t).alias("first_trade_ns"),
+            F.max(t).alias("last_trade_ns"),
+        )
+    )
 
 
 def _differs(row: dict, current: object) -> bool:

@@ -1,5 +1,8 @@
 """What the job must remember across micro-batches and restarts, kept in PostgreSQL.
 
+The forming candles' last commit to ``ohlc`` (batch, watermark, snapshot) is written right
+after it, so a restart restores them as of that snapshot and replays what came later.
+
 History requests span pages (possibly several micro-batches); a metadata snapshot spans
 records. Both are recorded here only *after* their rows are committed to Iceberg, with
 idempotent inserts, so a replayed micro-batch changes nothing and a crash between the
@@ -36,7 +39,20 @@ CREATE TABLE IF NOT EXISTS cw_metadata_staging (
     snapshot_size integer NOT NULL,
     PRIMARY KEY (request_id, ticker)
 );
+CREATE TABLE IF NOT EXISTS cw_candle_commits (
+    run text PRIMARY KEY,
+    batch bigint NOT NULL,
+    watermark_ms bigint NOT NULL,
+    snapshot_id bigint NOT NULL
+);
 """
+
+
+@dataclass
+class CandleCommit:
+    batch: int
+    watermark_ms: int
+    snapshot_id: int
 
 
 @dataclass
@@ -53,6 +69,26 @@ class Progress:
             for stmt in SCHEMA.split(";"):
                 if stmt.strip():
                     conn.execute(sa.text(stmt))
+
+    def record_candles(self, run: str, commit: CandleCommit) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO cw_candle_commits VALUES (:r, :b, :w, :s) ON CONFLICT (run) "
+                    "DO UPDATE SET batch = :b, watermark_ms = :w, snapshot_id = :s"
+                ),
+                {"r": run, "b": commit.batch, "w": commit.watermark_ms, "s": commit.snapshot_id},
+            )
+
+    def last_candles(self, run: str) -> CandleCommit | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.text(
+                    "SELECT batch, watermark_ms, snapshot_id FROM cw_candle_commits WHERE run = :r"
+                ),
+                {"r": run},
+            ).first()
+        return CandleCommit(*row) if row else None
 
     def record_history(
         self,

@@ -89,9 +89,14 @@ class KafkaBroker:
         if (self.data / "meta.properties").exists():
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        # "=" form: one id in 64 starts with "-", which the tool would read as an option.
         out = subprocess.run(
             self.java(
-                "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config)
+                "kafka.tools.StorageTool",
+                "format",
+                f"--cluster-id={cluster_id}",
+                "-c",
+                str(self.config),
             ),
             capture_output=True,
             text=True,

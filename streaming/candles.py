@@ -1,0 +1,110 @@
+"""Forming candles: the state between micro-batches, kept on the driver.
+
+Spark reduces each micro-batch to one partial candle per (ticker, period, window): a few rows
+for thousands of ticks. This state folds partials into the candles still forming and answers
+with the absolute values, which the job publishes at once and then MERGEs into ``ohlc``.
+Keeping it here, not in Spark's state store, removes a second Kafka read, a second decode and
+a stateful query per tick; the micro-batch stays stateless.
+
+Event time rules, as Spark's watermark defines them: the watermark is the largest event time
+of earlier batches minus the delay. A tick older than the watermark is late and changes no
+candle; a window whose end is at or behind the watermark is final and leaves the state.
+A candle exists only for a window with a trade: nothing is invented for quiet intervals.
+
+Each candle carries its first and last trade's event time, stored in ``ohlc`` too, so a tick
+that arrives out of order sets open or close correctly, and so the state after a restart
+(:meth:`FormingCandles.restore`) merges exactly as the uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+
+Key = tuple[str, int, int]  # (ticker, period_s, open_ms)
+
+
+@dataclass(slots=True)
+class Candle:
+    ticker: str
+    period_s: int
+    open_ms: int
+    open: Decimal
+    high: Decimal
+    low: Decimal
+    close: Decimal
+    volume: Decimal
+    trade_count: int
+    first_trade_ns: int
+    last_trade_ns: int
+
+    @property
+    def key(self) -> Key:
+        return self.ticker, self.period_s, self.open_ms
+
+    @property
+    def end_ms(self) -> int:
+        return self.open_ms + self.period_s * 1000
+
+    def absorb(self, other: Candle) -> None:
+        """Fold in a partial of the same window; on equal times the earlier batch keeps open
+        and the later one sets close, as arrival order would."""
+        if other.first_trade_ns < self.first_trade_ns:
+            self.open, self.first_trade_ns = other.open, other.first_trade_ns
+        if other.last_trade_ns >= self.last_trade_ns:
+            self.close, self.last_trade_ns = other.close, other.last_trade_ns
+        self.high = max(self.high, other.high)
+        self.low = min(self.low, other.low)
+        self.volume += other.volume
+        self.trade_count += other.trade_count
+
+
+def candle_from_row(row: dict) -> Candle:
+    """A row of the batch's partial aggregation, or of ``ohlc`` (open_time as epoch ms)."""
+    return Candle(
+        ticker=row["ticker"],
+        period_s=int(row["period_s"]),
+        open_ms=int(row["open_ms"]),
+        open=row["open"],
+        high=row["high"],
+        low=row["low"],
+        close=row["close"],
+        volume=row["volume"],
+        trade_count=int(row["trade_count"]),
+        first_trade_ns=int(row["first_trade_ns"]),
+        last_trade_ns=int(row["last_trade_ns"]),
+    )
+
+
+class FormingCandles:
+    """Candles whose window is still open, keyed by (ticker, period_s, open_ms)."""
+
+    def __init__(self) -> None:
+        self._open: dict[Key, Candle] = {}
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def merge(self, partials: Iterable[Candle]) -> list[Candle]:
+        """Fold a batch's partials in; returns the touched candles with their new values."""
+        touched: dict[Key, Candle] = {}
+        for p in partials:
+            current = self._open.get(p.key)
+            if current is None:
+                self._open[p.key] = current = p
+            else:
+                current.absorb(p)
+            touched[p.key] = current
+        return list(touched.values())
+
+    def evict(self, watermark_ms: int) -> int:
+        """Drop windows the watermark has passed; no tick can change them any more."""
+        final = [k for k, c in self._open.items() if c.end_ms <= watermark_ms]
+        for k in final:
+            del self._open[k]
+        return len(final)
+
+    def restore(self, candles: Iterable[Candle], watermark_ms: int) -> None:
+        """The state as of a committed batch: its live ``ohlc`` rows still forming."""
+        self._open = {c.key: c for c in candles if c.end_ms > watermark_ms}

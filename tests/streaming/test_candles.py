@@ -1,0 +1,121 @@
+"""Forming candles across micro-batches, without Spark: partials folded batch by batch equal
+one aggregation over all ticks, whatever the batch split or arrival order."""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+
+from streaming.candles import Candle, FormingCandles
+
+Tick = tuple[str, int, Decimal, Decimal]  # ticker, time ns, price, size
+
+
+def aggregate(ticks: list[Tick], period_s: int) -> dict[tuple, Candle]:
+    """The reference: one candle per window over the ticks in event-time order (what
+    Spark's per-batch aggregation computes for one batch)."""
+    out: dict[tuple, Candle] = {}
+    for ticker, t, price, size in sorted(ticks, key=lambda x: x[1]):
+        open_ms = t // 1_000_000 // (period_s * 1000) * period_s * 1000
+        key = (ticker, period_s, open_ms)
+        c = out.get(key)
+        if c is None:
+            out[key] = Candle(ticker, period_s, open_ms, price, price, price, price, size, 1, t, t)
+        else:
+            c.high, c.low = max(c.high, price), min(c.low, price)
+            c.close, c.last_trade_ns = price, t
+            c.volume += size
+            c.trade_count += 1
+    return out
+
+
+def ticks(n: int, seed: int) -> list[Tick]:
+    rng = random.Random(seed)
+    t0 = 1_700_000_000_000_000_000
+    return [
+        (
+            rng.choice(["X:A/B", "X:C/D"]),
+            t0 + i * 3_000_000_000 + rng.randint(0, 2_999_999_999),
+            Decimal(rng.randint(9_000, 11_000)) / 100,
+            Decimal(rng.randint(1, 999)) / 1000,
+        )
+        for i in range(n)
+    ]
+
+
+def batches(all_ticks: list[Tick], seed: int) -> list[list[Tick]]:
+    """Arrival order: mostly in order, neighbours swapped, cut into uneven batches."""
+    rng = random.Random(seed)
+    arrived = list(all_ticks)
+    for i in range(0, len(arrived) - 1, 7):
+        arrived[i], arrived[i + 1] = arrived[i + 1], arrived[i]
+    out, i = [], 0
+    while i < len(arrived):
+        size = rng.randint(1, 40)
+        out.append(arrived[i : i + size])
+        i += size
+    return out
+
+
+def fold(state: FormingCandles, parts: list[list[Tick]], period_s: int) -> dict[tuple, Candle]:
+    final: dict[tuple, Candle] = {}
+    for batch in parts:
+        for c in state.merge(aggregate(batch, period_s).values()):
+            final[c.key] = Candle(**{f: getattr(c, f) for f in Candle.__slots__})
+    return final
+
+
+def test_batches_fold_to_one_aggregation_for_each_period() -> None:
+    data = ticks(2000, seed=1)
+    for period in (60, 300, 3600):
+        got = fold(FormingCandles(), batches(data, seed=period), period)
+        assert got == aggregate(data, period), period
+
+
+def test_out_of_order_tick_sets_open_and_close_by_event_time() -> None:
+    state = FormingCandles()
+    d = Decimal
+    state.merge([Candle("X:A/B", 60, 0, d(2), d(2), d(2), d(2), d(1), 1, 20, 20)])
+    earlier = Candle("X:A/B", 60, 0, d(1), d(1), d(1), d(1), d(1), 1, 10, 10)
+    (c,) = state.merge([earlier])
+    assert (c.open, c.close, c.low, c.trade_count, c.volume) == (d(1), d(2), d(1), 2, d(2))
+    later = Candle("X:A/B", 60, 0, d(3), d(3), d(3), d(3), d(1), 1, 30, 30)
+    (c,) = state.merge([later])
+    assert (c.open, c.close, c.high, c.trade_count) == (d(1), d(3), d(3), 3)
+
+
+def test_restored_state_continues_exactly_like_the_uninterrupted_one() -> None:
+    data = ticks(1500, seed=2)
+    parts = batches(data, seed=3)
+    cut = len(parts) // 2
+    uninterrupted = fold(FormingCandles(), parts, 300)
+
+    before = FormingCandles()
+    written = fold(before, parts[:cut], 300)  # what the MERGEs left in ohlc
+    restarted = FormingCandles()
+    restarted.restore(written.values(), watermark_ms=0)
+    after = fold(restarted, parts[cut:], 300)
+    assert {**written, **after} == uninterrupted
+
+
+def test_eviction_drops_final_windows_and_restore_skips_them() -> None:
+    d = Decimal
+    old = Candle("X:A/B", 60, 0, d(1), d(1), d(1), d(1), d(1), 1, 5, 5)
+    forming = Candle(
+        "X:A/B", 60, 60_000, d(1), d(1), d(1), d(1), d(1), 1, 61_000_000_000, 61_000_000_000
+    )
+    state = FormingCandles()
+    state.merge([old, forming])
+    assert state.evict(watermark_ms=60_000) == 1 and len(state) == 1
+    restored = FormingCandles()
+    restored.restore([old, forming], watermark_ms=60_000)
+    assert len(restored) == 1
+    # The forming window stayed: a later tick folds into it.
+    (c,) = state.merge(
+        [
+            Candle(
+                "X:A/B", 60, 60_000, d(4), d(4), d(4), d(4), d(1), 1, 62_000_000_000, 62_000_000_000
+            )
+        ]
+    )
+    assert (c.trade_count, c.close, c.open) == (2, d(4), d(1))
