@@ -1,10 +1,12 @@
 """The streaming job on this machine: sustained ticks/s, and tick → live candle latency.
 
 Throughput: a burst of N ticks is written to Kafka as fast as possible; we time until the job
-has committed all of them to the ``ticks`` table. Latency: ticks at a low rate, each stamped
+has committed all of them to the ``ticks`` table (and, printed too, until the live query has
+published them all; latency is measured only after that). Latency: ticks at a low rate, each stamped
 when produced; a client subscribed through the relay to ``{ticker}|ohlc:60`` receives candle
-updates, and an update counting k trades of its minute covers the k-th tick of that minute,
-so its latency is receive time minus that tick's produce time. The last line is JSON.
+updates. An update counting k trades of its minute shows that minute's first k ticks, so each
+tick's latency is the receive time of the first update that shows it minus its produce time
+(every tick counts, not just the newest of each update). The last line is JSON.
 
     python -m bench.stream [--burst N] [--latency-seconds S]
 """
@@ -28,14 +30,18 @@ from proto import market_pb2
 from proto.envelope import decode_sub, to_record
 
 
-def committed_ticks(settings) -> float:
+def stream_metric(settings, series: str) -> float:
     url = f"http://{settings.host}:{settings.port('stream_metrics')}/metrics"
     body = urllib.request.urlopen(url, timeout=5).read().decode()
-    return sum(
-        float(x.split()[-1])
-        for x in body.splitlines()
-        if x.startswith('candlewire_stream_rows_total{table="ticks"}')
-    )
+    return sum(float(x.split()[-1]) for x in body.splitlines() if x.startswith(series))
+
+
+def committed_ticks(settings) -> float:
+    return stream_metric(settings, 'candlewire_stream_rows_total{table="ticks"}')
+
+
+def published_ticks(settings) -> float:
+    return stream_metric(settings, 'candlewire_stream_published_total{kind="tick"}')
 
 
 def tick(ticker: str, i: int, t_ns: int) -> bytes:
@@ -53,7 +59,7 @@ def tick(ticker: str, i: int, t_ns: int) -> bytes:
 
 def throughput(settings, n: int) -> float:
     producer = Producer(producer_config(settings, **{"linger.ms": 20}))
-    base = committed_ticks(settings)
+    base, base_live = committed_ticks(settings), published_ticks(settings)
     now = time.time_ns()
     t0 = time.perf_counter()
     for i in range(n):
@@ -73,6 +79,10 @@ def throughput(settings, n: int) -> float:
         time.sleep(0.2)
     elapsed = time.perf_counter() - t0
     print(f"{n:,} ticks produced in {produced:.1f}s, all committed after {elapsed:.1f}s")
+    while published_ticks(settings) - base_live < n:
+        time.sleep(0.2)
+    live = time.perf_counter() - t0
+    print(f"all published live after {live:.1f}s ({n / live:,.0f} ticks/s)")
     return n / elapsed
 
 
@@ -106,12 +116,15 @@ def latency(settings, seconds: float, rate: float = 20.0) -> list[float]:
         worker = threading.Thread(target=produce)
         worker.start()
         deadline = time.time() + seconds
+        seen: dict[int, int] = {}  # minute open → trades already shown by an earlier update
         try:
             for candle in updates:
                 got = time.time()
                 times = sent.get(candle.open_time_ms, [])
-                if 0 < candle.trade_count <= len(times):
-                    samples.append(got - times[candle.trade_count - 1])
+                k = min(candle.trade_count, len(times))
+                # Every tick this update shows for the first time has waited until now.
+                samples.extend(got - t for t in times[seen.get(candle.open_time_ms, 0) : k])
+                seen[candle.open_time_ms] = max(seen.get(candle.open_time_ms, 0), k)
                 if got > deadline:
                     break
         finally:
@@ -132,7 +145,7 @@ def main() -> None:
     p50 = statistics.median(lat)
     p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
     print(
-        f"sustained {rate:,.0f} ticks/s; tick → candle update via relay: p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms over {len(lat)} updates"
+        f"sustained {rate:,.0f} ticks/s; tick → candle update via relay: p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms over {len(lat)} ticks"
     )
     print(
         json.dumps(
@@ -140,7 +153,7 @@ def main() -> None:
                 "ticks_per_s": round(rate),
                 "latency_p50_ms": round(p50 * 1000),
                 "latency_p99_ms": round(p99 * 1000),
-                "updates": len(lat),
+                "ticks": len(lat),
             }
         )
     )

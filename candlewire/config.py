@@ -55,7 +55,12 @@ class Settings(BaseSettings):
     checkpoint_dir: str | None = None
     """Streaming checkpoints (a shared filesystem on a cluster); default <state_dir>/checkpoints."""
     stream_trigger_s: float = 0.5
-    """Micro-batch interval of the streaming job."""
+    """Micro-batch interval of the streaming job's history and metadata queries."""
+    stream_ticks_trigger_s: float = 5.0
+    """Micro-batch interval of tick and candle commits to Iceberg. Live updates never wait
+    for it; longer means fewer, larger files and MERGEs."""
+    stream_live_trigger_s: float = 0.1
+    """Micro-batch interval of the live query (ticks and forming candles to subscribers)."""
     stream_watermark_s: float = 10.0
     """How late a tick may be and still correct its candle."""
     extra_relays: list[str] = Field(default_factory=list)
@@ -115,6 +120,8 @@ class Settings(BaseSettings):
                 env[f"CANDLEWIRE_{name.upper()}"] = getattr(self, name)
         env["CANDLEWIRE_SPARK_MASTER"] = self.spark_master
         env["CANDLEWIRE_STREAM_TRIGGER_S"] = str(self.stream_trigger_s)
+        env["CANDLEWIRE_STREAM_TICKS_TRIGGER_S"] = str(self.stream_ticks_trigger_s)
+        env["CANDLEWIRE_STREAM_LIVE_TRIGGER_S"] = str(self.stream_live_trigger_s)
         env["CANDLEWIRE_STREAM_WATERMARK_S"] = str(self.stream_watermark_s)
         if self.checkpoint_dir:
             env["CANDLEWIRE_CHECKPOINT_DIR"] = self.checkpoint_dir

@@ -108,3 +108,52 @@ class FormingCandles:
     def restore(self, candles: Iterable[Candle], watermark_ms: int) -> None:
         """The state as of a committed batch: its live ``ohlc`` rows still forming."""
         self._open = {c.key: c for c in candles if c.end_ms > watermark_ms}
+
+
+def partial_candles(
+    ticks: Iterable[tuple[str, int, Decimal, Decimal]], periods: Iterable[int]
+) -> list[Candle]:
+    """One candle per (ticker, period, window) of ``(ticker, time_ns, price, size)`` ticks:
+    the live query's reduction of a batch, the same one Spark computes for the commits.
+    Ticks fold into minutes first (a few comparisons each), then minutes into each period,
+    which is why every period must be a whole number of minutes."""
+    periods = tuple(periods)
+    if any(p % 60 for p in periods):
+        raise ValueError(f"periods must be whole minutes: {periods}")
+    minutes: dict[tuple[str, int], list] = {}
+    for ticker, t_ns, price, size in ticks:
+        m = minutes.get((ticker, t_ns // 60_000_000_000))
+        if m is None:
+            minutes[(ticker, t_ns // 60_000_000_000)] = [
+                price,
+                price,
+                price,
+                price,
+                size,
+                1,
+                t_ns,
+                t_ns,
+            ]
+            continue
+        if t_ns < m[6]:
+            m[0], m[6] = price, t_ns
+        if t_ns >= m[7]:
+            m[3], m[7] = price, t_ns
+        if price > m[1]:
+            m[1] = price
+        if price < m[2]:
+            m[2] = price
+        m[4] += size
+        m[5] += 1
+    out: dict[Key, Candle] = {}
+    for (ticker, minute), m in minutes.items():
+        for period_s in periods:
+            candle = Candle(
+                ticker, period_s, minute * 60_000 // (period_s * 1000) * period_s * 1000, *m
+            )
+            current = out.get(candle.key)
+            if current is None:
+                out[candle.key] = candle
+            else:
+                current.absorb(candle)
+    return list(out.values())

@@ -8,6 +8,7 @@ fatal: they come out as ``valid = false`` rows that the job counts and drops.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from decimal import Decimal, InvalidOperation
 
 import pyarrow as pa
 
@@ -27,21 +28,23 @@ TICK_ROWS = pa.schema(
         ("record", pa.binary()),
     ]
 )
+KAFKA_POSITION = [("partition", pa.int32()), ("offset", pa.int64())]
 TICK_DDL = (
     "valid boolean, ticker string, trade_id string, price string, size string, side string, "
-    "exchange_time_ns bigint, ingest_time_ns bigint, record binary"
+    "exchange_time_ns bigint, ingest_time_ns bigint, record binary, partition int, offset bigint"
 )
 SIDES = {market_pb2.BUY: "BUY", market_pb2.SELL: "SELL"}
 
 
 def decode_ticks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow function: Kafka ``value`` column to TICK_ROWS."""
+    """mapInArrow function: Kafka ``value`` column to TICK_ROWS, plus each record's Kafka
+    ``partition`` and ``offset`` when the input has them (where the job has got to)."""
     for batch in batches:
         cols: dict[str, list] = {name: [] for name in TICK_ROWS.names}
         for value in batch.column("value").to_pylist():
             try:
                 t = from_record(value or b"")
-                ok = isinstance(t, market_pb2.Tick) and bool(t.ticker) and bool(t.price)
+                ok = isinstance(t, market_pb2.Tick) and bool(t.ticker) and _decimals(t)
             except EnvelopeError:
                 ok = False
             cols["valid"].append(ok)
@@ -57,7 +60,21 @@ def decode_ticks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             else:
                 for name in TICK_ROWS.names[1:]:
                     cols[name].append(None)
-        yield pa.RecordBatch.from_pydict(cols, schema=TICK_ROWS)
+        out = pa.RecordBatch.from_pydict(cols, schema=TICK_ROWS)
+        if "offset" in batch.schema.names:
+            out = pa.RecordBatch.from_arrays(
+                [*out.columns, batch.column("partition"), batch.column("offset")],
+                schema=pa.schema([*TICK_ROWS, *KAFKA_POSITION]),
+            )
+        yield out
+
+
+def _decimals(t: market_pb2.Tick) -> bool:
+    """Price and size are finite decimal strings: anything else is a malformed tick."""
+    try:
+        return Decimal(t.price).is_finite() and Decimal(t.size).is_finite()
+    except InvalidOperation:
+        return False
 
 
 def decode_records(values: list[bytes], cls: type) -> tuple[list, int]:

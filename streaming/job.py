@@ -1,15 +1,19 @@
 """``candlewire stream``: Kafka → Iceberg tables and live ZMQ market data, with PySpark.
 
-Three streaming queries, each with its own checkpoint under ``checkpoint_dir``:
+Four streaming queries. Each micro-batch reduces its ticks to partial candles for every
+period (stateless), and :mod:`streaming.candles` folds them into the candles still forming.
 
-- **ticks**: one read and one decode per tick. Each micro-batch publishes every tick on
-  ``{ticker}|tick``, reduces the batch to partial candles for every period (a stateless Spark
-  aggregation), folds them into the forming candles (:mod:`streaming.candles`) and publishes
-  each updated candle on ``{ticker}|ohlc:{period}`` at once; then it appends the ticks to
-  ``ticks`` and MERGEs the updated candles into ``ohlc``. Both commits carry the run and batch
-  id as Iceberg snapshot properties (``ohlc``'s also the watermark), so a batch replayed after
-  a crash skips what is committed, and the forming candles are restored from ``ohlc``:
-  exactly once. Publishing comes first because live subscribers should not wait on commits.
+- **ticks** (every ``stream_ticks_trigger_s``, checkpointed under ``checkpoint_dir``): appends
+  the ticks to ``ticks`` with the run and batch id as Iceberg snapshot properties, MERGEs the
+  updated candles' absolute values into ``ohlc``, then records the batch, watermark, snapshot
+  and Kafka offsets in PostgreSQL. A batch replayed after a crash skips what is committed,
+  and the forming candles come back from ``ohlc`` as of the recorded snapshot: exactly once.
+- **live** (every ``stream_live_trigger_s``): publishes each tick on ``{ticker}|tick`` and
+  each updated candle on ``{ticker}|ohlc:{period}`` (a chart draws the forming candle). It
+  writes nothing, so its batches take milliseconds, not the seconds a commit takes. Its
+  checkpoint is thrown away: every start begins at the recorded offsets with the recorded
+  candles, so after a restart it replays what the commits had not yet covered and its
+  candles end on the committed values.
 - **history**: OHLCBatch pages are MERGEd into ``ohlc``; when a request's pages are all in
   (or its error marker arrives), HistoryReady is published, only after the commit.
 - **metadata**: complete snapshots of an exchange's markets are MERGEd into
@@ -22,10 +26,15 @@ intervals.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import shutil
+import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
@@ -41,7 +50,7 @@ from candlewire.spark import build_session, commit_sql
 from candlewire.topics import market_data_topic, metadata_update_topic, ohlc_type, tick_type
 from proto import market_pb2
 from proto import requests_pb2 as rq
-from streaming.candles import Candle, FormingCandles, candle_from_row
+from streaming.candles import Candle, FormingCandles, candle_from_row, partial_candles
 from streaming.decode import TICK_DDL, candles_table, decode_records, decode_ticks
 from streaming.progress import CandleCommit, Progress
 from streaming.publisher import StreamPublisher
@@ -69,6 +78,12 @@ class StreamMetrics:
             "candlewire_stream_bad_records",
             "Undecodable Kafka records dropped",
             ["topic"],
+            registry=r,
+        )
+        self.published = Counter(
+            "candlewire_stream_published",
+            "Market data published by the live query",
+            ["kind"],
             registry=r,
         )
         self.notifications = Counter(
@@ -102,8 +117,16 @@ class StreamingJob:
         self.queries: dict = {}
         self.run_id = self._run_id()
         self.committed_ticks = self._last_committed("ticks")
-        self.forming = FormingCandles()
+        # Forming candles twice: the commits' (the truth) and the live query's, which runs
+        # ahead. Both start from the last commit; the live query from its Kafka offsets.
+        self.forming, self.live = FormingCandles(), FormingCandles()
+        self.offsets: dict[int, int] = {}
         self.committed_candles, self.watermark_ms = self._restore_candles()
+        self.live_watermark_ms = self.watermark_ms
+        # Its checkpoint is thrown away on exit: keep it in memory where there is /dev/shm,
+        # since writing offsets and commits to disk was most of a live batch's time.
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self._live_dir = tempfile.mkdtemp(prefix="candlewire-live-", dir=shm)
 
     # -- exactly-once bookkeeping -----------------------------------------------------
 
@@ -148,7 +171,10 @@ class StreamingJob:
         except Exception:  # expired by maintenance: the table as it is now is the best left
             log.warning("ohlc snapshot %d is gone; restoring from the table", last.snapshot_id)
             rows = self.spark.sql(query.format(version="")).toArrow()
-        self.forming.restore(map(candle_from_row, rows.to_pylist()), last.watermark_ms)
+        candles = rows.to_pylist()
+        self.forming.restore(map(candle_from_row, candles), last.watermark_ms)
+        self.live.restore(map(candle_from_row, candles), last.watermark_ms)
+        self.offsets = last.offsets
         log.info("restored %d forming candles as of batch %d", len(self.forming), last.batch)
         return last.batch, last.watermark_ms
 
@@ -165,13 +191,34 @@ class StreamingJob:
         )
 
     def _ticks(self) -> DataFrame:
-        return self._kafka(TICKS.name).select("value").mapInArrow(decode_ticks, TICK_DDL)
+        return (
+            self._kafka(TICKS.name)
+            .select("value", "partition", "offset")
+            .mapInArrow(decode_ticks, TICK_DDL)
+            .drop("record")  # the live query publishes; the commits need the fields only
+        )
+
+    def _live_ticks(self) -> DataFrame:
+        """The ticks topic from where the commits stand: a throwaway checkpoint, so the
+        query starts there on every start, with the forming candles of that commit."""
+        start = {str(p): o for p, o in self.offsets.items()}
+        start.update({str(p): -2 for p in range(TICKS.partitions) if str(p) not in start})
+        return (
+            self.spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", self.settings.kafka_servers())
+            .option("subscribe", TICKS.name)
+            .option("startingOffsets", json.dumps({TICKS.name: start}))
+            .option("failOnDataLoss", "false")
+            .option("maxOffsetsPerTrigger", "500000")
+            .load()
+            .select("value")
+        )
 
     # -- queries ---------------------------------------------------------------------------
 
     def start(self) -> StreamingJob:
-        trigger = {"processingTime": f"{int(self.settings.stream_trigger_s * 1000)} milliseconds"}
         writers = {
+            "live": self._live_ticks().writeStream.foreachBatch(self._live_batch),
             "ticks": self._ticks().writeStream.foreachBatch(self._ticks_batch),
             "history": self._kafka(OHLC_BATCHES.name, 2000).writeStream.foreachBatch(
                 self._history_batch
@@ -181,13 +228,18 @@ class StreamingJob:
             ),
         }
         for name, writer in writers.items():
-            # One FAIR pool per query (spark_conf sets FAIR mode): a long history MERGE does
-            # not hold up the next ticks batch, which is what live subscribers wait for.
+            # One FAIR pool per query (spark_conf sets FAIR mode): commits and MERGEs do not
+            # hold up the live query's next batch, which is what subscribers wait for.
             self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", name)
+            every = {
+                "live": self.settings.stream_live_trigger_s,
+                "ticks": self.settings.stream_ticks_trigger_s,
+            }.get(name, self.settings.stream_trigger_s)
+            checkpoint = self._live_dir if name == "live" else self._checkpoint(name)
             self.queries[name] = (
                 writer.queryName(f"candlewire-{name}")
-                .option("checkpointLocation", self._checkpoint(name))
-                .trigger(**trigger)
+                .option("checkpointLocation", checkpoint)
+                .trigger(processingTime=f"{int(every * 1000)} milliseconds")
                 .start()
             )
         if self._serve_metrics:
@@ -202,6 +254,7 @@ class StreamingJob:
         for q in self.queries.values():
             q.stop()
         self.metrics.up.set(0)
+        shutil.rmtree(self._live_dir, ignore_errors=True)
         self.publisher.close()
         if self._http is not None:
             self._http.close()
@@ -244,29 +297,16 @@ class StreamingJob:
             self.committed_ticks = self.committed_candles = batch_id
             return
         good = df.where("valid")
-        live = good.select("ticker", "record").toArrow()
-        topics = {
-            t: market_data_topic(t, tick_type()).encode() for t in set(live["ticker"].to_pylist())
-        }
-        self.publisher.publish_raw(
-            list(
-                zip(
-                    (topics[t] for t in live["ticker"].to_pylist()),
-                    live["record"].to_pylist(),
-                    strict=True,
-                )
-            )
-        )
-        lap("ticks_live")
+        for r in df.groupBy("partition").agg(F.max("offset").alias("last")).collect():
+            self.offsets[r.partition] = max(self.offsets.get(r.partition, 0), r.last + 1)
         delay_ms = int(self.settings.stream_watermark_s * 1000)
         watermark = max(self.watermark_ms, (counts.max_ns or 0) // 1_000_000 - delay_ms)
         updated: list[Candle] = []
         if batch_id > self.committed_candles:
             partials = _partial_candles(good.where(F.col("exchange_time_ns") >= late_ns))
             updated = self.forming.merge(map(candle_from_row, partials.toArrow().to_pylist()))
-            self._publish_candles(updated, watermark)
             self.metrics.late.inc(counts.late or 0)
-            lap("candles_live")
+            lap("candles")
         if batch_id > self.committed_ticks:
             (
                 good.select(
@@ -297,6 +337,50 @@ class StreamingJob:
         log.info(
             "ticks batch %d: %d ticks, %d candles; %s", batch_id, counts.good, len(updated), lap
         )
+
+    # -- live ------------------------------------------------------------------------------
+
+    def _live_batch(self, df: DataFrame, batch_id: int) -> None:
+        """Ticks and forming candles to subscribers, ahead of the commits. Decoded on the
+        driver: no Python worker round trip and no shuffle, so a batch costs milliseconds.
+        Nothing is written; after a restart the query starts again where the commits are."""
+        late_ns = self.live_watermark_ms * 1_000_000
+        topics: dict[str, bytes] = {}
+        frames: list[tuple[bytes, bytes]] = []
+        kept: list[tuple[str, int, Decimal, Decimal]] = []
+        max_ns = 0
+        for batch in decode_ticks(iter(df.toArrow().to_batches())):
+            c = batch.to_pydict()
+            for ok, ticker, price, size, t_ns, record in zip(
+                c["valid"],
+                c["ticker"],
+                c["price"],
+                c["size"],
+                c["exchange_time_ns"],
+                c["record"],
+                strict=True,
+            ):
+                if not ok:
+                    continue
+                topic = topics.get(ticker)
+                if topic is None:
+                    topic = topics[ticker] = market_data_topic(ticker, tick_type()).encode()
+                frames.append((topic, record))
+                max_ns = max(max_ns, t_ns)
+                if t_ns >= late_ns:
+                    kept.append((ticker, t_ns, Decimal(price), Decimal(size)))
+        if not frames:
+            return
+        self.publisher.publish_raw(frames)
+        delay_ms = int(self.settings.stream_watermark_s * 1000)
+        watermark = max(self.live_watermark_ms, max_ns // 1_000_000 - delay_ms)
+        updated = self.live.merge(partial_candles(kept, PERIODS_S))
+        self._publish_candles(updated, watermark)
+        self.metrics.published.labels("tick").inc(len(frames))
+        self.metrics.published.labels("ohlc").inc(len(updated))
+        self.live_watermark_ms = watermark
+        self.live.evict(watermark)
+        self.metrics.batches.labels("live").inc()
 
     def _commit_properties(self, query: str, batch_id: int) -> dict[str, str]:
         props = {"query": query, "run": self.run_id, "batch": batch_id}
@@ -368,7 +452,8 @@ class StreamingJob:
             max(c.open_ms for c in candles),
         )
         self.progress.record_candles(
-            self.run_id, CandleCommit(batch_id, watermark_ms, self._snapshot_id("ohlc"))
+            self.run_id,
+            CandleCommit(batch_id, watermark_ms, self._snapshot_id("ohlc"), dict(self.offsets)),
         )
         self.metrics.rows.labels("ohlc").inc(len(candles))
 

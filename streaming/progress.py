@@ -11,6 +11,7 @@ Iceberg commit and this write only means the notification is sent again.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -43,7 +44,8 @@ CREATE TABLE IF NOT EXISTS cw_candle_commits (
     run text PRIMARY KEY,
     batch bigint NOT NULL,
     watermark_ms bigint NOT NULL,
-    snapshot_id bigint NOT NULL
+    snapshot_id bigint NOT NULL,
+    offsets text NOT NULL
 );
 """
 
@@ -53,6 +55,8 @@ class CandleCommit:
     batch: int
     watermark_ms: int
     snapshot_id: int
+    offsets: dict[int, int]
+    """Next Kafka offset per ticks partition: where the live query starts after a restart."""
 
 
 @dataclass
@@ -74,21 +78,31 @@ class Progress:
         with self.engine.begin() as conn:
             conn.execute(
                 sa.text(
-                    "INSERT INTO cw_candle_commits VALUES (:r, :b, :w, :s) ON CONFLICT (run) "
-                    "DO UPDATE SET batch = :b, watermark_ms = :w, snapshot_id = :s"
+                    "INSERT INTO cw_candle_commits VALUES (:r, :b, :w, :s, :o) ON CONFLICT (run) "
+                    "DO UPDATE SET batch = :b, watermark_ms = :w, snapshot_id = :s, offsets = :o"
                 ),
-                {"r": run, "b": commit.batch, "w": commit.watermark_ms, "s": commit.snapshot_id},
+                {
+                    "r": run,
+                    "b": commit.batch,
+                    "w": commit.watermark_ms,
+                    "s": commit.snapshot_id,
+                    "o": json.dumps(commit.offsets),
+                },
             )
 
     def last_candles(self, run: str) -> CandleCommit | None:
         with self.engine.connect() as conn:
             row = conn.execute(
                 sa.text(
-                    "SELECT batch, watermark_ms, snapshot_id FROM cw_candle_commits WHERE run = :r"
+                    "SELECT batch, watermark_ms, snapshot_id, offsets FROM cw_candle_commits "
+                    "WHERE run = :r"
                 ),
                 {"r": run},
             ).first()
-        return CandleCommit(*row) if row else None
+        if row is None:
+            return None
+        offsets = {int(p): int(o) for p, o in json.loads(row.offsets).items()}
+        return CandleCommit(row.batch, row.watermark_ms, row.snapshot_id, offsets)
 
     def record_history(
         self,

@@ -212,9 +212,15 @@ RUNNING: list[subprocess.Popen] = []  # streaming-job processes, stopped at sess
 def start_job(settings: Settings) -> subprocess.Popen:
     """`candlewire stream` as a process, returned once its metrics say it is up.
 
-    The watermark is two days so tests may produce ticks of the recent past.
+    The watermark is two days so tests may produce ticks of the recent past; commits come
+    every second so tests see rows soon.
     """
-    env = {**os.environ, **settings.to_env(), "CANDLEWIRE_STREAM_WATERMARK_S": "172800"}
+    env = {
+        **os.environ,
+        **settings.to_env(),
+        "CANDLEWIRE_STREAM_WATERMARK_S": "172800",
+        "CANDLEWIRE_STREAM_TICKS_TRIGGER_S": "1",
+    }
     log = open(settings.state_dir / "stream.log", "ab")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
         [sys.executable, "-m", "candlewire.cli", "stream"],

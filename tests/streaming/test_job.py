@@ -6,6 +6,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 import uuid
@@ -20,7 +21,7 @@ from candlewire import Client
 from candlewire.config import PERIODS_S
 from candlewire.kafka import TICKS, producer_config
 from candlewire.lake import NAMESPACE, catalog
-from candlewire.topics import metadata_update_topic, work_prefix
+from candlewire.topics import market_data_topic, metadata_update_topic, ohlc_type, work_prefix
 from ingest.exchanges.base import Page
 from ingest.exchanges.sim import SimExchange
 from proto import market_pb2
@@ -222,26 +223,32 @@ def test_first_subscriber_starts_a_cold_ticker_end_to_end(pipeline) -> None:
 
 
 def test_exactly_once_under_kill_9(pipeline) -> None:
-    """kill -9 while batches are in flight; after a restart the tables hold each row once."""
+    """kill -9 while batches are in flight; after a restart the tables hold each row once,
+    and the live candles a subscriber sees through the relay end on the same values."""
     ticker = f"TEST:K{uuid.uuid4().hex[:6].upper()}/USDT"
     start = int(time.time() * 1000) - 3_600_000
     ticks = make_ticks(ticker, start, 3000, seed=4)
+    live = LiveCandles(pipeline, market_data_topic(ticker, ohlc_type(3600)))
     # The module's job keeps running: stop it so this test owns the checkpoints.
     job = next(p for p in _jobs(pipeline))
+    ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
+    table = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
+
+    def ticks_in_table() -> int:
+        table.refresh()
+        return len(table.scan(row_filter=f"ticker = '{ticker}'").to_arrow())
+
+    # A first commit, so the restart has forming candles to restore; then a kill while the
+    # next batches are in flight.
     produce_ticks(pipeline, ticks[:1000])
-    time.sleep(3.0)
+    wait_for(lambda: ticks_in_table() > 0, timeout=90, interval=0.5)
+    produce_ticks(pipeline, ticks[1000:2000])
+    time.sleep(1.5)
     os.kill(job, signal.SIGKILL)
-    produce_ticks(pipeline, ticks[1000:])
+    produce_ticks(pipeline, ticks[2000:])
     restarted = start_job(pipeline)
     try:
-        ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
-        table = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
-
-        def ticks_done() -> bool:
-            table.refresh()
-            return len(table.scan(row_filter=f"ticker = '{ticker}'").to_arrow()) >= 3000
-
-        wait_for(ticks_done, timeout=180, interval=1.0)
+        wait_for(lambda: ticks_in_table() >= 3000, timeout=180, interval=1.0)
         time.sleep(5.0)  # any replayed batch would have landed by now
         table.refresh()
         ids = table.scan(row_filter=f"ticker = '{ticker}'").to_arrow()["trade_id"].to_pylist()
@@ -266,11 +273,52 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
         assert list(got.index) == list(want.index)
         assert [int(v) for v in got["trade_count"]] == [int(v) for v in want["trade_count"]]
         assert [Decimal(str(v)) for v in got["volume"]] == [Decimal(str(v)) for v in want["volume"]]
+        hours = {int(t.timestamp() * 1000): int(n) for t, n in want["trade_count"].items()}
+        wait_for(lambda: live.last_counts() == hours, timeout=60, interval=0.5)
+        over = {t: n for t, n in live.most.items() if n > hours.get(t, 0)}
+        assert not over, f"live candles counted ticks twice: {over} against {hours}"
     finally:
+        live.close()
         restarted.terminate()
         restarted.wait(60)
         # Leave a running job for the module's teardown and later tests.
         _replace_module_job(pipeline)
+
+
+class LiveCandles:
+    """Candle updates of one topic through the relay, collected on a thread."""
+
+    def __init__(self, settings, topic: str) -> None:
+        self._ctx = zmq.Context()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.subscribe(topic)
+        self._sub.connect(settings.connect("market_data"))
+        self.updates: list[market_pb2.OHLC] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        time.sleep(1.0)  # the subscription reaches the job through the relay
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._sub.poll(100):
+                self.updates.append(decode_sub(self._sub.recv_multipart())[1])
+
+    def last_counts(self) -> dict[int, int]:
+        return {u.open_time_ms: u.trade_count for u in list(self.updates)}
+
+    @property
+    def most(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for u in list(self.updates):
+            out[u.open_time_ms] = max(out.get(u.open_time_ms, 0), u.trade_count)
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self._sub.close(linger=0)
+        self._ctx.term()
 
 
 def _jobs(settings):
