@@ -1,0 +1,67 @@
+"""The Iceberg tables across releases: ensure_tables brings an older release's tables to
+this release's columns and partitioning without losing a row."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pyarrow as pa
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import DayTransform, IdentityTransform
+
+from candlewire.lake import NAMESPACE, OHLC_SCHEMA, TABLES, catalog, ensure_tables
+
+NEW_COLUMNS = ("first_trade_ns", "last_trade_ns")
+
+
+def test_an_older_ohlc_table_gains_columns_and_month_partitions(lakehouse, tmp_path) -> None:
+    # A catalog of its own, in a warehouse of its own, holding the previous release's table.
+    settings = lakehouse.model_copy(
+        update={"catalog_name": f"old_{uuid.uuid4().hex[:8]}", "warehouse": tmp_path.as_uri()}
+    )
+    cat = catalog(settings)
+    cat.create_namespace(NAMESPACE)
+    old_schema = Schema(
+        *(f for f in OHLC_SCHEMA.fields if f.name not in NEW_COLUMNS),
+        identifier_field_ids=[1, 2, 3],
+    )
+    old = cat.create_table(
+        f"{NAMESPACE}.ohlc",
+        old_schema,
+        partition_spec=PartitionSpec(
+            PartitionField(1, 1000, IdentityTransform(), "ticker"),
+            PartitionField(2, 1001, IdentityTransform(), "period_s"),
+            PartitionField(3, 1002, DayTransform(), "open_day"),
+        ),
+    )
+    when = datetime(2025, 3, 4, 5, 6, tzinfo=UTC)
+    price = pa.array([Decimal("1.5")], pa.decimal128(38, 18))
+    old.append(
+        pa.table(
+            {
+                "ticker": ["X:A/B"],
+                "period_s": pa.array([60], pa.int32()),
+                "open_time": pa.array([when], pa.timestamp("us", tz="UTC")),
+                **dict.fromkeys(("open", "high", "low", "close", "volume"), price),
+                "trade_count": pa.array([3], pa.int64()),
+                "closed": [True],
+                "source": ["history"],
+                "update_time": pa.array([when], pa.timestamp("us", tz="UTC")),
+            },
+            schema=old_schema.as_arrow(),
+        )
+    )
+
+    assert ensure_tables(settings) == [f"{NAMESPACE}.ticks", f"{NAMESPACE}.symbol_metadata"]
+    ensure_tables(settings)  # a second run changes nothing more
+
+    table = cat.load_table(f"{NAMESPACE}.ohlc")
+    assert [f.name for f in table.schema().fields] == [f.name for f in OHLC_SCHEMA.fields]
+    assert [f.name for f in table.spec().fields] == [f.name for f in TABLES["ohlc"][1].fields]
+    assert len(table.specs()) == 2  # the day spec stays for the files written under it
+    rows = table.scan(row_filter="ticker = 'X:A/B' and period_s = 60").to_arrow().to_pylist()
+    assert len(rows) == 1
+    assert rows[0]["trade_count"] == 3 and rows[0]["first_trade_ns"] is None
