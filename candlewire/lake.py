@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table import Table
 from pyiceberg.table.sorting import SortField, SortOrder
 from pyiceberg.transforms import DayTransform, IdentityTransform, MonthTransform
 from pyiceberg.types import (
@@ -158,7 +159,7 @@ def spark_catalog_conf(settings: Settings) -> dict[str, str]:
     }
 
 
-def _evolve_partitions(table, spec: PartitionSpec) -> None:  # noqa: ANN001 - pyiceberg Table
+def _evolve_partitions(table: Table, spec: PartitionSpec) -> None:
     """Move a table made by an older release to this release's partitioning. Files already
     written keep theirs until compaction rewrites them; queries prune both."""
     wanted = {f.name: (f.source_id, f.transform) for f in spec.fields}

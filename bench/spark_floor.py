@@ -1,0 +1,209 @@
+"""Spark's own floor on this machine, against which ``bench/stream.py``'s numbers stand.
+
+1. Throughput: Spark's Kafka source reading N tick records as a batch and counting them (no
+   decode, no writes), then the same with our Python decode (``mapInArrow``). A job built on
+   Spark's Kafka source cannot go faster than these here.
+2. Micro-batch latency: a streaming query Kafka → ``foreachBatch`` that only notes when it
+   sees each tick, for several ``processingTime`` triggers. Latency is that moment minus the
+   tick's produce time (one process, one clock): what is left for the job is the rest.
+3. Continuous processing (``trigger(continuous=...)``), Spark 4.0's only lower-latency mode:
+   Kafka → Kafka with a projection, latency measured at a consumer of the output topic. It
+   allows neither aggregations nor Python, so it cannot build candles: it shows what the
+   mode gives, not something the job can use. (Real-time mode arrived in Spark 4.1.)
+
+Only a Kafka broker runs (private, free ports). The last line is JSON.
+
+    python -m bench.spark_floor [--records N] [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bench.kafka import start_broker
+from bench.stream import tick
+from candlewire.kafka import producer_config
+from candlewire.spark import build_session
+from streaming.decode import TICK_DDL, decode_ticks
+
+TOPICS = {"bench.floor.bulk": 6, "bench.floor.in": 1, "bench.floor.out": 1}
+
+
+def pcts(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    return {
+        "p50_ms": round(statistics.median(s) * 1000),
+        "p99_ms": round(s[min(len(s) - 1, int(len(s) * 0.99))] * 1000),
+        "n": len(s),
+    }
+
+
+def paced(settings, topic: str, seconds: float, rate: float = 20.0) -> None:
+    """Records whose value is their produce time in ns, at a low rate."""
+    producer = Producer(producer_config(settings, **{"linger.ms": 0}))
+    end = time.time() + seconds
+    while time.time() < end:
+        producer.produce(topic, value=str(time.time_ns()).encode())
+        producer.poll(0)
+        time.sleep(1 / rate)
+    producer.flush(10)
+
+
+def source(spark, settings, topic: str, stream: bool, starting: str = "earliest"):
+    reader = spark.readStream if stream else spark.read
+    return (
+        reader.format("kafka")
+        .option("kafka.bootstrap.servers", settings.kafka_servers())
+        .option("subscribe", topic)
+        .option("startingOffsets", starting)
+        .load()
+    )
+
+
+def throughput(spark, settings, records: int) -> dict[str, float]:
+    producer = Producer(producer_config(settings, **{"linger.ms": 20}))
+    now = time.time_ns()
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(
+                    "bench.floor.bulk", key=b"k%d" % (i % 8), value=tick("B:T/U", i, now + i)
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+    out = {}
+    for label, frame in (
+        ("kafka_read", lambda: source(spark, settings, "bench.floor.bulk", False)),
+        (
+            "kafka_read_decode",
+            lambda: (
+                source(spark, settings, "bench.floor.bulk", False)
+                .select("value")
+                .mapInArrow(decode_ticks, TICK_DDL)
+                .where("valid")
+            ),
+        ),
+    ):
+        best = float("inf")
+        for _ in range(3):  # the first run pays for JIT and connections
+            t0 = time.perf_counter()
+            assert frame().count() == records
+            best = min(best, time.perf_counter() - t0)
+        out[label] = round(records / best)
+        print(f"{label}: {records:,} records, best of 3 {best:.2f}s, {records / best:,.0f}/s")
+    return out
+
+
+def micro_batch_latency(spark, settings, trigger_ms: int, seconds: float) -> dict[str, float]:
+    seen: list[float] = []
+
+    def note(df, _batch_id: int) -> None:
+        values = [int(r.value) for r in df.selectExpr("CAST(value AS STRING) value").collect()]
+        now = time.time_ns()
+        seen.extend((now - v) / 1e9 for v in values)
+
+    checkpoint = tempfile.mkdtemp(prefix="floor-", dir="/dev/shm")
+    query = (
+        source(spark, settings, "bench.floor.in", True, "latest")
+        .writeStream.foreachBatch(note)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime=f"{trigger_ms} milliseconds")
+        .start()
+    )
+    time.sleep(5)  # the query is running and has taken its starting offsets
+    paced(settings, "bench.floor.in", seconds)
+    time.sleep(2)
+    query.stop()
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    result = pcts(seen)
+    print(f"micro-batch, processingTime {trigger_ms} ms: {result}")
+    return result
+
+
+def continuous_latency(spark, settings, seconds: float) -> dict[str, float]:
+    checkpoint = tempfile.mkdtemp(prefix="floor-", dir="/dev/shm")
+    query = (
+        source(spark, settings, "bench.floor.in", True, "latest")
+        .selectExpr("value")
+        .writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings.kafka_servers())
+        .option("topic", "bench.floor.out")
+        .option("checkpointLocation", checkpoint)
+        .trigger(continuous="1 second")
+        .start()
+    )
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_servers(),
+            "group.id": "floor",
+            "auto.offset.reset": "latest",
+        }
+    )
+    consumer.subscribe(["bench.floor.out"])
+    seen: list[float] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            msg = consumer.poll(0.1)
+            if msg is not None and not msg.error():
+                seen.append((time.time_ns() - int(msg.value())) / 1e9)
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    time.sleep(8)  # the long-running tasks start and the consumer is assigned
+    paced(settings, "bench.floor.in", seconds)
+    time.sleep(3)
+    stop.set()
+    reader.join()
+    consumer.close()
+    query.stop()
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    result = pcts(seen)
+    print(f"continuous, 1 s epochs, Kafka → Kafka: {result}")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=300_000)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="candlewire-floor-"))
+    settings, broker = start_broker(base)
+    spark = None
+    try:
+        admin = AdminClient({"bootstrap.servers": settings.kafka_servers()})
+        for topic, parts in TOPICS.items():
+            admin.create_topics([NewTopic(topic, num_partitions=parts, replication_factor=1)])[
+                topic
+            ].result()
+        spark = build_session(settings, "candlewire-floor")
+        report = {"throughput_per_s": throughput(spark, settings, args.records)}
+        report["micro_batch"] = {
+            f"{ms}ms": micro_batch_latency(spark, settings, ms, args.seconds)
+            for ms in (0, 100, 500)
+        }
+        report["continuous"] = continuous_latency(spark, settings, args.seconds)
+        print(json.dumps(report))
+    finally:
+        if spark is not None:
+            spark.stop()
+        broker.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
