@@ -90,7 +90,7 @@ def throughput(spark, settings, records: int) -> dict[str, float]:
             "kafka_read_decode",
             lambda: (
                 source(spark, settings, "bench.floor.bulk", False)
-                .select("value")
+                .select("value", "partition", "offset")
                 .mapInArrow(decode_ticks, TICK_DDL)
                 .where("valid")
             ),

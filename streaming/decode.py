@@ -29,6 +29,7 @@ TICK_ROWS = pa.schema(
     ]
 )
 KAFKA_POSITION = [("partition", pa.int32()), ("offset", pa.int64())]
+# mapInArrow's output schema: the input must carry ``partition`` and ``offset`` too.
 TICK_DDL = (
     "valid boolean, ticker string, trade_id string, price string, size string, side string, "
     "exchange_time_ns bigint, ingest_time_ns bigint, record binary, partition int, offset bigint"
