@@ -56,6 +56,7 @@ bench: install
 	$(PY) -m bench.kafka
 	$(PY) -m bench.ingest
 	$(PY) -m bench.stream
+	$(PY) -m bench.spark_floor
 	$(PY) -m bench.history
 	$(PY) -m bench.subscribe
 	$(PY) -m bench.backfill
