@@ -1,10 +1,11 @@
 """Forming candles: the state between micro-batches, kept on the driver.
 
-Spark reduces each micro-batch to one partial candle per (ticker, period, window): a few rows
-for thousands of ticks. This state folds partials into the candles still forming and answers
-with the absolute values, which the job publishes at once and then MERGEs into ``ohlc``.
-Keeping it here, not in Spark's state store, removes a second Kafka read, a second decode and
-a stateful query per tick; the micro-batch stays stateless.
+Each micro-batch is reduced to one partial candle per (ticker, period, window), a few rows for
+thousands of ticks: by Spark in the committing query, by :func:`partial_candles` in the live
+one. This state folds partials into the candles still forming and answers with the absolute
+values, which the live query publishes and the committing query MERGEs into ``ohlc``.
+Keeping it here, not in Spark's state store, keeps every micro-batch stateless (no state
+store commit per batch), and lets each query hold its own copy.
 
 Event time rules, as Spark's watermark defines them: the watermark is the largest event time
 of earlier batches minus the delay. A tick older than the watermark is late and changes no
