@@ -24,6 +24,7 @@ from pathlib import Path
 
 import zmq
 
+from bench.stats import pct
 from candlewire.config import Settings
 from candlewire.events import EventPublisher
 from candlewire.local.postgres import LocalPostgres
@@ -32,11 +33,6 @@ from proto.envelope import decode, encode, encode_topic
 from tests.gateway.conftest import new_user, sign_in, spawn_gateway, user_event
 from tests.gateway.standins import TelegramStandIn
 from tests.support import free_settings
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
 def drain(ws) -> threading.Thread:

@@ -31,6 +31,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.kafka import start_broker
+from bench.stats import pct
 from bench.stream import tick
 from candlewire.kafka import producer_config
 from candlewire.spark import build_session
@@ -40,11 +41,10 @@ TOPICS = {"bench.floor.bulk": 6, "bench.floor.in": 1, "bench.floor.out": 1}
 
 
 def pcts(samples: list[float]) -> dict[str, float]:
-    s = sorted(samples)
     return {
-        "p50_ms": round(statistics.median(s) * 1000),
-        "p99_ms": round(s[min(len(s) - 1, int(len(s) * 0.99))] * 1000),
-        "n": len(s),
+        "p50_ms": round(statistics.median(samples) * 1000),
+        "p99_ms": round(pct(samples, 0.99)),
+        "n": len(samples),
     }
 
 

@@ -24,6 +24,7 @@ import zmq
 from confluent_kafka import Producer
 
 from bench.stack import private_stack
+from bench.stats import pct
 from candlewire.kafka import TICKS, producer_config
 from candlewire.topics import market_data_topic
 from proto import market_pb2
@@ -142,17 +143,16 @@ def main() -> None:
         time.sleep(5)
         rate = throughput(settings, args.burst)
         lat = sorted(latency(settings, args.latency_seconds))
-    p50 = statistics.median(lat)
-    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    p50, p99 = statistics.median(lat) * 1000, pct(lat, 0.99)
     print(
-        f"sustained {rate:,.0f} ticks/s; tick → candle update via relay: p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms over {len(lat)} ticks"
+        f"sustained {rate:,.0f} ticks/s; tick → candle update via relay: p50 {p50:.0f} ms, p99 {p99:.0f} ms over {len(lat)} ticks"
     )
     print(
         json.dumps(
             {
                 "ticks_per_s": round(rate),
-                "latency_p50_ms": round(p50 * 1000),
-                "latency_p99_ms": round(p99 * 1000),
+                "latency_p50_ms": round(p50),
+                "latency_p99_ms": round(p99),
                 "ticks": len(lat),
             }
         )

@@ -175,8 +175,8 @@ def _evolve_partitions(table: Table, spec: PartitionSpec) -> None:
 
 
 def ensure_tables(settings: Settings) -> list[str]:
-    """Create the namespace and any missing table, and add columns a newer release
-    defines to tables an older one made; return the names created."""
+    """Create the namespace and any missing table, and bring tables an older release made
+    to this release's columns and partitioning; return the names created."""
     cat = catalog(settings)
     cat.create_namespace_if_not_exists(NAMESPACE)
     created = []

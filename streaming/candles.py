@@ -48,6 +48,10 @@ class Candle:
     def end_ms(self) -> int:
         return self.open_ms + self.period_s * 1000
 
+    def is_final(self, watermark_ms: int) -> bool:
+        """The watermark has passed the window's end: no tick may change it any more."""
+        return self.end_ms <= watermark_ms
+
     def absorb(self, other: Candle) -> None:
         """Fold in a partial of the same window; on equal times the earlier batch keeps open
         and the later one sets close, as arrival order would."""
@@ -101,14 +105,14 @@ class FormingCandles:
 
     def evict(self, watermark_ms: int) -> int:
         """Drop windows the watermark has passed; no tick can change them any more."""
-        final = [k for k, c in self._open.items() if c.end_ms <= watermark_ms]
+        final = [k for k, c in self._open.items() if c.is_final(watermark_ms)]
         for k in final:
             del self._open[k]
         return len(final)
 
     def restore(self, candles: Iterable[Candle], watermark_ms: int) -> None:
         """The state as of a committed batch: its live ``ohlc`` rows still forming."""
-        self._open = {c.key: c for c in candles if c.end_ms > watermark_ms}
+        self._open = {c.key: c for c in candles if not c.is_final(watermark_ms)}
 
 
 def partial_candles(

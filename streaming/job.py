@@ -180,13 +180,14 @@ class StreamingJob:
 
     # -- sources -------------------------------------------------------------------------
 
-    def _kafka(self, topic: str, max_per_trigger: int = 500_000) -> DataFrame:
+    def _kafka(self, topic: str, max_per_trigger: int = 500_000, **options: str) -> DataFrame:
         return (
             self.spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", self.settings.kafka_servers())
             .option("subscribe", topic)
             .option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", str(max_per_trigger))
+            .options(**options)
             .load()
         )
 
@@ -203,16 +204,9 @@ class StreamingJob:
         query starts there on every start, with the forming candles of that commit."""
         start = {str(p): o for p, o in self.offsets.items()}
         start.update({str(p): -2 for p in range(TICKS.partitions) if str(p) not in start})
-        return (
-            self.spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", self.settings.kafka_servers())
-            .option("subscribe", TICKS.name)
-            .option("startingOffsets", json.dumps({TICKS.name: start}))
-            .option("failOnDataLoss", "false")
-            .option("maxOffsetsPerTrigger", "500000")
-            .load()
-            .select("value")
-        )
+        return self._kafka(
+            TICKS.name, startingOffsets=json.dumps({TICKS.name: start}), failOnDataLoss="false"
+        ).select("value")
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -299,11 +293,10 @@ class StreamingJob:
         good = df.where("valid")
         for r in df.groupBy("partition").agg(F.max("offset").alias("last")).collect():
             self.offsets[r.partition] = max(self.offsets.get(r.partition, 0), r.last + 1)
-        delay_ms = int(self.settings.stream_watermark_s * 1000)
-        watermark = max(self.watermark_ms, (counts.max_ns or 0) // 1_000_000 - delay_ms)
+        watermark = self._next_watermark(self.watermark_ms, counts.max_ns or 0)
         updated: list[Candle] = []
         if batch_id > self.committed_candles:
-            partials = _partial_candles(good.where(F.col("exchange_time_ns") >= late_ns))
+            partials = _partials_in_spark(good.where(F.col("exchange_time_ns") >= late_ns))
             updated = self.forming.merge(map(candle_from_row, partials.toArrow().to_pylist()))
             self.metrics.late.inc(counts.late or 0)
             lap("candles")
@@ -372,8 +365,7 @@ class StreamingJob:
         if not frames:
             return
         self.publisher.publish_raw(frames)
-        delay_ms = int(self.settings.stream_watermark_s * 1000)
-        watermark = max(self.live_watermark_ms, max_ns // 1_000_000 - delay_ms)
+        watermark = self._next_watermark(self.live_watermark_ms, max_ns)
         updated = self.live.merge(partial_candles(kept, PERIODS_S))
         self._publish_candles(updated, watermark)
         self.metrics.published.labels("tick").inc(len(frames))
@@ -381,6 +373,11 @@ class StreamingJob:
         self.live_watermark_ms = watermark
         self.live.evict(watermark)
         self.metrics.batches.labels("live").inc()
+
+    def _next_watermark(self, watermark_ms: int, max_event_ns: int) -> int:
+        """Spark's rule: the largest event time seen so far minus the allowed delay."""
+        delay_ms = int(self.settings.stream_watermark_s * 1000)
+        return max(watermark_ms, max_event_ns // 1_000_000 - delay_ms)
 
     def _commit_properties(self, query: str, batch_id: int) -> dict[str, str]:
         props = {"query": query, "run": self.run_id, "batch": batch_id}
@@ -422,7 +419,7 @@ class StreamingJob:
                         for f in ("open", "high", "low", "close", "volume")
                     },
                     "trade_count": pa.array([c.trade_count for c in candles], pa.int64()),
-                    "closed": [c.end_ms <= watermark_ms for c in candles],
+                    "closed": [c.is_final(watermark_ms) for c in candles],
                     "first_trade_ns": pa.array([c.first_trade_ns for c in candles], pa.int64()),
                     "last_trade_ns": pa.array([c.last_trade_ns for c in candles], pa.int64()),
                 }
@@ -470,7 +467,7 @@ class StreamingJob:
                 close=str(c.close.normalize()),
                 volume=str(c.volume.normalize()),
                 trade_count=c.trade_count,
-                closed=c.end_ms <= watermark_ms,
+                closed=c.is_final(watermark_ms),
                 update_time_ms=now_ms,
             )
             self.publisher.publish(market_data_topic(c.ticker, ohlc_type(c.period_s)), candle)
@@ -649,7 +646,7 @@ class _Laps:
         return ", ".join(self._laps)
 
 
-def _partial_candles(ticks: DataFrame) -> DataFrame:
+def _partials_in_spark(ticks: DataFrame) -> DataFrame:
     """One partial candle per (ticker, period, window) of a batch: a stateless aggregation
     over every period at once. Windows are aligned to the epoch, like Spark's ``window``."""
     t = F.col("exchange_time_ns")
@@ -680,8 +677,6 @@ def _partial_candles(ticks: DataFrame) -> DataFrame:
 
 
 def _differs(row: dict, current: object) -> bool:
-    from decimal import Decimal
-
     for key in ("base", "quote", "exchange_symbol", "status"):
         if row[key] != getattr(current, key):
             return True

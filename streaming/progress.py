@@ -1,7 +1,8 @@
 """What the job must remember across micro-batches and restarts, kept in PostgreSQL.
 
-The forming candles' last commit to ``ohlc`` (batch, watermark, snapshot) is written right
-after it, so a restart restores them as of that snapshot and replays what came later.
+The forming candles' last commit to ``ohlc`` (batch, watermark, snapshot, Kafka offsets) is
+written right after it, so a restart restores them as of that snapshot and replays what came
+later.
 
 History requests span pages (possibly several micro-batches); a metadata snapshot spans
 records. Both are recorded here only *after* their rows are committed to Iceberg, with
