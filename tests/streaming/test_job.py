@@ -238,10 +238,16 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
         table.refresh()
         return len(table.scan(row_filter=f"ticker = '{ticker}'").to_arrow())
 
-    # A first commit, so the restart has forming candles to restore; then a kill while the
-    # next batches are in flight.
+    def minute_trades() -> int:
+        ohlc.refresh()
+        rows = ohlc.scan(row_filter=f"ticker = '{ticker}' and period_s = 60").to_arrow()
+        return sum(rows["trade_count"].to_pylist())
+
+    # The first 1,000 ticks' candles committed, so the restart has forming candles to restore
+    # (a tick append alone is not enough: the kill could then land before the candle commit);
+    # then a kill while the next batches are in flight.
     produce_ticks(pipeline, ticks[:1000])
-    wait_for(lambda: ticks_in_table() > 0, timeout=90, interval=0.5)
+    wait_for(lambda: minute_trades() == 1000, timeout=90, interval=0.5)
     produce_ticks(pipeline, ticks[1000:2000])
     time.sleep(1.5)
     os.kill(job, signal.SIGKILL)
