@@ -1,12 +1,13 @@
 """Reading candles from Iceberg with pyiceberg, filters pushed down.
 
-The ``ohlc`` table is partitioned by ticker, period and day, so these equality and range
-predicates prune to the files of one ticker's days before anything is read.
+The ``ohlc`` table is partitioned by ticker, period and month, so these equality and range
+predicates prune to the files of one ticker's months before anything is read.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
 
 from candlewire._protocol import TimeLike, to_ms
@@ -44,6 +45,19 @@ def read_history(
         GreaterThanOrEqual("open_time", _iso(to_ms(start))),
         LessThan("open_time", _iso(to_ms(end))),
     )
-    return (
-        table.scan(row_filter=row_filter, selected_fields=COLUMNS).to_arrow().sort_by("open_time")
+    return _by_open_time(table.scan(row_filter=row_filter, selected_fields=COLUMNS).to_arrow())
+
+
+def _by_open_time(table: pa.Table) -> pa.Table:
+    """Sorted by open_time. Each file is written sorted and a month's rows are mostly one
+    file, so ordering the files' batches is usually enough: no copy, where a full sort was
+    a third of a year's read."""
+    batches = sorted(
+        (b for b in table.to_batches() if b.num_rows),
+        key=lambda b: b.column("open_time")[0].value,
     )
+    ordered = pa.Table.from_batches(batches, table.schema)
+    times = ordered.column("open_time")
+    if len(times) < 2 or pc.all(pc.less_equal(times[:-1], times[1:])).as_py():
+        return ordered
+    return ordered.sort_by("open_time")

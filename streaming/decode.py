@@ -7,11 +7,15 @@ fatal: they come out as ``valid = false`` rows that the job counts and drops.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
-from decimal import Decimal, InvalidOperation
+from datetime import UTC, datetime
+from decimal import Context, Decimal, InvalidOperation
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from candlewire.lake import OHLC_SCHEMA
 from proto import market_pb2
 from proto.envelope import EnvelopeError, from_record
 
@@ -35,6 +39,14 @@ TICK_DDL = (
     "exchange_time_ns bigint, ingest_time_ns bigint, record binary, partition int, offset bigint"
 )
 SIDES = {market_pb2.BUY: "BUY", market_pb2.SELL: "SELL"}
+DECIMAL = pa.decimal128(38, 18)  # the tables' DECIMAL(38,18)
+# The ``ohlc`` table's schema as Arrow, with the plain strings Spark reads from Arrow.
+OHLC_ROWS = pa.schema(
+    f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f
+    for f in OHLC_SCHEMA.as_arrow()
+)
+_SCALE = Decimal(1).scaleb(-18)
+_DECIMAL_CONTEXT = Context(prec=38)
 
 
 def decode_ticks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -94,20 +106,65 @@ def decode_records(values: list[bytes], cls: type) -> tuple[list, int]:
     return out, bad
 
 
-def candles_table(candles: list[market_pb2.OHLC], source: str) -> pa.Table:
-    """OHLC messages as an Arrow table; decimals stay strings until Spark casts them."""
-    return pa.table(
+def ohlc_rows(columns: dict[str, list | pa.Array], source: str) -> pa.Table:
+    """Rows for ``ohlc``, typed as the table is (its schema, as Arrow), so Spark casts nothing:
+    Spark's per-row casts were seconds of a year of history's time. ``open_time_ms`` is epoch
+    milliseconds; ``source`` and ``update_time`` (now) are filled in, absent columns null."""
+    n = len(columns["ticker"])
+    given = {
+        **columns,
+        "open_time": pa.array(columns["open_time_ms"], pa.int64()).cast(pa.timestamp("ms", "UTC")),
+        "source": [source] * n,
+        "update_time": [datetime.now(UTC)] * n,
+    }
+    return pa.Table.from_arrays(
+        [_typed(given.get(f.name), f.type, n) for f in OHLC_ROWS], schema=OHLC_ROWS
+    )
+
+
+def _typed(values: list | pa.Array | None, type_: pa.DataType, n: int) -> pa.Array:
+    if values is None:
+        return pa.nulls(n, type_)
+    if isinstance(values, pa.Array):
+        return values.cast(type_)
+    return pa.array(values, type_)
+
+
+def candles_table(candles: list[market_pb2.OHLC], source: str) -> tuple[pa.Table, int]:
+    """OHLC messages as ``ohlc`` rows, decimals cast by Arrow (vectorised). Returns the table
+    and how many rows were left out for a malformed decimal."""
+    prices = {
+        f: decimal_column([getattr(c, f) for c in candles])
+        for f in ("open", "high", "low", "close", "volume")
+    }
+    table = ohlc_rows(
         {
             "ticker": [c.ticker for c in candles],
-            "period_s": pa.array([c.period_s for c in candles], pa.int32()),
-            "open_time_ms": pa.array([c.open_time_ms for c in candles], pa.int64()),
-            "open": [c.open for c in candles],
-            "high": [c.high for c in candles],
-            "low": [c.low for c in candles],
-            "close": [c.close for c in candles],
-            "volume": [c.volume for c in candles],
-            "trade_count": pa.array([c.trade_count for c in candles], pa.int64()),
+            "period_s": [c.period_s for c in candles],
+            "open_time_ms": [c.open_time_ms for c in candles],
+            **prices,
+            "trade_count": [c.trade_count for c in candles],
             "closed": [c.closed for c in candles],
-            "source": [source] * len(candles),
-        }
+        },
+        source,
     )
+    valid = functools.reduce(pc.and_, (pc.is_valid(a) for a in prices.values()))
+    kept = table.filter(valid) if pc.any(pc.invert(valid)).as_py() else table
+    return kept, len(candles) - kept.num_rows
+
+
+def decimal_column(values: list[str]) -> pa.Array:
+    """Decimal strings as DECIMAL(38,18), vectorised; value by value only when the column
+    holds a bad one, which becomes null."""
+    try:
+        return pa.array(values, pa.string()).cast(DECIMAL)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return pa.array([_decimal(v) for v in values], DECIMAL)
+
+
+def _decimal(text: str) -> Decimal | None:
+    try:
+        value = Decimal(text).quantize(_SCALE, context=_DECIMAL_CONTEXT)
+    except (InvalidOperation, ValueError):
+        return None
+    return value if value.is_finite() else None

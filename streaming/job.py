@@ -31,6 +31,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -38,6 +39,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -51,13 +53,14 @@ from candlewire.topics import market_data_topic, metadata_update_topic, ohlc_typ
 from proto import market_pb2
 from proto import requests_pb2 as rq
 from streaming.candles import Candle, FormingCandles, candle_from_row, partial_candles
-from streaming.decode import TICK_DDL, candles_table, decode_records, decode_ticks
+from streaming.decode import TICK_DDL, candles_table, decode_records, decode_ticks, ohlc_rows
 from streaming.progress import CandleCommit, Progress
 from streaming.publisher import StreamPublisher
 
 log = logging.getLogger("candlewire.stream")
 DEC = "DECIMAL(38,18)"
 TRADE_TIMES = ("first_trade_ns", "last_trade_ns")  # live candles only
+OHLC_KEY = [("ticker", "ascending"), ("period_s", "ascending"), ("open_time", "ascending")]
 
 
 class StreamMetrics:
@@ -127,6 +130,7 @@ class StreamingJob:
         # since writing offsets and commits to disk was most of a live batch's time.
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self._live_dir = tempfile.mkdtemp(prefix="candlewire-live-", dir=shm)
+        self._ohlc_lock = threading.Lock()  # both the ticks and the history query write ohlc
 
     # -- exactly-once bookkeeping -----------------------------------------------------
 
@@ -385,69 +389,57 @@ class StreamingJob:
 
     # -- candles ----------------------------------------------------------------------------
 
-    def _merge_ohlc(
-        self,
-        spark: SparkSession,
-        view: str,
-        tickers: set[str],
-        periods: set[int],
-        lo_ms: int,
-        hi_ms: int,
-    ) -> None:
-        """Upsert by (ticker, period_s, open_time); literal bounds let Iceberg prune files."""
-        commit_sql(
-            spark,
-            f"MERGE INTO {self.tables['ohlc']} t USING {view} s "
-            f"ON t.ticker = s.ticker AND t.period_s = s.period_s AND t.open_time = s.open_time "
-            f"AND t.ticker IN ({_quoted(tickers)}) AND t.period_s IN ({', '.join(map(str, sorted(periods)))}) "
-            f"AND t.open_time >= {_ts(lo_ms)} AND t.open_time <= {_ts(hi_ms)} "
-            f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
+    def _upsert_ohlc(self, rows: pa.Table, view: str, *, append_if_new: bool = False) -> None:
+        """Upsert by (ticker, period_s, open_time); literal bounds let Iceberg prune files.
+
+        With ``append_if_new``, rows for a range that holds none yet are appended: the same
+        result without MERGE's join, which was most of a year of history's time. The lock
+        keeps the other query from writing the range between the check and the append."""
+        spark, ohlc = self.spark, self.tables["ohlc"]
+        micros = pc.min_max(rows.column("open_time").cast(pa.int64())).as_py()
+        lo_ms, hi_ms = micros["min"] // 1000, micros["max"] // 1000
+        bounds = (
+            f"{{t}}ticker IN ({_quoted(set(rows.column('ticker').to_pylist()))}) "
+            f"AND {{t}}period_s IN ({', '.join(map(str, sorted(set(rows.column('period_s').to_pylist()))))}) "
+            f"AND {{t}}open_time >= {_ts(lo_ms)} AND {{t}}open_time <= {_ts(hi_ms)}"
         )
+        with self._ohlc_lock:
+            if append_if_new and not spark.sql(
+                f"SELECT 1 FROM {ohlc} WHERE {bounds.format(t='')} LIMIT 1"
+            ).take(1):
+                # Sorted by key and written by as many tasks as cores, without Iceberg's
+                # range shuffle: a month's rows end up in one file, and twice as fast.
+                (
+                    spark.createDataFrame(rows.sort_by(OHLC_KEY))
+                    .coalesce(spark.sparkContext.defaultParallelism)
+                    .writeTo(ohlc)
+                    .options(**{"distribution-mode": "none", "fanout-enabled": "true"})
+                    .append()
+                )
+                return
+            spark.createDataFrame(rows).createOrReplaceTempView(view)
+            commit_sql(
+                spark,
+                f"MERGE INTO {ohlc} t USING {view} s "
+                f"ON t.ticker = s.ticker AND t.period_s = s.period_s AND t.open_time = s.open_time "
+                f"AND {bounds.format(t='t.')} "
+                f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
+            )
 
     def _commit_candles(self, candles: list[Candle], batch_id: int, watermark_ms: int) -> None:
         """MERGE the updated candles' absolute values, then record the batch, the watermark
         and the snapshot, from which a restart restores the forming candles."""
-        spark = self.spark
-        spark.createDataFrame(
-            pa.table(
-                {
-                    "ticker": [c.ticker for c in candles],
-                    "period_s": pa.array([c.period_s for c in candles], pa.int32()),
-                    "open_ms": pa.array([c.open_ms for c in candles], pa.int64()),
-                    **{
-                        f: pa.array([getattr(c, f) for c in candles], pa.decimal128(38, 18))
-                        for f in ("open", "high", "low", "close", "volume")
-                    },
-                    "trade_count": pa.array([c.trade_count for c in candles], pa.int64()),
-                    "closed": [c.is_final(watermark_ms) for c in candles],
-                    "first_trade_ns": pa.array([c.first_trade_ns for c in candles], pa.int64()),
-                    "last_trade_ns": pa.array([c.last_trade_ns for c in candles], pa.int64()),
-                }
-            )
-        ).select(
-            "ticker",
-            "period_s",
-            F.timestamp_millis("open_ms").alias("open_time"),
-            "open",
-            "high",
-            "low",
-            "close",
-            "volume",
-            "trade_count",
-            "closed",
-            F.lit("live").alias("source"),
-            F.current_timestamp().alias("update_time"),
-            "first_trade_ns",
-            "last_trade_ns",
-        ).createOrReplaceTempView("cw_live_candles")
-        self._merge_ohlc(
-            spark,
-            "cw_live_candles",
-            {c.ticker for c in candles},
-            {c.period_s for c in candles},
-            min(c.open_ms for c in candles),
-            max(c.open_ms for c in candles),
+        fields = ("ticker", "period_s", "open", "high", "low", "close", "volume", "trade_count")
+        rows = ohlc_rows(
+            {
+                **{f: [getattr(c, f) for c in candles] for f in fields},
+                "open_time_ms": [c.open_ms for c in candles],
+                "closed": [c.is_final(watermark_ms) for c in candles],
+                **{f: [getattr(c, f) for c in candles] for f in TRADE_TIMES},
+            },
+            "live",
         )
+        self._upsert_ohlc(rows, "cw_live_candles")
         self.progress.record_candles(
             self.run_id,
             CandleCommit(batch_id, watermark_ms, self._snapshot_id("ohlc"), dict(self.offsets)),
@@ -475,41 +467,26 @@ class StreamingJob:
     # -- history -----------------------------------------------------------------------------
 
     def _history_batch(self, df: DataFrame, batch_id: int) -> None:
-        spark = df.sparkSession
+        lap = _Laps()
         values = [r.value for r in df.select("value").collect()]
         batches, bad = decode_records(values, market_pb2.OHLCBatch)
+        lap("decode")
         self.metrics.bad.labels(OHLC_BATCHES.name).inc(bad)
-        candles = [c for b in batches if not b.error for c in b.rows]
+        # One row per key; a page the ingestor sent twice is in the batch twice.
+        candles = list(
+            {
+                (c.ticker, c.period_s, c.open_time_ms): c
+                for b in batches
+                if not b.error
+                for c in b.rows
+            }.values()
+        )
         if candles:
-            view = (
-                spark.createDataFrame(candles_table(candles, "history"))
-                .select(
-                    "ticker",
-                    "period_s",
-                    F.timestamp_millis("open_time_ms").alias("open_time"),
-                    *(
-                        F.col(c).cast(DEC).alias(c)
-                        for c in ("open", "high", "low", "close", "volume")
-                    ),
-                    "trade_count",
-                    "closed",
-                    "source",
-                    F.current_timestamp().alias("update_time"),
-                    *(F.lit(None).cast("bigint").alias(c) for c in TRADE_TIMES),
-                )
-                .dropDuplicates(["ticker", "period_s", "open_time"])
-            )
-            view.createOrReplaceTempView("cw_history_rows")
-            times = [c.open_time_ms for c in candles]
-            self._merge_ohlc(
-                spark,
-                "cw_history_rows",
-                {c.ticker for c in candles},
-                {c.period_s for c in candles},
-                min(times),
-                max(times),
-            )
-            self.metrics.rows.labels("ohlc").inc(len(candles))
+            rows, malformed = candles_table(candles, "history")
+            self.metrics.bad.labels(OHLC_BATCHES.name).inc(malformed)
+            self._upsert_ohlc(rows, "cw_history_rows", append_if_new=True)
+            self.metrics.rows.labels("ohlc").inc(rows.num_rows)
+            lap("write")
         done = self.progress.record_history(
             [b.metadata for b in batches if b.HasField("metadata")],
             [(b.request_id, b.page, len(b.rows)) for b in batches if not b.error],
@@ -535,6 +512,15 @@ class StreamingJob:
             self.publisher.notify(m.notification_topic, note)
             self.metrics.notifications.labels("history_error" if c.error else "history_ok").inc()
         self.metrics.batches.labels("history").inc()
+        if values:
+            log.info(
+                "history batch %d: %d pages, %d rows, %d ready; %s",
+                batch_id,
+                len(batches),
+                len(candles),
+                len(done),
+                lap,
+            )
 
     def _snapshot_id(self, table: str) -> int:
         row = self.spark.sql(

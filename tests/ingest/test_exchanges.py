@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 from decimal import Decimal
 
+import numpy as np
 import pytest
 
-from ingest.exchanges.base import Page, RangeUnavailable, UnknownSymbol, pages
+from ingest.exchanges.base import Page, RangeUnavailable, UnknownSymbol, fmt_fixed, pages
 from ingest.exchanges.replay import ReplayExchange
-from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS, SimExchange
+from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS, SimExchange, fmt_fixed_column
 
 T0 = 1_700_006_400_000  # a day boundary, so every period aligns
 
@@ -73,6 +74,12 @@ def test_sim_errors() -> None:
         sim.ohlc_page("SIM:NOPE/USDT", 60, Page(0, T0, T0 + 60_000))
     with pytest.raises(RangeUnavailable):
         sim.ohlc_page("SIM:BTC/USDT", 60, Page(0, GENESIS_MS - 86_400_000, GENESIS_MS))
+
+
+@pytest.mark.parametrize("decimals", [0, 2, 4])
+def test_column_formatting_equals_the_scalar_one(decimals: int) -> None:
+    values = [0, 1, 9, 10, 99, 100, 12345, -1, -100, -12345, 10**15 + 7]
+    assert fmt_fixed_column(np.array(values), decimals) == [fmt_fixed(v, decimals) for v in values]
 
 
 def test_pages_are_fixed_windows() -> None:

@@ -1,18 +1,12 @@
 """Forming candles across micro-batches, without Spark: partials folded batch by batch equal
-one aggregation over all ticks, whatever the batch split or arrival order. Also the tick
-decoder's validation, which both the live and the committing query rely on."""
+one aggregation over all ticks, whatever the batch split or arrival order."""
 
 from __future__ import annotations
 
 import random
 from decimal import Decimal
 
-import pyarrow as pa
-
-from proto import market_pb2
-from proto.envelope import to_record
 from streaming.candles import Candle, FormingCandles, partial_candles
-from streaming.decode import decode_ticks
 
 Tick = tuple[str, int, Decimal, Decimal]  # ticker, time ns, price, size
 
@@ -132,14 +126,3 @@ def test_live_reduction_equals_the_reference_in_any_arrival_order() -> None:
     shuffled = random.Random(6).sample(data, len(data))
     got = {c.key: c for c in partial_candles(shuffled, [60, 900])}
     assert got == {**aggregate(data, 60), **aggregate(data, 900)}
-
-
-def test_malformed_prices_and_sizes_are_invalid_ticks() -> None:
-    good = market_pb2.Tick(ticker="X:A/B", trade_id="1", price="1.5", size="2", exchange_time_ns=1)
-    bad = [
-        market_pb2.Tick(ticker="X:A/B", trade_id="2", price=p, size=z, exchange_time_ns=1)
-        for p, z in (("abc", "1"), ("NaN", "1"), ("1", "Infinity"), ("", "1"), ("1", ""))
-    ]
-    batch = pa.RecordBatch.from_pydict({"value": [to_record(t) for t in [good, *bad]]})
-    (out,) = decode_ticks(iter([batch]))
-    assert out.column("valid").to_pylist() == [True] + [False] * len(bad)

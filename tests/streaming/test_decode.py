@@ -1,0 +1,65 @@
+"""Kafka values to rows: what a malformed record becomes. Both the live and the committing
+query rely on the tick decoder's validation; the history query on the candle table's."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pyarrow as pa
+
+from proto import market_pb2
+from proto.envelope import to_record
+from streaming.decode import DECIMAL, candles_table, decode_ticks
+
+
+def test_malformed_prices_and_sizes_are_invalid_ticks() -> None:
+    good = market_pb2.Tick(ticker="X:A/B", trade_id="1", price="1.5", size="2", exchange_time_ns=1)
+    bad = [
+        market_pb2.Tick(ticker="X:A/B", trade_id="2", price=p, size=z, exchange_time_ns=1)
+        for p, z in (("abc", "1"), ("NaN", "1"), ("1", "Infinity"), ("", "1"), ("1", ""))
+    ]
+    batch = pa.RecordBatch.from_pydict({"value": [to_record(t) for t in [good, *bad]]})
+    (out,) = decode_ticks(iter([batch]))
+    assert out.column("valid").to_pylist() == [True] + [False] * len(bad)
+
+
+def candle(i: int, open_: str = "1.5", volume: str = "3") -> market_pb2.OHLC:
+    return market_pb2.OHLC(
+        ticker="X:A/B",
+        period_s=60,
+        open_time_ms=i * 60_000,
+        open=open_,
+        high="2",
+        low="1",
+        close="1.25",
+        volume=volume,
+        trade_count=4,
+        closed=True,
+    )
+
+
+def test_candle_rows_are_typed_as_the_table_is() -> None:
+    rows, dropped = candles_table([candle(0), candle(1, "1e3")], "history")
+    assert dropped == 0
+    assert rows.schema.field("open").type == DECIMAL
+    assert rows.column("open").to_pylist() == [Decimal("1.5"), Decimal("1000")]
+    assert rows.column("open_time").to_pylist()[1] == datetime(1970, 1, 1, 0, 1, tzinfo=UTC)
+    assert rows.column("source").to_pylist() == ["history", "history"]
+
+
+def test_candles_with_a_malformed_decimal_are_dropped_and_counted() -> None:
+    batch = [
+        candle(0),
+        candle(1, "NaN"),
+        candle(2, "abc"),
+        candle(3, volume=""),
+        candle(4, "1e400"),  # beyond DECIMAL(38,18)
+        candle(5, "1.0000000000000000004"),  # more digits than the scale: rounded, kept
+    ]
+    rows, dropped = candles_table(batch, "history")
+    assert dropped == 4
+    assert rows.column("open_time").to_pylist() == [
+        datetime(1970, 1, 1, 0, m, tzinfo=UTC) for m in (0, 5)
+    ]
+    assert rows.column("open").to_pylist() == [Decimal("1.5"), Decimal("1")]
