@@ -29,14 +29,13 @@ TICK_ROWS = pa.schema(
         ("side", pa.string()),
         ("exchange_time_ns", pa.int64()),
         ("ingest_time_ns", pa.int64()),
-        ("record", pa.binary()),
     ]
 )
 KAFKA_POSITION = [("partition", pa.int32()), ("offset", pa.int64())]
 # mapInArrow's output schema: the input must carry ``partition`` and ``offset`` too.
 TICK_DDL = (
     "valid boolean, ticker string, trade_id string, price string, size string, side string, "
-    "exchange_time_ns bigint, ingest_time_ns bigint, record binary, partition int, offset bigint"
+    "exchange_time_ns bigint, ingest_time_ns bigint, partition int, offset bigint"
 )
 SIDES = {market_pb2.BUY: "BUY", market_pb2.SELL: "SELL"}
 DECIMAL = pa.decimal128(38, 18)  # the tables' DECIMAL(38,18)
@@ -49,19 +48,25 @@ _SCALE = Decimal(1).scaleb(-18)
 _DECIMAL_CONTEXT = Context(prec=38)
 
 
+def parse_tick(value: bytes | None) -> market_pb2.Tick | None:
+    """A Kafka value as a valid tick, or None: undecodable, another message, no ticker, or
+    a price or size that is not a finite decimal."""
+    try:
+        t = from_record(value or b"")
+    except EnvelopeError:
+        return None
+    return t if isinstance(t, market_pb2.Tick) and t.ticker and _decimals(t) else None
+
+
 def decode_ticks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow function: Kafka ``value`` column to TICK_ROWS, plus each record's Kafka
     ``partition`` and ``offset`` when the input has them (where the job has got to)."""
     for batch in batches:
         cols: dict[str, list] = {name: [] for name in TICK_ROWS.names}
         for value in batch.column("value").to_pylist():
-            try:
-                t = from_record(value or b"")
-                ok = isinstance(t, market_pb2.Tick) and bool(t.ticker) and _decimals(t)
-            except EnvelopeError:
-                ok = False
-            cols["valid"].append(ok)
-            if ok:
+            t = parse_tick(value)
+            cols["valid"].append(t is not None)
+            if t is not None:
                 cols["ticker"].append(t.ticker)
                 cols["trade_id"].append(t.trade_id)
                 cols["price"].append(t.price)
@@ -69,7 +74,6 @@ def decode_ticks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 cols["side"].append(SIDES.get(t.side))
                 cols["exchange_time_ns"].append(t.exchange_time_ns)
                 cols["ingest_time_ns"].append(t.ingest_time_ns or None)
-                cols["record"].append(value)
             else:
                 for name in TICK_ROWS.names[1:]:
                     cols[name].append(None)

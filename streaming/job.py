@@ -53,7 +53,14 @@ from candlewire.topics import market_data_topic, metadata_update_topic, ohlc_typ
 from proto import market_pb2
 from proto import requests_pb2 as rq
 from streaming.candles import Candle, FormingCandles, candle_from_row, partial_candles
-from streaming.decode import TICK_DDL, candles_table, decode_records, decode_ticks, ohlc_rows
+from streaming.decode import (
+    TICK_DDL,
+    candles_table,
+    decode_records,
+    decode_ticks,
+    ohlc_rows,
+    parse_tick,
+)
 from streaming.progress import CandleCommit, Progress
 from streaming.publisher import StreamPublisher
 
@@ -68,6 +75,12 @@ class StreamMetrics:
         r = self.registry = CollectorRegistry()
         self.batches = Counter(
             "candlewire_stream_batches", "Micro-batches processed", ["query"], registry=r
+        )
+        self.busy = Counter(
+            "candlewire_stream_batch_seconds",
+            "Time spent processing micro-batches: rows over this is the rate while busy",
+            ["query"],
+            registry=r,
         )
         self.rows = Counter(
             "candlewire_stream_rows", "Rows committed to Iceberg", ["table"], registry=r
@@ -197,10 +210,9 @@ class StreamingJob:
 
     def _ticks(self) -> DataFrame:
         return (
-            self._kafka(TICKS.name)
+            self._kafka(TICKS.name, self.settings.stream_ticks_batch_max)
             .select("value", "partition", "offset")
             .mapInArrow(decode_ticks, TICK_DDL)
-            .drop("record")  # the live query publishes; the commits need the fields only
         )
 
     def _live_ticks(self) -> DataFrame:
@@ -271,11 +283,13 @@ class StreamingJob:
     def _ticks_batch(self, df: DataFrame, batch_id: int) -> None:
         if batch_id <= min(self.committed_ticks, self.committed_candles):
             return  # committed before a crash: the snapshot properties say so
+        started = time.perf_counter()
         df = df.persist()
         try:
             self._ticks_and_candles(df, batch_id)
         finally:
             df.unpersist()
+            self.metrics.busy.labels("ticks").inc(time.perf_counter() - started)
 
     def _ticks_and_candles(self, df: DataFrame, batch_id: int) -> None:
         # Late ticks (older than the watermark) still land in `ticks`, but change no candle.
@@ -341,31 +355,24 @@ class StreamingJob:
         """Ticks and forming candles to subscribers, ahead of the commits. Decoded on the
         driver: no Python worker round trip and no shuffle, so a batch costs milliseconds.
         Nothing is written; after a restart the query starts again where the commits are."""
+        started = time.perf_counter()
         late_ns = self.live_watermark_ms * 1_000_000
         topics: dict[str, bytes] = {}
         frames: list[tuple[bytes, bytes]] = []
         kept: list[tuple[str, int, Decimal, Decimal]] = []
         max_ns = 0
-        for batch in decode_ticks(iter(df.toArrow().to_batches())):
-            c = batch.to_pydict()
-            for ok, ticker, price, size, t_ns, record in zip(
-                c["valid"],
-                c["ticker"],
-                c["price"],
-                c["size"],
-                c["exchange_time_ns"],
-                c["record"],
-                strict=True,
-            ):
-                if not ok:
-                    continue
-                topic = topics.get(ticker)
-                if topic is None:
-                    topic = topics[ticker] = market_data_topic(ticker, tick_type()).encode()
-                frames.append((topic, record))
-                max_ns = max(max_ns, t_ns)
-                if t_ns >= late_ns:
-                    kept.append((ticker, t_ns, Decimal(price), Decimal(size)))
+        for record in df.toArrow().column("value").to_pylist():
+            t = parse_tick(record)
+            if t is None:
+                continue
+            topic = topics.get(t.ticker)
+            if topic is None:
+                topic = topics[t.ticker] = market_data_topic(t.ticker, tick_type()).encode()
+            frames.append((topic, record))
+            t_ns = t.exchange_time_ns
+            max_ns = max(max_ns, t_ns)
+            if t_ns >= late_ns:
+                kept.append((t.ticker, t_ns, Decimal(t.price), Decimal(t.size)))
         if not frames:
             return
         self.publisher.publish_raw(frames)
@@ -377,6 +384,7 @@ class StreamingJob:
         self.live_watermark_ms = watermark
         self.live.evict(watermark)
         self.metrics.batches.labels("live").inc()
+        self.metrics.busy.labels("live").inc(time.perf_counter() - started)
 
     def _next_watermark(self, watermark_ms: int, max_event_ns: int) -> int:
         """Spark's rule: the largest event time seen so far minus the allowed delay."""
