@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 
-from bench.stack import private_stack
+from bench.stack import private_stack, wait_until_warm
 from candlewire import Client
 
 START = 1_672_531_200_000  # 2023-01-01
@@ -20,7 +20,7 @@ YEAR = 365 * 86_400_000
 
 def main() -> None:
     with private_stack() as settings, Client(settings) as client:
-        time.sleep(5)  # the ingestor finishes its warm-up and heartbeats
+        wait_until_warm(settings)
         t0 = time.perf_counter()
         note = client.request_history("SIM:BTC/USDT", 60, START, START + YEAR, timeout=600)
         ready_s = time.perf_counter() - t0

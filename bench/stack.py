@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,3 +27,22 @@ def private_stack() -> Iterator[Settings]:
     finally:
         stack.down(lambda _: None)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def stream_metric(settings: Settings, series: str) -> float:
+    """Sum of the streaming job's Prometheus series whose line starts with ``series``."""
+    url = f"http://{settings.host}:{settings.port('stream_metrics')}/metrics"
+    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(x.split()[-1]) for x in body.splitlines() if x.startswith(series))
+
+
+def wait_until_warm(settings: Settings, commits: int = 2, timeout: float = 300.0) -> None:
+    """Until the streaming job has made its first commits: they pay for JIT, Python workers
+    and connections, and the benchmarks time the job as it runs for days, not its first
+    minute (a cold first commit took 30 s here, overlapping whatever was timed)."""
+    series = 'candlewire_stream_batches_total{query="ticks"}'
+    deadline = time.monotonic() + timeout
+    while stream_metric(settings, series) < commits:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the streaming job made no {commits} commits in {timeout:.0f}s")
+        time.sleep(1.0)

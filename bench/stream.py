@@ -17,23 +17,16 @@ import json
 import statistics
 import threading
 import time
-import urllib.request
 
 import zmq
 from confluent_kafka import Producer
 
-from bench.stack import private_stack
+from bench.stack import private_stack, stream_metric, wait_until_warm
 from bench.stats import pct
 from candlewire.kafka import TICKS, producer_config
 from candlewire.topics import market_data_topic
 from proto import market_pb2
 from proto.envelope import decode_sub, to_record
-
-
-def stream_metric(settings, series: str) -> float:
-    url = f"http://{settings.host}:{settings.port('stream_metrics')}/metrics"
-    body = urllib.request.urlopen(url, timeout=5).read().decode()
-    return sum(float(x.split()[-1]) for x in body.splitlines() if x.startswith(series))
 
 
 def committed_ticks(settings) -> float:
@@ -141,7 +134,7 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=60.0)
     args = parser.parse_args()
     with private_stack() as settings:
-        time.sleep(5)
+        wait_until_warm(settings)
         rates = throughput(settings, args.burst)
         lat = sorted(latency(settings, args.latency_seconds))
     p50, p99 = statistics.median(lat) * 1000, pct(lat, 0.99)

@@ -16,7 +16,7 @@ import json
 import statistics
 import time
 
-from bench.stack import private_stack
+from bench.stack import private_stack, wait_until_warm
 from candlewire import Client
 from ingest.exchanges.sim import SimExchange
 from ingest.service import Ingestor
@@ -33,7 +33,7 @@ def main() -> None:
         ingestor = Ingestor(
             settings, [SimExchange(name=EXCHANGE, symbols=pairs, rate=10.0)], metrics=False
         ).start()
-        time.sleep(5)  # past warm-up; the streaming job has settled
+        wait_until_warm(settings)
         samples = []
         try:
             with Client(settings) as client:
