@@ -6,13 +6,12 @@ import contextlib
 import shutil
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 from candlewire.config import Settings
 from candlewire.stack import Stack, default_services
-from tests.support import free_settings
+from tests.support import free_settings, stream_metric
 
 
 @contextlib.contextmanager
@@ -27,13 +26,6 @@ def private_stack() -> Iterator[Settings]:
     finally:
         stack.down(lambda _: None)
         shutil.rmtree(base, ignore_errors=True)
-
-
-def stream_metric(settings: Settings, series: str) -> float:
-    """Sum of the streaming job's Prometheus series whose line starts with ``series``."""
-    url = f"http://{settings.host}:{settings.port('stream_metrics')}/metrics"
-    body = urllib.request.urlopen(url, timeout=5).read().decode()
-    return sum(float(x.split()[-1]) for x in body.splitlines() if x.startswith(series))
 
 
 def wait_until_warm(settings: Settings, commits: int = 2, timeout: float = 300.0) -> None:

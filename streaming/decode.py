@@ -38,12 +38,12 @@ TICK_DDL = (
     "exchange_time_ns bigint, ingest_time_ns bigint, partition int, offset bigint"
 )
 SIDES = {market_pb2.BUY: "BUY", market_pb2.SELL: "SELL"}
-DECIMAL = pa.decimal128(38, 18)  # the tables' DECIMAL(38,18)
 # The ``ohlc`` table's schema as Arrow, with the plain strings Spark reads from Arrow.
 OHLC_ROWS = pa.schema(
     f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f
     for f in OHLC_SCHEMA.as_arrow()
 )
+DECIMAL = OHLC_ROWS.field("open").type  # the tables' DECIMAL(38,18)
 _SCALE = Decimal(1).scaleb(-18)
 _DECIMAL_CONTEXT = Context(prec=38)
 

@@ -406,9 +406,12 @@ class StreamingJob:
         spark, ohlc = self.spark, self.tables["ohlc"]
         micros = pc.min_max(rows.column("open_time").cast(pa.int64())).as_py()
         lo_ms, hi_ms = micros["min"] // 1000, micros["max"] // 1000
+        tickers, periods = (
+            set(pc.unique(rows.column(c)).to_pylist()) for c in ("ticker", "period_s")
+        )
         bounds = (
-            f"{{t}}ticker IN ({_quoted(set(rows.column('ticker').to_pylist()))}) "
-            f"AND {{t}}period_s IN ({', '.join(map(str, sorted(set(rows.column('period_s').to_pylist()))))}) "
+            f"{{t}}ticker IN ({_quoted(tickers)}) "
+            f"AND {{t}}period_s IN ({', '.join(map(str, sorted(periods)))}) "
             f"AND {{t}}open_time >= {_ts(lo_ms)} AND {{t}}open_time <= {_ts(hi_ms)}"
         )
         with self._ohlc_lock:

@@ -241,3 +241,10 @@ def start_job(settings: Settings) -> subprocess.Popen:
 
     wait_for(up, timeout=180, interval=0.5)
     return proc
+
+
+def stream_metric(settings: Settings, series: str) -> float:
+    """Sum of the streaming job's Prometheus series whose line starts with ``series``."""
+    url = f"http://{settings.host}:{settings.port('stream_metrics')}/metrics"
+    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(x.split()[-1]) for x in body.splitlines() if x.startswith(series))

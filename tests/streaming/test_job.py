@@ -8,7 +8,6 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.request
 import uuid
 from decimal import Decimal
 
@@ -27,21 +26,10 @@ from ingest.exchanges.sim import SimExchange
 from proto import market_pb2
 from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, to_record
-from tests.support import RUNNING, FakeIngestor, relay_call, start_job, wait_for
+from tests.support import RUNNING, FakeIngestor, relay_call, start_job, stream_metric, wait_for
 
 DAY = 86_400_000
 T0 = 1_700_006_400_000
-
-
-def metric(settings, name: str) -> float:
-    body = (
-        urllib.request.urlopen(
-            f"http://127.0.0.1:{settings.port('stream_metrics')}/metrics", timeout=5
-        )
-        .read()
-        .decode()
-    )
-    return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(name))
 
 
 def produce_ticks(settings, ticks: list[market_pb2.Tick]) -> None:
@@ -130,7 +118,7 @@ def test_candles_equal_pandas_resample_for_every_period(pipeline) -> None:
 def test_ticks_land_in_iceberg_and_late_ticks_are_counted(pipeline) -> None:
     ticker = f"TEST:L{uuid.uuid4().hex[:6].upper()}/USDT"
     now = int(time.time() * 1000)
-    before = metric(pipeline, "candlewire_stream_late_ticks_total")
+    before = stream_metric(pipeline, "candlewire_stream_late_ticks_total")
     # Three days old: beyond the test job's two-day watermark.
     produce_ticks(pipeline, make_ticks(ticker, now - 3 * DAY, 30, seed=2))
     ticks = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
@@ -142,7 +130,7 @@ def test_ticks_land_in_iceberg_and_late_ticks_are_counted(pipeline) -> None:
     wait_for(lambda: landed() == 30, timeout=60, interval=1.0)
     try:
         wait_for(
-            lambda: metric(pipeline, "candlewire_stream_late_ticks_total") - before >= 30,
+            lambda: stream_metric(pipeline, "candlewire_stream_late_ticks_total") - before >= 30,
             timeout=30,
         )
     except AssertionError:
