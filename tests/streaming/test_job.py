@@ -119,8 +119,10 @@ def test_ticks_land_in_iceberg_and_late_ticks_are_counted(pipeline) -> None:
     ticker = f"TEST:L{uuid.uuid4().hex[:6].upper()}/USDT"
     now = int(time.time() * 1000)
     before = stream_metric(pipeline, "candlewire_stream_late_ticks_total")
-    # Three days old: beyond the test job's two-day watermark.
-    produce_ticks(pipeline, make_ticks(ticker, now - 3 * DAY, 30, seed=2))
+    # Four days old: beyond the test job's two-day watermark for every tick. make_ticks puts
+    # tick 10 an hour after the first, so with three days it stopped being late after 23:10
+    # UTC (the watermark follows the first test's ticks, which end near midnight).
+    produce_ticks(pipeline, make_ticks(ticker, now - 4 * DAY, 30, seed=2))
     ticks = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
 
     def landed() -> int:
