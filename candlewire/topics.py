@@ -101,6 +101,11 @@ def history_ready_topic(request_id: str) -> str:
     return f"HISTORY_READY:{request_id}"
 
 
+def notification_prefixes() -> tuple[str, ...]:
+    """What every per-client and per-request notification topic starts with."""
+    return response_topic(""), history_ready_topic("")
+
+
 def metadata_update_topic() -> str:
     return METADATA_UPDATE
 

@@ -34,6 +34,14 @@ class RelayMetrics:
             "DataRequests published on the work queue",
             registry=self.registry,
         )
+        self.held = Counter(
+            "candlewire_relay_dispatched_history",
+            "Accepted history work published, by what released it: its notification topic"
+            " already subscribed (not_held), subscribed while held (heard), or the hold ran out"
+            " (timed_out)",
+            ["released"],
+            registry=self.registry,
+        )
         self.served_exchanges = Gauge(
             "candlewire_relay_work_topics",
             "Work-queue topic prefixes with at least one ingestor subscribed",

@@ -9,8 +9,13 @@
 - A watcher XPUB connected to that XSUB over inproc sees every topic's first subscription
   and last unsubscription (never data), so the relay can tell subscribers of a ticker whose
   exchange has no live ingestor, on the ticker's error topic.
+- The same watcher tells when a request's notification topic is subscribed upstream. Work
+  waits for that (at most ``NOTIFY_HOLD_S``): the client subscribes before it submits, but on
+  another connection, and under load the request could overtake the subscription and its
+  notification be published to nobody.
 
-Nothing is remembered between messages, so a relay can be restarted, or several run.
+Nothing is remembered between messages beyond that bounded wait, so a relay can be
+restarted, or several run.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass
 
 import zmq
 from google.protobuf.message import Message
@@ -25,7 +32,7 @@ from google.protobuf.message import Message
 from candlewire.config import Settings
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
-from candlewire.topics import TopicError, parse_ticker, work_prefix
+from candlewire.topics import TopicError, notification_prefixes, parse_ticker, work_prefix
 from candlewire.zmqutil import harden, pending, subscription
 from proto import requests_pb2 as rq
 from proto.envelope import (
@@ -52,6 +59,19 @@ _REJECT_FOR_ENVELOPE: dict[type[EnvelopeError], int] = {
 # unserved for longer is reported.
 UNSERVED_AFTER_S = 2.0
 STEER_TIMEOUT_MS = 2_000  # how long stop() waits for the proxy to take TERMINATE
+# How long accepted work waits for its notification topic's subscription. A client that
+# subscribes through another relay, or not at all, is only delayed this much.
+NOTIFY_HOLD_S = 1.0
+MAX_HELD = 10_000  # beyond this, work goes out at once rather than queue without bound
+MAX_LISTENED = 1_000_000  # notification topics remembered; beyond, requests just wait
+
+
+@dataclass(frozen=True)
+class _Held:
+    due: float
+    topic: str
+    exchange: str
+    work: rq.DataRequest
 
 
 class Relay:
@@ -82,6 +102,8 @@ class Relay:
         self._watch = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
         self._watched = Demand(grace_s=None)
         self._unserved: dict[str, float] = {}  # ticker -> when next to report it
+        self._listened: set[str] = set()  # notification topics subscribed through this relay
+        self._held: deque[_Held] = deque()
         self._steer = self._ctx.socket(zmq.PAIR)
         self._steer.setsockopt(zmq.SNDTIMEO, STEER_TIMEOUT_MS)
         steer_addr = f"inproc://relay-steer-{id(self)}"
@@ -181,6 +203,7 @@ class Relay:
         while not self._stop.is_set():
             events = poller.poll(100)
             self._track_subscribers()
+            self._release_held(time.monotonic())
             self._report_unserved(time.monotonic())
             if not events:
                 continue
@@ -191,6 +214,7 @@ class Relay:
                 except zmq.Again:
                     break
                 self._handle(frames)
+        self._release_held(float("inf"))  # accepted work is not lost to a clean stop
 
     def _track_ingestors(self) -> None:
         """Apply the work queue's subscription messages: ``\\x01`` + prefix, ``\\x00`` + prefix."""
@@ -207,10 +231,42 @@ class Relay:
 
     def _track_subscribers(self) -> None:
         for msg in pending(self._watch):
+            self._track_listener(msg)
             change = self._watched.apply(msg, time.monotonic())
             if change is not None and not change[1]:
                 self._unserved.pop(change[0], None)
         self.metrics.watched_tickers.set(len(self._watched.topics))
+
+    def _track_listener(self, msg: bytes) -> None:
+        sub = subscription(msg)
+        if sub is None or not sub[1].startswith(notification_prefixes()):
+            return
+        subscribed, topic = sub
+        if not subscribed:
+            self._listened.discard(topic)
+        elif len(self._listened) < MAX_LISTENED:
+            self._listened.add(topic)
+
+    def _hold_until_heard(self, topic: str, exchange: str, work: rq.DataRequest) -> None:
+        if topic in self._listened or len(self._held) >= MAX_HELD:
+            self._publish(self._work, exchange, work)
+            self.metrics.held.labels("not_held").inc()
+        else:
+            self._held.append(_Held(time.monotonic() + NOTIFY_HOLD_S, topic, exchange, work))
+
+    def _release_held(self, now: float) -> None:
+        """Dispatch held work whose topic is now subscribed, or that waited long enough."""
+        if not self._held:
+            return
+        waiting: deque[_Held] = deque()
+        for held in self._held:
+            heard = held.topic in self._listened
+            if heard or now >= held.due:
+                self._publish(self._work, held.exchange, held.work)
+                self.metrics.held.labels("heard" if heard else "timed_out").inc()
+            else:
+                waiting.append(held)
+        self._held = waiting
 
     def _report_unserved(self, now: float) -> None:
         """Answer subscribers of tickers no live ingestor serves, after a short grace."""
@@ -259,7 +315,7 @@ class Relay:
                     rq.NO_INGESTOR,
                     f"no live ingestor serves {accepted.exchange}; retry shortly",
                 )
-            self._publish(self._work, accepted.exchange, accepted.work)
+            self._hold_until_heard(accepted.notification_topic, accepted.exchange, accepted.work)
             return self._accept(msg.request_id, accepted.notification_topic)
         if isinstance(msg, rq.DataRequest) and msg.kind != rq.HISTORICAL:
             return self._forward(self._work, msg.request_id, msg.exchange, msg.ticker, msg)

@@ -15,7 +15,6 @@ from candlewire.lake import ensure_tables
 from candlewire.local.postgres import LocalPostgres
 from candlewire.stack import ProcessService, kafka_service
 from candlewire.topics import work_prefix
-from proto import requests_pb2 as rq
 from relay import Relay
 from tests.support import (
     RUNNING,
@@ -65,11 +64,12 @@ def served(ctx: zmq.Context, settings: Settings, relay: Relay) -> Iterator[FakeI
 
 @pytest.fixture
 def pipeline(ctx, settings, publisher, relay) -> Iterator[None]:
-    """A BINANCE ingestor and stream processor that answer each request once, at once."""
+    """A BINANCE ingestor and stream processor that answer each request at once.
+
+    Like the real stream processor, they repeat each notification on NOTIFY_REPEAT_DELAYS_S.
+    """
     stop = threading.Event()
-    t = threading.Thread(
-        target=serve_pipeline, args=(ctx, settings, publisher, stop, rq.HISTORY_OK, False)
-    )
+    t = threading.Thread(target=serve_pipeline, args=(ctx, settings, publisher, stop))
     t.start()
     time.sleep(0.2)  # the fake ingestor's subscription reaches the relay
     yield

@@ -15,10 +15,11 @@ import zmq
 
 from candlewire import Client, HistoryFailed, RequestRejected
 from candlewire.config import Settings
-from candlewire.topics import work_prefix
+from candlewire.topics import history_ready_topic, work_prefix
 from proto import requests_pb2 as rq
 from proto.envelope import decode, encode
 from relay import Relay
+from relay.server import NOTIFY_HOLD_S
 from tests.support import (
     FakeIngestor,
     FakePublisher,
@@ -68,14 +69,82 @@ def test_error_notification_raises(ctx, settings, publisher, relay) -> None:
         t.join()
 
 
-def test_subscribe_before_submit_race(settings, pipeline) -> None:
-    """The notification is published the instant the work appears; it is never missed."""
+def test_subscribe_before_submit_race(settings, relay, pipeline) -> None:
+    """The notification is published the instant the work appears; it is never missed.
+
+    Each client is new, so its subscription and its request race on two fresh connections.
+    The relay holds the work until the subscription has passed it (never for the full hold
+    here), and the publisher's repeats cover the last hop, which no relay can order.
+    """
     for _ in range(25):
         with Client(settings) as client:
             note = client.request_history(
                 "BINANCE:BTC/USDT", 60, START, START + DAY_MS, notify="request", timeout=5
             )
         assert note.status == rq.HISTORY_OK
+    assert released(relay).get("timed_out", 0) == 0
+
+
+def released(relay: Relay) -> dict[str, float]:
+    """History work published so far, by what released it."""
+    metric = relay.metrics.held
+    return {
+        s.labels["released"]: s.value
+        for m in metric.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    }
+
+
+def history_request(request_id: str) -> rq.SubmitHistoricalRequest:
+    return rq.SubmitHistoricalRequest(
+        request_id=request_id,
+        client_id="raw",
+        ticker="BINANCE:BTC/USDT",
+        period_s=60,
+        start_ms=START,
+        end_ms=START + DAY_MS,
+        notify=rq.NOTIFY_REQUEST,
+    )
+
+
+def test_work_waits_for_its_notification_topic_to_be_subscribed(ctx, settings, relay) -> None:
+    """The race that subscribe-first alone leaves open: a request overtaking its subscription."""
+    ing = FakeIngestor(ctx, settings, [work_prefix("BINANCE")])
+    wait_for(lambda: relay.has_ingestor("BINANCE"))
+    try:
+        assert relay_call(settings, history_request("late-sub")).status == rq.SUBMIT_OK
+        assert ing.recv(0.3) is None, "work went out before anyone could hear its notification"
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.subscribe(history_ready_topic("late-sub"))
+        sub.connect(settings.connect("market_data"))
+        got = ing.recv(5.0)
+        sub.close()
+    finally:
+        ing.close()
+    assert got is not None and got[1].request_id == "late-sub"
+    assert released(relay) == {"heard": 1}
+
+
+def test_work_nobody_listens_for_still_goes_out_after_the_hold(ctx, settings, relay) -> None:
+    ing = FakeIngestor(ctx, settings, [work_prefix("BINANCE")])
+    wait_for(lambda: relay.has_ingestor("BINANCE"))
+    try:
+        assert relay_call(settings, history_request("no-sub")).status == rq.SUBMIT_OK
+        got = ing.recv(NOTIFY_HOLD_S + 5.0)
+    finally:
+        ing.close()
+    assert got is not None and got[1].request_id == "no-sub"
+    assert released(relay) == {"timed_out": 1}
+
+
+def test_a_subscribed_client_is_not_held(settings, pipeline, relay) -> None:
+    with Client(settings) as client:
+        for i in range(3):
+            client.request_history("BINANCE:BTC/USDT", 60, START, START + i * DAY_MS + 1)
+    assert released(relay).get("timed_out", 0) == 0
+    assert released(relay)["not_held"] >= 2  # the first may race its client's subscription
 
 
 def test_exchange_prefix_routing(ctx, settings, relay) -> None:
