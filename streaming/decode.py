@@ -8,7 +8,7 @@ fatal: they come out as ``valid = false`` rows that the job counts and drops.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from decimal import Context, Decimal, InvalidOperation
 
@@ -134,9 +134,17 @@ def _typed(values: list | pa.Array | None, type_: pa.DataType, n: int) -> pa.Arr
     return pa.array(values, type_)
 
 
-def candles_table(candles: list[market_pb2.OHLC], source: str) -> tuple[pa.Table, int]:
+CandleKey = tuple[str, int, int]  # ticker, period_s, open_time_ms
+
+
+def candle_key(c: market_pb2.OHLC) -> CandleKey:
+    return c.ticker, c.period_s, c.open_time_ms
+
+
+def candles_table(candles: list[market_pb2.OHLC], source: str) -> tuple[pa.Table, set[CandleKey]]:
     """OHLC messages as ``ohlc`` rows, decimals cast by Arrow (vectorised). Returns the table
-    and how many rows were left out for a malformed decimal."""
+    and the keys of the rows left out for a malformed decimal, so they are not counted as
+    delivered."""
     prices = {
         f: decimal_column([getattr(c, f) for c in candles])
         for f in ("open", "high", "low", "close", "volume")
@@ -153,8 +161,17 @@ def candles_table(candles: list[market_pb2.OHLC], source: str) -> tuple[pa.Table
         source,
     )
     valid = functools.reduce(pc.and_, (pc.is_valid(a) for a in prices.values()))
-    kept = table.filter(valid) if pc.any(pc.invert(valid)).as_py() else table
-    return kept, len(candles) - kept.num_rows
+    if not pc.any(pc.invert(valid)).as_py():
+        return table, set()
+    dropped = {candle_key(c) for c, ok in zip(candles, valid.to_pylist(), strict=True) if not ok}
+    return table.filter(valid), dropped
+
+
+def kept_count(candles: Sequence[market_pb2.OHLC], dropped: set[CandleKey]) -> int:
+    """A page's candles that reached Iceberg: HistoryReady counts what a reader will find."""
+    if not dropped:
+        return len(candles)
+    return sum(candle_key(c) not in dropped for c in candles)
 
 
 def decimal_column(values: list[str]) -> pa.Array:

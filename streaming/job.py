@@ -55,9 +55,12 @@ from proto import requests_pb2 as rq
 from streaming.candles import Candle, FormingCandles, candle_from_row, partial_candles
 from streaming.decode import (
     TICK_DDL,
+    CandleKey,
+    candle_key,
     candles_table,
     decode_records,
     decode_ticks,
+    kept_count,
     ohlc_rows,
     parse_tick,
 )
@@ -484,23 +487,17 @@ class StreamingJob:
         lap("decode")
         self.metrics.bad.labels(OHLC_BATCHES.name).inc(bad)
         # One row per key; a page the ingestor sent twice is in the batch twice.
-        candles = list(
-            {
-                (c.ticker, c.period_s, c.open_time_ms): c
-                for b in batches
-                if not b.error
-                for c in b.rows
-            }.values()
-        )
+        candles = list({candle_key(c): c for b in batches if not b.error for c in b.rows}.values())
+        dropped: set[CandleKey] = set()
         if candles:
-            rows, malformed = candles_table(candles, "history")
-            self.metrics.bad.labels(OHLC_BATCHES.name).inc(malformed)
+            rows, dropped = candles_table(candles, "history")
+            self.metrics.bad.labels(OHLC_BATCHES.name).inc(len(dropped))
             self._upsert_ohlc(rows, "cw_history_rows", append_if_new=True)
             self.metrics.rows.labels("ohlc").inc(rows.num_rows)
             lap("write")
         done = self.progress.record_history(
             [b.metadata for b in batches if b.HasField("metadata")],
-            [(b.request_id, b.page, len(b.rows)) for b in batches if not b.error],
+            [(b.request_id, b.page, kept_count(b.rows, dropped)) for b in batches if not b.error],
             {b.request_id: b.error for b in batches if b.error},
         )
         snapshot = self._snapshot_id("ohlc") if done else 0

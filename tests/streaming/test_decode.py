@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from proto import market_pb2
 from proto.envelope import to_record
-from streaming.decode import DECIMAL, candles_table, decode_ticks
+from streaming.decode import DECIMAL, candles_table, decode_ticks, kept_count
 
 
 def test_malformed_prices_and_sizes_are_invalid_ticks() -> None:
@@ -41,7 +41,7 @@ def candle(i: int, open_: str = "1.5", volume: str = "3") -> market_pb2.OHLC:
 
 def test_candle_rows_are_typed_as_the_table_is() -> None:
     rows, dropped = candles_table([candle(0), candle(1, "1e3")], "history")
-    assert dropped == 0
+    assert dropped == set()
     assert rows.schema.field("open").type == DECIMAL
     assert rows.column("open").to_pylist() == [Decimal("1.5"), Decimal("1000")]
     assert rows.column("open_time").to_pylist()[1] == datetime(1970, 1, 1, 0, 1, tzinfo=UTC)
@@ -58,8 +58,15 @@ def test_candles_with_a_malformed_decimal_are_dropped_and_counted() -> None:
         candle(5, "1.0000000000000000004"),  # more digits than the scale: rounded, kept
     ]
     rows, dropped = candles_table(batch, "history")
-    assert dropped == 4
+    assert dropped == {("X:A/B", 60, m * 60_000) for m in (1, 2, 3, 4)}
     assert rows.column("open_time").to_pylist() == [
         datetime(1970, 1, 1, 0, m, tzinfo=UTC) for m in (0, 5)
     ]
     assert rows.column("open").to_pylist() == [Decimal("1.5"), Decimal("1")]
+
+
+def test_history_ready_counts_only_the_candles_that_were_kept() -> None:
+    page_one, page_two = [candle(0), candle(1, "NaN")], [candle(2), candle(3, volume="x")]
+    _, dropped = candles_table(page_one + page_two, "history")
+    assert [kept_count(page, dropped) for page in (page_one, page_two)] == [1, 1]
+    assert kept_count(page_one, set()) == 2
