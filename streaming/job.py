@@ -400,7 +400,9 @@ class StreamingJob:
 
     # -- candles ----------------------------------------------------------------------------
 
-    def _upsert_ohlc(self, rows: pa.Table, view: str, *, append_if_new: bool = False) -> None:
+    def _upsert_ohlc(
+        self, rows: pa.Table, view: str, *, append_if_new: bool = False, lap: _Laps | None = None
+    ) -> None:
         """Upsert by (ticker, period_s, open_time); literal bounds let Iceberg prune files.
 
         With ``append_if_new``, rows for a range that holds none yet are appended: the same
@@ -417,10 +419,14 @@ class StreamingJob:
             f"AND {{t}}period_s IN ({', '.join(map(str, sorted(periods)))}) "
             f"AND {{t}}open_time >= {_ts(lo_ms)} AND {{t}}open_time <= {_ts(hi_ms)}"
         )
+        lap = lap or _Laps()
         with self._ohlc_lock:
-            if append_if_new and not spark.sql(
-                f"SELECT 1 FROM {ohlc} WHERE {bounds.format(t='')} LIMIT 1"
-            ).take(1):
+            lap("lock")
+            if append_if_new:
+                taken = spark.sql(f"SELECT 1 FROM {ohlc} WHERE {bounds.format(t='')} LIMIT 1")
+                append_if_new = not taken.take(1)
+                lap("check")
+            if append_if_new:
                 # Sorted by key and written by as many tasks as cores, without Iceberg's
                 # range shuffle: a month's rows end up in one file, and twice as fast.
                 (
@@ -430,6 +436,7 @@ class StreamingJob:
                     .options(**{"distribution-mode": "none", "fanout-enabled": "true"})
                     .append()
                 )
+                lap("append")
                 return
             spark.createDataFrame(rows).createOrReplaceTempView(view)
             commit_sql(
@@ -439,6 +446,7 @@ class StreamingJob:
                 f"AND {bounds.format(t='t.')} "
                 f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
             )
+            lap("merge")
 
     def _commit_candles(self, candles: list[Candle], batch_id: int, watermark_ms: int) -> None:
         """MERGE the updated candles' absolute values, then record the batch, the watermark
@@ -492,9 +500,9 @@ class StreamingJob:
         if candles:
             rows, dropped = candles_table(candles, "history")
             self.metrics.bad.labels(OHLC_BATCHES.name).inc(len(dropped))
-            self._upsert_ohlc(rows, "cw_history_rows", append_if_new=True)
+            lap("rows")
+            self._upsert_ohlc(rows, "cw_history_rows", append_if_new=True, lap=lap)
             self.metrics.rows.labels("ohlc").inc(rows.num_rows)
-            lap("write")
         done = self.progress.record_history(
             [b.metadata for b in batches if b.HasField("metadata")],
             [(b.request_id, b.page, kept_count(b.rows, dropped)) for b in batches if not b.error],
