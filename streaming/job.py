@@ -188,7 +188,10 @@ class StreamingJob:
             rows = self.spark.sql(
                 query.format(version=f"VERSION AS OF {last.snapshot_id}")
             ).toArrow()
-        except Exception:  # expired by maintenance: the table as it is now is the best left
+        except Exception:
+            # Expired by maintenance (it keeps 100 snapshots and a day): the table as it is now
+            # holds the same live rows, unless the crash fell between a later batch's MERGE
+            # and its record, which that batch's replay would then count twice.
             log.warning("ohlc snapshot %d is gone; restoring from the table", last.snapshot_id)
             rows = self.spark.sql(query.format(version="")).toArrow()
         candles = rows.to_pylist()

@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from decimal import Decimal
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -26,6 +27,8 @@ from ingest.exchanges.sim import SimExchange
 from proto import market_pb2
 from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, to_record
+from streaming.decode import ohlc_rows
+from streaming.progress import Progress
 from tests.support import RUNNING, FakeIngestor, relay_call, start_job, stream_metric, wait_for
 
 DAY = 86_400_000
@@ -279,6 +282,76 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
         restarted.wait(60)
         # Leave a running job for the module's teardown and later tests.
         _replace_module_job(pipeline)
+
+
+def test_restart_after_maintenance_expired_the_recorded_snapshot(pipeline) -> None:
+    """The forming candles are restored from ``ohlc`` as of the last recorded commit. If
+    snapshot expiry removed that snapshot while the job was down, the table as it is now
+    holds the same live rows, and the candles still end exactly right."""
+    ticker = f"TEST:E{uuid.uuid4().hex[:6].upper()}/USDT"
+    ticks = make_ticks(ticker, int(time.time() * 1000) - 3_600_000, 600, seed=5)
+    ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
+
+    def trades(period_s: int) -> int:
+        ohlc.refresh()
+        rows = ohlc.scan(row_filter=f"ticker = '{ticker}' and period_s = {period_s}").to_arrow()
+        return sum(rows["trade_count"].to_pylist())
+
+    run_id = (Path(pipeline.checkpoints()) / "ticks.run-id").read_text().strip()
+    progress = Progress(pipeline)
+
+    def recorded() -> bool:
+        """The last candle MERGE is recorded: killed now, the restart must restore."""
+        last = progress.last_candles(run_id)
+        ohlc.refresh()
+        return last is not None and last.snapshot_id == ohlc.current_snapshot().snapshot_id
+
+    produce_ticks(pipeline, ticks[:300])
+    wait_for(lambda: all(trades(p) == 300 for p in PERIODS_S), timeout=90, interval=0.5)
+    wait_for(recorded, timeout=30, interval=0.5)
+    job = next(p for p in _jobs(pipeline))
+    os.kill(job, signal.SIGKILL)
+    # Maintenance while the job is down: one more commit, then every older snapshot expired.
+    ohlc.refresh()
+    other = ohlc_rows(
+        {
+            "ticker": ["TEST:OTHER/USDT"],
+            "period_s": [60],
+            "open_time_ms": [T0],
+            **{f: [Decimal(1)] for f in ("open", "high", "low", "close", "volume")},
+            "trade_count": [1],
+            "closed": [True],
+        },
+        "history",
+    )
+    ohlc.append(other)
+    old = [s.snapshot_id for s in ohlc.snapshots() if s != ohlc.current_snapshot()]
+    ohlc.maintenance.expire_snapshots().by_ids(old).commit()
+    log = pipeline.state_dir / "stream.log"
+    logged = len(log.read_text().splitlines())
+    produce_ticks(pipeline, ticks[300:])
+    RUNNING.append(start_job(pipeline))  # the module's job from here on
+    wait_for(lambda: all(trades(p) == 600 for p in PERIODS_S), timeout=180, interval=1.0)
+    restart_log = _lines(log, logged)
+    assert any("is gone; restoring from the table" in line for line in restart_log), "\n".join(
+        line for line in restart_log if "candlewire" in line
+    )[-4000:]
+    ohlc.refresh()
+    got = (
+        ohlc.scan(row_filter=f"ticker = '{ticker}' and period_s = 3600")
+        .to_pandas()
+        .set_index("open_time")
+        .sort_index()
+    )
+    want = expected_candles(ticks, 3600)
+    assert list(got.index) == list(want.index)
+    assert [int(v) for v in got["trade_count"]] == [int(v) for v in want["trade_count"]]
+    assert [Decimal(str(v)) for v in got["volume"]] == [Decimal(str(v)) for v in want["volume"]]
+    assert [Decimal(str(v)) for v in got["open"]] == [Decimal(str(v)) for v in want["open"]]
+
+
+def _lines(path, skip: int) -> list[str]:
+    return path.read_text().splitlines()[skip:]
 
 
 class LiveCandles:
