@@ -261,17 +261,7 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
             )
 
         wait_for(candles_done, timeout=120, interval=1.0)
-        ohlc.refresh()
-        got = (
-            ohlc.scan(row_filter=f"ticker = '{ticker}' and period_s = 3600")
-            .to_pandas()
-            .set_index("open_time")
-            .sort_index()
-        )
-        want = expected_candles(ticks, 3600)
-        assert list(got.index) == list(want.index)
-        assert [int(v) for v in got["trade_count"]] == [int(v) for v in want["trade_count"]]
-        assert [Decimal(str(v)) for v in got["volume"]] == [Decimal(str(v)) for v in want["volume"]]
+        want = assert_hourly_candles(ohlc, ticker, ticks)
         hours = {int(t.timestamp() * 1000): int(n) for t, n in want["trade_count"].items()}
         wait_for(lambda: live.last_counts() == hours, timeout=60, interval=0.5)
         over = {t: n for t, n in live.most.items() if n > hours.get(t, 0)}
@@ -336,6 +326,11 @@ def test_restart_after_maintenance_expired_the_recorded_snapshot(pipeline) -> No
     assert any("is gone; restoring from the table" in line for line in restart_log), "\n".join(
         line for line in restart_log if "candlewire" in line
     )[-4000:]
+    assert_hourly_candles(ohlc, ticker, ticks)
+
+
+def assert_hourly_candles(ohlc, ticker: str, ticks: list[market_pb2.Tick]) -> pd.DataFrame:
+    """The ticker's hourly candles in ``ohlc`` equal pandas over the same ticks; returns those."""
     ohlc.refresh()
     got = (
         ohlc.scan(row_filter=f"ticker = '{ticker}' and period_s = 3600")
@@ -345,9 +340,10 @@ def test_restart_after_maintenance_expired_the_recorded_snapshot(pipeline) -> No
     )
     want = expected_candles(ticks, 3600)
     assert list(got.index) == list(want.index)
+    for column in ("open", "high", "low", "close", "volume"):
+        assert [Decimal(str(v)) for v in got[column]] == [Decimal(str(v)) for v in want[column]]
     assert [int(v) for v in got["trade_count"]] == [int(v) for v in want["trade_count"]]
-    assert [Decimal(str(v)) for v in got["volume"]] == [Decimal(str(v)) for v in want["volume"]]
-    assert [Decimal(str(v)) for v in got["open"]] == [Decimal(str(v)) for v in want["open"]]
+    return want
 
 
 def _lines(path, skip: int) -> list[str]:
