@@ -37,8 +37,8 @@ class RelayMetrics:
         self.held = Counter(
             "candlewire_relay_dispatched_history",
             "Accepted history work published, by what released it: its notification topic"
-            " already subscribed (not_held), subscribed while held (heard), or the hold ran out"
-            " (timed_out)",
+            " already subscribed (not_held), subscribed while held (heard), the hold ran out"
+            " (timed_out), or too much was held already (hold_full)",
             ["released"],
             registry=self.registry,
         )

@@ -248,11 +248,15 @@ class Relay:
             self._listened.add(topic)
 
     def _hold_until_heard(self, topic: str, exchange: str, work: rq.DataRequest) -> None:
-        if topic in self._listened or len(self._held) >= MAX_HELD:
-            self._publish(self._work, exchange, work)
-            self.metrics.held.labels("not_held").inc()
+        if topic in self._listened:
+            released = "not_held"
+        elif len(self._held) >= MAX_HELD:
+            released = "hold_full"
         else:
             self._held.append(_Held(time.monotonic() + NOTIFY_HOLD_S, topic, exchange, work))
+            return
+        self._publish(self._work, exchange, work)
+        self.metrics.held.labels(released).inc()
 
     def _release_held(self, now: float) -> None:
         """Dispatch held work whose topic is now subscribed, or that waited long enough."""

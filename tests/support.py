@@ -15,6 +15,7 @@ from pathlib import Path
 
 import zmq
 from google.protobuf.message import Message
+from prometheus_client import Counter
 
 from candlewire.config import Settings
 from candlewire.endpoints import ENDPOINTS
@@ -114,13 +115,10 @@ class FakePublisher:
         self.sock.close()
 
 
-def serve_pipeline(
-    ctx, settings, publisher, stop: threading.Event, status=rq.HISTORY_OK, repeat=True
-) -> None:
+def serve_pipeline(ctx, settings, publisher, stop: threading.Event, status=rq.HISTORY_OK) -> None:
     """Play ingestor + stream processor: answer every DataRequest at once.
 
-    Like the real stream processor it repeats each notification on NOTIFY_REPEAT_DELAYS_S
-    (unless ``repeat`` is off, to test the first send alone).
+    Like the real stream processor it repeats each notification on NOTIFY_REPEAT_DELAYS_S.
     """
     ing = FakeIngestor(ctx, settings, ["BINANCE:"])
     due: list[tuple[float, str, rq.HistoryReadyNotification]] = []
@@ -146,12 +144,19 @@ def serve_pipeline(
                 error_message="" if status == rq.HISTORY_OK else "unknown symbol",
             )
             publisher.publish(work.notification_topic, note)
-            if repeat:
-                due += [
-                    (now + d, work.notification_topic, note) for d in NOTIFY_REPEAT_DELAYS_S[1:]
-                ]
+            due += [(now + d, work.notification_topic, note) for d in NOTIFY_REPEAT_DELAYS_S[1:]]
     finally:
         ing.close()
+
+
+def counted(counter: Counter) -> dict[tuple[str, ...], float]:
+    """A Prometheus counter's totals by label values (``()`` when it has no labels)."""
+    return {
+        tuple(s.labels.values()): s.value
+        for m in counter.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    }
 
 
 def relay_frames(

@@ -23,6 +23,7 @@ from relay.server import NOTIFY_HOLD_S
 from tests.support import (
     FakeIngestor,
     FakePublisher,
+    counted,
     relay_call,
     relay_frames,
     serve_pipeline,
@@ -87,13 +88,7 @@ def test_subscribe_before_submit_race(settings, relay, pipeline) -> None:
 
 def released(relay: Relay) -> dict[str, float]:
     """History work published so far, by what released it."""
-    metric = relay.metrics.held
-    return {
-        s.labels["released"]: s.value
-        for m in metric.collect()
-        for s in m.samples
-        if s.name.endswith("_total")
-    }
+    return {labels[0]: n for labels, n in counted(relay.metrics.held).items()}
 
 
 def history_request(request_id: str) -> rq.SubmitHistoricalRequest:
@@ -137,6 +132,22 @@ def test_work_nobody_listens_for_still_goes_out_after_the_hold(ctx, settings, re
         ing.close()
     assert got is not None and got[1].request_id == "no-sub"
     assert released(relay) == {"timed_out": 1}
+
+
+def test_a_full_hold_sends_work_at_once(ctx, settings, relay, monkeypatch) -> None:
+    """The hold is bounded: past it, work goes out without waiting for a listener."""
+    monkeypatch.setattr("relay.server.MAX_HELD", 1)
+    ing = FakeIngestor(ctx, settings, [work_prefix("BINANCE")])
+    wait_for(lambda: relay.has_ingestor("BINANCE"))
+    try:
+        for request_id in ("held", "overflow"):
+            assert relay_call(settings, history_request(request_id)).status == rq.SUBMIT_OK
+        first = ing.recv(0.5)
+        second = ing.recv(NOTIFY_HOLD_S + 5.0)
+    finally:
+        ing.close()
+    assert [first[1].request_id, second[1].request_id] == ["overflow", "held"]
+    assert released(relay) == {"hold_full": 1, "timed_out": 1}
 
 
 def test_a_subscribed_client_is_not_held(settings, pipeline, relay) -> None:
@@ -253,13 +264,7 @@ def test_dealer_garbage_is_dropped_and_counted(ctx, settings, relay) -> None:
     dealer.connect(settings.connect("client_requests"))
     dealer.send_multipart([b"\x07", b"junk"])
     dealer.send_multipart([b"\x01", b"\xee"])
-    metric = relay.metrics.dropped
-    wait_for(
-        lambda: (
-            sum(s.value for m in metric.collect() for s in m.samples if s.name.endswith("_total"))
-            >= 2
-        )
-    )
+    wait_for(lambda: sum(counted(relay.metrics.dropped).values()) >= 2)
     assert not dealer.poll(200), "a DEALER sending garbage gets no reply"
     dealer.close()
 
