@@ -2,9 +2,10 @@
 
 Throughput: a burst of N ticks (encoded beforehand) is written to Kafka as fast as possible;
 we time until the live query has published all of them and the job has committed all of them
-to the ``ticks`` table (latency is measured only after that). Latency: ticks at a low rate, each stamped when produced; a client
-subscribed through the relay to ``{ticker}|ohlc:60`` receives candle updates. An update counting k trades of its minute shows that minute's first k ticks, so each
-tick's latency is the receive time of the first update that shows it minus its produce time
+to the ``ticks`` table (latency is measured only after that). Latency: ticks at a low rate,
+each stamped when produced; a client subscribed through the relay to ``{ticker}|ohlc:60``
+receives candle updates. An update counting k trades of its minute shows that minute's first
+k ticks, so each tick's latency is the receive time of the first update that shows it minus its produce time
 (every tick counts, not just the newest of each update). The last line is JSON.
 
     python -m bench.stream [--burst N] [--latency-seconds S]

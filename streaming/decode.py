@@ -44,8 +44,8 @@ OHLC_ROWS = pa.schema(
     for f in OHLC_SCHEMA.as_arrow()
 )
 DECIMAL = OHLC_ROWS.field("open").type  # the tables' DECIMAL(38,18)
-_SCALE = Decimal(1).scaleb(-18)
-_DECIMAL_CONTEXT = Context(prec=38)
+_SCALE = Decimal(1).scaleb(-DECIMAL.scale)
+_DECIMAL_CONTEXT = Context(prec=DECIMAL.precision)
 
 
 def parse_tick(value: bytes | None) -> market_pb2.Tick | None:

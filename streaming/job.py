@@ -54,6 +54,7 @@ from proto import market_pb2
 from proto import requests_pb2 as rq
 from streaming.candles import Candle, FormingCandles, candle_from_row, partial_candles
 from streaming.decode import (
+    DECIMAL,
     TICK_DDL,
     CandleKey,
     candle_key,
@@ -68,7 +69,7 @@ from streaming.progress import CandleCommit, Progress
 from streaming.publisher import StreamPublisher
 
 log = logging.getLogger("candlewire.stream")
-DEC = "DECIMAL(38,18)"
+DEC = f"DECIMAL({DECIMAL.precision},{DECIMAL.scale})"  # the tables' type, in Spark SQL
 TRADE_TIMES = ("first_trade_ns", "last_trade_ns")  # live candles only
 OHLC_KEY = [("ticker", "ascending"), ("period_s", "ascending"), ("open_time", "ascending")]
 

@@ -10,7 +10,7 @@ from collections import Counter
 from candlewire.config import Settings
 from proto import events_pb2 as ev
 from tests.gateway.conftest import get, gw_config, new_user, spawn_gateway, user_event
-from tests.support import free_port, wait_for
+from tests.support import counted, free_port, wait_for
 
 TELEGRAM_ONLY = [(ev.TELEGRAM, False)]
 
@@ -96,8 +96,7 @@ def test_malformed_frames_are_dropped_and_counted(gw_env, make_gateway, containe
 
 
 def dropped(gw) -> float:
-    samples = gw.metrics.dropped.collect()[0].samples
-    return sum(s.value for s in samples if s.name.endswith("_total"))
+    return sum(counted(gw.metrics.dropped).values())
 
 
 # -- real processes: kill -9 with events in flight, two gateways ---------------------------

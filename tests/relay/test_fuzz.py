@@ -16,7 +16,7 @@ import zmq
 from candlewire import Client
 from proto import requests_pb2 as rq
 from proto.envelope import encode
-from tests.support import FakeIngestor, wait_for
+from tests.support import FakeIngestor, counted, wait_for
 
 FRAMES = 100_000
 START = 1_700_000_000_000
@@ -63,12 +63,7 @@ def ingestor(ctx, settings, relay):
 def handled(relay) -> float:
     """Messages the relay answered or dropped: every inbound ROUTER message is one of them."""
     m = relay.metrics
-    return sum(
-        s.value
-        for metric in (*m.requests.collect(), *m.dropped.collect())
-        for s in metric.samples
-        if s.name.endswith("_total")
-    )
+    return sum(sum(counted(c).values()) for c in (m.requests, m.dropped))
 
 
 @pytest.mark.parametrize(
