@@ -11,7 +11,7 @@ MVN    := mvn -q -B -s jvm/maven-settings.xml
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[platform,dev]'
 	touch $@
 
 # Kafka broker and Spark jars from Maven Central, declared in jvm/*.xml.

@@ -19,7 +19,7 @@ from collections import defaultdict
 from datetime import date, timedelta
 
 from bench.stack import private_stack
-from orchestration.home import ADD_PARTITION, LAUNCH, REPO, STATUS, dagster_home, graphql
+from launcher.dagster_home import ADD_PARTITION, LAUNCH, REPO, STATUS, dagster_home, graphql
 
 TICKERS = ["SIM:BTC/USDT", "SIM:ETH/USDT", "SIM:SOL/USDT", "BINANCE:BTC/USDT", "BINANCE:ETH/USDT"]
 FIRST_DAY = date(2025, 5, 1)

@@ -27,12 +27,25 @@ import zmq
 from bench.stats import pct
 from candlewire.config import Settings
 from candlewire.events import EventPublisher
-from candlewire.local.postgres import LocalPostgres
+from candlewire.testing import (
+    TelegramStandIn,
+    free_settings,
+    new_user,
+    open_session,
+    spawn_gateway,
+    user_event,
+)
+from gateway.auth import issue_token
+from launcher.local.postgres import LocalPostgres
 from proto import events_pb2 as ev
 from proto.envelope import decode, encode, encode_topic
-from tests.gateway.conftest import new_user, sign_in, spawn_gateway, user_event
-from tests.gateway.standins import TelegramStandIn
-from tests.support import free_settings
+
+SECRET = "bench-secret-0123456789"
+BOT_TOKEN = "123456:BENCH-token"
+
+
+def sign_in(settings: Settings, user: str):
+    return open_session(settings, user, issue_token(SECRET, user))
 
 
 def drain(ws) -> threading.Thread:
@@ -154,15 +167,19 @@ def main() -> None:
     pg = LocalPostgres(base / "postgres", settings.port("postgres"))
     pg.init_once()
     pg.start(base / "postgres.log")
-    telegram = TelegramStandIn("123456:TEST-token")
+    telegram = TelegramStandIn(BOT_TOKEN)
     # A session outbox large enough to measure throughput, not the slow-client cut-off.
     gateway = spawn_gateway(
-        settings, telegram.url, {"CANDLEWIRE_GATEWAY_SESSION_QUEUE": str(args.informational)}
+        settings,
+        SECRET,
+        BOT_TOKEN,
+        telegram.url,
+        {"CANDLEWIRE_GATEWAY_SESSION_QUEUE": str(args.informational)},
     )
     try:
         crit = critical(settings, args.critical, args.window)
         print(f"critical: {crit}", flush=True)
-        info = informational(settings, args.informational, base / "pending.log")
+        info = informational(settings, args.informational, base / "pending.db")
         print(f"informational: {info}", flush=True)
         raw_rate = raw(args.informational)
         print(f"raw XPUB->SUB: {raw_rate:.0f} events/s", flush=True)

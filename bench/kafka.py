@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 from candlewire.config import Settings
-from candlewire.stack import ProcessService, kafka_service
-from tests.support import free_settings
+from candlewire.testing import free_settings
+from launcher.stack import ProcessService, kafka_service
 
 TOPIC = "bench.perf"
 

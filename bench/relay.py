@@ -15,16 +15,15 @@ import json
 import multiprocessing as mp
 import os
 import subprocess
-import sys
 import tempfile
 import time
 
 import zmq
 
+from candlewire.testing import candlewire_command, free_settings
 from candlewire.topics import market_data_topic, tick_type
 from proto import market_pb2
 from proto.envelope import encode_topic
-from tests.support import free_settings
 
 TOPIC = market_data_topic("BINANCE:BTC/USDT", tick_type())
 END = b"END"
@@ -117,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = free_settings(tempfile.mkdtemp())
     env = {**os.environ, **settings.to_env()}
-    relay = subprocess.Popen([sys.executable, "-m", "candlewire.cli", "relay"], env=env)
+    relay = subprocess.Popen(candlewire_command("relay"), env=env)
     time.sleep(1.5)
     results: dict[str, float] = {}
     try:

@@ -35,7 +35,7 @@ from bench.stats import pct
 from bench.stream import tick
 from candlewire.kafka import producer_config
 from candlewire.spark import build_session
-from streaming.decode import TICK_DDL, decode_ticks
+from streaming.decode import TICK_STRUCT, decode_ticks
 
 TOPICS = {"bench.floor.bulk": 6, "bench.floor.in": 1, "bench.floor.out": 1}
 
@@ -91,7 +91,7 @@ def throughput(spark, settings, records: int) -> dict[str, float]:
             lambda: (
                 source(spark, settings, "bench.floor.bulk", False)
                 .select("value", "partition", "offset")
-                .mapInArrow(decode_ticks, TICK_DDL)
+                .mapInArrow(decode_ticks, TICK_STRUCT)
                 .where("valid")
             ),
         ),

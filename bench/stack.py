@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from candlewire.config import Settings
-from candlewire.stack import Stack, default_services
-from tests.support import free_settings, stream_metric
+from candlewire.testing import free_settings, stream_metric
+from launcher.stack import Stack, default_services
 
 
 @contextlib.contextmanager

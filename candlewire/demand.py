@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 
 from candlewire.topics import demanded_ticker, subscription_error_topic
-from candlewire.zmqutil import subscription
 from proto import requests_pb2 as rq
 from proto.envelope import encode_topic
 
@@ -51,12 +50,8 @@ class Demand:
     topics: dict[str, set[str]] = field(default_factory=dict)
     idle_since: dict[str, float] = field(default_factory=dict)
 
-    def apply(self, message: bytes, now: float) -> tuple[str, bool] | None:
-        """Feed one XPUB message; return (ticker, watched) when the ticker's state flips."""
-        sub = subscription(message)
-        if sub is None:
-            return None
-        subscribed, topic = sub
+    def apply(self, subscribed: bool, topic: str, now: float) -> tuple[str, bool] | None:
+        """Feed one subscription change; return (ticker, watched) when the ticker flips."""
         ticker = demanded_ticker(topic)
         if ticker is None:
             return None

@@ -12,10 +12,10 @@ Two paths, as the spec routes them:
   and the DEALER's round robin hands it to the next gateway. Gateways deduplicate by
   event_id.
 
-Pending events survive the process. A write-ahead log records each event with fsync
-*before* :meth:`publish` returns, and each ack after it. On start the log is replayed, the
-events still unacknowledged are sent again, and the log is compacted. ``kill -9`` at any
-moment loses nothing that ``publish`` reported as sent.
+Pending events survive the process. A journal (SQLite in WAL mode, :class:`EventLog`)
+commits each event to disk *before* :meth:`publish` returns and forgets it at its ack. On
+start the events still unacknowledged are sent again. ``kill -9`` at any moment loses
+nothing that ``publish`` reported as sent.
 
 Priorities: INFORMATIONAL goes to the XPUB when someone watches the user, else it is
 dropped; NORMAL goes to the XPUB when watched, else to the DEALER; CRITICAL always goes to
@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import struct
+import sqlite3
 import threading
 import time
 from collections import Counter
@@ -39,14 +38,13 @@ import zmq
 
 from candlewire.config import Settings
 from candlewire.topics import user_topic
-from candlewire.zmqutil import harden, pending, subscription
+from candlewire.zmqutil import harden, subscriptions
 from proto import events_pb2 as ev
 from proto.envelope import EnvelopeError, decode, encode, encode_topic, expect
 
 log = logging.getLogger("candlewire.events")
 
 ACK_TIMEOUT_S = 30.0  # the spec's default
-_PENDING, _ACKED = b"P", b"A"
 
 
 class Route(Enum):
@@ -63,57 +61,39 @@ class Pending:
 
 
 class EventLog:
-    """Append-only write-ahead log: ``P`` + UserEvent, ``A`` + event_id, length-prefixed."""
+    """Pending events in SQLite, in WAL mode with full sync: an event is committed (and on
+    disk) before :meth:`EventPublisher.publish` returns, and deleted when its ack arrives.
+    SQLite's own journal makes a crash mid-write harmless, so there is nothing to compact.
+
+    The caller serialises use (the publisher's lock), so one connection serves all threads.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("ab")
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS pending (event_id TEXT PRIMARY KEY, event BLOB NOT NULL)"
+        )
 
     def replay(self) -> dict[str, ev.UserEvent]:
-        """Events logged and not acknowledged; a torn last record (a crash mid-write) ends it."""
-        pending: dict[str, ev.UserEvent] = {}
-        data = self.path.read_bytes()
-        pos = 0
-        while pos + 5 <= len(data):
-            kind, size = data[pos : pos + 1], struct.unpack(">I", data[pos + 1 : pos + 5])[0]
-            body = data[pos + 5 : pos + 5 + size]
-            if len(body) < size:
-                break
-            pos += 5 + size
-            if kind == _PENDING:
-                event = ev.UserEvent.FromString(body)
-                pending[event.event_id] = event
-            elif kind == _ACKED:
-                pending.pop(body.decode(), None)
-        return pending
-
-    def _write(self, kind: bytes, body: bytes) -> None:
-        self._file.write(kind + struct.pack(">I", len(body)) + body)
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        """Events logged and not acknowledged, in the order they were published."""
+        rows = self._db.execute("SELECT event_id, event FROM pending ORDER BY rowid")
+        return {event_id: ev.UserEvent.FromString(body) for event_id, body in rows}
 
     def pending(self, event: ev.UserEvent) -> None:
-        self._write(_PENDING, event.SerializeToString())
+        self._db.execute(
+            "INSERT OR REPLACE INTO pending VALUES (?, ?)",
+            (event.event_id, event.SerializeToString()),
+        )
 
     def acked(self, event_id: str) -> None:
-        self._write(_ACKED, event_id.encode())
-
-    def compact(self, pending: dict[str, ev.UserEvent]) -> None:
-        """Rewrite the log with only what is pending, atomically."""
-        tmp = self.path.with_suffix(".tmp")
-        with tmp.open("wb") as f:
-            for event in pending.values():
-                body = event.SerializeToString()
-                f.write(_PENDING + struct.pack(">I", len(body)) + body)
-            f.flush()
-            os.fsync(f.fileno())
-        self._file.close()
-        os.replace(tmp, self.path)
-        self._file = self.path.open("ab")
+        self._db.execute("DELETE FROM pending WHERE event_id = ?", (event_id,))
 
     def close(self) -> None:
-        self._file.close()
+        self._db.close()
 
 
 class EventPublisher:
@@ -130,7 +110,7 @@ class EventPublisher:
         self.settings = settings or Settings()
         self.gateways = gateways or [self.settings.connect("critical_events")]
         self.ack_timeout = ack_timeout
-        self.journal = EventLog(journal or self.settings.state_dir / "events" / "pending.log")
+        self.journal = EventLog(journal or self.settings.state_dir / "events" / "pending.db")
         self.pending: dict[str, Pending] = {}
         self.acks: Counter[str] = Counter()
         self.dropped_frames = 0
@@ -158,7 +138,6 @@ class EventPublisher:
         self._wake = self._ctx.socket(zmq.PAIR)
         self._wake.connect(f"inproc://events-wake-{id(self)}")
         recovered = self.journal.replay()
-        self.journal.compact(recovered)
         now = time.monotonic()
         with self._lock:
             for event in recovered.values():
@@ -235,11 +214,7 @@ class EventPublisher:
             self._resend_due(time.monotonic())
 
     def _track_watchers(self) -> None:
-        for msg in pending(self._xpub):
-            sub = subscription(msg)
-            if sub is None:
-                continue
-            subscribed, topic = sub
+        for subscribed, topic in subscriptions(self._xpub):
             with self._lock:
                 self._watchers[topic] += 1 if subscribed else -1
                 if self._watchers[topic] <= 0:

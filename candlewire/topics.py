@@ -64,11 +64,6 @@ def market_data_topic(ticker: str, data_type: str) -> str:
     return f"{ticker}|{data_type}"
 
 
-def ticker_prefix(ticker: str) -> str:
-    """Prefix shared by every market-data topic of one ticker."""
-    return f"{ticker}|"
-
-
 def subscription_error_topic(ticker: str) -> str:
     """Where a ticker's unservable subscriptions are answered (SubscriptionError)."""
     return market_data_topic(ticker, "error")

@@ -43,3 +43,12 @@ def subscription(msg: bytes) -> tuple[bool, str] | None:
     if not msg or msg[0] not in (0, 1):
         return None
     return bool(msg[0]), msg[1:].decode(errors="replace")
+
+
+def subscriptions(sock: zmq.Socket, limit: int = 10_000) -> Iterator[tuple[bool, str]]:
+    """The (subscribed, topic) changes waiting on an XPUB, without blocking; anything that
+    is not a subscription message is skipped."""
+    for msg in pending(sock, limit):
+        sub = subscription(msg)
+        if sub is not None:
+            yield sub

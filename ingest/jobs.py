@@ -17,6 +17,7 @@ from ingest.exchanges.base import Exchange, ExchangeError, RangeUnavailable, Unk
 from ingest.sink import KafkaSink
 from proto import market_pb2
 from proto import requests_pb2 as rq
+from proto.envelope import derive
 
 log = logging.getLogger("candlewire.ingest")
 RETRIES = 3
@@ -39,20 +40,15 @@ def _retry(fn, *args):  # noqa: ANN001 - thin wrapper
 def run_history(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink, ingestor_id: str) -> int:
     """Write the request's pages (or an error marker); return the rows written."""
     windows = pages(req.start_ms, req.end_ms, req.period_s, exchange.rows_per_page)
-    meta = market_pb2.HistoryRequestMetadata(
-        request_id=req.request_id,
-        client_id=req.client_id,
-        notification_topic=req.notification_topic,
-        ticker=req.ticker,
-        period_s=req.period_s,
-        start_ms=req.start_ms,
-        end_ms=req.end_ms,
+    meta = derive(
+        market_pb2.HistoryRequestMetadata,
+        req,
         expected_pages=len(windows),
         ingestor_id=ingestor_id,
     )
     rows = 0
     try:
-        exchange.check_ticker(req.ticker)
+        exchange.symbol(req.ticker)  # UnknownSymbol before any page is fetched
         for w in windows:
             candles = _retry(exchange.ohlc_page, req.ticker, req.period_s, w)
             batch = market_pb2.OHLCBatch(request_id=req.request_id, page=w.index, rows=candles)

@@ -20,15 +20,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import zmq
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from candlewire.config import Settings
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import ingestor_topic, parse_ticker, work_prefix
-from candlewire.zmqutil import harden, pending
+from candlewire.zmqutil import harden, pending, subscriptions
 from ingest.exchanges.base import Exchange, UnknownSymbol
 from ingest.jobs import run_history, run_metadata, run_stream
+from ingest.metrics import IngestMetrics
 from ingest.peers import PeerView
 from ingest.sink import KafkaSink
 from proto import requests_pb2 as rq
@@ -52,25 +52,6 @@ class Job:
     exchange: str
     future: Future | None = None
     stop: threading.Event = field(default_factory=threading.Event)
-
-
-class IngestMetrics:
-    def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        self.received = Counter(
-            "candlewire_ingest_requests", "Requests received, by kind", ["kind"], registry=r
-        )
-        self.completed = Counter(
-            "candlewire_ingest_jobs",
-            "Jobs finished, by kind and result",
-            ["kind", "result"],
-            registry=r,
-        )
-        self.rows = Counter("candlewire_ingest_rows", "History rows written to Kafka", registry=r)
-        self.dropped = Counter(
-            "candlewire_ingest_dropped_frames", "Undecodable frames dropped", ["socket"], registry=r
-        )
-        self.state = Gauge("candlewire_ingest_state", "1 READY, 2 AVAILABLE, 3 BUSY", registry=r)
 
 
 class Ingestor:
@@ -254,8 +235,8 @@ class Ingestor:
     # -- realtime on demand -------------------------------------------------------------------
 
     def _drain_subscriptions(self, beat: zmq.Socket, now: float) -> None:
-        for msg in pending(beat):
-            change = self.demand.apply(msg, now)
+        for subscribed, topic in subscriptions(beat):
+            change = self.demand.apply(subscribed, topic, now)
             if change is None or not self.on_demand:
                 continue
             ticker, watched = change

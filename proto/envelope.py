@@ -162,3 +162,32 @@ def from_record(value: bytes) -> Message:
     if not value:
         raise MissingFrame("empty record")
     return decode([value[:1], value[1:]])
+
+
+def derive(cls: type[M], source: Message, **values: object) -> M:
+    """A ``cls`` message carrying every field ``source`` has under the same name and type,
+    then ``values``: a request's fields travel from message to message (request, work,
+    page metadata, notification) without being listed again at each hop."""
+    theirs = source.DESCRIPTOR.fields_by_name
+    msg = cls()
+    for name, field in cls.DESCRIPTOR.fields_by_name.items():
+        other = theirs.get(name)
+        same = (
+            other is not None
+            and other.type == field.type
+            and other.enum_type is field.enum_type
+            and other.message_type is field.message_type
+            and other.is_repeated == field.is_repeated
+        )
+        if not same or name in values:
+            continue
+        if field.is_repeated:
+            getattr(msg, name).extend(getattr(source, name))
+        elif field.message_type is not None:
+            if source.HasField(name):
+                getattr(msg, name).CopyFrom(getattr(source, name))
+        else:
+            setattr(msg, name, getattr(source, name))
+    for name, value in values.items():
+        setattr(msg, name, value)
+    return msg

@@ -33,7 +33,7 @@ from candlewire.config import Settings
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import TopicError, notification_prefixes, parse_ticker, work_prefix
-from candlewire.zmqutil import harden, pending, subscription
+from candlewire.zmqutil import harden, subscriptions
 from proto import requests_pb2 as rq
 from proto.envelope import (
     EnvelopeError,
@@ -218,11 +218,7 @@ class Relay:
 
     def _track_ingestors(self) -> None:
         """Apply the work queue's subscription messages: ``\\x01`` + prefix, ``\\x00`` + prefix."""
-        for msg in pending(self._work):
-            sub = subscription(msg)
-            if sub is None:
-                continue
-            subscribed, topic = sub
+        for subscribed, topic in subscriptions(self._work):
             if subscribed:
                 self._served.add(topic)
             else:
@@ -230,18 +226,16 @@ class Relay:
             self.metrics.served_exchanges.set(len(self._served))
 
     def _track_subscribers(self) -> None:
-        for msg in pending(self._watch):
-            self._track_listener(msg)
-            change = self._watched.apply(msg, time.monotonic())
+        for subscribed, topic in subscriptions(self._watch):
+            self._track_listener(subscribed, topic)
+            change = self._watched.apply(subscribed, topic, time.monotonic())
             if change is not None and not change[1]:
                 self._unserved.pop(change[0], None)
         self.metrics.watched_tickers.set(len(self._watched.topics))
 
-    def _track_listener(self, msg: bytes) -> None:
-        sub = subscription(msg)
-        if sub is None or not sub[1].startswith(notification_prefixes()):
+    def _track_listener(self, subscribed: bool, topic: str) -> None:
+        if not topic.startswith(notification_prefixes()):
             return
-        subscribed, topic = sub
         if not subscribed:
             self._listened.discard(topic)
         elif len(self._listened) < MAX_LISTENED:

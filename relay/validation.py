@@ -18,6 +18,7 @@ from candlewire.topics import (
     response_topic,
 )
 from proto import requests_pb2 as rq
+from proto.envelope import derive
 
 # No exchange has trades before this (2009-01-03, the Bitcoin genesis block), so an earlier
 # start is a unit mistake (seconds for milliseconds) rather than a real request.
@@ -76,15 +77,12 @@ def validate(
     if rows > max_rows:
         raise Rejected(rq.RANGE_TOO_LARGE, f"{rows} candles requested, at most {max_rows}")
     topic = notification_topic_for(req)
-    work = rq.DataRequest(
-        request_id=req.request_id,
+    work = derive(
+        rq.DataRequest,
+        req,
         kind=rq.HISTORICAL,
-        ticker=req.ticker,
         exchange=ticker.exchange,
-        period_s=req.period_s,
-        start_ms=req.start_ms,
         end_ms=min(req.end_ms, now_ms),
-        client_id=req.client_id,
         notification_topic=topic,
         submit_time_ms=now_ms,
     )

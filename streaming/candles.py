@@ -162,3 +162,8 @@ def partial_candles(
             else:
                 current.absorb(candle)
     return list(out.values())
+
+
+def next_watermark(watermark_ms: int, max_event_ns: int, delay_s: float) -> int:
+    """Spark's rule: the largest event time seen so far minus the allowed delay."""
+    return max(watermark_ms, max_event_ns // 1_000_000 - int(delay_s * 1000))

@@ -14,6 +14,7 @@ from decimal import Context, Decimal, InvalidOperation
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from candlewire.lake import OHLC_SCHEMA
 from proto import market_pb2
@@ -33,10 +34,7 @@ TICK_ROWS = pa.schema(
 )
 KAFKA_POSITION = [("partition", pa.int32()), ("offset", pa.int64())]
 # mapInArrow's output schema: the input must carry ``partition`` and ``offset`` too.
-TICK_DDL = (
-    "valid boolean, ticker string, trade_id string, price string, size string, side string, "
-    "exchange_time_ns bigint, ingest_time_ns bigint, partition int, offset bigint"
-)
+TICK_STRUCT = from_arrow_schema(pa.schema([*TICK_ROWS, *KAFKA_POSITION]))
 SIDES = {market_pb2.BUY: "BUY", market_pb2.SELL: "SELL"}
 # The ``ohlc`` table's schema as Arrow, with the plain strings Spark reads from Arrow.
 OHLC_ROWS = pa.schema(

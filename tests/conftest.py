@@ -12,9 +12,9 @@ import zmq
 
 from candlewire.config import Settings
 from candlewire.lake import ensure_tables
-from candlewire.local.postgres import LocalPostgres
-from candlewire.stack import ProcessService, kafka_service
 from candlewire.topics import work_prefix
+from launcher.local.postgres import LocalPostgres
+from launcher.stack import ProcessService, kafka_service
 from relay import Relay
 from tests.support import (
     RUNNING,

@@ -2,80 +2,24 @@
 
 from __future__ import annotations
 
-import os
-import random
-import socket
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 
 import zmq
 from google.protobuf.message import Message
 from prometheus_client import Counter
 
 from candlewire.config import Settings
-from candlewire.endpoints import ENDPOINTS
+from candlewire.testing import free_port as free_port
+from candlewire.testing import free_settings as free_settings
+from candlewire.testing import spawn
+from candlewire.testing import stream_metric as stream_metric
+from candlewire.testing import wait_for as wait_for
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
 from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, encode_topic
-
-_handed_out: set[int] = set()
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port() -> int:
-    """A port that is free now and that the kernel will not hand out on its own.
-
-    Port 0 picks from the ephemeral range, where every outgoing connection (Kafka
-    clients, ZMQ connects) also takes its local port; between our pick and the
-    service's bind one of those could take it. So pick below that range instead,
-    never twice in one test run.
-    """
-    top = min(_ephemeral_low(), 32768) - 1
-    rng = random.Random()
-    for _ in range(1000):
-        port = rng.randint(top - 12000, top)
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise RuntimeError("no free port below the ephemeral range")
-
-
-def free_settings(tmp_path: object, **overrides: object) -> Settings:
-    """Settings with every endpoint on its own free port, state under tmp_path."""
-    return Settings(
-        ports={name: free_port() for name in ENDPOINTS},
-        state_dir=tmp_path,  # type: ignore[arg-type]
-        **overrides,  # type: ignore[arg-type]
-    )
-
-
-def wait_for(
-    predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02
-) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s: {predicate}")
 
 
 class FakeIngestor:
@@ -220,36 +164,13 @@ def start_job(settings: Settings) -> subprocess.Popen:
     The watermark is two days so tests may produce ticks of the recent past; commits come
     every second so tests see rows soon.
     """
-    env = {
-        **os.environ,
-        **settings.to_env(),
-        "CANDLEWIRE_STREAM_WATERMARK_S": "172800",
-        "CANDLEWIRE_STREAM_TICKS_TRIGGER_S": "1",
-    }
-    log = open(settings.state_dir / "stream.log", "ab")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "candlewire.cli", "stream"],
+    env = {"CANDLEWIRE_STREAM_WATERMARK_S": "172800", "CANDLEWIRE_STREAM_TICKS_TRIGGER_S": "1"}
+    return spawn(
+        settings,
+        ["stream"],
+        healthy="candlewire_stream_up 1.0",
+        metrics_endpoint="stream_metrics",
         env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        log=settings.state_dir / "stream.log",
+        timeout=180,
     )
-    url = f"http://127.0.0.1:{settings.port('stream_metrics')}/metrics"
-
-    def up() -> bool:
-        assert proc.poll() is None, (settings.state_dir / "stream.log").read_text()[-3000:]
-        try:
-            return (
-                "candlewire_stream_up 1.0" in urllib.request.urlopen(url, timeout=1).read().decode()
-            )
-        except OSError:
-            return False
-
-    wait_for(up, timeout=180, interval=0.5)
-    return proc
-
-
-def stream_metric(settings: Settings, series: str) -> float:
-    """Sum of the streaming job's Prometheus series whose line starts with ``series``."""
-    url = f"http://{settings.host}:{settings.port('stream_metrics')}/metrics"
-    body = urllib.request.urlopen(url, timeout=5).read().decode()
-    return sum(float(x.split()[-1]) for x in body.splitlines() if x.startswith(series))

@@ -12,7 +12,9 @@ NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
 
 def test_pyspark_pin_matches_spark_jars() -> None:
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "platform"
+    ]
     (pin,) = [re.match(r"pyspark==(.+)", d).group(1) for d in deps if d.startswith("pyspark")]
     pom = ET.parse(REPO / "jvm" / "spark.xml").getroot()
     assert pom.find("m:properties/m:spark.version", NS).text == pin

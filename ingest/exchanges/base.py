@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from proto import market_pb2
 
@@ -79,12 +80,21 @@ class Exchange(ABC):
         """Live trades until ``stop`` is set."""
 
     rows_per_page: int = 1000
+    _symbols: dict[str, Any]  # ticker → the adapter's own handle (symbol, recording, state)
 
-    def check_ticker(self, ticker: str) -> market_pb2.Market:
-        for m in self.markets():
-            if m.ticker == ticker:
-                return m
-        raise UnknownSymbol(f"{self.name} does not list {ticker}")
+    def symbol(self, ticker: str) -> Any:
+        """The adapter's handle of a listed ticker; UnknownSymbol when it is not listed.
+
+        An adapter whose list is loaded lazily refreshes it once first (:meth:`refresh_symbols`)."""
+        if ticker not in self._symbols:
+            self.refresh_symbols()
+        try:
+            return self._symbols[ticker]
+        except KeyError:
+            raise UnknownSymbol(f"{self.name} does not list {ticker}") from None
+
+    def refresh_symbols(self) -> None:  # noqa: B027 - optional hook
+        """Reload the listed tickers, for adapters that learn them from the exchange."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

@@ -68,16 +68,11 @@ class CcxtExchange(Exchange):
         self._markets = out
         return out
 
-    def _symbol(self, ticker: str) -> str:
-        if ticker not in self._symbols:
-            self.markets()
-        try:
-            return self._symbols[ticker]
-        except KeyError:
-            raise UnknownSymbol(f"{self.name} does not list {ticker}") from None
+    def refresh_symbols(self) -> None:
+        self.markets()
 
     def ohlc_page(self, ticker: str, period_s: int, page: Page) -> list[market_pb2.OHLC]:
-        symbol = self._symbol(ticker)
+        symbol = self.symbol(ticker)
         timeframe = TIMEFRAMES[period_s]
         now_ms = int(time.time() * 1000)
         out: list[market_pb2.OHLC] = []
@@ -108,7 +103,7 @@ class CcxtExchange(Exchange):
 
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
         """Websocket trades through ccxt.pro when the exchange has them, else REST polling."""
-        symbol = self._symbol(ticker)
+        symbol = self.symbol(ticker)
         import ccxt.pro as ccxtpro
 
         if self.client.has.get("watchTrades") and hasattr(ccxtpro, self.exchange_id):

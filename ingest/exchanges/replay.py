@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ingest.exchanges.base import Exchange, Page, RangeUnavailable, UnknownSymbol
+from ingest.exchanges.base import Exchange, Page, RangeUnavailable
 from proto import market_pb2
 
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "binance-vision"
@@ -58,12 +58,6 @@ class ReplayExchange(Exchange):
                 base, quote = split_symbol(d.name)
                 self._symbols[f"{name}:{base}/{quote}"] = d.name
 
-    def _symbol(self, ticker: str) -> str:
-        try:
-            return self._symbols[ticker]
-        except KeyError:
-            raise UnknownSymbol(f"{self.name} has no recording of {ticker}") from None
-
     def markets(self) -> list[market_pb2.Market]:
         out = []
         for ticker, symbol in self._symbols.items():
@@ -82,7 +76,7 @@ class ReplayExchange(Exchange):
         return out
 
     def ohlc_page(self, ticker: str, period_s: int, page: Page) -> list[market_pb2.OHLC]:
-        symbol = self._symbol(ticker)
+        symbol = self.symbol(ticker)
         interval = INTERVALS.get(period_s)
         files = sorted(
             (self.root / "spot" / "daily" / "klines" / symbol / str(interval)).glob("*.csv")
@@ -112,13 +106,13 @@ class ReplayExchange(Exchange):
 
     def recorded_range(self, ticker: str, period_s: int) -> tuple[int, int]:
         """First open time and end of the recorded klines, for tests and demos."""
-        symbol = self._symbol(ticker)
+        symbol = self.symbol(ticker)
         folder = self.root / "spot" / "daily" / "klines" / symbol / INTERVALS[period_s]
         times = [_ms(r[0]) for p in sorted(folder.glob("*.csv")) for r in _rows(p)]
         return min(times), max(times) + period_s * 1000
 
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
-        symbol = self._symbol(ticker)
+        symbol = self.symbol(ticker)
         files = sorted((self.root / "spot" / "daily" / "trades" / symbol).glob("*.csv"))
         t0_rec: int | None = None
         t0_wall = time.time()

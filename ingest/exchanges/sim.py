@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.exchanges.base import Exchange, Page, RangeUnavailable, UnknownSymbol, fmt_fixed
+from ingest.exchanges.base import Exchange, Page, RangeUnavailable, fmt_fixed
 from proto import market_pb2
 
 GENESIS_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
@@ -142,12 +142,6 @@ class SimExchange(Exchange):
         buy = _uniform(sym.key, minutes, j, 6) < 0.5
         return {**trades, "time_us": time_us, "buy": buy}
 
-    def _symbol(self, ticker: str) -> _Symbol:
-        try:
-            return self._symbols[ticker]
-        except KeyError:
-            raise UnknownSymbol(f"{self.name} does not list {ticker}") from None
-
     # -- Exchange ---------------------------------------------------------------------------
 
     def markets(self) -> list[market_pb2.Market]:
@@ -169,7 +163,7 @@ class SimExchange(Exchange):
         ]
 
     def ohlc_page(self, ticker: str, period_s: int, page: Page) -> list[market_pb2.OHLC]:
-        sym = self._symbol(ticker)
+        sym = self.symbol(ticker)
         if page.start_ms < self.genesis_ms:
             raise RangeUnavailable(f"{self.name} history starts at {self.genesis_ms} ms")
         period_ms = period_s * 1000
@@ -218,7 +212,7 @@ class SimExchange(Exchange):
 
     def trade_batch(self, ticker: str, m0: int, m1: int) -> list[market_pb2.Tick]:
         """The trades of minutes [m0, m1) since genesis; what `trades` streams."""
-        sym = self._symbol(ticker)
+        sym = self.symbol(ticker)
         t = self._minutes(sym, m0, m1)
         n = self.per_minute
         ids = (t["minute"] * n + t["j"]).tolist()  # columns as lists: no numpy scalars per tick
@@ -243,7 +237,7 @@ class SimExchange(Exchange):
         ]
 
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
-        self._symbol(ticker)
+        self.symbol(ticker)
         now_ms = int(time.time() * 1000)
         minute = (now_ms - self.genesis_ms) // MINUTE_MS
         while not stop.is_set():

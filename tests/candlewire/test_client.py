@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import threading
 import time
 
@@ -10,6 +9,7 @@ import pytest
 
 from candlewire import AsyncClient, Client, RequestRejected, RequestTimeout
 from candlewire._protocol import to_ms
+from candlewire.testing import candlewire_command
 from proto import market_pb2
 from proto import requests_pb2 as rq
 
@@ -124,7 +124,7 @@ def test_watch_cli_prints_live_messages(settings, relay, publisher, served) -> N
     feeder = feed(publisher, "BINANCE:SOL/USDT|tick", stop)
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "candlewire.cli", "watch", "BINANCE:SOL/USDT", "--count", "2"],
+            candlewire_command("watch", "BINANCE:SOL/USDT", "--count", "2"),
             env=env,
             capture_output=True,
             text=True,
@@ -149,7 +149,7 @@ def test_watch_cli_reports_an_unservable_ticker_in_one_line(settings, relay) -> 
     import os
 
     out = subprocess.run(
-        [sys.executable, "-m", "candlewire.cli", "watch", "NOBODY:BTC/USDT"],
+        candlewire_command("watch", "NOBODY:BTC/USDT"),
         env={**os.environ, **settings.to_env()},
         capture_output=True,
         text=True,

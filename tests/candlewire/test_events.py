@@ -65,7 +65,7 @@ def gateways(ctx, settings):
 
 def publisher(settings, endpoints, tmp_path, **kw) -> EventPublisher:
     return EventPublisher(
-        settings, gateways=endpoints, journal=tmp_path / "pending.log", **kw
+        settings, gateways=endpoints, journal=tmp_path / "pending.db", **kw
     ).start()
 
 
@@ -140,7 +140,7 @@ def test_unacked_event_goes_to_the_next_gateway(settings, gateways, tmp_path) ->
 
 def test_pending_events_survive_kill_9_and_are_resent(settings, gateways, tmp_path) -> None:
     (a, _), endpoints = gateways
-    journal = tmp_path / "pending.log"
+    journal = tmp_path / "pending.db"
     script = f"""
 import sys, time, uuid
 from candlewire.events import EventPublisher

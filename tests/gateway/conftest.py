@@ -1,30 +1,27 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
-import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 import zmq
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection
 
+from candlewire import testing
 from candlewire.config import Settings
 from candlewire.events import EventPublisher
 from candlewire.lake import sql_url
+from candlewire.testing import TelegramStandIn, open_session
 from gateway import Gateway, GatewaySettings, issue_token
 from gateway.directory import Directory, retries
 from proto import events_pb2 as ev
 from proto.envelope import decode, encode, expect
 from relay import Relay
-from tests.gateway.standins import TelegramStandIn
-from tests.support import FakePublisher, free_port, wait_for
+from tests.support import FakePublisher, free_port
 
 SECRET = "test-secret-0123456789"
 BOT_TOKEN = "123456:TEST-token"
@@ -92,7 +89,7 @@ def make_publisher(tmp_path: Path) -> Iterator[Callable[..., EventPublisher]]:
     started: list[EventPublisher] = []
 
     def make(settings: Settings, gateways: list[str] | None = None, **kw: object) -> EventPublisher:
-        name = f"pending-{len(started)}.log"
+        name = f"pending-{len(started)}.db"
         pub = EventPublisher(settings, gateways=gateways, journal=tmp_path / name, **kw).start()  # type: ignore[arg-type]
         started.append(pub)
         return pub
@@ -112,34 +109,8 @@ def market(gw_env, ctx):
     relay.stop()
 
 
-def new_user() -> str:
-    return f"u{uuid.uuid4().hex[:10]}"
-
-
-def user_event(
-    user: str,
-    priority: int,
-    channels: list[tuple[int, bool]] | None = None,
-    payload: dict | None = None,
-    event_type: int = ev.ORDER_FILLED,
-) -> ev.UserEvent:
-    prefs = [ev.ChannelPreference(channel=c, only_if_active=a) for c, a in (channels or [])]
-    return ev.UserEvent(
-        user_id=user,
-        event_id=uuid.uuid4().hex,
-        timestamp=int(time.time() * 1000),
-        event_type=event_type,
-        payload=json.dumps(payload or {"qty": 1}).encode(),
-        delivery=ev.DeliverySpec(priority=priority, channels=prefs),
-    )
-
-
 def sign_in(settings: Settings, user: str, **kw: object) -> ClientConnection:
-    ws = connect(f"ws://127.0.0.1:{settings.port('gateway_http')}/ws", legacy=True, **kw)  # type: ignore[arg-type]
-    ws.send(json.dumps({"op": "auth", "token": issue_token(SECRET, user)}))
-    welcome = json.loads(ws.recv(timeout=5))
-    assert welcome == {"type": "welcome", "user": user}
-    return ws
+    return open_session(settings, user, issue_token(SECRET, user), **kw)
 
 
 def next_of(ws: ClientConnection, kind: str, timeout: float = 10.0) -> dict:
@@ -154,28 +125,7 @@ def next_of(ws: ClientConnection, kind: str, timeout: float = 10.0) -> dict:
 def spawn_gateway(
     settings: Settings, telegram_url: str, extra_env: dict[str, str] | None = None
 ) -> subprocess.Popen:
-    """``candlewire gateway`` as a process of its own, up when its metrics say so."""
-    env = os.environ | settings.to_env()
-    env |= {
-        "CANDLEWIRE_GATEWAY_SECRET": SECRET,
-        "CANDLEWIRE_GATEWAY_TELEGRAM_TOKEN": BOT_TOKEN,
-        "CANDLEWIRE_GATEWAY_TELEGRAM_API": telegram_url,
-    } | (extra_env or {})
-    log = (settings.state_dir / f"gateway-{settings.port('critical_events')}.log").open("ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "candlewire.cli", "gateway"], env=env, stdout=log, stderr=log
-    )
-    url = f"http://127.0.0.1:{settings.port('gateway_metrics')}/metrics"
-    wait_for(lambda: b"candlewire_gateway_up 1.0" in get(url), timeout=60)
-    return proc
-
-
-def get(url: str) -> bytes:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.read()
-    except OSError:
-        return b""
+    return testing.spawn_gateway(settings, SECRET, BOT_TOKEN, telegram_url, extra_env)
 
 
 class Container:

@@ -16,8 +16,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from py_vapid import Vapid
 
+from candlewire.testing import new_user, user_event
 from proto import events_pb2 as ev
-from tests.gateway.conftest import gw_config, new_user, user_event
+from tests.gateway.conftest import gw_config
 from tests.gateway.standins import PushStandIn, b64url
 from tests.support import free_port
 

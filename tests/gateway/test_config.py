@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 
+from candlewire.testing import new_user, user_event
 from gateway import GatewaySettings
 from proto import events_pb2 as ev
-from tests.gateway.conftest import BOT_TOKEN, gw_config, new_user, user_event
+from tests.gateway.conftest import BOT_TOKEN, gw_config
 from tests.support import free_port
 
 

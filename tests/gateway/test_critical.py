@@ -8,8 +8,10 @@ import time
 from collections import Counter
 
 from candlewire.config import Settings
+from candlewire.testing import http_get as get
+from candlewire.testing import new_user, user_event
 from proto import events_pb2 as ev
-from tests.gateway.conftest import get, gw_config, new_user, spawn_gateway, user_event
+from tests.gateway.conftest import gw_config, spawn_gateway
 from tests.support import counted, free_port, wait_for
 
 TELEGRAM_ONLY = [(ev.TELEGRAM, False)]

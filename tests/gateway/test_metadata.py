@@ -15,10 +15,11 @@ from decimal import Decimal
 import pyarrow as pa
 
 from candlewire.lake import NAMESPACE, catalog
+from candlewire.testing import new_user, user_event
 from candlewire.topics import market_data_topic, metadata_update_topic, ohlc_type
 from proto import events_pb2 as ev
 from proto import market_pb2
-from tests.gateway.conftest import gw_config, new_user, next_of, sign_in, user_event
+from tests.gateway.conftest import gw_config, next_of, sign_in
 from tests.support import FakePublisher, wait_for
 
 

@@ -11,11 +11,12 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from candlewire.testing import new_user, user_event
 from candlewire.topics import market_data_topic, ohlc_type
 from gateway import issue_token
 from proto import events_pb2 as ev
 from proto import market_pb2
-from tests.gateway.conftest import SECRET, gw_config, new_user, user_event
+from tests.gateway.conftest import SECRET, gw_config
 from tests.support import wait_for
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

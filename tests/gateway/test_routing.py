@@ -17,9 +17,10 @@ from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from candlewire.events import Route
+from candlewire.testing import new_user, user_event
 from gateway import issue_token
 from proto import events_pb2 as ev
-from tests.gateway.conftest import SECRET, gw_config, new_user, next_of, sign_in, user_event
+from tests.gateway.conftest import SECRET, gw_config, next_of, sign_in
 from tests.support import wait_for
 
 FALLBACK = [(ev.ACTIVE_SESSION, True), (ev.TELEGRAM, False)]

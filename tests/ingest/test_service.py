@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from candlewire import Client
 from candlewire.kafka import OHLC_BATCHES, TICKS
+from candlewire.testing import candlewire_command
 from candlewire.topics import ingestor_topic
 from ingest.exchanges.base import Page
 from ingest.exchanges.replay import ReplayExchange
@@ -151,16 +151,13 @@ def test_competing_ingestors_fetch_each_request_once(live) -> None:
 def subprocess_ingestor(settings, ingestor_id: str, exchange: str = "SIM") -> subprocess.Popen:
     env = {**os.environ, **settings.to_env(), "CANDLEWIRE_PORTS__INGEST_METRICS": "0"}
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "candlewire.cli",
+        candlewire_command(
             "ingest",
             "--exchange",
             exchange,
             "--id",
             ingestor_id,
-        ],
+        ),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -10,8 +10,8 @@ import pytest
 
 from candlewire.config import Settings
 from candlewire.lake import NAMESPACE, catalog
-from candlewire.stack import Stack, dagster_services
-from orchestration.home import ADD_PARTITION, LAUNCH, REPO, STATUS, graphql
+from launcher.dagster_home import ADD_PARTITION, LAUNCH, REPO, STATUS, graphql
+from launcher.stack import Stack, dagster_services
 
 
 @pytest.fixture

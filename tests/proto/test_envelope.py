@@ -15,6 +15,7 @@ from proto.envelope import (
     decode,
     decode_router,
     decode_sub,
+    derive,
     encode,
     encode_topic,
     expect,
@@ -108,3 +109,29 @@ def test_expect_narrows_type() -> None:
     assert expect(ack, events_pb2.EventAck) is ack
     with pytest.raises(UnexpectedMessage):
         expect(ack, events_pb2.UserEvent)
+
+
+def test_derive_copies_the_fields_both_messages_name_and_overrides_the_rest() -> None:
+    rq = requests_pb2
+    req = rq.SubmitHistoricalRequest(
+        request_id="r1",
+        client_id="c1",
+        ticker="SIM:BTC/USDT",
+        period_s=60,
+        start_ms=1,
+        end_ms=2,
+        notify=rq.NOTIFY_REQUEST,
+    )
+    work = derive(rq.DataRequest, req, kind=rq.HISTORICAL, end_ms=9, notification_topic="t")
+    assert (work.request_id, work.client_id, work.ticker) == ("r1", "c1", "SIM:BTC/USDT")
+    assert (work.period_s, work.start_ms, work.end_ms) == (60, 1, 9)
+    assert (work.kind, work.notification_topic) == (rq.HISTORICAL, "t")
+    meta = derive(market_pb2.HistoryRequestMetadata, work, expected_pages=3)
+    note = derive(rq.HistoryReadyNotification, meta, row_count=5)
+    assert (note.request_id, note.ticker, note.end_ms, note.row_count) == (
+        "r1",
+        "SIM:BTC/USDT",
+        9,
+        5,
+    )
+    assert meta.notification_topic == "t" and meta.expected_pages == 3

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -15,6 +14,7 @@ import zmq
 
 from candlewire import Client, HistoryFailed, RequestRejected
 from candlewire.config import Settings
+from candlewire.testing import candlewire_command
 from candlewire.topics import history_ready_topic, work_prefix
 from proto import requests_pb2 as rq
 from proto.envelope import decode, encode
@@ -344,7 +344,7 @@ def test_no_ingestor_is_a_clear_retryable_rejection(ctx, settings, relay) -> Non
 
 def test_cli_relay_stops_gracefully_on_sigterm(ctx, settings: Settings) -> None:
     env = {**os.environ, **settings.to_env()}
-    proc = subprocess.Popen([sys.executable, "-m", "candlewire.cli", "relay"], env=env)
+    proc = subprocess.Popen(candlewire_command("relay"), env=env)
     ing = FakeIngestor(ctx, settings, ["BINANCE:"])
     try:
         with Client(settings) as client:

@@ -387,7 +387,7 @@ class LiveCandles:
 
 
 def _jobs(settings):
-    out = subprocess.run(["pgrep", "-f", "candlewire.cli stream"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-f", "bin/candlewire stream"], capture_output=True, text=True)
     for pid in map(int, out.stdout.split()):
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read().split(b"\0")

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from candlewire.stack import Stack, StackError, default_services
+from launcher.stack import Stack, StackError, default_services
 from tests.support import free_settings
 
 

@@ -1,4 +1,8 @@
-"""The ``candlewire`` command."""
+"""The ``candlewire`` command.
+
+Client verbs (``watch``, ``history``, ``endpoints``) need only the plain install; service
+verbs import their service when run, and say which install they need when it is missing.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,12 @@ import logging
 import sys
 
 from candlewire.config import Settings
+
+# Third-party packages only the platform extra installs.
+PLATFORM_MODULES = frozenset(
+    {"pyspark", "dagster", "confluent_kafka", "prometheus_client", "ccxt", "websockets"}
+    | {"itsdangerous", "httpx", "aiosmtplib", "pywebpush", "numpy"}
+)
 
 
 def _relay(args: argparse.Namespace, settings: Settings) -> int:
@@ -118,7 +128,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from candlewire.stack import Stack, StackError, default_services, live_ingestors
+    from launcher.stack import Stack, StackError, default_services, live_ingestors
 
     console = Console()
     try:
@@ -219,6 +229,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.fn(args, Settings())
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] not in PLATFORM_MODULES:
+            raise
+        print(
+            f"error: candlewire {args.command} needs the platform install ({exc.name} is "
+            "missing): pip install 'candlewire[platform]'",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt:
         return 130
     except CandlewireError as exc:  # rejected, timed out, failed: one line, no traceback

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from candlewire.local.postgres import LocalPostgres
+from launcher.local.postgres import LocalPostgres
 from tests.support import free_port
 
 pytestmark = pytest.mark.skipif(

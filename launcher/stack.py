@@ -186,7 +186,7 @@ class PostgresService(Service):
         self.port = self.settings.port("postgres")
 
     def _pg(self):
-        from candlewire.local.postgres import LocalPostgres, PostgresSetupError
+        from launcher.local.postgres import LocalPostgres, PostgresSetupError
 
         try:
             return LocalPostgres(self.settings.state_dir / "postgres", self.port)
@@ -197,7 +197,7 @@ class PostgresService(Service):
         return self._pg().pid()
 
     def start(self) -> None:
-        from candlewire.local.postgres import PostgresSetupError
+        from launcher.local.postgres import PostgresSetupError
 
         pg = self._pg()
         try:
@@ -210,7 +210,7 @@ class PostgresService(Service):
         self._pg().stop()
 
     def health(self) -> str | None:
-        from candlewire.local.postgres import PostgresSetupError
+        from launcher.local.postgres import PostgresSetupError
 
         try:
             ok = self._pg().psql("SELECT 1").strip() == "1"
@@ -283,13 +283,13 @@ class Stack:
 
 def candlewire_argv(*args: str) -> Callable[[], list[str]]:
     """Run a candlewire subcommand with this interpreter."""
-    return lambda: [sys.executable, "-m", "candlewire.cli", *args]
+    return lambda: [sys.executable, "-m", "launcher.cli", *args]
 
 
 def kafka_service(settings: Settings) -> ProcessService:
     """The local KRaft broker as a supervised process; `up`, the tests and benches share it."""
     from candlewire.kafka import ensure_topics, kafka_health
-    from candlewire.local.kafka import KafkaBroker
+    from launcher.local.kafka import KafkaBroker
 
     broker = KafkaBroker(
         settings.state_dir / "kafka",
@@ -381,7 +381,7 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
 
 def dagster_services(settings: Settings) -> list[Service]:
     """Dagster's webserver (UI and GraphQL) and daemon (schedules, sensors, backfills)."""
-    from orchestration import home
+    from launcher import dagster_home as home
 
     run, logs = settings.state_dir / "run", settings.state_dir / "logs"
     env = home.env(settings)
@@ -413,13 +413,14 @@ def live_ingestors(settings: Settings, listen_s: float = 2.5) -> dict[str, dict[
     """Ingestors heard through the relay's fanout: {exchange: {ingestor_id: state}}."""
     import zmq
 
+    from candlewire.topics import ingestor_topic
     from proto import requests_pb2 as rq
     from proto.envelope import EnvelopeError, decode_sub
 
     ctx = zmq.Context.instance()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
-    sub.subscribe(b"INGESTOR:")
+    sub.subscribe(ingestor_topic(""))
     sub.connect(settings.connect("market_data"))
     seen: dict[str, dict[str, str]] = {}
     deadline = time.monotonic() + listen_s

@@ -1,0 +1,317 @@
+"""The client's protocol logic, once, for both :class:`~candlewire.Client` and
+:class:`~candlewire.AsyncClient`.
+
+Each procedure here is a generator that *yields* what it needs done on a socket (an
+:data:`Op`) and is *sent* the outcome, in the sans-I/O style of h11 and wsproto: the
+Lazy-Pirate retries, the wait for the SUB connection, the wait for a notification and the
+market-data filter are written once, and the blocking and the asyncio client are thin
+drivers that only perform the waits (:func:`drive` and :func:`async_drive`).
+Creating, subscribing and closing sockets never blocks, so the core does those itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import zmq
+from google.protobuf.message import Message
+from zmq.utils.monitor import parse_monitor_message
+
+from candlewire._protocol import (
+    MONITOR_EVENTS,
+    ConnectionState,
+    HistoryCall,
+    MarketFilter,
+    MetadataCall,
+    NotificationInbox,
+    new_id,
+    remaining,
+)
+from candlewire.config import Settings
+from candlewire.errors import RequestRejected, RequestTimeout
+from candlewire.topics import check_id, metadata_update_topic, response_topic
+from proto import market_pb2
+from proto import requests_pb2 as rq
+
+SUBMIT_TIMEOUT_S = 30.0  # the spec's REQ/REP default
+ATTEMPT_TIMEOUT_S = 2.5
+HISTORY_TIMEOUT_S = 300.0
+CONNECT_TIMEOUT_S = 5.0
+RETRY_PAUSE_S = 0.2  # between retries of a NO_INGESTOR rejection
+POLL_SLICE_S = 0.5  # longest single wait while a deadline runs
+
+
+@dataclass(frozen=True)
+class Recv:
+    """Wait up to ``timeout`` seconds (None: forever) for a message; outcome: frames or None."""
+
+    sock: zmq.Socket
+    timeout: float | None
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send one multipart message; outcome: None."""
+
+    sock: zmq.Socket
+    frames: list[bytes]
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Hand a message to the caller of an iterator (``subscribe``); outcome: None."""
+
+    msg: Message
+
+
+Op = Recv | Send | Sleep | Emit
+T = TypeVar("T")
+Steps = Generator[Op, Any, T]
+
+
+class Run(Generic[T]):
+    """One procedure being driven: the next op for the last outcome, then its result.
+    Leaving the ``with`` block closes the procedure, which closes its sockets."""
+
+    def __init__(self, steps: Steps[T]) -> None:
+        self.steps = steps
+        self.outcome: Any = None
+        self.result: T | None = None
+
+    def next(self) -> Op | None:
+        try:
+            return self.steps.send(self.outcome)
+        except StopIteration as end:
+            self.result = end.value
+            return None
+
+    def __enter__(self) -> Run[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.steps.close()
+
+
+def drive(steps: Steps[T]) -> T:
+    """Run a procedure to its end, blocking on each wait."""
+    with Run(steps) as run:
+        while (op := run.next()) is not None:
+            run.outcome = perform(op)
+    return run.result  # type: ignore[return-value]
+
+
+def drive_iter(steps: Steps[None]) -> Iterator[Message]:
+    """Run a procedure that emits messages, as a blocking iterator."""
+    with Run(steps) as run:
+        while (op := run.next()) is not None:
+            run.outcome = (yield op.msg) if isinstance(op, Emit) else perform(op)
+
+
+def perform(op: Op) -> Any:
+    if isinstance(op, Recv):
+        timeout = None if op.timeout is None else int(op.timeout * 1000)
+        return op.sock.recv_multipart() if op.sock.poll(timeout) else None
+    if isinstance(op, Send):
+        return op.sock.send_multipart(op.frames)
+    if isinstance(op, Sleep):
+        return time.sleep(op.seconds)
+    raise TypeError(f"{op!r} cannot be performed here")
+
+
+async def async_drive(steps: Steps[T]) -> T:
+    """Run a procedure to its end, awaiting each wait."""
+    with Run(steps) as run:
+        while (op := run.next()) is not None:
+            run.outcome = await async_perform(op)
+    return run.result  # type: ignore[return-value]
+
+
+async def async_drive_iter(steps: Steps[None]) -> AsyncIterator[Message]:
+    """Run a procedure that emits messages, as an async iterator."""
+    with Run(steps) as run:
+        while (op := run.next()) is not None:
+            run.outcome = (yield op.msg) if isinstance(op, Emit) else await async_perform(op)
+
+
+async def async_perform(op: Op) -> Any:
+    if isinstance(op, Recv):
+        timeout = None if op.timeout is None else int(op.timeout * 1000)
+        return await op.sock.recv_multipart() if await op.sock.poll(timeout) else None
+    if isinstance(op, Send):
+        return await op.sock.send_multipart(op.frames)
+    if isinstance(op, Sleep):
+        return await asyncio.sleep(op.seconds)
+    raise TypeError(f"{op!r} cannot be performed here")
+
+
+class ClientCore:
+    """Sockets and state of one client; procedures as generators of :data:`Op`."""
+
+    def __init__(
+        self,
+        settings: Settings | None,
+        client_id: str | None,
+        submit_timeout: float,
+        attempt_timeout: float,
+        socket: Callable[[int], zmq.Socket],
+    ) -> None:
+        self.settings = settings or Settings()
+        self.client_id = check_id(client_id or new_id("cl"), "client_id")
+        self.submit_timeout = submit_timeout
+        self.attempt_timeout = attempt_timeout
+        self.inbox = NotificationInbox()
+        self._socket = socket
+        self._state = ConnectionState()
+        self._sub: zmq.Socket | None = None
+        self._mon: zmq.Socket | None = None
+
+    # -- sockets (never block) ------------------------------------------------------------
+
+    def notifications(self) -> zmq.Socket:
+        """One SUB for all notifications, subscribed once to ``RESPONSE:{client_id}``."""
+        if self._sub is None:
+            sub = self._socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RECONNECT_IVL, 100)
+            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            self._mon = sub.get_monitor_socket(MONITOR_EVENTS)
+            sub.subscribe(response_topic(self.client_id))
+            sub.connect(self.settings.connect("market_data"))
+            self._sub = sub
+        return self._sub
+
+    def close(self) -> None:
+        if self._sub is not None:
+            self._sub.disable_monitor()
+            self._sub.close(linger=0)
+        if self._mon is not None:
+            self._mon.close(linger=0)
+        self._sub = self._mon = None
+
+    # -- history ----------------------------------------------------------------------------
+
+    def submit(self, call: HistoryCall) -> Steps[rq.SubmitResponse]:
+        """Subscribe to the notification topic first, so the notification cannot be missed."""
+        sub = self.notifications()
+        if call.topic != response_topic(self.client_id):
+            sub.subscribe(call.topic)
+        self.inbox.expect(call.request.request_id)
+        return (yield from self.send(call))
+
+    def request_history(
+        self, call: HistoryCall, timeout: float
+    ) -> Steps[rq.HistoryReadyNotification]:
+        yield from self.submit(call)
+        try:
+            return (yield from self.wait_ready(call.request.request_id, timeout))
+        finally:
+            if call.request.notify == rq.NOTIFY_REQUEST and self._sub is not None:
+                self._sub.unsubscribe(call.topic)
+
+    def wait_ready(self, request_id: str, timeout: float) -> Steps[rq.HistoryReadyNotification]:
+        deadline = time.monotonic() + timeout
+        sub = self.notifications()
+        while (note := self.inbox.take(request_id)) is None:
+            if not remaining(deadline):
+                raise RequestTimeout(f"no HistoryReady for {request_id} within {timeout:.0f}s")
+            frames = yield Recv(sub, min(remaining(deadline), POLL_SLICE_S))
+            if frames is not None:
+                self.inbox.offer(frames)
+        return note
+
+    # -- requests to the relay ---------------------------------------------------------------
+
+    def send(self, call: HistoryCall | MetadataCall) -> Steps[rq.SubmitResponse]:
+        """REQ with Lazy-Pirate retries; a NO_INGESTOR rejection is retried until the deadline."""
+        deadline = time.monotonic() + self.submit_timeout
+        yield from self.wait_connected(min(CONNECT_TIMEOUT_S, self.submit_timeout / 2))
+        while True:
+            try:
+                return call.accept((yield from self.lazy_pirate(call.frames(), deadline)))
+            except RequestRejected as exc:
+                if not exc.retryable or remaining(deadline) < RETRY_PAUSE_S:
+                    raise
+            yield Sleep(RETRY_PAUSE_S)
+
+    def wait_connected(self, timeout: float) -> Steps[None]:
+        """Until the notification SUB is connected, at most ``timeout``. Not connected yet is
+        not fatal: the relay may be restarting, and the REQ retries cover it."""
+        self.notifications()
+        assert self._mon is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            wait = 0 if self._state.connected else remaining(deadline)
+            event = yield Recv(self._mon, wait)
+            if event is None:
+                return
+            self._state.update(parse_monitor_message(event))
+
+    def lazy_pirate(self, frames: list[bytes], deadline: float) -> Steps[list[bytes]]:
+        """Each attempt on a fresh REQ socket (the same request_id: idempotent)."""
+        while remaining(deadline):
+            req = self._socket(zmq.REQ)
+            req.setsockopt(zmq.LINGER, 0)
+            req.connect(self.settings.connect("client_requests"))
+            try:
+                yield Send(req, frames)
+                reply = yield Recv(req, min(self.attempt_timeout, remaining(deadline)))
+                if reply is not None:
+                    return reply
+            finally:
+                req.close(linger=0)
+            yield from self.wait_connected(0)
+        raise RequestTimeout(f"relay did not answer within {self.submit_timeout:.0f}s")
+
+    # -- symbol metadata -------------------------------------------------------------------
+
+    def refresh_metadata(
+        self, exchange: str, timeout: float
+    ) -> Steps[market_pb2.SymbolMetadataUpdated]:
+        """Like a history request: subscribe to METADATA_UPDATE first, submit, then wait for
+        the SymbolMetadataUpdated that names our request_id."""
+        sub = self.notifications()
+        sub.subscribe(metadata_update_topic())
+        call = MetadataCall.build(exchange)
+        deadline = time.monotonic() + timeout
+        try:
+            yield from self.send(call)
+            while remaining(deadline):
+                frames = yield Recv(sub, min(remaining(deadline), POLL_SLICE_S))
+                if frames is None:
+                    continue
+                done = call.match(frames)
+                if done is not None:
+                    return done
+                self.inbox.offer(frames)
+            raise RequestTimeout(f"no SymbolMetadataUpdated for {exchange} within {timeout:.0f}s")
+        finally:
+            sub.unsubscribe(metadata_update_topic())
+
+    # -- market data ---------------------------------------------------------------------
+
+    def subscribe(self, ticker: str, data_type: str, idle_timeout: float | None) -> Steps[None]:
+        """Emit the topic's decoded messages until closed; SubscriptionFailed says why nothing
+        will flow, ``idle_timeout`` raises RequestTimeout after that long without one."""
+        sub = self._socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        filt = MarketFilter.open(sub, ticker, data_type)
+        sub.connect(self.settings.connect("market_data"))
+        try:
+            while True:
+                frames = yield Recv(sub, idle_timeout)
+                if frames is None:
+                    raise RequestTimeout(f"no {filt.topic} message in {idle_timeout}s")
+                msg = filt.accept(frames)
+                if msg is not None:
+                    yield Emit(msg)
+        finally:
+            sub.close(linger=0)

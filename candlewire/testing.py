@@ -1,0 +1,288 @@
+"""Helpers for testing and benchmarking candlewire: free ports, waiting, processes, stand-ins.
+
+The test suite and ``bench/`` both use them, and so can a user's own tests against a local
+stack, as bytewax ships ``bytewax.testing``. Nothing here imports a service: processes are
+started through the installed ``candlewire`` command, as a user would start them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from candlewire.config import Settings
+from candlewire.endpoints import ENDPOINTS
+from proto import events_pb2 as ev
+
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port() -> int:
+    """A port that is free now and that the kernel will not hand out on its own.
+
+    Port 0 picks from the ephemeral range, where every outgoing connection (Kafka
+    clients, ZMQ connects) also takes its local port; between our pick and the
+    service's bind one of those could take it. So pick below that range instead,
+    never twice in one process.
+    """
+    top = min(_ephemeral_low(), 32768) - 1
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randint(top - 12000, top)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+def free_settings(state_dir: object, **overrides: object) -> Settings:
+    """Settings with every endpoint on its own free port, state under ``state_dir``."""
+    return Settings(
+        ports={name: free_port() for name in ENDPOINTS},
+        state_dir=state_dir,  # type: ignore[arg-type]
+        **overrides,  # type: ignore[arg-type]
+    )
+
+
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02
+) -> object:
+    """Poll until ``predicate()`` is truthy and return it; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+
+
+def http_get(url: str) -> bytes:
+    """The body at ``url``, or empty when nothing answers yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.read()
+    except OSError:
+        return b""
+
+
+def metric(settings: Settings, endpoint: str, series: str) -> float:
+    """Sum of a service's Prometheus series whose line starts with ``series``."""
+    body = http_get(f"http://{settings.host}:{settings.port(endpoint)}/metrics").decode()
+    return sum(float(x.split()[-1]) for x in body.splitlines() if x.startswith(series))
+
+
+def stream_metric(settings: Settings, series: str) -> float:
+    """The streaming job's series (see :func:`metric`)."""
+    return metric(settings, "stream_metrics", series)
+
+
+def candlewire_command(*args: str) -> list[str]:
+    """The installed ``candlewire`` command beside this interpreter, as a user runs it."""
+    return [str(Path(sys.executable).with_name("candlewire")), *args]
+
+
+def spawn(
+    settings: Settings,
+    args: list[str],
+    *,
+    healthy: str,
+    metrics_endpoint: str,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+    timeout: float = 60.0,
+) -> subprocess.Popen:
+    """``candlewire ARGS`` as a process of its own, returned once its metrics show
+    ``healthy``; fails with the log's tail if it exits first."""
+    log = log or settings.state_dir / f"{args[0]}-{settings.port(metrics_endpoint)}.log"
+    out = log.open("ab")
+    proc = subprocess.Popen(
+        candlewire_command(*args),
+        env=os.environ | settings.to_env() | (env or {}),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    out.close()
+    url = f"http://127.0.0.1:{settings.port(metrics_endpoint)}/metrics"
+
+    def up() -> bool:
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        return healthy.encode() in http_get(url)
+
+    wait_for(up, timeout=timeout, interval=0.3)
+    return proc
+
+
+def spawn_gateway(
+    settings: Settings,
+    secret: str,
+    telegram_token: str,
+    telegram_url: str,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """``candlewire gateway`` with a session secret and a Telegram Bot API to call."""
+    env = {
+        "CANDLEWIRE_GATEWAY_SECRET": secret,
+        "CANDLEWIRE_GATEWAY_TELEGRAM_TOKEN": telegram_token,
+        "CANDLEWIRE_GATEWAY_TELEGRAM_API": telegram_url,
+    } | (extra_env or {})
+    log = settings.state_dir / f"gateway-{settings.port('critical_events')}.log"
+    return spawn(
+        settings,
+        ["gateway"],
+        healthy="candlewire_gateway_up 1.0",
+        metrics_endpoint="gateway_metrics",
+        env=env,
+        log=log,
+    )
+
+
+# -- user events -------------------------------------------------------------------------
+
+
+def new_user() -> str:
+    return f"u{uuid.uuid4().hex[:10]}"
+
+
+def user_event(
+    user: str,
+    priority: int,
+    channels: list[tuple[int, bool]] | None = None,
+    payload: dict | None = None,
+    event_type: int = ev.ORDER_FILLED,
+) -> ev.UserEvent:
+    """A UserEvent as a container would send it; ``channels`` are (channel, only_if_active)."""
+    prefs = [ev.ChannelPreference(channel=c, only_if_active=a) for c, a in (channels or [])]
+    return ev.UserEvent(
+        user_id=user,
+        event_id=uuid.uuid4().hex,
+        timestamp=int(time.time() * 1000),
+        event_type=event_type,
+        payload=json.dumps(payload or {"qty": 1}).encode(),
+        delivery=ev.DeliverySpec(priority=priority, channels=prefs),
+    )
+
+
+def open_session(settings: Settings, user: str, token: str, **kw: object) -> Any:
+    """A gateway WebSocket session, authenticated as a browser does it."""
+    from websockets.sync.client import connect
+
+    ws = connect(f"ws://127.0.0.1:{settings.port('gateway_http')}/ws", legacy=True, **kw)  # type: ignore[arg-type]
+    ws.send(json.dumps({"op": "auth", "token": token}))
+    welcome = json.loads(ws.recv(timeout=5))
+    assert welcome == {"type": "welcome", "user": user}, welcome
+    return ws
+
+
+# -- stand-ins for services that cannot be reached from a test machine -------------------
+
+
+class HttpStandIn:
+    """A threaded HTTP server on 127.0.0.1 whose handler calls ``self.handle``."""
+
+    def __init__(self) -> None:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the real services offer
+            disable_nagle_algorithm = True
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                status, headers, reply = owner.handle(self.path, self.headers, body)
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def handle(self, path: str, headers: Message, body: bytes) -> tuple[int, dict, bytes]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class TelegramStandIn(HttpStandIn):
+    """The Bot API's sendMessage: checks the token, records messages, can rate-limit.
+
+    ``limit(n, retry_after)`` answers the next ``n`` calls with 429 and ``retry_after``,
+    as Telegram does when a bot sends too fast.
+    """
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.messages: list[dict[str, Any]] = []
+        self.refused = 0
+        self._limited, self._retry_after = 0, 1
+        super().__init__()
+
+    def limit(self, calls: int, retry_after: int) -> None:
+        with self.lock:
+            self._limited, self._retry_after = calls, retry_after
+
+    def handle(self, path: str, headers: Message, body: bytes) -> tuple[int, dict, bytes]:
+        ctype = {"Content-Type": "application/json"}
+        if path != f"/bot{self.token}/sendMessage":
+            return 404, ctype, json.dumps({"ok": False, "error_code": 404}).encode()
+        with self.lock:
+            if self._limited > 0:
+                self._limited -= 1
+                self.refused += 1
+                reply = {
+                    "ok": False,
+                    "error_code": 429,
+                    "description": f"Too Many Requests: retry after {self._retry_after}",
+                    "parameters": {"retry_after": self._retry_after},
+                }
+                return 429, ctype, json.dumps(reply).encode()
+            try:
+                msg = json.loads(body)
+            except ValueError:
+                msg = {}
+            if not msg.get("chat_id") or not msg.get("text"):
+                return 400, ctype, b'{"ok":false,"error_code":400,"description":"Bad Request"}'
+            self.messages.append(msg)
+            result = {"message_id": len(self.messages), "chat": {"id": msg["chat_id"]}}
+        return 200, ctype, json.dumps({"ok": True, "result": result}).encode()
+
+    def texts(self) -> list[str]:
+        with self.lock:
+            return [m["text"] for m in self.messages]

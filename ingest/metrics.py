@@ -1,0 +1,27 @@
+"""Prometheus metrics of one ingestor.
+
+Each ingestor gets its own registry so several can run in one process (tests, embedding).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class IngestMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.received = Counter(
+            "candlewire_ingest_requests", "Requests received, by kind", ["kind"], registry=r
+        )
+        self.completed = Counter(
+            "candlewire_ingest_jobs",
+            "Jobs finished, by kind and result",
+            ["kind", "result"],
+            registry=r,
+        )
+        self.rows = Counter("candlewire_ingest_rows", "History rows written to Kafka", registry=r)
+        self.dropped = Counter(
+            "candlewire_ingest_dropped_frames", "Undecodable frames dropped", ["socket"], registry=r
+        )
+        self.state = Gauge("candlewire_ingest_state", "1 READY, 2 AVAILABLE, 3 BUSY", registry=r)

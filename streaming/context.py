@@ -1,0 +1,36 @@
+"""What every query of the job shares: one Spark session, the tables, the ZMQ publisher, the
+PostgreSQL progress record and the metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+
+from candlewire.config import Settings
+from streaming.metrics import StreamMetrics
+from streaming.progress import Progress
+from streaming.publisher import StreamPublisher
+from streaming.tables import Tables
+
+
+@dataclass
+class JobContext:
+    settings: Settings
+    spark: SparkSession
+    tables: Tables
+    publisher: StreamPublisher
+    progress: Progress
+    metrics: StreamMetrics
+
+    def kafka(self, topic: str, max_per_trigger: int = 500_000, **options: str) -> DataFrame:
+        """A streaming read of one Kafka topic from the earliest offset (or ``options``)."""
+        return (
+            self.spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", self.settings.kafka_servers())
+            .option("subscribe", topic)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", str(max_per_trigger))
+            .options(**options)
+            .load()
+        )
