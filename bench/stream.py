@@ -6,7 +6,10 @@ to the ``ticks`` table (latency is measured only after that). Latency: ticks at 
 each stamped when produced; a client subscribed through the relay to ``{ticker}|ohlc:60``
 receives candle updates. An update counting k trades of its minute shows that minute's first
 k ticks, so each tick's latency is the receive time of the first update that shows it minus its produce time
-(every tick counts, not just the newest of each update). The last line is JSON.
+(every tick counts, not just the newest of each update). Correctness, in the same run: two
+feeds, one five minutes behind the other, each resending one trade in twenty; the 1-minute
+candles in ``ohlc`` then count each trade once (``duplicates_counted``) and the lagging feed
+has all its candles (``lagging_feed_candles_missing``). Both must be 0. The last line is JSON.
 
     python -m bench.stream [--burst N] [--latency-seconds S]
 """
@@ -15,9 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import threading
 import time
+import uuid
+from collections import Counter
 
 import zmq
 from confluent_kafka import Producer
@@ -25,6 +31,7 @@ from confluent_kafka import Producer
 from bench.stack import private_stack, stream_metric, wait_until_warm
 from bench.stats import pct
 from candlewire.kafka import TICKS, producer_config
+from candlewire.lake import NAMESPACE, catalog
 from candlewire.topics import market_data_topic
 from proto import market_pb2
 from proto.envelope import decode_sub, to_record
@@ -129,6 +136,53 @@ def latency(settings, seconds: float, rate: float = 20.0) -> list[float]:
     return samples
 
 
+def feeds_phase(settings, n: int = 2000, timeout: float = 120.0) -> dict[str, int]:
+    """Two feeds arriving together, B five minutes behind A, 5 % of trades sent twice; the
+    trades counted beyond the distinct ones, and B's 1-minute windows with no candle."""
+    tag = uuid.uuid4().hex[:6].upper()
+    lead, lag = f"BENCH:A{tag}/USDT", f"BENCH:B{tag}/USDT"
+    start_ns = (time.time_ns() // 60_000_000_000 - 12) * 60_000_000_000
+    behind = {lead: 0, lag: 300_000_000_000}
+    rng = random.Random(7)
+    trades = {t: [start_ns - behind[t] + i * 300_000_000 for i in range(n)] for t in behind}
+    arriving = []
+    for ticker, times in trades.items():
+        for i, t_ns in enumerate(times):
+            arriving.append((t_ns + behind[ticker], ticker, i, t_ns))
+            if rng.random() < 0.05:
+                arriving.append((t_ns + behind[ticker] + 1, ticker, i, t_ns))  # a resend
+    producer = Producer(producer_config(settings))
+    for _, ticker, i, t_ns in sorted(arriving):
+        producer.produce(TICKS.name, key=ticker.encode(), value=tick(ticker, i, t_ns))
+    producer.flush(60)
+    expected = {  # ticker → minute open (ms) → distinct trades in it
+        t: Counter(x // 60_000_000_000 * 60_000 for x in times) for t, times in trades.items()
+    }
+    ohlc = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
+
+    def counted(ticker: str) -> dict[int, int]:
+        ohlc.refresh()
+        rows = ohlc.scan(row_filter=f"ticker = '{ticker}' and period_s = 60").to_arrow()
+        return {
+            int(o.timestamp() * 1000): c
+            for o, c in zip(
+                rows["open_time"].to_pylist(), rows["trade_count"].to_pylist(), strict=True
+            )
+        }
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(sum(counted(t).values()) >= n for t in trades):
+            time.sleep(3.0)  # one more commit: anything counted twice would show by now
+            break
+        time.sleep(1.0)
+    got = {t: counted(t) for t in trades}
+    duplicates = sum(max(0, c - expected[t].get(m, 0)) for t in trades for m, c in got[t].items())
+    missing = sum(1 for m in expected[lag] if m not in got[lag])
+    print(f"feeds: {duplicates} trades counted twice, {missing} lagging-feed candles missing")
+    return {"duplicates_counted": duplicates, "lagging_feed_candles_missing": missing}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--burst", type=int, default=1_000_000)
@@ -138,6 +192,7 @@ def main() -> None:
         wait_until_warm(settings)
         rates = throughput(settings, args.burst)
         lat = sorted(latency(settings, args.latency_seconds))
+        correct = feeds_phase(settings)
     p50, p99 = statistics.median(lat) * 1000, pct(lat, 0.99)
     print(
         f"tick → candle update via relay: p50 {p50:.0f} ms, p99 {p99:.0f} ms over {len(lat)} ticks"
@@ -149,6 +204,7 @@ def main() -> None:
                 "latency_p50_ms": round(p50),
                 "latency_p99_ms": round(p99),
                 "ticks": len(lat),
+                **correct,
             }
         )
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from candlewire.endpoints import ENDPOINTS
@@ -18,6 +18,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Candle periods the platform aggregates and serves, in seconds.
 PERIODS_S: tuple[int, ...] = (60, 300, 900, 3600, 14400, 86400)
+
+
+DEDUP_MARGIN_S = 60.0  # a dedup horizon covers the lateness allowance and this much more
 
 
 class Settings(BaseSettings):
@@ -66,7 +69,15 @@ class Settings(BaseSettings):
     stream_live_trigger_s: float = 0.1
     """Micro-batch interval of the live query (ticks and forming candles to subscribers)."""
     stream_watermark_s: float = 10.0
-    """How late a tick may be and still correct its candle."""
+    """The lateness allowance: how far behind its own feed's clock (the largest event time of
+    that ticker's trades so far) a tick may be and still correct its candle."""
+    stream_dedup_horizon_s: float = 600.0
+    """How long, in its feed's event time, a trade id is remembered: a resend of the same
+    (ticker, trade_id) within it changes nothing. It must exceed the lateness allowance plus
+    a minute's margin; older resends are late anyway."""
+    stream_idle_timeout_s: float = 60.0
+    """A feed with no trade for this long (wall time) gets an idle mark, so its last candles
+    close: its clock moves on as far as it would have in the time it has been quiet."""
     extra_relays: list[str] = Field(default_factory=list)
     """publisher_ingress endpoints of further relays. The stream job and ingestors publish
     into each, and ingestors take subscription demand from each."""
@@ -74,6 +85,16 @@ class Settings(BaseSettings):
     """How long an on-demand stream outlives its last subscriber."""
     jvm_dir: Path = REPO_ROOT / ".cache" / "jvm"
     """Where `make jvm` put the fetched jars (kafka/ and spark/)."""
+
+    @model_validator(mode="after")
+    def _horizon_covers_lateness(self) -> Settings:
+        if self.stream_dedup_horizon_s < self.stream_watermark_s + DEDUP_MARGIN_S:
+            raise ValueError(
+                f"stream_dedup_horizon_s ({self.stream_dedup_horizon_s}) must be at least the "
+                f"lateness allowance stream_watermark_s ({self.stream_watermark_s}) plus "
+                f"{DEDUP_MARGIN_S:.0f} s"
+            )
+        return self
 
     def port(self, name: str) -> int:
         if name not in ENDPOINTS:
@@ -128,6 +149,8 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_STREAM_TICKS_BATCH_MAX"] = str(self.stream_ticks_batch_max)
         env["CANDLEWIRE_STREAM_LIVE_TRIGGER_S"] = str(self.stream_live_trigger_s)
         env["CANDLEWIRE_STREAM_WATERMARK_S"] = str(self.stream_watermark_s)
+        env["CANDLEWIRE_STREAM_DEDUP_HORIZON_S"] = str(self.stream_dedup_horizon_s)
+        env["CANDLEWIRE_STREAM_IDLE_TIMEOUT_S"] = str(self.stream_idle_timeout_s)
         if self.checkpoint_dir:
             env["CANDLEWIRE_CHECKPOINT_DIR"] = self.checkpoint_dir
         env["CANDLEWIRE_JVM_DIR"] = str(self.jvm_dir)

@@ -33,6 +33,7 @@ MESSAGE_CLASSES: dict[int, type[Message]] = {
     T.HISTORY_READY_NOTIFICATION: requests_pb2.HistoryReadyNotification,
     T.SYMBOL_METADATA_UPDATED: market_pb2.SymbolMetadataUpdated,
     T.SUBSCRIPTION_ERROR: requests_pb2.SubscriptionError,
+    T.FEED_IDLE: market_pb2.FeedIdle,
     T.USER_EVENT: events_pb2.UserEvent,
     T.EVENT_ACK: events_pb2.EventAck,
 }

@@ -21,6 +21,7 @@ class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     HISTORY_READY_NOTIFICATION: _ClassVar[MessageType]
     SYMBOL_METADATA_UPDATED: _ClassVar[MessageType]
     SUBSCRIPTION_ERROR: _ClassVar[MessageType]
+    FEED_IDLE: _ClassVar[MessageType]
     USER_EVENT: _ClassVar[MessageType]
     EVENT_ACK: _ClassVar[MessageType]
 MESSAGE_TYPE_UNSPECIFIED: MessageType
@@ -38,5 +39,6 @@ SUBMIT_RESPONSE: MessageType
 HISTORY_READY_NOTIFICATION: MessageType
 SYMBOL_METADATA_UPDATED: MessageType
 SUBSCRIPTION_ERROR: MessageType
+FEED_IDLE: MessageType
 USER_EVENT: MessageType
 EVENT_ACK: MessageType

@@ -45,6 +45,16 @@ class Tick(_message.Message):
     ingest_time_ns: int
     def __init__(self, ticker: _Optional[str] = ..., trade_id: _Optional[str] = ..., price: _Optional[str] = ..., size: _Optional[str] = ..., side: _Optional[_Union[Side, str]] = ..., exchange_time_ns: _Optional[int] = ..., ingest_time_ns: _Optional[int] = ...) -> None: ...
 
+class FeedIdle(_message.Message):
+    __slots__ = ("ticker", "event_time_ns", "last_trade_ns")
+    TICKER_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TRADE_NS_FIELD_NUMBER: _ClassVar[int]
+    ticker: str
+    event_time_ns: int
+    last_trade_ns: int
+    def __init__(self, ticker: _Optional[str] = ..., event_time_ns: _Optional[int] = ..., last_trade_ns: _Optional[int] = ...) -> None: ...
+
 class OHLC(_message.Message):
     __slots__ = ("ticker", "period_s", "open_time_ms", "open", "high", "low", "close", "volume", "trade_count", "closed", "update_time_ms")
     TICKER_FIELD_NUMBER: _ClassVar[int]

@@ -7,9 +7,9 @@ values, which the live query publishes and the committing query MERGEs into ``oh
 Keeping it here, not in Spark's state store, keeps every micro-batch stateless (no state
 store commit per batch), and lets each query hold its own copy.
 
-Event time rules, as Spark's watermark defines them: the watermark is the largest event time
-of earlier batches minus the delay. A tick older than the watermark is late and changes no
-candle; a window whose end is at or behind the watermark is final and leaves the state.
+Event time is per feed (:mod:`streaming.feeds`): a feed's watermark is its own clock minus the
+lateness allowance. A late tick changes no candle (the caller leaves it out); a window whose
+end is at or behind its feed's watermark is final and leaves the state.
 A candle exists only for a window with a trade: nothing is invented for quiet intervals.
 
 Each candle carries its first and last trade's event time, stored in ``ohlc`` too, so a tick
@@ -19,7 +19,7 @@ that arrives out of order sets open or close correctly, and so the state after a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -103,16 +103,24 @@ class FormingCandles:
             touched[p.key] = current
         return list(touched.values())
 
-    def evict(self, watermark_ms: int) -> int:
-        """Drop windows the watermark has passed; no tick can change them any more."""
-        final = [k for k, c in self._open.items() if c.is_final(watermark_ms)]
-        for k in final:
-            del self._open[k]
-        return len(final)
+    def evict(self, watermark_of: Callable[[str], int]) -> list[Candle]:
+        """Take out the windows their feed's watermark has passed (no tick can change them
+        any more) and return them: their last update is the one that says closed."""
+        final = [c for c in self._open.values() if c.is_final(watermark_of(c.ticker))]
+        for c in final:
+            del self._open[c.key]
+        return final
 
-    def restore(self, candles: Iterable[Candle], watermark_ms: int) -> None:
+    def restore(self, candles: Iterable[Candle], watermark_of: Callable[[str], int]) -> None:
         """The state as of a committed batch: its live ``ohlc`` rows still forming."""
-        self._open = {c.key: c for c in candles if not c.is_final(watermark_ms)}
+        self._open = {c.key: c for c in candles if not c.is_final(watermark_of(c.ticker))}
+
+    def tickers(self) -> dict[str, int]:
+        """Each ticker with a forming candle, and the earliest end among its windows."""
+        out: dict[str, int] = {}
+        for c in self._open.values():
+            out[c.ticker] = min(out.get(c.ticker, c.end_ms), c.end_ms)
+        return out
 
 
 def partial_candles(
@@ -162,8 +170,3 @@ def partial_candles(
             else:
                 current.absorb(candle)
     return list(out.values())
-
-
-def next_watermark(watermark_ms: int, max_event_ns: int, delay_s: float) -> int:
-    """Spark's rule: the largest event time seen so far minus the allowed delay."""
-    return max(watermark_ms, max_event_ns // 1_000_000 - int(delay_s * 1000))

@@ -20,9 +20,12 @@ from candlewire.lake import OHLC_SCHEMA
 from proto import market_pb2
 from proto.envelope import EnvelopeError, from_record
 
+# ``idle`` rows are FeedIdle marks (a quiet feed's clock, in ``exchange_time_ns``): neither
+# a valid tick nor a bad record.
 TICK_ROWS = pa.schema(
     [
         ("valid", pa.bool_()),
+        ("idle", pa.bool_()),
         ("ticker", pa.string()),
         ("trade_id", pa.string()),
         ("price", pa.string()),
@@ -46,13 +49,15 @@ _SCALE = Decimal(1).scaleb(-DECIMAL.scale)
 _DECIMAL_CONTEXT = Context(prec=DECIMAL.precision)
 
 
-def parse_tick(value: bytes | None) -> market_pb2.Tick | None:
-    """A Kafka value as a valid tick, or None: undecodable, another message, no ticker, or
-    a price or size that is not a finite decimal."""
+def parse_tick(value: bytes | None) -> market_pb2.Tick | market_pb2.FeedIdle | None:
+    """A ticks-topic record as a valid tick or an idle mark, or None: undecodable, another
+    message, no ticker, or a price or size that is not a finite decimal."""
     try:
         t = from_record(value or b"")
     except EnvelopeError:
         return None
+    if isinstance(t, market_pb2.FeedIdle):
+        return t if t.ticker else None
     return t if isinstance(t, market_pb2.Tick) and t.ticker and _decimals(t) else None
 
 
@@ -63,8 +68,15 @@ def decode_ticks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         cols: dict[str, list] = {name: [] for name in TICK_ROWS.names}
         for value in batch.column("value").to_pylist():
             t = parse_tick(value)
-            cols["valid"].append(t is not None)
-            if t is not None:
+            idle = isinstance(t, market_pb2.FeedIdle)
+            cols["valid"].append(t is not None and not idle)
+            cols["idle"].append(idle)
+            if idle:
+                for name in TICK_ROWS.names[2:]:
+                    cols[name].append(None)
+                cols["ticker"][-1] = t.ticker
+                cols["exchange_time_ns"][-1] = t.event_time_ns
+            elif t is not None:
                 cols["ticker"].append(t.ticker)
                 cols["trade_id"].append(t.trade_id)
                 cols["price"].append(t.price)
@@ -73,7 +85,7 @@ def decode_ticks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 cols["exchange_time_ns"].append(t.exchange_time_ns)
                 cols["ingest_time_ns"].append(t.ingest_time_ns or None)
             else:
-                for name in TICK_ROWS.names[1:]:
+                for name in TICK_ROWS.names[2:]:
                     cols[name].append(None)
         out = pa.RecordBatch.from_pydict(cols, schema=TICK_ROWS)
         if "offset" in batch.schema.names:

@@ -13,12 +13,16 @@ intervals.
 from __future__ import annotations
 
 import logging
+import threading
 
+from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
 from candlewire.config import Settings
+from candlewire.kafka import TICKS, producer_config
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.spark import build_session
+from proto.envelope import to_record
 from streaming.context import JobContext
 from streaming.metrics import StreamMetrics
 from streaming.progress import Progress
@@ -49,12 +53,14 @@ class StreamingJob:
         )
         ledger = Ledger(self.ctx)
         restored = ledger.restore()
+        live = LiveQuery(self.ctx, restored)
         self.queries: list[Query] = [
-            LiveQuery(self.ctx, restored),
+            live,
             TicksQuery(self.ctx, ledger, restored),
             HistoryQuery(self.ctx),
             MetadataQuery(self.ctx),
         ]
+        self.idle = IdleMarkWriter(self.ctx, live)
         self._serve_metrics = metrics
         self._http: MetricsServer | None = None
         self.running: dict = {}
@@ -77,11 +83,13 @@ class StreamingJob:
             self._http = MetricsServer(
                 self.ctx.metrics.registry, settings.bind_host, settings.port("stream_metrics")
             )
+        self.idle.start()
         self.ctx.metrics.up.set(1)
         log.info("streaming job running: %s", ", ".join(self.running))
         return self
 
     def stop(self) -> None:
+        self.idle.close()
         for running in self.running.values():
             running.stop()
         self.ctx.metrics.up.set(0)
@@ -99,6 +107,32 @@ class StreamingJob:
         for n in failed:
             log.error("query %s stopped: %s", n, self.running[n].exception())
         return not failed
+
+
+class IdleMarkWriter(threading.Thread):
+    """Writes the live query's idle marks into the ticks topic, keyed by ticker so each
+    lands in its feed's partition, after the feed's trades (:mod:`streaming.feeds`)."""
+
+    def __init__(self, ctx: JobContext, live: LiveQuery) -> None:
+        super().__init__(name="idle-marks", daemon=True)
+        self.ctx, self.live = ctx, live
+        self.every_s = max(0.5, min(ctx.settings.stream_idle_timeout_s / 4, 5.0))
+        self._stop = threading.Event()
+        self._producer = Producer(producer_config(ctx.settings))
+
+    def run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            for mark in self.live.idle_marks():
+                self._producer.produce(TICKS.name, key=mark.ticker.encode(), value=to_record(mark))
+                self.ctx.metrics.idle_marks.inc()
+                log.info("feed %s idle: its clock moves to %d", mark.ticker, mark.event_time_ns)
+            self._producer.poll(0)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.is_alive():
+            self.join(5)
+        self._producer.flush(5)
 
 
 def main(settings: Settings | None = None) -> None:

@@ -27,7 +27,24 @@ class StreamMetrics:
         )
         self.late = Counter(
             "candlewire_stream_late_ticks",
-            "Ticks older than the watermark (kept in ticks, not in candles)",
+            "Ticks older than their feed's clock less the allowance (kept in ticks, not in "
+            "candles)",
+            registry=r,
+        )
+        self.duplicates = Counter(
+            "candlewire_stream_duplicate_ticks",
+            "Resent trades (a ticker and trade_id seen within the horizon), by query: dropped",
+            ["query"],
+            registry=r,
+        )
+        self.no_trade_id = Counter(
+            "candlewire_stream_ticks_without_trade_id",
+            "Ticks with no trade_id: kept, and never taken for a resend",
+            registry=r,
+        )
+        self.idle_marks = Counter(
+            "candlewire_stream_idle_marks",
+            "Idle marks written for quiet feeds, so their last candles close",
             registry=r,
         )
         self.bad = Counter(

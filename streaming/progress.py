@@ -48,6 +48,8 @@ CREATE TABLE IF NOT EXISTS cw_candle_commits (
     snapshot_id bigint NOT NULL,
     offsets text NOT NULL
 );
+ALTER TABLE cw_candle_commits ADD COLUMN IF NOT EXISTS clocks text;
+ALTER TABLE cw_candle_commits ADD COLUMN IF NOT EXISTS ticks_snapshot_id bigint;
 """
 
 
@@ -58,6 +60,10 @@ class CandleCommit:
     snapshot_id: int
     offsets: dict[int, int]
     """Next Kafka offset per ticks partition: where the live query starts after a restart."""
+    clocks: dict[str, int] | None = None
+    """Each feed's event clock (ns); None in a record of a release before per-feed time."""
+    ticks_snapshot_id: int = 0
+    """The ``ticks`` snapshot holding the batch: where the trade ids to dedup against are."""
 
 
 @dataclass
@@ -79,8 +85,11 @@ class Progress:
         with self.engine.begin() as conn:
             conn.execute(
                 sa.text(
-                    "INSERT INTO cw_candle_commits VALUES (:r, :b, :w, :s, :o) ON CONFLICT (run) "
-                    "DO UPDATE SET batch = :b, watermark_ms = :w, snapshot_id = :s, offsets = :o"
+                    "INSERT INTO cw_candle_commits "
+                    "(run, batch, watermark_ms, snapshot_id, offsets, clocks, ticks_snapshot_id) "
+                    "VALUES (:r, :b, :w, :s, :o, :c, :t) ON CONFLICT (run) DO UPDATE SET "
+                    "batch = :b, watermark_ms = :w, snapshot_id = :s, offsets = :o, clocks = :c, "
+                    "ticks_snapshot_id = :t"
                 ),
                 {
                     "r": run,
@@ -88,6 +97,8 @@ class Progress:
                     "w": commit.watermark_ms,
                     "s": commit.snapshot_id,
                     "o": json.dumps(commit.offsets),
+                    "c": None if commit.clocks is None else json.dumps(commit.clocks),
+                    "t": commit.ticks_snapshot_id,
                 },
             )
 
@@ -95,15 +106,23 @@ class Progress:
         with self.engine.connect() as conn:
             row = conn.execute(
                 sa.text(
-                    "SELECT batch, watermark_ms, snapshot_id, offsets FROM cw_candle_commits "
-                    "WHERE run = :r"
+                    "SELECT batch, watermark_ms, snapshot_id, offsets, clocks, ticks_snapshot_id "
+                    "FROM cw_candle_commits WHERE run = :r"
                 ),
                 {"r": run},
             ).first()
         if row is None:
             return None
         offsets = {int(p): int(o) for p, o in json.loads(row.offsets).items()}
-        return CandleCommit(row.batch, row.watermark_ms, row.snapshot_id, offsets)
+        clocks = None if row.clocks is None else json.loads(row.clocks)
+        return CandleCommit(
+            row.batch,
+            row.watermark_ms,
+            row.snapshot_id,
+            offsets,
+            clocks,
+            row.ticks_snapshot_id or 0,
+        )
 
     def record_history(
         self,

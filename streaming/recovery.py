@@ -3,11 +3,14 @@ restores from it.
 
 - Tick appends carry the run and micro-batch id as Iceberg snapshot properties, so a batch
   replayed after a crash recognises that its ticks are already in.
-- After each candle MERGE the batch, watermark, ``ohlc`` snapshot and Kafka offsets are
-  recorded in PostgreSQL (:class:`streaming.progress.Progress`).
+- After each candle MERGE the batch, every feed's event clock, the ``ohlc`` and ``ticks``
+  snapshots and the Kafka offsets are recorded in PostgreSQL
+  (:class:`streaming.progress.Progress`).
 - A restart restores the forming candles from ``ohlc`` *as of that snapshot* (time travel),
-  so a batch whose MERGE landed but was not recorded is replayed onto the state before it,
-  not counted twice. The live query starts at the recorded offsets with the same candles.
+  and the trade ids to deduplicate against from ``ticks`` as of its snapshot (``ticks``
+  holds each trade once), so a batch whose writes landed but was not recorded is replayed
+  onto the state before it, not counted twice. The live query starts at the recorded
+  offsets with the same state.
 """
 
 from __future__ import annotations
@@ -17,14 +20,18 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+
 from candlewire.config import Settings
 from streaming.candles import FormingCandles, candle_from_row
 from streaming.context import JobContext
+from streaming.feeds import Feeds
 from streaming.progress import CandleCommit
 from streaming.sql import ts_literal
 
 log = logging.getLogger("candlewire.stream")
 QUERY = "ticks"  # the committing query, whose checkpoint the run id names
+DAY_MS = 86_400_000
 
 
 def run_id(settings: Settings) -> str:
@@ -39,20 +46,31 @@ def run_id(settings: Settings) -> str:
     return path.read_text().strip()
 
 
+def new_feeds(settings: Settings) -> Feeds:
+    return Feeds(settings.stream_watermark_s, settings.stream_dedup_horizon_s)
+
+
 @dataclass
 class Restored:
     """Where the committing query stands after a (re)start."""
 
     ticks_batch: int = -1  # last batch whose ticks are in ``ticks``
     candles_batch: int = -1  # last batch whose candles are in ``ohlc`` and recorded
-    watermark_ms: int = 0
     offsets: dict[int, int] = field(default_factory=dict)  # next offset per ticks partition
-    # ``ohlc``'s live rows as of ``candles_batch``; each query makes its own candles of them
+    clocks: dict[str, int] = field(default_factory=dict)  # each feed's event clock
+    # ``ohlc``'s forming live rows, and ``ticks``' trades within the dedup horizon, as of
+    # ``candles_batch``; each query builds its own state from them
     rows: list[dict] = field(default_factory=list)
+    trades: list[tuple[str, str, int]] = field(default_factory=list)
 
-    def forming(self) -> FormingCandles:
+    def feeds(self, settings: Settings) -> Feeds:
+        feeds = new_feeds(settings)
+        feeds.restore(self.clocks, self.trades)
+        return feeds
+
+    def forming(self, feeds: Feeds) -> FormingCandles:
         state = FormingCandles()
-        state.restore(map(candle_from_row, self.rows), self.watermark_ms)
+        state.restore(map(candle_from_row, self.rows), feeds.watermark_ms)
         return state
 
 
@@ -66,10 +84,18 @@ class Ledger:
         props = {"query": QUERY, "run": self.run_id, "batch": batch_id}
         return {f"snapshot-property.candlewire.{k}": str(v) for k, v in props.items()}
 
-    def record(self, batch_id: int, watermark_ms: int, offsets: dict[int, int]) -> None:
+    def record(self, batch_id: int, feeds: Feeds, offsets: dict[int, int]) -> None:
         """After a candle MERGE: the state a restart restores."""
-        snapshot = self.ctx.tables.snapshot_id("ohlc")
-        commit = CandleCommit(batch_id, watermark_ms, snapshot, dict(offsets))
+        tables = self.ctx.tables
+        clocks = feeds.clocks()
+        commit = CandleCommit(
+            batch=batch_id,
+            watermark_ms=min((feeds.watermark_ms(t) for t in clocks), default=0),
+            snapshot_id=tables.snapshot_id("ohlc"),
+            offsets=dict(offsets),
+            clocks=clocks,
+            ticks_snapshot_id=tables.snapshot_id("ticks"),
+        )
         self.ctx.progress.record_candles(self.run_id, commit)
 
     def restore(self) -> Restored:
@@ -77,23 +103,55 @@ class Ledger:
         last = self.ctx.progress.last_candles(self.run_id)
         if last is None:
             return Restored(ticks_batch=ticks_batch)
-        query = (
+        allowance_ms = int(self.ctx.settings.stream_watermark_s * 1000)
+        if last.clocks:
+            oldest_ms = min(last.clocks.values()) // 1_000_000 - allowance_ms
+        else:
+            oldest_ms = last.watermark_ms
+        rows = self._as_of(
+            "ohlc",
+            last.snapshot_id,
             "SELECT ticker, period_s, unix_millis(open_time) AS open_ms, open, high, low, "
-            "close, volume, trade_count, first_trade_ns, last_trade_ns "
-            f"FROM {self.ctx.tables['ohlc']} {{version}} WHERE source = 'live' "
-            "AND first_trade_ns IS NOT NULL "
-            f"AND open_time >= {ts_literal(last.watermark_ms - 86_400_000)}"
+            "close, volume, trade_count, first_trade_ns, last_trade_ns FROM {table} "
+            "WHERE source = 'live' AND first_trade_ns IS NOT NULL AND NOT coalesce(closed, false) "
+            f"AND open_time >= {ts_literal(oldest_ms - DAY_MS)}",
+        ).to_pylist()
+        # A record of a release before per-feed time holds one watermark for every feed.
+        clocks = last.clocks or {
+            r["ticker"]: (last.watermark_ms + allowance_ms) * 1_000_000 for r in rows
+        }
+        trades: list[tuple[str, str, int]] = []
+        if last.ticks_snapshot_id and clocks:
+            feeds = new_feeds(self.ctx.settings)
+            feeds.restore(clocks, [])
+            since_ms = feeds.horizon_start_ns() // 1_000_000
+            table = self._as_of(
+                "ticks",
+                last.ticks_snapshot_id,
+                "SELECT ticker, trade_id, exchange_time_ns FROM {table} "
+                f"WHERE exchange_time >= {ts_literal(since_ms)} AND trade_id <> '' "
+                "ORDER BY exchange_time_ns",
+            )
+            trades = list(zip(*(table[c].to_pylist() for c in table.column_names), strict=True))
+        log.info(
+            "restored %d forming candles, %d feeds and %d trade ids as of batch %d",
+            len(rows),
+            len(clocks),
+            len(trades),
+            last.batch,
         )
-        spark = self.ctx.spark
+        return Restored(ticks_batch, last.batch, last.offsets, clocks, rows, trades)
+
+    def _as_of(self, table: str, snapshot_id: int, query: str) -> pa.Table:
+        """A query on ``{table}`` as of a recorded snapshot. If maintenance expired it (it
+        keeps 100 snapshots and a day), the table as it is now: it holds the same rows, unless
+        the crash fell between a later batch's write and its record, which that batch's
+        replay would then count twice."""
+        name = self.ctx.tables[table]
         try:
-            version = f"VERSION AS OF {int(last.snapshot_id)}"
-            table = spark.sql(query.format(version=version)).toArrow()
+            return self.ctx.spark.sql(
+                query.format(table=f"{name} VERSION AS OF {int(snapshot_id)}")
+            ).toArrow()
         except Exception:
-            # Expired by maintenance (it keeps 100 snapshots and a day): the table as it is now
-            # holds the same live rows, unless the crash fell between a later batch's MERGE
-            # and its record, which that batch's replay would then count twice.
-            log.warning("ohlc snapshot %d is gone; restoring from the table", last.snapshot_id)
-            table = spark.sql(query.format(version="")).toArrow()
-        rows = table.to_pylist()
-        log.info("restored %d candles as of batch %d", len(rows), last.batch)
-        return Restored(ticks_batch, last.batch, last.watermark_ms, last.offsets, rows)
+            log.warning("%s snapshot %d is gone; restoring from the table", table, snapshot_id)
+            return self.ctx.spark.sql(query.format(table=name)).toArrow()

@@ -155,16 +155,22 @@ def read_topic(
 
 # -- the real streaming job ------------------------------------------------------------------
 
+IDLE_TIMEOUT_S = 30.0
 RUNNING: list[subprocess.Popen] = []  # streaming-job processes, stopped at session end
 
 
 def start_job(settings: Settings) -> subprocess.Popen:
     """`candlewire stream` as a process, returned once its metrics say it is up.
 
-    The watermark is two days so tests may produce ticks of the recent past; commits come
-    every second so tests see rows soon.
+    Commits come every second so tests see rows soon. The lateness allowance is the default
+    (each test's ticker is a feed with its own clock, so ticks of the recent past are fine);
+    a feed quiet for IDLE_TIMEOUT_S gets its idle mark, longer than any pause a test makes
+    inside one feed's trades.
     """
-    env = {"CANDLEWIRE_STREAM_WATERMARK_S": "172800", "CANDLEWIRE_STREAM_TICKS_TRIGGER_S": "1"}
+    env = {
+        "CANDLEWIRE_STREAM_TICKS_TRIGGER_S": "1",
+        "CANDLEWIRE_STREAM_IDLE_TIMEOUT_S": str(IDLE_TIMEOUT_S),
+    }
     return spawn(
         settings,
         ["stream"],

@@ -1,11 +1,17 @@
 """The live query: what subscribers see, ahead of the commits.
 
-Every ``stream_live_trigger_s`` it publishes each tick on ``{ticker}|tick`` (the Kafka value
-already is the envelope) and each updated forming candle on ``{ticker}|ohlc:{period}``. It
-decodes on the driver (no Python worker round trip, no shuffle) and writes nothing, so a
-batch costs milliseconds, not the seconds a commit takes. Its checkpoint is thrown away: every
-start begins at the recorded offsets with the recorded candles, so after a restart it replays
-what the commits had not yet covered and its candles end on the committed values.
+Every ``stream_live_trigger_s`` it judges each record in Kafka order exactly as the
+committing query will (:mod:`streaming.feeds`), publishes each tick that is not a resend on
+``{ticker}|tick`` (the Kafka value already is the envelope), and each updated or newly
+closed candle on ``{ticker}|ohlc:{period}``; a late tick is published but changes no
+candle. It decodes on the driver (no Python worker round trip, no shuffle) and writes
+nothing, so a batch costs milliseconds, not the seconds a commit takes. Its checkpoint is
+thrown away: every start begins at the recorded offsets with the recorded state, so after a
+restart it replays what the commits had not yet covered and its candles end on the
+committed values.
+
+It also sees first which feeds went quiet: :meth:`LiveQuery.idle_marks` names the feeds
+whose idle mark would close a candle, and the job writes those marks into the ticks topic.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from decimal import Decimal
 
@@ -23,9 +30,10 @@ from candlewire.config import PERIODS_S
 from candlewire.kafka import TICKS
 from candlewire.topics import market_data_topic, ohlc_type, tick_type
 from proto import market_pb2
-from streaming.candles import Candle, next_watermark, partial_candles
+from streaming.candles import Candle, partial_candles
 from streaming.context import JobContext
 from streaming.decode import parse_tick
+from streaming.feeds import Verdict
 from streaming.recovery import Restored
 
 
@@ -35,9 +43,15 @@ class LiveQuery:
     def __init__(self, ctx: JobContext, restored: Restored) -> None:
         self.ctx = ctx
         self.trigger_s = ctx.settings.stream_live_trigger_s
-        self.forming = restored.forming()
-        self.watermark_ms = restored.watermark_ms
+        self.feeds = restored.feeds(ctx.settings)
+        self.forming = restored.forming(self.feeds)
         self.offsets = dict(restored.offsets)
+        # ticker → (monotonic arrival of its last trade, that trade's event time); restored
+        # feeds count as heard now, so a feed quiet across a restart still gets its marks.
+        now = time.monotonic()
+        self.heard = {t: (now, clock) for t, clock in restored.clocks.items()}
+        self._marked: dict[str, float] = {}
+        self._lock = threading.Lock()  # the batch thread and the idle-mark writer
         # Thrown away on exit: keep it in memory where there is /dev/shm, since writing
         # offsets and commits to disk was most of a live batch's time.
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -56,40 +70,74 @@ class LiveQuery:
 
     def batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
-        late_ns = self.watermark_ms * 1_000_000
+        records = df.toArrow().column("value").to_pylist()
+        with self._lock:
+            frames, updated, closed, resent = self._judge(records)
+        metrics = self.ctx.metrics
+        if frames:
+            self.ctx.publisher.publish_raw(frames)
+        self._publish_candles(updated, closed)
+        metrics.published.labels("tick").inc(len(frames))
+        metrics.published.labels("ohlc").inc(len(updated) + len(closed))
+        metrics.duplicates.labels(self.name).inc(resent)
+        metrics.batches.labels(self.name).inc()
+        metrics.busy.labels(self.name).inc(time.perf_counter() - started)
+
+    def _judge(
+        self, records: list[bytes]
+    ) -> tuple[list[tuple[bytes, bytes]], list[Candle], list[Candle], int]:
         topics: dict[str, bytes] = {}
         frames: list[tuple[bytes, bytes]] = []
-        kept: list[tuple[str, int, Decimal, Decimal]] = []
-        max_ns = 0
-        for record in df.toArrow().column("value").to_pylist():
+        timely: list[tuple[str, int, Decimal, Decimal]] = []
+        resent = 0
+        now = time.monotonic()
+        for record in records:
             t = parse_tick(record)
             if t is None:
+                continue
+            if isinstance(t, market_pb2.FeedIdle):
+                self.feeds.mark(t.ticker, t.event_time_ns)
+                continue
+            verdict = self.feeds.admit(t.ticker, t.trade_id, t.exchange_time_ns)
+            if verdict is Verdict.DUPLICATE:
+                resent += 1
                 continue
             topic = topics.get(t.ticker)
             if topic is None:
                 topic = topics[t.ticker] = market_data_topic(t.ticker, tick_type()).encode()
             frames.append((topic, record))
-            t_ns = t.exchange_time_ns
-            max_ns = max(max_ns, t_ns)
-            if t_ns >= late_ns:
-                kept.append((t.ticker, t_ns, Decimal(t.price), Decimal(t.size)))
-        if not frames:
-            return
-        metrics = self.ctx.metrics
-        self.ctx.publisher.publish_raw(frames)
-        watermark = next_watermark(self.watermark_ms, max_ns, self.ctx.settings.stream_watermark_s)
-        updated = self.forming.merge(partial_candles(kept, PERIODS_S))
-        self._publish_candles(updated, watermark)
-        metrics.published.labels("tick").inc(len(frames))
-        metrics.published.labels("ohlc").inc(len(updated))
-        self.watermark_ms = watermark
-        self.forming.evict(watermark)
-        metrics.batches.labels(self.name).inc()
-        metrics.busy.labels(self.name).inc(time.perf_counter() - started)
+            self.heard[t.ticker] = (now, self.feeds.clock_ns(t.ticker))
+            if verdict is Verdict.KEEP:
+                timely.append((t.ticker, t.exchange_time_ns, Decimal(t.price), Decimal(t.size)))
+        updated = self.forming.merge(partial_candles(timely, PERIODS_S))
+        closed = self.forming.evict(self.feeds.watermark_ms)
+        return frames, updated, closed, resent
 
-    def _publish_candles(self, candles: list[Candle], watermark_ms: int) -> None:
+    def idle_marks(self, now: float | None = None) -> list[market_pb2.FeedIdle]:
+        """Marks for feeds quiet for the idle timeout whose clock, moved on by the time they
+        have been quiet, would close a forming candle; at most one per feed per timeout."""
+        now = time.monotonic() if now is None else now
+        timeout = self.ctx.settings.stream_idle_timeout_s
+        marks = []
+        with self._lock:
+            for ticker, first_end_ms in self.forming.tickers().items():
+                heard_at, last_ns = self.heard.get(ticker, (now, self.feeds.clock_ns(ticker)))
+                quiet = now - heard_at
+                if quiet < timeout or now - self._marked.get(ticker, -timeout) < timeout:
+                    continue
+                at_ns = last_ns + int(quiet * 1e9)
+                if at_ns - self.feeds.allowance_ns < first_end_ms * 1_000_000:
+                    continue  # nothing would close yet
+                self._marked[ticker] = now
+                marks.append(
+                    market_pb2.FeedIdle(ticker=ticker, event_time_ns=at_ns, last_trade_ns=last_ns)
+                )
+        return marks
+
+    def _publish_candles(self, updated: list[Candle], closed: list[Candle]) -> None:
         now_ms = int(time.time() * 1000)
-        for c in candles:
+        final = {c.key for c in closed}
+        for c in {c.key: c for c in [*updated, *closed]}.values():
             candle = market_pb2.OHLC(
                 ticker=c.ticker,
                 period_s=c.period_s,
@@ -100,7 +148,7 @@ class LiveQuery:
                 close=str(c.close.normalize()),
                 volume=str(c.volume.normalize()),
                 trade_count=c.trade_count,
-                closed=c.is_final(watermark_ms),
+                closed=c.key in final,
                 update_time_ms=now_ms,
             )
             self.ctx.publisher.publish(market_data_topic(c.ticker, ohlc_type(c.period_s)), candle)

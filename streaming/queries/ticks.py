@@ -1,10 +1,12 @@
 """The committing query: ticks into ``ticks``, candles into ``ohlc``, exactly once.
 
-Every ``stream_ticks_trigger_s`` it appends the batch's valid ticks (stamped with the run
-and batch id, see :mod:`streaming.recovery`), reduces them to partial candles for every
-period in one stateless Spark aggregation, folds those into the forming candles, MERGEs the
-updated ones' absolute values into ``ohlc`` and records the batch. A tick older than the
-watermark still lands in ``ticks`` (candles can be rebuilt from there) but changes no candle.
+Every ``stream_ticks_trigger_s`` it judges the batch's records in Kafka order
+(:func:`streaming.feeds.judge`: duplicates, late ticks, idle marks, each feed's clock), then
+appends the ticks that are not resends (stamped with the run and batch id, see
+:mod:`streaming.recovery`), reduces the timely ones to partial candles for every period in
+one stateless Spark aggregation, folds those into the forming candles, MERGEs the updated
+and the newly closed candles' absolute values into ``ohlc``, and records the batch. A late
+tick still lands in ``ticks`` (candles can be rebuilt from there) but changes no candle.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from pyspark.sql import functions as F
 from candlewire.config import PERIODS_S
 from candlewire.kafka import TICKS
 from candlewire.lake import TICKS_SCHEMA
-from streaming.candles import Candle, candle_from_row, next_watermark
+from streaming.candles import Candle, candle_from_row
 from streaming.context import JobContext
 from streaming.decode import TICK_STRUCT, decode_ticks, ohlc_rows
+from streaming.feeds import judge
 from streaming.metrics import Laps
 from streaming.queries import TopicQuery
 from streaming.recovery import Ledger, Restored
@@ -29,6 +32,7 @@ from streaming.sql import DEC, columns_from_decoded
 log = logging.getLogger("candlewire.stream")
 TRADE_TIMES = ("first_trade_ns", "last_trade_ns")  # live candles only
 CANDLE_FIELDS = ("ticker", "period_s", "open", "high", "low", "close", "volume", "trade_count")
+JUDGED = ("valid", "idle", "ticker", "trade_id", "exchange_time_ns", "partition", "offset")
 
 
 class TicksQuery(TopicQuery):
@@ -39,8 +43,8 @@ class TicksQuery(TopicQuery):
         super().__init__(ctx)
         self.ledger = ledger
         self.trigger_s = ctx.settings.stream_ticks_trigger_s
-        self.forming = restored.forming()
-        self.watermark_ms = restored.watermark_ms
+        self.feeds = restored.feeds(ctx.settings)
+        self.forming = restored.forming(self.feeds)
         self.offsets = dict(restored.offsets)
         self.committed_ticks = restored.ticks_batch
         self.committed_candles = restored.candles_batch
@@ -64,70 +68,78 @@ class TicksQuery(TopicQuery):
             self.ctx.metrics.busy.labels(self.name).inc(time.perf_counter() - started)
 
     def _commit(self, df: DataFrame, batch_id: int) -> None:
-        metrics = self.ctx.metrics
-        late_ns = self.watermark_ms * 1_000_000
-        lap = Laps()
-        counts = df.agg(
-            F.sum(F.when(~F.col("valid"), 1).otherwise(0)).alias("bad"),
-            F.sum(
-                F.when(F.col("valid") & (F.col("exchange_time_ns") < late_ns), 1).otherwise(0)
-            ).alias("late"),
-            F.sum(F.when(F.col("valid"), 1).otherwise(0)).alias("good"),
-            F.max("exchange_time_ns").alias("max_ns"),
-        ).first()
-        metrics.bad.labels(TICKS.name).inc(counts.bad or 0)
-        lap("decode")
-        if not counts.good:
-            self.committed_ticks = self.committed_candles = batch_id
-            return
-        good = df.where("valid")
-        for r in df.groupBy("partition").agg(F.max("offset").alias("last")).collect():
-            self.offsets[r.partition] = max(self.offsets.get(r.partition, 0), r.last + 1)
-        watermark = next_watermark(
-            self.watermark_ms, counts.max_ns or 0, self.ctx.settings.stream_watermark_s
-        )
+        metrics, lap = self.ctx.metrics, Laps()
+        verdicts = judge(self.feeds, df.select(*JUDGED).toArrow())
+        lap("judge")
+        for partition, offset in verdicts.next_offsets.items():
+            self.offsets[partition] = max(self.offsets.get(partition, 0), offset)
+        stored = self._without(df.where("valid"), verdicts.duplicates)
         updated: list[Candle] = []
         if batch_id > self.committed_candles:
-            partials = partials_in_spark(good.where(F.col("exchange_time_ns") >= late_ns))
-            updated = self.forming.merge(map(candle_from_row, partials.toArrow().to_pylist()))
-            metrics.late.inc(counts.late or 0)
+            timely = self._without(stored, verdicts.late)
+            if verdicts.kept:
+                partials = partials_in_spark(timely).toArrow().to_pylist()
+                updated = self.forming.merge(map(candle_from_row, partials))
+            metrics.bad.labels(TICKS.name).inc(verdicts.bad)
+            metrics.late.inc(len(verdicts.late))
+            metrics.duplicates.labels(self.name).inc(len(verdicts.duplicates))
+            metrics.no_trade_id.inc(verdicts.no_trade_id)
             lap("candles")
         if batch_id > self.committed_ticks:
-            (
-                good.select(*columns_from_decoded(TICKS_SCHEMA))
-                .writeTo(self.ctx.tables["ticks"])
-                .options(**self.ledger.commit_properties(batch_id))
-                .append()
-            )
+            if verdicts.stored:
+                (
+                    stored.select(*columns_from_decoded(TICKS_SCHEMA))
+                    .writeTo(self.ctx.tables["ticks"])
+                    .options(**self.ledger.commit_properties(batch_id))
+                    .append()
+                )
+                metrics.rows.labels("ticks").inc(verdicts.stored)
             self.committed_ticks = batch_id
-            metrics.rows.labels("ticks").inc(counts.good)
             lap("ticks_commit")
+        closed = self.forming.evict(self.feeds.watermark_ms)
         if batch_id > self.committed_candles:
-            if updated:
-                self._commit_candles(updated, batch_id, watermark)
+            if updated or closed:
+                self._merge_candles(updated, closed)
+            # Every batch is recorded, even one that changed no candle: its trade ids and
+            # the clocks it moved are state a restart must not lose.
+            self.ledger.record(batch_id, self.feeds, self.offsets)
             self.committed_candles = batch_id
             lap("candles_commit")
-        self.watermark_ms = watermark
-        self.forming.evict(watermark)
         metrics.batches.labels(self.name).inc()
         log.info(
-            "ticks batch %d: %d ticks, %d candles; %s", batch_id, counts.good, len(updated), lap
+            "ticks batch %d: %d ticks (%d late, %d resent, %d idle marks), %d candles "
+            "updated, %d closed; %s",
+            batch_id,
+            verdicts.stored,
+            len(verdicts.late),
+            len(verdicts.duplicates),
+            verdicts.marks,
+            len(updated),
+            len(closed),
+            lap,
         )
 
-    def _commit_candles(self, candles: list[Candle], batch_id: int, watermark_ms: int) -> None:
-        """MERGE the updated candles' absolute values, then record the batch, the watermark
-        and the snapshot, from which a restart restores the forming candles."""
+    def _without(self, df: DataFrame, positions: list[tuple[int, int]]) -> DataFrame:
+        """The rows not at these Kafka positions (usually none: no join then)."""
+        if not positions:
+            return df
+        drop = self.ctx.spark.createDataFrame(positions, "partition int, offset bigint")
+        return df.join(F.broadcast(drop), ["partition", "offset"], "left_anti")
+
+    def _merge_candles(self, updated: list[Candle], closed: list[Candle]) -> None:
+        """MERGE the candles' absolute values; the closed ones say so."""
+        final = {c.key for c in closed}
+        candles = list({c.key: c for c in [*updated, *closed]}.values())
         rows = ohlc_rows(
             {
                 **{f: [getattr(c, f) for c in candles] for f in CANDLE_FIELDS},
                 "open_time_ms": [c.open_ms for c in candles],
-                "closed": [c.is_final(watermark_ms) for c in candles],
+                "closed": [c.key in final for c in candles],
                 **{f: [getattr(c, f) for c in candles] for f in TRADE_TIMES},
             },
             "live",
         )
         self.ctx.tables.upsert_ohlc(rows, "cw_live_candles")
-        self.ledger.record(batch_id, watermark_ms, self.offsets)
         self.ctx.metrics.rows.labels("ohlc").inc(len(candles))
 
 

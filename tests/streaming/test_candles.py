@@ -93,23 +93,26 @@ def test_restored_state_continues_exactly_like_the_uninterrupted_one() -> None:
     before = FormingCandles()
     written = fold(before, parts[:cut], 300)  # what the MERGEs left in ohlc
     restarted = FormingCandles()
-    restarted.restore(written.values(), watermark_ms=0)
+    restarted.restore(written.values(), lambda ticker: 0)
     after = fold(restarted, parts[cut:], 300)
     assert {**written, **after} == uninterrupted
 
 
-def test_eviction_drops_final_windows_and_restore_skips_them() -> None:
+def test_eviction_takes_out_final_windows_per_feed_and_restore_skips_them() -> None:
     d = Decimal
     old = Candle("X:A/B", 60, 0, d(1), d(1), d(1), d(1), d(1), 1, 5, 5)
     forming = Candle(
         "X:A/B", 60, 60_000, d(1), d(1), d(1), d(1), d(1), 1, 61_000_000_000, 61_000_000_000
     )
+    behind = Candle("Y:A/B", 60, 0, d(2), d(2), d(2), d(2), d(1), 1, 5, 5)
+    watermarks = {"X:A/B": 60_000, "Y:A/B": 59_999}  # Y's own clock has not passed its window
     state = FormingCandles()
-    state.merge([old, forming])
-    assert state.evict(watermark_ms=60_000) == 1 and len(state) == 1
+    state.merge([old, forming, behind])
+    assert state.evict(watermarks.__getitem__) == [old] and len(state) == 2
+    assert state.tickers() == {"X:A/B": 120_000, "Y:A/B": 60_000}
     restored = FormingCandles()
-    restored.restore([old, forming], watermark_ms=60_000)
-    assert len(restored) == 1
+    restored.restore([old, forming, behind], watermarks.__getitem__)
+    assert len(restored) == 2
     # The forming window stayed: a later tick folds into it.
     (c,) = state.merge(
         [

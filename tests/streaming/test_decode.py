@@ -22,6 +22,22 @@ def test_malformed_prices_and_sizes_are_invalid_ticks() -> None:
     batch = pa.RecordBatch.from_pydict({"value": [to_record(t) for t in [good, *bad]]})
     (out,) = decode_ticks(iter([batch]))
     assert out.column("valid").to_pylist() == [True] + [False] * len(bad)
+    assert out.column("idle").to_pylist() == [False] * (1 + len(bad))
+
+
+def test_an_idle_mark_is_neither_a_tick_nor_a_bad_record() -> None:
+    mark = market_pb2.FeedIdle(ticker="X:A/B", event_time_ns=7, last_trade_ns=5)
+    batch = pa.RecordBatch.from_pydict({"value": [to_record(mark), b"junk"]})
+    (out,) = decode_ticks(iter([batch]))
+    rows = out.select(["valid", "idle", "ticker", "trade_id", "exchange_time_ns"]).to_pylist()
+    assert rows[0] == {
+        "valid": False,
+        "idle": True,
+        "ticker": "X:A/B",
+        "trade_id": None,
+        "exchange_time_ns": 7,
+    }
+    assert (rows[1]["valid"], rows[1]["idle"]) == (False, False)
 
 
 def candle(i: int, open_: str = "1.5", volume: str = "3") -> market_pb2.OHLC:

@@ -29,9 +29,18 @@ from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, to_record
 from streaming.decode import ohlc_rows
 from streaming.progress import Progress
-from tests.support import RUNNING, FakeIngestor, relay_call, start_job, stream_metric, wait_for
+from tests.support import (
+    IDLE_TIMEOUT_S,
+    RUNNING,
+    FakeIngestor,
+    relay_call,
+    start_job,
+    stream_metric,
+    wait_for,
+)
 
 DAY = 86_400_000
+S = 1_000_000_000  # ns per second
 T0 = 1_700_006_400_000
 
 
@@ -43,14 +52,18 @@ def produce_ticks(settings, ticks: list[market_pb2.Tick]) -> None:
 
 
 def make_ticks(ticker: str, start_ms: int, n: int, seed: int) -> list[market_pb2.Tick]:
-    """Ticks every ~7 s across hour and day boundaries, a few out of order, some exactly on
-    a boundary (a window includes its start)."""
+    """Ticks every ~7 s across hour and day boundaries, in order but for neighbours less than
+    the lateness allowance apart swapped now and then, and one exactly on an hour boundary
+    (a window includes its start)."""
     rng = random.Random(seed)
     times = [start_ms + i * 7_000 + rng.randint(0, 6_000) for i in range(n)]
-    if n > 10:
-        times[10] = start_ms + 3_600_000  # exactly on an hour boundary
-    for i in range(20, n - 1, 15):  # swap neighbours: out of order within the watermark
-        times[i], times[i + 1] = times[i + 1], times[i]
+    for i in range(1, n):
+        if times[i] // 3_600_000 > times[i - 1] // 3_600_000:
+            times[i] -= times[i] % 3_600_000  # exactly on the first hour boundary
+            break
+    for i in range(20, n - 1, 15):  # swap neighbours: out of order within the allowance
+        if times[i + 1] - times[i] < 8_000:
+            times[i], times[i + 1] = times[i + 1], times[i]
     return [
         market_pb2.Tick(
             ticker=ticker,
@@ -62,6 +75,21 @@ def make_ticks(ticker: str, start_ms: int, n: int, seed: int) -> list[market_pb2
         )
         for i, t in enumerate(times)
     ]
+
+
+def with_resends(
+    ticks: list[market_pb2.Tick], seed: int, earlier: list[market_pb2.Tick] = ()
+) -> list[market_pb2.Tick]:
+    """The ticks with about one in twenty sent again right after it, a copy of one of the 30
+    trades before (possibly from ``earlier``, already sent): well within the dedup horizon."""
+    rng = random.Random(seed)
+    history, out = list(earlier[-30:]), []
+    for t in ticks:
+        out.append(t)
+        history = [*history[-29:], t]
+        if rng.random() < 0.05:
+            out.append(rng.choice(history))
+    return out
 
 
 def expected_candles(ticks: list[market_pb2.Tick], period_s: int) -> pd.DataFrame:
@@ -106,43 +134,42 @@ def test_candles_equal_pandas_resample_for_every_period(pipeline) -> None:
         )
 
     wait_for(complete, timeout=120, interval=1.0)
-    got = rows()
     for period in PERIODS_S:
-        want = expected_candles(ticks, period)
-        mine = got[got["period_s"] == period].set_index("open_time").sort_index()
-        assert list(mine.index) == list(want.index), period
-        for col in ("open", "high", "low", "close", "volume", "trade_count"):
-            assert [Decimal(str(v)) for v in mine[col]] == [Decimal(str(v)) for v in want[col]], (
-                period,
-                col,
-            )
+        assert_candles(ohlc, ticker, ticks, period)
 
 
-def test_ticks_land_in_iceberg_and_late_ticks_are_counted(pipeline) -> None:
-    ticker = f"TEST:L{uuid.uuid4().hex[:6].upper()}/USDT"
+def test_a_tick_behind_its_own_feed_is_stored_counted_and_changes_no_candle(pipeline) -> None:
+    """Late is relative to the tick's own feed: this feed's trades, 25 minutes behind another
+    feed's, all count; one two minutes behind its own clock is late (kept in ``ticks``,
+    counted), and changes no candle."""
+    ticker, ahead = (f"TEST:{f}{uuid.uuid4().hex[:6].upper()}/USDT" for f in "LM")
     now = int(time.time() * 1000)
+    ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
+    produce_ticks(pipeline, make_ticks(ahead, now - 5 * 60_000, 20, seed=1))
+    wait_for(lambda: trades_in(ohlc, ahead, 60) == 20, timeout=90, interval=0.5)
+    ticks = make_ticks(ticker, now - 30 * 60_000, 200, seed=2)
+    produce_ticks(pipeline, ticks)
+    wait_for(lambda: trades_in(ohlc, ticker, 60) == 200, timeout=90, interval=0.5)
     before = stream_metric(pipeline, "candlewire_stream_late_ticks_total")
-    # Four days old: beyond the test job's two-day watermark for every tick. make_ticks puts
-    # tick 10 an hour after the first, so with three days it stopped being late after 23:10
-    # UTC (the watermark follows the first test's ticks, which end near midnight).
-    produce_ticks(pipeline, make_ticks(ticker, now - 4 * DAY, 30, seed=2))
-    ticks = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
+    clock = max(t.exchange_time_ns for t in ticks)
+    late = market_pb2.Tick(
+        ticker=ticker, trade_id="late", price="999", size="9", exchange_time_ns=clock - 120 * S
+    )
+    produce_ticks(pipeline, [late])
+    table = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
 
-    def landed() -> int:
-        ticks.refresh()
-        return len(ticks.scan(row_filter=f"ticker = '{ticker}'").to_arrow())
+    def stored() -> list[str]:
+        table.refresh()
+        return table.scan(row_filter=f"ticker = '{ticker}'").to_arrow()["trade_id"].to_pylist()
 
-    wait_for(lambda: landed() == 30, timeout=60, interval=1.0)
-    try:
-        wait_for(
-            lambda: stream_metric(pipeline, "candlewire_stream_late_ticks_total") - before >= 30,
-            timeout=30,
-        )
-    except AssertionError:
-        log = (pipeline.state_dir / "stream.log").read_text().splitlines()
-        raise AssertionError(
-            "\n".join(x for x in log if "candlewire" in x or "rror" in x)[-3000:]
-        ) from None
+    wait_for(lambda: "late" in stored(), timeout=60, interval=0.5)
+    wait_for(
+        lambda: stream_metric(pipeline, "candlewire_stream_late_ticks_total") > before,
+        timeout=30,
+    )
+    assert len(stored()) == 201
+    for period in PERIODS_S:
+        assert_candles(ohlc, ticker, ticks, period)
 
 
 def test_history_end_to_end_through_the_relay(pipeline) -> None:
@@ -215,13 +242,72 @@ def test_first_subscriber_starts_a_cold_ticker_end_to_end(pipeline) -> None:
     assert tick.exchange_time_ns / 1e9 >= t0 - 5, "a live trade, not an old one"
 
 
+def test_every_feed_gets_its_own_candles_once_per_trade(pipeline) -> None:
+    """Three feeds arrive together: A live, B five minutes behind, C goes quiet. Every feed
+    resends recent trades. Each feed's candles in every period equal pandas over its own
+    distinct trades, in ``ohlc`` and in the last live update of each window; each trade is
+    published live once; C's last candle closes after the idle timeout."""
+    tag = uuid.uuid4().hex[:5].upper()
+    a, b, c = (f"TEST:{f}{tag}/USDT" for f in "ABC")
+    now = int(time.time() * 1000)
+    c_end = (now // 60_000 + 1) * 60_000 - 1_000  # C's last trade: a second before a minute
+    feeds = {
+        a: make_ticks(a, now - 20 * 60_000, 160, seed=21),
+        b: make_ticks(b, now - 25 * 60_000, 160, seed=22),
+        c: make_ticks(c, c_end - 10 * 60_000, 80, seed=23),
+    }
+    feeds[c] = [t for t in feeds[c] if t.exchange_time_ns < c_end * 1_000_000]
+    feeds[c].append(
+        market_pb2.Tick(
+            ticker=c, trade_id="last", price="100", size="1", exchange_time_ns=c_end * 10**6
+        )
+    )
+    lag = {a: 0, b: 300 * S, c: 0}
+    arriving = sorted(
+        (t for ticker, ticks in feeds.items() for t in with_resends(ticks, seed=len(ticks))),
+        key=lambda t: t.exchange_time_ns + lag[t.ticker],
+    )
+    live = LiveUpdates(pipeline, [a, b, c])
+    ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
+    try:
+        produce_ticks(pipeline, arriving)
+
+        def complete() -> bool:
+            return all(
+                trades_in(ohlc, ticker, p) == len(ticks)
+                for ticker, ticks in feeds.items()
+                for p in PERIODS_S
+            )
+
+        wait_for(complete, timeout=120, interval=1.0)
+        last_minute = c_end // 60_000 * 60_000
+
+        def c_closed() -> bool:
+            ohlc.refresh()
+            rows = ohlc.scan(row_filter=f"ticker = '{c}' and period_s = 60").to_arrow().to_pylist()
+            return any(
+                int(r["open_time"].timestamp() * 1000) == last_minute and r["closed"] for r in rows
+            )
+
+        wait_for(c_closed, timeout=IDLE_TIMEOUT_S + 60, interval=1.0)
+        time.sleep(1.0)  # the live update that closed it is on its way too
+        for ticker, ticks in feeds.items():
+            for period in PERIODS_S:
+                want = assert_candles(ohlc, ticker, ticks, period)
+                assert_live(live.last(ticker, period), want, (ticker, period))
+            assert sorted(live.trades[ticker]) == sorted(t.trade_id for t in ticks), ticker
+        assert live.last(c, 60)[last_minute].closed
+    finally:
+        live.close()
+
+
 def test_exactly_once_under_kill_9(pipeline) -> None:
     """kill -9 while batches are in flight; after a restart the tables hold each row once,
     and the live candles a subscriber sees through the relay end on the same values."""
     ticker = f"TEST:K{uuid.uuid4().hex[:6].upper()}/USDT"
     start = int(time.time() * 1000) - 3_600_000
     ticks = make_ticks(ticker, start, 3000, seed=4)
-    live = LiveCandles(pipeline, market_data_topic(ticker, ohlc_type(3600)))
+    live = LiveUpdates(pipeline, [ticker])
     # The module's job keeps running: stop it so this test owns the checkpoints.
     job = next(p for p in _jobs(pipeline))
     ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
@@ -231,20 +317,16 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
         table.refresh()
         return len(table.scan(row_filter=f"ticker = '{ticker}'").to_arrow())
 
-    def minute_trades() -> int:
-        ohlc.refresh()
-        rows = ohlc.scan(row_filter=f"ticker = '{ticker}' and period_s = 60").to_arrow()
-        return sum(rows["trade_count"].to_pylist())
-
     # The first 1,000 ticks' candles committed, so the restart has forming candles to restore
     # (a tick append alone is not enough: the kill could then land before the candle commit);
-    # then a kill while the next batches are in flight.
-    produce_ticks(pipeline, ticks[:1000])
-    wait_for(lambda: minute_trades() == 1000, timeout=90, interval=0.5)
-    produce_ticks(pipeline, ticks[1000:2000])
+    # then a kill while the next batches are in flight. Every phase resends recent trades
+    # (the same trade_id), as an exchange does after a reconnect: they change nothing.
+    produce_ticks(pipeline, with_resends(ticks[:1000], seed=7))
+    wait_for(lambda: trades_in(ohlc, ticker, 60) == 1000, timeout=90, interval=0.5)
+    produce_ticks(pipeline, with_resends(ticks[1000:2000], seed=8, earlier=ticks[:1000]))
     time.sleep(1.5)
     os.kill(job, signal.SIGKILL)
-    produce_ticks(pipeline, ticks[2000:])
+    produce_ticks(pipeline, with_resends(ticks[2000:], seed=9, earlier=ticks[:2000]))
     restarted = start_job(pipeline)
     try:
         wait_for(lambda: ticks_in_table() >= 3000, timeout=180, interval=1.0)
@@ -261,10 +343,12 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
             )
 
         wait_for(candles_done, timeout=120, interval=1.0)
-        want = assert_hourly_candles(ohlc, ticker, ticks)
+        for period in PERIODS_S:
+            assert_candles(ohlc, ticker, ticks, period)
+        want = expected_candles(ticks, 3600)
         hours = {int(t.timestamp() * 1000): int(n) for t, n in want["trade_count"].items()}
-        wait_for(lambda: live.last_counts() == hours, timeout=60, interval=0.5)
-        over = {t: n for t, n in live.most.items() if n > hours.get(t, 0)}
+        wait_for(lambda: counts(live.last(ticker, 3600)) == hours, timeout=60, interval=0.5)
+        over = {t: n for t, n in live.most(ticker, 3600).items() if n > hours.get(t, 0)}
         assert not over, f"live candles counted ticks twice: {over} against {hours}"
     finally:
         live.close()
@@ -282,11 +366,6 @@ def test_restart_after_maintenance_expired_the_recorded_snapshot(pipeline) -> No
     ticks = make_ticks(ticker, int(time.time() * 1000) - 3_600_000, 600, seed=5)
     ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
 
-    def trades(period_s: int) -> int:
-        ohlc.refresh()
-        rows = ohlc.scan(row_filter=f"ticker = '{ticker}' and period_s = {period_s}").to_arrow()
-        return sum(rows["trade_count"].to_pylist())
-
     run_id = (Path(pipeline.checkpoints()) / "ticks.run-id").read_text().strip()
     progress = Progress(pipeline)
 
@@ -297,7 +376,9 @@ def test_restart_after_maintenance_expired_the_recorded_snapshot(pipeline) -> No
         return last is not None and last.snapshot_id == ohlc.current_snapshot().snapshot_id
 
     produce_ticks(pipeline, ticks[:300])
-    wait_for(lambda: all(trades(p) == 300 for p in PERIODS_S), timeout=90, interval=0.5)
+    wait_for(
+        lambda: all(trades_in(ohlc, ticker, p) == 300 for p in PERIODS_S), timeout=90, interval=0.5
+    )
     wait_for(recorded, timeout=30, interval=0.5)
     job = next(p for p in _jobs(pipeline))
     os.kill(job, signal.SIGKILL)
@@ -321,44 +402,79 @@ def test_restart_after_maintenance_expired_the_recorded_snapshot(pipeline) -> No
     logged = len(log.read_text().splitlines())
     produce_ticks(pipeline, ticks[300:])
     RUNNING.append(start_job(pipeline))  # the module's job from here on
-    wait_for(lambda: all(trades(p) == 600 for p in PERIODS_S), timeout=180, interval=1.0)
+    wait_for(
+        lambda: all(trades_in(ohlc, ticker, p) == 600 for p in PERIODS_S), timeout=180, interval=1.0
+    )
     restart_log = _lines(log, logged)
     assert any("is gone; restoring from the table" in line for line in restart_log), "\n".join(
         line for line in restart_log if "candlewire" in line
     )[-4000:]
-    assert_hourly_candles(ohlc, ticker, ticks)
+    assert_candles(ohlc, ticker, ticks, 3600)
 
 
-def assert_hourly_candles(ohlc, ticker: str, ticks: list[market_pb2.Tick]) -> pd.DataFrame:
-    """The ticker's hourly candles in ``ohlc`` equal pandas over the same ticks; returns those."""
+def assert_candles(ohlc, ticker: str, ticks: list[market_pb2.Tick], period: int) -> pd.DataFrame:
+    """The ticker's candles of one period in ``ohlc`` equal pandas over the same distinct
+    trades; returns those."""
     ohlc.refresh()
     got = (
-        ohlc.scan(row_filter=f"ticker = '{ticker}' and period_s = 3600")
+        ohlc.scan(row_filter=f"ticker = '{ticker}' and period_s = {period}")
         .to_pandas()
         .set_index("open_time")
         .sort_index()
     )
-    want = expected_candles(ticks, 3600)
-    assert list(got.index) == list(want.index)
+    want = expected_candles(ticks, period)
+    assert list(got.index) == list(want.index), (ticker, period)
     for column in ("open", "high", "low", "close", "volume"):
-        assert [Decimal(str(v)) for v in got[column]] == [Decimal(str(v)) for v in want[column]]
+        mine = [Decimal(str(v)) for v in got[column]]
+        assert mine == [Decimal(str(v)) for v in want[column]], (ticker, period, column)
     assert [int(v) for v in got["trade_count"]] == [int(v) for v in want["trade_count"]]
     return want
+
+
+def assert_live(updates: dict[int, market_pb2.OHLC], want: pd.DataFrame, what: object) -> None:
+    """The last live update of each window equals pandas (and so the ``ohlc`` row)."""
+    prices = ("open", "high", "low", "close", "volume")
+    got = [
+        (t, *(Decimal(getattr(u, f)) for f in prices), u.trade_count)
+        for t, u in sorted(updates.items())
+    ]
+    expected = [
+        (int(t.timestamp() * 1000), r.open, r.high, r.low, r.close, r.volume, int(r.trade_count))
+        for t, r in want.iterrows()
+    ]
+    assert got == expected, what
+
+
+def counts(updates: dict[int, market_pb2.OHLC]) -> dict[int, int]:
+    return {t: u.trade_count for t, u in updates.items()}
+
+
+def trades_in(ohlc, ticker: str, period: int) -> int:
+    """Trades counted in the ticker's candles of one period."""
+    ohlc.refresh()
+    rows = ohlc.scan(row_filter=f"ticker = '{ticker}' and period_s = {period}").to_arrow()
+    return sum(rows["trade_count"].to_pylist())
 
 
 def _lines(path, skip: int) -> list[str]:
     return path.read_text().splitlines()[skip:]
 
 
-class LiveCandles:
-    """Candle updates of one topic through the relay, collected on a thread."""
+class LiveUpdates:
+    """Everything published live for some tickers (trades and every period's candles),
+    through the relay, collected on a thread."""
 
-    def __init__(self, settings, topic: str) -> None:
+    def __init__(self, settings, tickers: list[str]) -> None:
         self._ctx = zmq.Context()
         self._sub = self._ctx.socket(zmq.SUB)
-        self._sub.subscribe(topic)
+        self._sub.setsockopt(zmq.RCVHWM, 0)
+        for ticker in tickers:
+            self._sub.subscribe(market_data_topic(ticker, "tick"))
+            for period in PERIODS_S:
+                self._sub.subscribe(market_data_topic(ticker, ohlc_type(period)))
         self._sub.connect(settings.connect("market_data"))
-        self.updates: list[market_pb2.OHLC] = []
+        self.candles: list[market_pb2.OHLC] = []
+        self.trades: dict[str, list[str]] = {t: [] for t in tickers}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -367,16 +483,26 @@ class LiveCandles:
     def _run(self) -> None:
         while not self._stop.is_set():
             if self._sub.poll(100):
-                self.updates.append(decode_sub(self._sub.recv_multipart())[1])
+                msg = decode_sub(self._sub.recv_multipart())[1]
+                if isinstance(msg, market_pb2.Tick):
+                    self.trades[msg.ticker].append(msg.trade_id)
+                else:
+                    self.candles.append(msg)
 
-    def last_counts(self) -> dict[int, int]:
-        return {u.open_time_ms: u.trade_count for u in list(self.updates)}
+    def last(self, ticker: str, period: int) -> dict[int, market_pb2.OHLC]:
+        """The last update of each window."""
+        return {
+            u.open_time_ms: u
+            for u in list(self.candles)
+            if u.ticker == ticker and u.period_s == period
+        }
 
-    @property
-    def most(self) -> dict[int, int]:
+    def most(self, ticker: str, period: int) -> dict[int, int]:
+        """The largest trade count any update of each window had."""
         out: dict[int, int] = {}
-        for u in list(self.updates):
-            out[u.open_time_ms] = max(out.get(u.open_time_ms, 0), u.trade_count)
+        for u in list(self.candles):
+            if u.ticker == ticker and u.period_s == period:
+                out[u.open_time_ms] = max(out.get(u.open_time_ms, 0), u.trade_count)
         return out
 
     def close(self) -> None:
