@@ -117,11 +117,11 @@ class IdleMarkWriter(threading.Thread):
         super().__init__(name="idle-marks", daemon=True)
         self.ctx, self.live = ctx, live
         self.every_s = max(0.5, min(ctx.settings.stream_idle_timeout_s / 4, 5.0))
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._producer = Producer(producer_config(ctx.settings))
 
     def run(self) -> None:
-        while not self._stop.wait(self.every_s):
+        while not self._stopping.wait(self.every_s):
             for mark in self.live.idle_marks():
                 self._producer.produce(TICKS.name, key=mark.ticker.encode(), value=to_record(mark))
                 self.ctx.metrics.idle_marks.inc()
@@ -129,7 +129,7 @@ class IdleMarkWriter(threading.Thread):
             self._producer.poll(0)
 
     def close(self) -> None:
-        self._stop.set()
+        self._stopping.set()
         if self.is_alive():
             self.join(5)
         self._producer.flush(5)

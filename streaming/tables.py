@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from candlewire.config import Settings
-from candlewire.lake import table_name
+from candlewire.lake import NAMESPACE, catalog, table_name
 from candlewire.spark import commit_sql
 from streaming.metrics import Laps
 from streaming.sql import literal, literals, ts_literal
@@ -25,18 +25,19 @@ class Tables:
     def __init__(self, settings: Settings, spark: SparkSession) -> None:
         self.spark = spark
         self.names = {t: table_name(settings, t) for t in ("ticks", "ohlc", "symbol_metadata")}
+        self._catalog = catalog(settings)
         self._ohlc_lock = threading.Lock()
 
     def __getitem__(self, table: str) -> str:
         return self.names[table]
 
     def snapshot_id(self, table: str) -> int:
-        """The table's newest snapshot (0 for an empty table): what a notification names."""
-        row = self.spark.sql(
-            f"SELECT snapshot_id FROM {self.names[table]}.snapshots "
-            "ORDER BY committed_at DESC LIMIT 1"
-        ).first()
-        return int(row.snapshot_id) if row else 0
+        """The table's newest snapshot (0 for an empty table): what a notification names and
+        a commit record points at. Read through pyiceberg from the catalog itself: Spark's
+        cached ``<table>.snapshots`` metadata table can miss this session's own last append
+        (apache/iceberg#1431), and a record pointing before its batch would lose trade ids."""
+        current = self._catalog.load_table(f"{NAMESPACE}.{table}").current_snapshot()
+        return current.snapshot_id if current is not None else 0
 
     def last_batch(self, table: str, query: str, run: str) -> int:
         """The last micro-batch of ``query`` in run ``run`` committed to ``table``, read from
