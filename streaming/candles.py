@@ -123,6 +123,13 @@ class FormingCandles:
         return out
 
 
+def changed(updated: list[Candle], closed: list[Candle]) -> list[tuple[Candle, bool]]:
+    """What a batch changed, each candle once, with whether it is now closed: the rows both
+    the live updates and the ``ohlc`` MERGE carry."""
+    final = {c.key for c in closed}
+    return [(c, c.key in final) for c in {c.key: c for c in [*updated, *closed]}.values()]
+
+
 def partial_candles(
     ticks: Iterable[tuple[str, int, Decimal, Decimal]], periods: Iterable[int]
 ) -> list[Candle]:

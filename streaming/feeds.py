@@ -74,25 +74,28 @@ class Feeds:
         self.feeds: dict[str, Feed] = {}
 
     def admit(self, ticker: str, trade_id: str, t_ns: int) -> Verdict:
-        feed = self.feeds.get(ticker)
-        if feed is None:
-            feed = self.feeds[ticker] = Feed()
+        feed = self._feed(ticker)
         if trade_id and trade_id in feed.seen:
             return Verdict.DUPLICATE
         late = feed.clock_ns > 0 and t_ns < feed.clock_ns - self.allowance_ns
         if trade_id:
             feed.seen[trade_id] = t_ns
             feed.order.append((t_ns, trade_id))
-        if t_ns > feed.clock_ns:
-            feed.clock_ns = t_ns
-            feed.forget_before(t_ns - self.horizon_ns)
+        self._advance(feed, t_ns)
         return Verdict.LATE if late else Verdict.KEEP
 
     def mark(self, ticker: str, t_ns: int) -> None:
         """An idle mark: the feed's clock moves to ``t_ns`` as if a trade happened then."""
+        self._advance(self._feed(ticker), t_ns)
+
+    def _feed(self, ticker: str) -> Feed:
         feed = self.feeds.get(ticker)
         if feed is None:
             feed = self.feeds[ticker] = Feed()
+        return feed
+
+    def _advance(self, feed: Feed, t_ns: int) -> None:
+        """A clock only moves forward, and trade ids it leaves behind the horizon go."""
         if t_ns > feed.clock_ns:
             feed.clock_ns = t_ns
             feed.forget_before(t_ns - self.horizon_ns)

@@ -30,7 +30,7 @@ from candlewire.config import PERIODS_S
 from candlewire.kafka import TICKS
 from candlewire.topics import market_data_topic, ohlc_type, tick_type
 from proto import market_pb2
-from streaming.candles import Candle, partial_candles
+from streaming.candles import Candle, changed, partial_candles
 from streaming.context import JobContext
 from streaming.decode import parse_tick
 from streaming.feeds import Verdict
@@ -136,8 +136,7 @@ class LiveQuery:
 
     def _publish_candles(self, updated: list[Candle], closed: list[Candle]) -> None:
         now_ms = int(time.time() * 1000)
-        final = {c.key for c in closed}
-        for c in {c.key: c for c in [*updated, *closed]}.values():
+        for c, is_closed in changed(updated, closed):
             candle = market_pb2.OHLC(
                 ticker=c.ticker,
                 period_s=c.period_s,
@@ -148,7 +147,7 @@ class LiveQuery:
                 close=str(c.close.normalize()),
                 volume=str(c.volume.normalize()),
                 trade_count=c.trade_count,
-                closed=c.key in final,
+                closed=is_closed,
                 update_time_ms=now_ms,
             )
             self.ctx.publisher.publish(market_data_topic(c.ticker, ohlc_type(c.period_s)), candle)

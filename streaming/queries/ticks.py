@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from candlewire.config import PERIODS_S
 from candlewire.kafka import TICKS
 from candlewire.lake import TICKS_SCHEMA
-from streaming.candles import Candle, candle_from_row
+from streaming.candles import Candle, candle_from_row, changed
 from streaming.context import JobContext
 from streaming.decode import TICK_STRUCT, decode_ticks, ohlc_rows
 from streaming.feeds import judge
@@ -128,13 +128,13 @@ class TicksQuery(TopicQuery):
 
     def _merge_candles(self, updated: list[Candle], closed: list[Candle]) -> None:
         """MERGE the candles' absolute values; the closed ones say so."""
-        final = {c.key for c in closed}
-        candles = list({c.key: c for c in [*updated, *closed]}.values())
+        changes = changed(updated, closed)
+        candles = [c for c, _ in changes]
         rows = ohlc_rows(
             {
                 **{f: [getattr(c, f) for c in candles] for f in CANDLE_FIELDS},
                 "open_time_ms": [c.open_ms for c in candles],
-                "closed": [c.key in final for c in candles],
+                "closed": [is_closed for _, is_closed in changes],
                 **{f: [getattr(c, f) for c in candles] for f in TRADE_TIMES},
             },
             "live",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from decimal import Decimal
 
-from streaming.candles import Candle, FormingCandles, partial_candles
+from streaming.candles import Candle, FormingCandles, changed, partial_candles
 
 Tick = tuple[str, int, Decimal, Decimal]  # ticker, time ns, price, size
 
@@ -129,3 +129,11 @@ def test_live_reduction_equals_the_reference_in_any_arrival_order() -> None:
     shuffled = random.Random(6).sample(data, len(data))
     got = {c.key: c for c in partial_candles(shuffled, [60, 900])}
     assert got == {**aggregate(data, 60), **aggregate(data, 900)}
+
+
+def test_a_batch_s_changes_name_each_candle_once_and_say_which_closed() -> None:
+    d = Decimal
+    a = Candle("X:A/B", 60, 0, d(1), d(1), d(1), d(1), d(1), 1, 5, 5)
+    b = Candle("X:A/B", 60, 60_000, d(1), d(1), d(1), d(1), d(1), 1, 61, 61)
+    c = Candle("X:A/B", 300, 0, d(1), d(1), d(1), d(1), d(1), 1, 5, 5)
+    assert changed([a, b], [a, c]) == [(a, True), (b, False), (c, True)]
