@@ -8,6 +8,7 @@ from candlewire.client import AsyncClient, Client
 from candlewire.config import Settings
 from candlewire.errors import (
     CandlewireError,
+    FellBehind,
     HistoryFailed,
     ProtocolError,
     RequestRejected,
@@ -19,6 +20,7 @@ __all__ = [
     "AsyncClient",
     "CandlewireError",
     "Client",
+    "FellBehind",
     "HistoryFailed",
     "ProtocolError",
     "RequestRejected",

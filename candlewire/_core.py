@@ -28,14 +28,23 @@ from candlewire._protocol import (
     MarketFilter,
     MetadataCall,
     NotificationInbox,
+    Sequence,
+    Since,
+    Verdict,
     new_id,
     remaining,
+    to_ms,
 )
 from candlewire.config import Settings
-from candlewire.errors import RequestRejected, RequestTimeout
+from candlewire.errors import FellBehind, ProtocolError, RequestRejected, RequestTimeout
+from candlewire.positions import describe
 from candlewire.topics import check_id, metadata_update_topic, response_topic
+from candlewire.zmqutil import Redialer
+from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto import requests_pb2 as rq
+from proto.envelope import EnvelopeError, decode, encode, expect, from_records
+from proto.market_pb2 import StreamPosition
 
 SUBMIT_TIMEOUT_S = 30.0  # the spec's REQ/REP default
 ATTEMPT_TIMEOUT_S = 2.5
@@ -43,6 +52,8 @@ HISTORY_TIMEOUT_S = 300.0
 CONNECT_TIMEOUT_S = 5.0
 RETRY_PAUSE_S = 0.2  # between retries of a NO_INGESTOR rejection
 POLL_SLICE_S = 0.5  # longest single wait while a deadline runs
+FILL_TIMEOUT_S = 10.0  # how long a FETCH may make no progress before FellBehind
+FILL_PAUSE_S = 0.02  # before asking the journal again for what it does not hold yet
 
 
 @dataclass(frozen=True)
@@ -73,7 +84,14 @@ class Emit:
     msg: Message
 
 
-Op = Recv | Send | Sleep | Emit
+@dataclass(frozen=True)
+class EmitMany:
+    """Hand a run of messages to the caller, in order (a FETCH chunk); outcome: None."""
+
+    msgs: list[Message]
+
+
+Op = Recv | Send | Sleep | Emit | EmitMany
 T = TypeVar("T")
 Steps = Generator[Op, Any, T]
 
@@ -113,7 +131,11 @@ def drive_iter(steps: Steps[None]) -> Iterator[Message]:
     """Run a procedure that emits messages, as a blocking iterator."""
     with Run(steps) as run:
         while (op := run.next()) is not None:
-            run.outcome = (yield op.msg) if isinstance(op, Emit) else perform(op)
+            if isinstance(op, EmitMany):
+                yield from op.msgs
+                run.outcome = None
+            else:
+                run.outcome = (yield op.msg) if isinstance(op, Emit) else perform(op)
 
 
 def perform(op: Op) -> Any:
@@ -139,7 +161,14 @@ async def async_drive_iter(steps: Steps[None]) -> AsyncIterator[Message]:
     """Run a procedure that emits messages, as an async iterator."""
     with Run(steps) as run:
         while (op := run.next()) is not None:
-            run.outcome = (yield op.msg) if isinstance(op, Emit) else await async_perform(op)
+            if isinstance(op, EmitMany):
+                for msg in op.msgs:
+                    yield msg
+                run.outcome = None
+            elif isinstance(op, Emit):
+                run.outcome = yield op.msg
+            else:
+                run.outcome = await async_perform(op)
 
 
 async def async_perform(op: Op) -> Any:
@@ -298,20 +327,156 @@ class ClientCore:
 
     # -- market data ---------------------------------------------------------------------
 
-    def subscribe(self, ticker: str, data_type: str, idle_timeout: float | None) -> Steps[None]:
-        """Emit the topic's decoded messages until closed; SubscriptionFailed says why nothing
-        will flow, ``idle_timeout`` raises RequestTimeout after that long without one."""
+    def subscribe(
+        self,
+        ticker: str,
+        data_type: str,
+        idle_timeout: float | None,
+        since: Since,
+        seq: Sequence,
+    ) -> Steps[None]:
+        """Emit every message of the topic once, in order, until closed.
+
+        With ``since``, the journal's messages from there first, then live. A live message
+        that is not the next one (by its position), or a head beacon ahead of us, starts a
+        FETCH of what is missing before anything newer is emitted. SubscriptionFailed says
+        why nothing will flow; ``idle_timeout`` raises RequestTimeout after that long
+        without a message; FellBehind says that what is missing is held nowhere any more.
+        """
         sub = self._socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         filt = MarketFilter.open(sub, ticker, data_type)
+        redial = Redialer(sub)
         sub.connect(self.settings.connect("market_data"))
+        journal = JournalLink(self)
         try:
+            if isinstance(since, StreamPosition):
+                seq.last = since
+            elif since is not None:
+                seq.since_ms = to_ms(since)
+            if since is not None:
+                yield from self.fill(journal, seq, None)
+            quiet_until = None if idle_timeout is None else time.monotonic() + idle_timeout
             while True:
-                frames = yield Recv(sub, idle_timeout)
+                wait = POLL_SLICE_S if quiet_until is None else remaining(quiet_until)
+                frames = yield Recv(sub, min(wait, POLL_SLICE_S))
+                redial.check()  # the relay restarted: subscribe again (Redialer)
                 if frames is None:
-                    raise RequestTimeout(f"no {filt.topic} message in {idle_timeout}s")
+                    if quiet_until is not None and not remaining(quiet_until):
+                        raise RequestTimeout(f"no {filt.topic} message in {idle_timeout}s")
+                    continue
                 msg = filt.accept(frames)
-                if msg is not None:
+                if msg is None:
+                    continue
+                if isinstance(msg, market_pb2.StreamHead):
+                    if seq.behind(msg.last):
+                        yield from self.fill(journal, seq, msg.last)
+                    continue
+                if not msg.HasField("stream"):  # type: ignore[attr-defined]
+                    yield Emit(msg)  # an unsequenced publisher: nothing to check
+                    continue
+                pos = msg.stream  # type: ignore[attr-defined]
+                verdict = seq.judge(pos)
+                if verdict is Verdict.GAP:
+                    yield from self.fill(journal, seq, pos)
+                    verdict = seq.judge(pos)
+                if verdict is Verdict.NEXT:
+                    seq.take(pos)
                     yield Emit(msg)
+                if idle_timeout is not None:
+                    quiet_until = time.monotonic() + idle_timeout
         finally:
+            journal.close()
+            redial.close()
             sub.close(linger=0)
+
+    def fill(
+        self, journal: JournalLink, seq: Sequence, until: StreamPosition | None
+    ) -> Steps[None]:
+        """FETCH chunks until ``until`` is delivered (None: the journal's end), emitting each
+        message after the last one delivered. The next chunk is asked for before this one is
+        handed out, so the service reads while the caller works (one chunk ahead, never
+        more). The journal is written a moment after the publish, so a position it does not
+        hold yet is asked for again, for a while."""
+        replay = seq.last is None or until is None  # a late joiner's catch-up, not a gap
+        if not replay:
+            seq.stats.gaps += 1
+        deadline = time.monotonic() + FILL_TIMEOUT_S
+        req, sent = seq.request(until, 0, new_id("f")), False
+        while True:
+            reply = yield from journal.call(req, deadline, sent)
+            if reply.status == jr.FETCH_OUT_OF_RANGE:
+                raise FellBehind(f"{seq.topic}: {reply.error}", seq.last)
+            if reply.status == jr.FETCH_BAD_REQUEST:
+                raise ProtocolError(f"journal refused FETCH of {seq.topic}: {reply.error}")
+            if reply.status != jr.FETCH_OK:
+                if not remaining(deadline):
+                    raise FellBehind(f"{seq.topic}: journal unavailable: {reply.error}", seq.last)
+                yield Sleep(RETRY_PAUSE_S)
+                req, sent = seq.request(until, req.cursor, new_id("f")), False
+                continue
+            msgs = seq.accept_chunk(from_records(reply.records)[0], filled=not replay)
+            finished = (until is None and reply.done) or (until is not None and seq.reached(until))
+            if finished and msgs:
+                yield EmitMany(msgs)
+            if finished:
+                return
+            if msgs:
+                deadline = time.monotonic() + FILL_TIMEOUT_S
+            elif reply.done:
+                if not remaining(deadline):
+                    raise FellBehind(
+                        f"{seq.topic}: the journal has nothing after {describe(seq.last)} "
+                        f"up to {describe(until)} after {FILL_TIMEOUT_S:.0f}s",
+                        seq.last,
+                    )
+                yield Sleep(FILL_PAUSE_S)  # not journalled yet
+            req = seq.request(until, reply.cursor, new_id("f"))
+            sent = bool(msgs)
+            if sent:  # read ahead while the caller takes this chunk
+                yield Send(journal.connected(), encode(req))
+                yield EmitMany(msgs)
+
+
+class JournalLink:
+    """A DEALER to the journal service, replaced after a reply that did not come (Lazy
+    Pirate: the request is safe to repeat, it only reads)."""
+
+    def __init__(self, core: ClientCore) -> None:
+        self.core = core
+        self.sock: zmq.Socket | None = None
+
+    def connected(self) -> zmq.Socket:
+        if self.sock is None:
+            self.sock = self.core._socket(zmq.DEALER)
+            self.sock.setsockopt(zmq.LINGER, 0)
+            self.sock.connect(self.core.settings.connect("journal"))
+        return self.sock
+
+    def call(
+        self, req: jr.FetchRequest, deadline: float, sent: bool = False
+    ) -> Steps[jr.FetchReply]:
+        """The reply to ``req`` (already ``sent`` ahead, or sent now)."""
+        while True:
+            sock = self.connected()
+            if not sent:
+                yield Send(sock, encode(req))
+            sent = False
+            while True:
+                frames = yield Recv(sock, min(self.core.attempt_timeout, remaining(deadline)))
+                if frames is None:
+                    break
+                try:
+                    reply = expect(decode(frames), jr.FetchReply)
+                except EnvelopeError:
+                    continue
+                if reply.request_id == req.request_id:
+                    return reply
+            self.close()
+            if not remaining(deadline):
+                raise FellBehind(f"{req.topic}: the journal service did not answer")
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close(linger=0)
+            self.sock = None

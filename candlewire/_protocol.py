@@ -10,12 +10,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import Enum
 from typing import Literal
 
 import zmq
 from google.protobuf.message import Message
 
 from candlewire.errors import HistoryFailed, ProtocolError, RequestRejected, SubscriptionFailed
+from candlewire.positions import is_after, is_next
 from candlewire.topics import (
     check_id,
     history_ready_topic,
@@ -23,12 +25,15 @@ from candlewire.topics import (
     response_topic,
     subscription_error_topic,
 )
+from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto import requests_pb2 as rq
 from proto.envelope import EnvelopeError, decode, decode_sub, encode, expect
+from proto.market_pb2 import StreamPosition
 
 Notify = Literal["client", "request"]
 TimeLike = int | datetime
+Since = TimeLike | StreamPosition | None  # where a subscription starts: a time or a position
 
 # Monitor events that change whether a SUB socket can receive.
 MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
@@ -195,6 +200,91 @@ class MarketFilter:
         if topic == self.error_topic and isinstance(msg, rq.SubscriptionError):
             raise SubscriptionFailed(msg)
         return msg if topic == self.topic else None
+
+
+class Verdict(Enum):
+    NEXT = "next"  # deliver it
+    DUPLICATE = "duplicate"  # delivered already (a replay, or a chunk brought it)
+    GAP = "gap"  # something is missing before it: fetch, then judge it again
+
+
+@dataclass
+class SubscriptionStats:
+    """What one subscription saw; ``gaps`` were found from positions or heads, and
+    ``filled`` messages were brought by FETCH."""
+
+    delivered: int = 0
+    gaps: int = 0
+    filled: int = 0
+    duplicates: int = 0
+    heads: int = 0
+    epochs: int = 0
+
+
+@dataclass
+class Sequence:
+    """The position of the last message a subscription delivered, and what to do next."""
+
+    topic: str
+    stats: SubscriptionStats = field(default_factory=SubscriptionStats)
+    last: StreamPosition | None = None
+    since_ms: int = 0  # replay from this publish time; 0: start with the first live message
+
+    def judge(self, pos: StreamPosition) -> Verdict:
+        if self.last is None:
+            # After a replay that found nothing (yet), the journal may still be behind.
+            return Verdict.GAP if self.since_ms else Verdict.NEXT
+        if is_next(pos, self.last):
+            return Verdict.NEXT
+        if not is_after(pos, self.last):
+            self.stats.duplicates += 1
+            return Verdict.DUPLICATE
+        return Verdict.GAP
+
+    def behind(self, head: StreamPosition) -> bool:
+        """A head beacon names a message after ours: the tail of a burst was lost."""
+        self.stats.heads += 1
+        return self.last is not None and is_after(head, self.last)
+
+    def reached(self, pos: StreamPosition) -> bool:
+        return self.last is not None and not is_after(pos, self.last)
+
+    def take(self, pos: StreamPosition, filled: bool = False) -> None:
+        if self.last is None or pos.epoch != self.last.epoch:
+            self.stats.epochs += 1
+        self.last = pos
+        self.stats.delivered += 1
+        self.stats.filled += filled
+
+    def accept_chunk(self, msgs: list[Message], filled: bool) -> list[Message]:
+        """A FETCH chunk's messages after the last delivered, taken as delivered. The service
+        sends them in order after ``after``; only the chunk's edges are checked."""
+        if msgs and not is_after(msgs[0].stream, self.last):  # type: ignore[attr-defined]
+            msgs = [m for m in msgs if is_after(m.stream, self.last)]  # type: ignore[attr-defined]
+        if not msgs:
+            return msgs
+        first, last = msgs[0].stream, msgs[-1].stream  # type: ignore[attr-defined]
+        if self.last is None or first.epoch != self.last.epoch:
+            self.stats.epochs += 1
+        if first.epoch != last.epoch:
+            self.stats.epochs += 1
+        self.last = last
+        self.stats.delivered += len(msgs)
+        if filled:
+            self.stats.filled += len(msgs)
+        return msgs
+
+    def request(
+        self, until: StreamPosition | None, cursor: int, request_id: str
+    ) -> jr.FetchRequest:
+        req = jr.FetchRequest(request_id=request_id, topic=self.topic, cursor=cursor)
+        if self.last is not None:
+            req.after.CopyFrom(self.last)
+        else:
+            req.since_ms = self.since_ms
+        if until is not None:
+            req.until.CopyFrom(until)
+        return req
 
 
 class ConnectionState:

@@ -29,9 +29,18 @@ from candlewire._core import (
     drive,
     drive_iter,
 )
-from candlewire._protocol import HistoryCall, NotificationInbox, Notify, TimeLike
+from candlewire._protocol import (
+    HistoryCall,
+    NotificationInbox,
+    Notify,
+    Sequence,
+    Since,
+    SubscriptionStats,
+    TimeLike,
+)
 from candlewire.config import Settings
 from candlewire.history import read_history
+from candlewire.topics import market_data_topic
 from proto import market_pb2
 from proto import requests_pb2 as rq
 
@@ -116,16 +125,62 @@ class Client:
         return drive(self._core.refresh_metadata(exchange, timeout))
 
     def subscribe(
-        self, ticker: str, data_type: str = "tick", *, idle_timeout: float | None = None
-    ) -> Iterator[Message]:
-        """Yield decoded Tick/OHLC messages of one topic until closed.
+        self,
+        ticker: str,
+        data_type: str = "tick",
+        *,
+        since: Since = None,
+        idle_timeout: float | None = None,
+    ) -> Subscription:
+        """Yield every Tick/OHLC message of one topic once, in order, until closed.
 
         Subscribing is enough: an ingestor starts streaming the ticker for its first
-        subscriber. SubscriptionFailed says why nothing will flow (no live ingestor for the
-        exchange, a symbol the exchange does not list); ``idle_timeout`` raises
-        RequestTimeout after that many seconds without a message.
+        subscriber. ``since`` (a datetime, ms since the epoch, or a message's ``stream``
+        position) replays the journal from there and then goes on live with no gap and no
+        repeat. Messages lost on the way (a full queue, a relay restart) are fetched from
+        the journal before anything newer is yielded; ``.stats`` counts them.
+        SubscriptionFailed says why nothing will flow (no live ingestor for the exchange, a
+        symbol the exchange does not list), FellBehind that missing messages are held
+        nowhere any more; ``idle_timeout`` raises RequestTimeout after that many seconds
+        without a message.
         """
-        return drive_iter(self._core.subscribe(ticker, data_type, idle_timeout))
+        seq = Sequence(market_data_topic(ticker, data_type))
+        steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq)
+        return Subscription(drive_iter(steps), seq.stats)
+
+
+class Subscription:
+    """The messages of one subscription, and what it had to repair (``stats``)."""
+
+    def __init__(self, messages: Iterator[Message], stats: SubscriptionStats) -> None:
+        self._messages = messages
+        self.stats = stats
+
+    def __iter__(self) -> Subscription:
+        return self
+
+    def __next__(self) -> Message:
+        return next(self._messages)
+
+    def close(self) -> None:
+        self._messages.close()  # type: ignore[attr-defined]
+
+
+class AsyncSubscription:
+    """Like :class:`Subscription`, as an async iterator."""
+
+    def __init__(self, messages: AsyncIterator[Message], stats: SubscriptionStats) -> None:
+        self._messages = messages
+        self.stats = stats
+
+    def __aiter__(self) -> AsyncSubscription:
+        return self
+
+    async def __anext__(self) -> Message:
+        return await anext(self._messages)
+
+    async def aclose(self) -> None:
+        await self._messages.aclose()  # type: ignore[attr-defined]
 
 
 class AsyncClient:
@@ -204,7 +259,14 @@ class AsyncClient:
         return await async_drive(self._core.refresh_metadata(exchange, timeout))
 
     def subscribe(
-        self, ticker: str, data_type: str = "tick", *, idle_timeout: float | None = None
-    ) -> AsyncIterator[Message]:
+        self,
+        ticker: str,
+        data_type: str = "tick",
+        *,
+        since: Since = None,
+        idle_timeout: float | None = None,
+    ) -> AsyncSubscription:
         """Like :meth:`Client.subscribe`, as an async iterator."""
-        return async_drive_iter(self._core.subscribe(ticker, data_type, idle_timeout))
+        seq = Sequence(market_data_topic(ticker, data_type))
+        steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq)
+        return AsyncSubscription(async_drive_iter(steps), seq.stats)

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     state_dir: Path = Path(".candlewire")
     max_message_bytes: int = 1 << 20
     """Largest inbound ZMQ message a service accepts; larger peers are disconnected."""
+    market_data_hwm: int = 100_000
+    """Messages the relay queues for one market-data subscriber before dropping; a
+    subscriber fills what it lost from the journal (``candlewire journal``)."""
     max_history_rows: int = 1_100_000
     """Largest history request the relay accepts, in candles (two years of 1-minute bars)."""
 
@@ -138,6 +141,7 @@ class Settings(BaseSettings):
             "CANDLEWIRE_STATE_DIR": str(self.state_dir),
             "CANDLEWIRE_MAX_MESSAGE_BYTES": str(self.max_message_bytes),
             "CANDLEWIRE_MAX_HISTORY_ROWS": str(self.max_history_rows),
+            "CANDLEWIRE_MARKET_DATA_HWM": str(self.market_data_hwm),
         }
         env.update({f"CANDLEWIRE_PORTS__{k.upper()}": str(v) for k, v in self.ports.items()})
         for name in ("kafka_bootstrap", "catalog_url", "dagster_db", "warehouse"):

@@ -65,6 +65,13 @@ ENDPOINTS: dict[str, Endpoint] = {
             "extra publishers connect here, no discovery",
         ),
         Endpoint(
+            "journal",
+            5561,
+            "journal service",
+            "ROUTER ← client DEALER",
+            "FetchRequest → FetchReply: ranges of live topics",
+        ),
+        Endpoint(
             "user_events",
             5570,
             "user container",
@@ -85,6 +92,7 @@ ENDPOINTS: dict[str, Endpoint] = {
         Endpoint("ingest_metrics", 9102, "ingestor", "HTTP", "Prometheus metrics, health"),
         Endpoint("stream_metrics", 9103, "stream processor", "HTTP", "Prometheus metrics, health"),
         Endpoint("gateway_metrics", 9104, "gateway", "HTTP", "Prometheus metrics, health"),
+        Endpoint("journal_metrics", 9105, "journal service", "HTTP", "Prometheus metrics, health"),
         Endpoint(
             "kafka", 9092, "Kafka broker", "Kafka protocol", "ticks, OHLC batches, symbol metadata"
         ),

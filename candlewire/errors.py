@@ -46,3 +46,13 @@ class SubscriptionFailed(CandlewireError):
 
 class ProtocolError(CandlewireError):
     """A peer answered with something that is not the expected envelope."""
+
+
+class FellBehind(CandlewireError):
+    """A subscription missed messages that no store can give back any more (or the journal
+    could not be reached in time). ``resume_from`` is the last message delivered: subscribe
+    again with ``since`` a time to read on from what is still held."""
+
+    def __init__(self, message: str, resume_from: object = None) -> None:
+        self.resume_from = resume_from
+        super().__init__(message)

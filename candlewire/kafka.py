@@ -6,6 +6,7 @@ request id for history pages) so each key's order holds within its partition.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 from candlewire.config import Settings
@@ -21,7 +22,20 @@ class TopicSpec:
 TICKS = TopicSpec("candlewire.ticks", 6, {"retention.ms": str(7 * 86_400_000)})
 OHLC_BATCHES = TopicSpec("candlewire.ohlc-batches", 3, {"retention.ms": str(7 * 86_400_000)})
 SYMBOL_METADATA = TopicSpec("candlewire.symbol-metadata", 1, {"cleanup.policy": "compact"})
-TOPICS = (TICKS, OHLC_BATCHES, SYMBOL_METADATA)
+# What the stream processor published on {ticker}|{type}, positions included: the journal
+# that FETCH reads (journal/). A day, and at most 1 GiB per partition.
+JOURNAL = TopicSpec(
+    "candlewire.live",
+    6,
+    {"retention.ms": str(86_400_000), "retention.bytes": str(1 << 30), "compression.type": "lz4"},
+)
+TOPICS = (TICKS, OHLC_BATCHES, SYMBOL_METADATA, JOURNAL)
+
+
+def journal_partition(topic: str) -> int:
+    """The one journal partition a live topic's messages go to, so they keep their order
+    and a FETCH reads one partition (chosen here, not by a client library's hash)."""
+    return zlib.crc32(topic.encode()) % JOURNAL.partitions
 
 
 def producer_config(settings: Settings, **overrides: object) -> dict[str, object]:

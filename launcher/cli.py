@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
+from datetime import UTC, datetime, timedelta
 
 from candlewire.config import Settings
 
@@ -43,6 +45,28 @@ def _stream(args: argparse.Namespace, settings: Settings) -> int:
 
     stream_main(settings)
     return 0
+
+
+def _journal(args: argparse.Namespace, settings: Settings) -> int:
+    from journal.service import main as journal_main
+
+    journal_main(settings)
+    return 0
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """``10m``, ``90s``, ``2h``, ``1d`` before now, or an ISO time (UTC if naive)."""
+    m = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if m:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
+        return (now or datetime.now(UTC)) - timedelta(**{unit: int(m.group(1))})
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--since {text!r}: give a duration (10m, 90s, 2h, 1d) or an ISO time"
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def _history(args: argparse.Namespace, settings: Settings) -> int:
@@ -85,7 +109,8 @@ def _watch(args: argparse.Namespace, settings: Settings) -> int:
     from candlewire.client import Client
 
     with Client(settings) as client:
-        for i, msg in enumerate(client.subscribe(args.ticker, args.type), start=1):
+        messages = client.subscribe(args.ticker, args.type, since=args.since)
+        for i, msg in enumerate(messages, start=1):
             print(type(msg).__name__, json_format.MessageToJson(msg, indent=None), flush=True)
             if args.count and i >= args.count:
                 break
@@ -186,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("stream", help="run the Spark streaming job in the foreground").set_defaults(
         fn=_stream
     )
+    sub.add_parser(
+        "journal", help="run the journal service (FETCH of live topics) in the foreground"
+    ).set_defaults(fn=_journal)
     hist = sub.add_parser("history", help="print or save candles from Iceberg")
     hist.add_argument("ticker")
     hist.add_argument(
@@ -212,6 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, e.g. BINANCE:BTC/USDT")
     watch.add_argument("--type", default="tick", help="tick or ohlc:<period_s>")
     watch.add_argument("--count", type=int, default=0, help="stop after N messages")
+    watch.add_argument(
+        "--since",
+        type=parse_since,
+        default=None,
+        help="replay from the journal first: a duration (10m, 2h) or an ISO time",
+    )
     watch.set_defaults(fn=_watch)
     sub.add_parser("endpoints", help="print the endpoint table").set_defaults(fn=_endpoints)
     for name, text in (("up", "start the local stack"), ("down", "stop it"), ("status", "health")):

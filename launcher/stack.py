@@ -363,6 +363,9 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
     services.append(
         own("stream", ["stream"], "stream_metrics", "candlewire_stream_up 1.0", start_timeout=180.0)
     )
+    services.append(
+        own("journal", ["journal"], "journal_metrics", "candlewire_journal_up 1.0", "journal")
+    )
     from gateway.config import ensure_local_secret
 
     services.append(

@@ -22,6 +22,10 @@ class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SYMBOL_METADATA_UPDATED: _ClassVar[MessageType]
     SUBSCRIPTION_ERROR: _ClassVar[MessageType]
     FEED_IDLE: _ClassVar[MessageType]
+    STREAM_HEAD: _ClassVar[MessageType]
+    FETCH_REQUEST: _ClassVar[MessageType]
+    FETCH_REPLY: _ClassVar[MessageType]
+    JOURNAL_BATCH: _ClassVar[MessageType]
     USER_EVENT: _ClassVar[MessageType]
     EVENT_ACK: _ClassVar[MessageType]
 MESSAGE_TYPE_UNSPECIFIED: MessageType
@@ -40,5 +44,9 @@ HISTORY_READY_NOTIFICATION: MessageType
 SYMBOL_METADATA_UPDATED: MessageType
 SUBSCRIPTION_ERROR: MessageType
 FEED_IDLE: MessageType
+STREAM_HEAD: MessageType
+FETCH_REQUEST: MessageType
+FETCH_REPLY: MessageType
+JOURNAL_BATCH: MessageType
 USER_EVENT: MessageType
 EVENT_ACK: MessageType

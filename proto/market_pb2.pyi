@@ -28,7 +28,7 @@ HALTED: MarketStatus
 DELISTED: MarketStatus
 
 class Tick(_message.Message):
-    __slots__ = ("ticker", "trade_id", "price", "size", "side", "exchange_time_ns", "ingest_time_ns")
+    __slots__ = ("ticker", "trade_id", "price", "size", "side", "exchange_time_ns", "ingest_time_ns", "stream")
     TICKER_FIELD_NUMBER: _ClassVar[int]
     TRADE_ID_FIELD_NUMBER: _ClassVar[int]
     PRICE_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class Tick(_message.Message):
     SIDE_FIELD_NUMBER: _ClassVar[int]
     EXCHANGE_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     INGEST_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
     ticker: str
     trade_id: str
     price: str
@@ -43,7 +44,30 @@ class Tick(_message.Message):
     side: Side
     exchange_time_ns: int
     ingest_time_ns: int
-    def __init__(self, ticker: _Optional[str] = ..., trade_id: _Optional[str] = ..., price: _Optional[str] = ..., size: _Optional[str] = ..., side: _Optional[_Union[Side, str]] = ..., exchange_time_ns: _Optional[int] = ..., ingest_time_ns: _Optional[int] = ...) -> None: ...
+    stream: StreamPosition
+    def __init__(self, ticker: _Optional[str] = ..., trade_id: _Optional[str] = ..., price: _Optional[str] = ..., size: _Optional[str] = ..., side: _Optional[_Union[Side, str]] = ..., exchange_time_ns: _Optional[int] = ..., ingest_time_ns: _Optional[int] = ..., stream: _Optional[_Union[StreamPosition, _Mapping]] = ...) -> None: ...
+
+class StreamPosition(_message.Message):
+    __slots__ = ("epoch", "seq", "publish_time_ms", "source_partition", "source_offset")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    seq: int
+    publish_time_ms: int
+    source_partition: int
+    source_offset: int
+    def __init__(self, epoch: _Optional[int] = ..., seq: _Optional[int] = ..., publish_time_ms: _Optional[int] = ..., source_partition: _Optional[int] = ..., source_offset: _Optional[int] = ...) -> None: ...
+
+class StreamHead(_message.Message):
+    __slots__ = ("topic", "last")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    last: StreamPosition
+    def __init__(self, topic: _Optional[str] = ..., last: _Optional[_Union[StreamPosition, _Mapping]] = ...) -> None: ...
 
 class FeedIdle(_message.Message):
     __slots__ = ("ticker", "event_time_ns", "last_trade_ns")
@@ -56,7 +80,7 @@ class FeedIdle(_message.Message):
     def __init__(self, ticker: _Optional[str] = ..., event_time_ns: _Optional[int] = ..., last_trade_ns: _Optional[int] = ...) -> None: ...
 
 class OHLC(_message.Message):
-    __slots__ = ("ticker", "period_s", "open_time_ms", "open", "high", "low", "close", "volume", "trade_count", "closed", "update_time_ms")
+    __slots__ = ("ticker", "period_s", "open_time_ms", "open", "high", "low", "close", "volume", "trade_count", "closed", "update_time_ms", "stream")
     TICKER_FIELD_NUMBER: _ClassVar[int]
     PERIOD_S_FIELD_NUMBER: _ClassVar[int]
     OPEN_TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +92,7 @@ class OHLC(_message.Message):
     TRADE_COUNT_FIELD_NUMBER: _ClassVar[int]
     CLOSED_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
     ticker: str
     period_s: int
     open_time_ms: int
@@ -79,7 +104,8 @@ class OHLC(_message.Message):
     trade_count: int
     closed: bool
     update_time_ms: int
-    def __init__(self, ticker: _Optional[str] = ..., period_s: _Optional[int] = ..., open_time_ms: _Optional[int] = ..., open: _Optional[str] = ..., high: _Optional[str] = ..., low: _Optional[str] = ..., close: _Optional[str] = ..., volume: _Optional[str] = ..., trade_count: _Optional[int] = ..., closed: bool = ..., update_time_ms: _Optional[int] = ...) -> None: ...
+    stream: StreamPosition
+    def __init__(self, ticker: _Optional[str] = ..., period_s: _Optional[int] = ..., open_time_ms: _Optional[int] = ..., open: _Optional[str] = ..., high: _Optional[str] = ..., low: _Optional[str] = ..., close: _Optional[str] = ..., volume: _Optional[str] = ..., trade_count: _Optional[int] = ..., closed: bool = ..., update_time_ms: _Optional[int] = ..., stream: _Optional[_Union[StreamPosition, _Mapping]] = ...) -> None: ...
 
 class HistoryRequestMetadata(_message.Message):
     __slots__ = ("request_id", "client_id", "notification_topic", "ticker", "period_s", "start_ms", "end_ms", "expected_pages", "expected_rows", "ingestor_id")

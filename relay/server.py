@@ -97,7 +97,9 @@ class Relay:
         self._work = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
         self._served: set[str] = set()
         self._control = harden(self._ctx.socket(zmq.PUB), max_message_bytes=size)
-        self._xpub = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
+        self._xpub = harden(
+            self._ctx.socket(zmq.XPUB), max_message_bytes=size, hwm=self.settings.market_data_hwm
+        )
         self._xsub = harden(self._ctx.socket(zmq.XSUB), max_message_bytes=size)
         self._watch = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
         self._watched = Demand(grace_s=None)

@@ -51,6 +51,7 @@ class StreamingJob:
             progress=Progress(settings),
             metrics=StreamMetrics(),
         )
+        self.ctx.metrics.journal_errors.set_function(lambda: self.ctx.publisher.journal_errors)
         ledger = Ledger(self.ctx)
         restored = ledger.restore()
         live = LiveQuery(self.ctx, restored)

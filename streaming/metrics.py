@@ -63,6 +63,11 @@ class StreamMetrics:
             "candlewire_stream_notifications", "Notifications published", ["kind"], registry=r
         )
         self.up = Gauge("candlewire_stream_up", "1 while the queries run", registry=r)
+        self.journal_errors = Gauge(
+            "candlewire_stream_journal_errors",
+            "Live messages published but not written to the journal (candlewire.live)",
+            registry=r,
+        )
 
 
 class Laps:

@@ -1,4 +1,10 @@
-"""The stream processor's ZMQ PUB, which the relay's XSUB connects to.
+"""The stream processor's ZMQ PUB, which the relay's XSUB connects to, and its journal.
+
+Market data is sequenced (:class:`Sequencer`): each message on a ``{ticker}|{type}`` topic
+carries a :class:`StreamPosition`, written into the Kafka journal (``candlewire.live``) and
+published, in that order, so whatever a subscriber received the journal service can also
+serve. Every active topic gets a ``StreamHead`` beacon every ``HEAD_EVERY_S``: a subscriber
+that lost the tail of a burst sees from it that there was more.
 
 foreachBatch functions of different queries run on different threads; a lock serialises
 their use of the one socket. Notifications are sent again after NOTIFY_REPEAT_DELAYS_S (a
@@ -9,16 +15,58 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 
 import zmq
+from confluent_kafka import KafkaException, Producer
 from google.protobuf.message import Message
 
 from candlewire.config import Settings
+from candlewire.kafka import JOURNAL, journal_partition, producer_config
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
 from candlewire.zmqutil import harden
-from proto.envelope import encode_topic
+from proto import journal_pb2 as jr
+from proto import market_pb2
+from proto.envelope import VERSION_FRAME, encode_topic, from_record, to_record, type_id
+
+log = logging.getLogger("candlewire.stream")
+SNDMORE = int(zmq.SNDMORE)
+HEAD_EVERY_S = 0.5  # the issue asks for at least one a second
+HEAD_ACTIVE_S = 600.0  # a topic quiet for this long gets no more beacons
+JOURNAL_BATCH_MAX = 5_000  # messages per journal record (a record stays well under 1 MiB)
+
+
+class Sequencer:
+    """Positions per topic for one run (the epoch). Pure, so it is tested on its own."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.last: dict[bytes, market_pb2.StreamPosition] = {}
+        self._seen_at: dict[bytes, float] = {}
+
+    def next(
+        self, topic: bytes, now_ms: int, partition: int = 0, offset: int = -1
+    ) -> market_pb2.StreamPosition:
+        last = self.last.get(topic)
+        pos = market_pb2.StreamPosition(
+            epoch=self.epoch,
+            seq=1 if last is None else last.seq + 1,
+            publish_time_ms=now_ms,
+            source_partition=partition,
+            source_offset=offset,
+        )
+        self.last[topic] = pos
+        self._seen_at[topic] = time.monotonic()
+        return pos
+
+    def heads(self, active_s: float = HEAD_ACTIVE_S) -> list[market_pb2.StreamHead]:
+        """A beacon for each topic that published within ``active_s``."""
+        horizon = time.monotonic() - active_s
+        for topic in [t for t, at in self._seen_at.items() if at < horizon]:
+            del self._seen_at[topic], self.last[topic]
+        return [market_pb2.StreamHead(topic=t.decode(), last=p) for t, p in self.last.items()]
 
 
 class StreamPublisher:
@@ -28,13 +76,17 @@ class StreamPublisher:
         self._sock.bind(settings.bind("stream_pub"))
         for endpoint in settings.extra_relays:
             self._sock.connect(endpoint)
+        self._journal = Producer(producer_config(settings, **{"linger.ms": 2}))
+        self.sequencer = Sequencer(epoch=int(time.time() * 1000))
         self._lock = threading.Lock()
         self._due: list[tuple[float, int, str, Message]] = []
         self._seq = itertools.count()
         self._stop = threading.Event()
+        self._next_head = 0.0
         self._repeater = threading.Thread(target=self._repeat, name="notify-repeat", daemon=True)
         self._repeater.start()
         self.sent = 0
+        self.journal_errors = 0
 
     def publish(self, topic: str, msg: Message) -> None:
         frames = encode_topic(topic, msg)
@@ -42,12 +94,88 @@ class StreamPublisher:
             self._sock.send_multipart(frames)
             self.sent += 1
 
-    def publish_raw(self, items: list[tuple[bytes, bytes]]) -> None:
-        """(topic, record) pairs where record is already the envelope (a Kafka value)."""
+    def publish_ticks(self, items: list[tuple[bytes, bytes, int, int]]) -> None:
+        """(topic, Kafka record, partition, offset): each record is already the envelope,
+        so its position is appended as bytes (protobuf merges a repeated field number), not
+        decoded and encoded again."""
+        now_ms = int(time.time() * 1000)
         with self._lock:
-            for topic, record in items:
-                self._sock.send_multipart([topic, record[:1], record[1:]])
-            self.sent += len(items)
+            stamped = []
+            for topic, record, partition, offset in items:
+                pos = self.sequencer.next(topic, now_ms, partition, offset)
+                stamped.append((topic, record + market_pb2.Tick(stream=pos).SerializeToString()))
+            self._send_market(stamped, now_ms)
+
+    def publish_candles(self, items: list[tuple[bytes, market_pb2.OHLC]]) -> None:
+        now_ms = int(time.time() * 1000)
+        kind = bytes([type_id(market_pb2.OHLC())])
+        with self._lock:
+            stamped = []
+            for topic, candle in items:
+                candle.stream.CopyFrom(self.sequencer.next(topic, now_ms))
+                stamped.append((topic, VERSION_FRAME + kind + candle.SerializeToString()))
+            self._send_market(stamped, now_ms)
+
+    def _send_market(self, stamped: list[tuple[bytes, bytes]], now_ms: int) -> None:
+        """Journal first, then publish (under the lock, so both see one order). The journal
+        gets one record per topic and batch (:class:`JournalBatch`), not one per message."""
+        runs: dict[bytes, list[bytes]] = {}
+        for topic, record in stamped:
+            runs.setdefault(topic, []).append(record)
+        for topic, records in runs.items():
+            last = self.sequencer.last[topic]
+            for i in range(0, len(records), JOURNAL_BATCH_MAX):
+                part = records[i : i + JOURNAL_BATCH_MAX]
+                self._produce(topic, self._batch(topic, part, last, len(records) - i), now_ms)
+        send, more = self._sock.send, SNDMORE  # send_multipart's flag enums cost more than
+        for topic, record in stamped:  # the send itself
+            send(topic, more)
+            send(record[:1], more)
+            send(record[1:])
+        self.sent += len(stamped)
+        self._journal.poll(0)
+
+    @staticmethod
+    def _batch(
+        topic: bytes, records: list[bytes], last: market_pb2.StreamPosition, left: int
+    ) -> bytes:
+        """Records ``left`` from the end of a run whose last position is ``last``: the run's
+        positions are consecutive, so the part's first and last follow from it."""
+        first = market_pb2.StreamPosition()
+        first.CopyFrom(last)
+        first.seq = last.seq - left + 1
+        end = market_pb2.StreamPosition()
+        end.CopyFrom(last)
+        end.seq = first.seq + len(records) - 1
+        if last.source_offset >= 0:  # ticks: the offsets are the records' own
+            first.source_offset = from_record(records[0]).stream.source_offset  # type: ignore[attr-defined]
+            end.source_offset = from_record(records[-1]).stream.source_offset  # type: ignore[attr-defined]
+        batch = jr.JournalBatch(topic=topic.decode(), first=first, last=end, records=records)
+        return to_record(batch)
+
+    def _produce(self, topic: bytes, record: bytes, now_ms: int) -> None:
+        for _attempt in range(100):
+            try:
+                self._journal.produce(
+                    JOURNAL.name,
+                    value=record,
+                    key=topic,
+                    partition=journal_partition(topic.decode()),
+                    timestamp=now_ms,
+                    on_delivery=self._delivered,
+                )
+                return
+            except BufferError:
+                self._journal.poll(0.05)  # the journal's bounded queue is full: wait for it
+            except KafkaException as exc:
+                log.error("journal write failed: %s", exc)
+                break
+        self.journal_errors += 1
+
+    def _delivered(self, err: object, _msg: object) -> None:
+        if err is not None:
+            self.journal_errors += 1
+            log.error("journal write failed: %s", err)
 
     def notify(self, topic: str, msg: Message) -> None:
         self.publish(topic, msg)
@@ -63,11 +191,16 @@ class StreamPublisher:
             with self._lock:
                 while self._due and self._due[0][0] <= now:
                     ready.append(heapq.heappop(self._due))
+                if now >= self._next_head:
+                    self._next_head = now + HEAD_EVERY_S
+                    ready += [(0, 0, h.topic, h) for h in self.sequencer.heads()]
+                self._journal.poll(0)
             for _, _, topic, msg in ready:
                 self.publish(topic, msg)
 
     def close(self) -> None:
         self._stop.set()
         self._repeater.join(1)
+        self._journal.flush(10)
         self._sock.close(linger=500)
         self._ctx.term()

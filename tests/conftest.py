@@ -13,6 +13,7 @@ import zmq
 from candlewire.config import Settings
 from candlewire.lake import ensure_tables
 from candlewire.topics import work_prefix
+from journal.service import JournalService
 from launcher.local.postgres import LocalPostgres
 from launcher.stack import ProcessService, kafka_service
 from relay import Relay
@@ -127,6 +128,7 @@ def live_pipeline(lakehouse: Settings, kafka: ProcessService) -> Iterator[Settin
     from ingest.service import Ingestor
 
     relay = Relay(lakehouse, metrics=False).start()
+    journal = JournalService(lakehouse, metrics=False).start()
     ingestor = Ingestor(
         lakehouse, [SimExchange()], heartbeat_s=0.2, warmup_beats=2, metrics=False
     ).start()
@@ -136,5 +138,6 @@ def live_pipeline(lakehouse: Settings, kafka: ProcessService) -> Iterator[Settin
         job.terminate()
         job.wait(60)
     ingestor.stop()
+    journal.stop()
     relay.stop()
     shutil.copy(lakehouse.state_dir / "stream.log", "/tmp/candlewire-stream-test.log")

@@ -18,6 +18,7 @@ from candlewire.testing import spawn
 from candlewire.testing import stream_metric as stream_metric
 from candlewire.testing import wait_for as wait_for
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
+from candlewire.zmqutil import Redialer
 from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, encode_topic
 
@@ -30,6 +31,7 @@ class FakeIngestor:
         self.sock.setsockopt(zmq.LINGER, 0)
         for p in prefixes:
             self.sock.subscribe(p)
+        self.redial = Redialer(self.sock)  # call redial.check() to follow a relay restart
         self.sock.connect(settings.connect("work_queue"))
 
     def recv(self, timeout: float = 5.0) -> tuple[str, Message] | None:
@@ -38,6 +40,7 @@ class FakeIngestor:
         return decode_sub(self.sock.recv_multipart())
 
     def close(self) -> None:
+        self.redial.close()
         self.sock.close()
 
 

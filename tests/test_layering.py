@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVICES = ("relay", "ingest", "streaming", "gateway", "orchestration")
+SERVICES = ("relay", "ingest", "streaming", "journal", "gateway", "orchestration")
 OURS = ("proto", "candlewire", "launcher", "bench", "tests", *SERVICES)
 # What each package may import of ours, besides itself.
 ALLOWED: dict[str, set[str]] = {

@@ -2,7 +2,8 @@
 
 Every ``stream_live_trigger_s`` it judges each record in Kafka order exactly as the
 committing query will (:mod:`streaming.feeds`), publishes each tick that is not a resend on
-``{ticker}|tick`` (the Kafka value already is the envelope), and each updated or newly
+``{ticker}|tick`` (the Kafka value already is the envelope; the publisher appends its
+position, with the record's Kafka partition and offset), and each updated or newly
 closed candle on ``{ticker}|ohlc:{period}``; a late tick is published but changes no
 candle. It decodes on the driver (no Python worker round trip, no shuffle) and writes
 nothing, so a batch costs milliseconds, not the seconds a commit takes. Its checkpoint is
@@ -22,6 +23,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from decimal import Decimal
 
 from pyspark.sql import DataFrame
@@ -63,19 +65,22 @@ class LiveQuery:
         start.update({str(p): -2 for p in range(TICKS.partitions) if str(p) not in start})
         return self.ctx.kafka(
             TICKS.name, startingOffsets=json.dumps({TICKS.name: start}), failOnDataLoss="false"
-        ).select("value")
+        ).select("value", "partition", "offset")
 
     def close(self) -> None:
         shutil.rmtree(self.checkpoint, ignore_errors=True)
 
     def batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
-        records = df.toArrow().column("value").to_pylist()
+        table = df.toArrow()
+        records = zip(
+            *(table.column(c).to_pylist() for c in ("value", "partition", "offset")), strict=True
+        )
         with self._lock:
             frames, updated, closed, resent = self._judge(records)
         metrics = self.ctx.metrics
         if frames:
-            self.ctx.publisher.publish_raw(frames)
+            self.ctx.publisher.publish_ticks(frames)
         self._publish_candles(updated, closed)
         metrics.published.labels("tick").inc(len(frames))
         metrics.published.labels("ohlc").inc(len(updated) + len(closed))
@@ -84,14 +89,14 @@ class LiveQuery:
         metrics.busy.labels(self.name).inc(time.perf_counter() - started)
 
     def _judge(
-        self, records: list[bytes]
-    ) -> tuple[list[tuple[bytes, bytes]], list[Candle], list[Candle], int]:
+        self, records: Iterable[tuple[bytes, int, int]]
+    ) -> tuple[list[tuple[bytes, bytes, int, int]], list[Candle], list[Candle], int]:
         topics: dict[str, bytes] = {}
-        frames: list[tuple[bytes, bytes]] = []
+        frames: list[tuple[bytes, bytes, int, int]] = []
         timely: list[tuple[str, int, Decimal, Decimal]] = []
         resent = 0
         now = time.monotonic()
-        for record in records:
+        for record, partition, offset in records:
             t = parse_tick(record)
             if t is None:
                 continue
@@ -105,7 +110,7 @@ class LiveQuery:
             topic = topics.get(t.ticker)
             if topic is None:
                 topic = topics[t.ticker] = market_data_topic(t.ticker, tick_type()).encode()
-            frames.append((topic, record))
+            frames.append((topic, record, partition, offset))
             self.heard[t.ticker] = (now, self.feeds.clock_ns(t.ticker))
             if verdict is Verdict.KEEP:
                 timely.append((t.ticker, t.exchange_time_ns, Decimal(t.price), Decimal(t.size)))
@@ -136,6 +141,7 @@ class LiveQuery:
 
     def _publish_candles(self, updated: list[Candle], closed: list[Candle]) -> None:
         now_ms = int(time.time() * 1000)
+        items = []
         for c, is_closed in changed(updated, closed):
             candle = market_pb2.OHLC(
                 ticker=c.ticker,
@@ -150,4 +156,6 @@ class LiveQuery:
                 closed=is_closed,
                 update_time_ms=now_ms,
             )
-            self.ctx.publisher.publish(market_data_topic(c.ticker, ohlc_type(c.period_s)), candle)
+            items.append((market_data_topic(c.ticker, ohlc_type(c.period_s)).encode(), candle))
+        if items:
+            self.ctx.publisher.publish_candles(items)

@@ -73,6 +73,7 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
             "relay": "healthy",
             "ingest": "healthy",
             "stream": "healthy",
+            "journal": "healthy",
             "gateway": "healthy",
             "dagster-webserver": "healthy",
             "dagster-daemon": "healthy",

@@ -29,8 +29,9 @@ def test_table_covers_every_type_id_in_the_spec() -> None:
     spec_ids = {0x01, 0x03, 0x04, 0x05, 0x06, 0x09, 0x0A, 0x0B, 0x0C}
     spec_ids |= {0x10, 0x11, 0x12, 0x13, 0x20, 0x21}
     # SubscriptionError: realtime on demand's answer to unservable subscriptions; FeedIdle: a
-    # quiet feed's clock, in the ticks topic
-    ours = {0x14, 0x15}
+    # quiet feed's clock, in the ticks topic; StreamHead, FetchRequest, FetchReply: sequenced
+    # live streams and the journal service; JournalBatch: a record of the journal topic
+    ours = {0x14, 0x15, 0x16, 0x17, 0x18, 0x19}
     assert set(MESSAGE_CLASSES) == spec_ids | ours
     assert len(set(MESSAGE_CLASSES.values())) == len(spec_ids | ours)
 
@@ -137,3 +138,13 @@ def test_derive_copies_the_fields_both_messages_name_and_overrides_the_rest() ->
         5,
     )
     assert meta.notification_topic == "t" and meta.expected_pages == 3
+
+
+def test_many_records_decode_like_one_and_malformed_ones_are_counted() -> None:
+    from proto.envelope import from_records
+
+    good = [market_pb2.Tick(ticker="A", trade_id=str(i)) for i in range(3)]
+    records = [to_record(t) for t in good]
+    records[1:1] = [b"", b"\x02\x04", b"\x01\x7f", b"\x01\x04\xff\xff"]
+    msgs, bad = from_records(records)
+    assert msgs == [from_record(to_record(t)) for t in good] and bad == 4

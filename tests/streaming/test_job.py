@@ -308,6 +308,7 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
     start = int(time.time() * 1000) - 3_600_000
     ticks = make_ticks(ticker, start, 3000, seed=4)
     live = LiveUpdates(pipeline, [ticker])
+    watcher = TickWatcher(pipeline, ticker, 3000)
     # The module's job keeps running: stop it so this test owns the checkpoints.
     job = next(p for p in _jobs(pipeline))
     ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
@@ -350,8 +351,16 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
         wait_for(lambda: counts(live.last(ticker, 3600)) == hours, timeout=60, interval=0.5)
         over = {t: n for t, n in live.most(ticker, 3600).items() if n > hours.get(t, 0)}
         assert not over, f"live candles counted ticks twice: {over} against {hours}"
+        # A subscriber across the kill and the restart (a new epoch, which replays what the
+        # commits had not covered) got every trade once, in Kafka order.
+        watcher.join()
+        assert [t.trade_id for t in watcher.got] == [t.trade_id for t in ticks]
+        offsets = [t.stream.source_offset for t in watcher.got]
+        assert offsets == sorted(set(offsets))
+        assert len({t.stream.epoch for t in watcher.got}) == 2, watcher.stats
     finally:
         live.close()
+        watcher.join()
         restarted.terminate()
         restarted.wait(60)
         # Leave a running job for the module's teardown and later tests.
@@ -460,6 +469,32 @@ def _lines(path, skip: int) -> list[str]:
     return path.read_text().splitlines()[skip:]
 
 
+class TickWatcher:
+    """``Client.subscribe`` on a thread: the ticks it yields, until it has ``n``."""
+
+    def __init__(self, settings, ticker: str, n: int) -> None:
+        self.got: list[market_pb2.Tick] = []
+        self.stats = None
+        self._ingestor = FakeIngestor(zmq.Context.instance(), settings, [work_prefix("TEST")])
+        self._thread = threading.Thread(target=self._run, args=(settings, ticker, n))
+        self._thread.start()
+        time.sleep(1.0)  # the subscription reaches the job through the relay
+
+    def _run(self, settings, ticker: str, n: int) -> None:
+        with Client(settings) as client:
+            sub = client.subscribe(ticker, idle_timeout=240)
+            self.stats = sub.stats
+            for tick in sub:
+                self.got.append(tick)
+                if len(self.got) >= n:
+                    break
+            sub.close()
+
+    def join(self) -> None:
+        self._thread.join(300)
+        self._ingestor.close()
+
+
 class LiveUpdates:
     """Everything published live for some tickers (trades and every period's candles),
     through the relay, collected on a thread."""
@@ -486,7 +521,7 @@ class LiveUpdates:
                 msg = decode_sub(self._sub.recv_multipart())[1]
                 if isinstance(msg, market_pb2.Tick):
                     self.trades[msg.ticker].append(msg.trade_id)
-                else:
+                elif isinstance(msg, market_pb2.OHLC):
                     self.candles.append(msg)
 
     def last(self, ticker: str, period: int) -> dict[int, market_pb2.OHLC]:

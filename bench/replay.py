@@ -1,0 +1,272 @@
+"""Sequenced live streams: replay speed, loss and repeats under trouble, and their cost.
+
+Kafka (the real broker), a relay and the journal service run as processes of their own; the
+stream processor's publisher (:class:`streaming.publisher.StreamPublisher`, which stamps and
+journals what it publishes) runs here and publishes ticks as the live query does.
+
+- ``replay_msgs_per_s``: ``--replay`` ticks of one ticker are published (all within the last
+  hour); a client then subscribes with ``since`` an hour ago and we time until its iterator
+  has yielded them all.
+- ``lost`` and ``duplicated``: ticks flow at ``--rate``/s for ``--flow-seconds`` to a client
+  that sleeps for two seconds in the middle, while the relay is killed (SIGKILL) and
+  restarted; counted against what was published.
+- ``live_overhead_p99_ms``: publish-to-receive p99 of ticks through the relay at a steady
+  rate, sequenced (publisher stamps, client checks) minus the same run without sequencing (a
+  plain PUB of the Kafka value, a plain SUB).
+
+    python -m bench.replay [--replay N] [--rate R] [--flow-seconds S]
+
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import zmq
+
+from bench.stats import pct
+from candlewire.client import Client
+from candlewire.config import Settings
+from candlewire.kafka import ensure_topics
+from candlewire.testing import free_settings, metric, spawn, wait_for
+from candlewire.topics import market_data_topic, tick_type, work_prefix
+from candlewire.zmqutil import Redialer
+from launcher.stack import kafka_service
+from proto import market_pb2
+from proto.envelope import decode_sub, to_record
+from streaming.publisher import StreamPublisher
+
+
+class Ticker:
+    """One ticker's ticks, with consecutive Kafka offsets as the live query would see."""
+
+    def __init__(self, pub: StreamPublisher) -> None:
+        self.pub = pub
+        self.name = f"SIM:R{uuid.uuid4().hex[:8].upper()}/USDT"
+        self.topic = market_data_topic(self.name, tick_type()).encode()
+        self.offset = 0
+
+    def records(self, n: int) -> list[tuple[bytes, bytes, int, int]]:
+        now = time.time_ns()
+        out = []
+        for _ in range(n):
+            tick = market_pb2.Tick(
+                ticker=self.name,
+                trade_id=str(self.offset),
+                price="100.25",
+                size="0.01",
+                exchange_time_ns=now,
+                ingest_time_ns=now,
+            )
+            out.append((self.topic, to_record(tick), 0, self.offset))
+            self.offset += 1
+        return out
+
+    def publish(self, n: int) -> None:
+        self.pub.publish_ticks(self.records(n))
+
+
+def work_subscriber(settings: Settings) -> tuple[zmq.Socket, Redialer]:
+    """A SIM work-queue subscriber, so the relay does not answer NO_INGESTOR."""
+    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock.subscribe(work_prefix("SIM"))
+    redial = Redialer(sock)
+    sock.connect(settings.connect("work_queue"))
+    return sock, redial
+
+
+def start_relay(settings: Settings, redial: Redialer):
+    proc = spawn(
+        settings, ["relay"], healthy="candlewire_relay_up 1.0", metrics_endpoint="relay_metrics"
+    )
+    wait_for(
+        lambda: (
+            redial.check() >= 0
+            and metric(settings, "relay_metrics", "candlewire_relay_work_topics")
+        ),
+        timeout=30,
+    )
+    return proc
+
+
+def replay(settings: Settings, pub: StreamPublisher, n: int) -> dict:
+    ticker = Ticker(pub)
+    since = int(time.time() * 1000) - 3_600_000
+    started = time.perf_counter()
+    for _ in range(n // 10_000):
+        ticker.publish(10_000)
+    pub._journal.flush(120)
+    print(f"published {n} ticks in {time.perf_counter() - started:.1f}s", flush=True)
+    with Client(settings) as client:
+        started = time.perf_counter()
+        sub = client.subscribe(ticker.name, since=since)
+        count = 0
+        for msg in sub:
+            count += 1
+            if msg.stream.source_offset == n - 1:
+                break
+        took = time.perf_counter() - started
+        sub.close()
+    return {"replayed": count, "replay_s": round(took, 2), "replay_msgs_per_s": round(count / took)}
+
+
+def trouble(settings: Settings, pub: StreamPublisher, relay, redial, rate: int, seconds: float):
+    """Ticks at ``rate`` for ``seconds``; the client sleeps, the relay dies and comes back."""
+    ticker = Ticker(pub)
+    total = int(rate * seconds)
+    state = {"relay": relay}
+
+    def flow() -> None:
+        start, sent = time.monotonic(), 0
+        while sent < total:
+            due = min(int((time.monotonic() - start) * rate), total) - sent
+            if due > 0:
+                ticker.publish(due)
+                sent += due
+            time.sleep(0.005)
+
+    def kill_and_restart() -> None:
+        time.sleep(seconds / 3)
+        os.kill(state["relay"].pid, signal.SIGKILL)
+        state["relay"].wait()
+        time.sleep(1.0)
+        state["relay"] = start_relay(settings, redial)
+
+    got: list[int] = []
+    with Client(settings) as client:
+        sub = client.subscribe(ticker.name, idle_timeout=60)
+        threads = [threading.Thread(target=flow), threading.Thread(target=kill_and_restart)]
+
+        def begin() -> None:
+            time.sleep(1.0)  # the first next() below subscribes
+            for t in threads:
+                t.start()
+
+        threading.Thread(target=begin, daemon=True).start()
+        for msg in sub:
+            got.append(msg.stream.source_offset)
+            if len(got) == rate * seconds // 2:
+                time.sleep(2.0)  # slow for a while: the queues overflow
+            if msg.stream.source_offset == total - 1:
+                break
+        stats = sub.stats
+        sub.close()
+    for t in threads:
+        t.join()
+    delivered = set(got)
+    start = got[0]
+    return state["relay"], {
+        "flow_ticks": total - start,
+        "lost": len(set(range(start, total)) - delivered),
+        "duplicated": len(got) - len(delivered),
+        "gaps_filled": stats.gaps,
+        "filled_msgs": stats.filled,
+    }
+
+
+def latencies(settings: Settings, pub: StreamPublisher, sequenced: bool, n: int, rate: int):
+    """Publish-to-receive times (s) of ``n`` ticks at ``rate``/s through the relay."""
+    ticker = Ticker(pub)
+    out: list[float] = []
+    done = threading.Event()
+
+    def receive() -> None:
+        if sequenced:
+            with Client(settings) as client:
+                sub = client.subscribe(ticker.name, idle_timeout=30)
+                for msg in sub:
+                    out.append((time.time_ns() - msg.ingest_time_ns) / 1e9)
+                    if msg.stream.source_offset == n - 1:
+                        break
+                sub.close()
+        else:
+            sock = zmq.Context.instance().socket(zmq.SUB)
+            sock.subscribe(ticker.topic)
+            sock.connect(settings.connect("market_data"))
+            while len(out) < n and sock.poll(30_000):
+                _, msg = decode_sub(sock.recv_multipart())
+                if isinstance(msg, market_pb2.Tick):  # not the head beacons
+                    out.append((time.time_ns() - msg.ingest_time_ns) / 1e9)
+            sock.close(linger=0)
+        done.set()
+
+    t = threading.Thread(target=receive)
+    t.start()
+    time.sleep(1.0)  # the subscription reaches the publisher
+    raw = pub._sock
+    for _ in range(n):
+        (topic, record, part, offset) = ticker.records(1)[0]
+        if sequenced:
+            pub.publish_ticks([(topic, record, part, offset)])
+        else:
+            with pub._lock:
+                raw.send_multipart([topic, record[:1], record[1:]])
+        time.sleep(1 / rate)
+    done.wait(60)
+    t.join(5)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--replay", type=int, default=1_000_000)
+    parser.add_argument("--rate", type=int, default=20_000)
+    parser.add_argument("--flow-seconds", type=float, default=12.0)
+    parser.add_argument("--latency-ticks", type=int, default=3_000)
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="candlewire-bench-"))
+    settings = free_settings(base)
+    kafka = kafka_service(settings)
+    kafka.start()
+    procs = []
+    try:
+        ensure_topics(settings)
+        procs.append(
+            spawn(
+                settings,
+                ["journal"],
+                healthy="candlewire_journal_up 1.0",
+                metrics_endpoint="journal_metrics",
+            )
+        )
+        _sock, redial = work_subscriber(settings)
+        relay = start_relay(settings, redial)
+        pub = StreamPublisher(settings)
+        result: dict = {}
+        result.update(replay(settings, pub, args.replay))
+        print(json.dumps(result), flush=True)
+        relay, trouble_result = trouble(settings, pub, relay, redial, args.rate, args.flow_seconds)
+        result.update(trouble_result)
+        print(json.dumps(result), flush=True)
+        plain = latencies(settings, pub, False, args.latency_ticks, 1000)
+        stamped = latencies(settings, pub, True, args.latency_ticks, 1000)
+        result.update(
+            {
+                "live_p99_ms_plain": round(pct(plain, 0.99), 3),
+                "live_p99_ms_sequenced": round(pct(stamped, 0.99), 3),
+                "live_overhead_p99_ms": round(pct(stamped, 0.99) - pct(plain, 0.99), 3),
+            }
+        )
+        pub.close()
+        procs.append(relay)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(30)
+        kafka.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

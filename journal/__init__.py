@@ -1,0 +1,1 @@
+"""The journal service: FETCH ranges of live topics (see :mod:`journal.service`)."""

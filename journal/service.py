@@ -1,0 +1,137 @@
+"""``candlewire journal``: FETCH over ZMQ, so no subscriber loses a message for good.
+
+One ROUTER (``journal``), one loop: each FetchRequest gets one FetchReply, a bounded chunk
+read from the journal (:mod:`journal.reader`). The client asks for the next chunk only when
+it has taken this one (lock-step, like the spec's sync protocol), so a slow client costs
+the service nothing while it is slow, and its memory stays at one chunk.
+
+Bad input is answered when it can be (FETCH_BAD_REQUEST names the problem) and otherwise
+dropped and counted; it never stops the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import zmq
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from candlewire.config import Settings
+from candlewire.runtime import MetricsServer, run_until_signal
+from candlewire.zmqutil import harden
+from journal.reader import JournalReader
+from proto import journal_pb2 as jr
+from proto.envelope import EnvelopeError, decode, encode, expect, split_route
+
+log = logging.getLogger("candlewire.journal")
+
+
+class JournalMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.replies = Counter(
+            "candlewire_journal_replies",
+            "FetchReplies sent, by status",
+            ["status"],
+            registry=self.registry,
+        )
+        self.records = Counter(
+            "candlewire_journal_records_served",
+            "Journalled messages sent in FetchReplies",
+            registry=self.registry,
+        )
+        self.dropped = Counter(
+            "candlewire_journal_dropped_frames",
+            "Inbound messages dropped without a reply, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.seconds = Histogram(
+            "candlewire_journal_fetch_seconds",
+            "Time to read one chunk",
+            registry=self.registry,
+        )
+        self.up = Gauge("candlewire_journal_up", "1 while serving", registry=self.registry)
+
+
+class JournalService:
+    def __init__(self, settings: Settings, *, metrics: bool = True) -> None:
+        self.settings = settings
+        self.metrics = JournalMetrics()
+        self._serve_metrics = metrics
+        self._ctx = zmq.Context()
+        self._sock = harden(self._ctx.socket(zmq.ROUTER), max_message_bytes=64 << 10)
+        self._sock.bind(settings.bind("journal"))
+        self.reader = JournalReader(settings)
+        self._http: MetricsServer | None = None
+
+    def run(self) -> None:
+        run_until_signal(self.start, self.stop, healthy=self._serving)
+
+    def start(self) -> JournalService:
+        if self._serve_metrics:
+            self._http = MetricsServer(
+                self.metrics.registry,
+                self.settings.bind_host,
+                self.settings.port("journal_metrics"),
+            )
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name="journal", daemon=True)
+        self._thread.start()
+        self.metrics.up.set(1)
+        log.info("journal service on %s", self.settings.bind("journal"))
+        return self
+
+    def _serving(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._running = False
+        self._thread.join(5)
+        self.metrics.up.set(0)
+        self._sock.close(linger=0)
+        self.reader.close()
+        self._ctx.term()
+        if self._http is not None:
+            self._http.close()
+
+    def _loop(self) -> None:
+        while self._running:
+            if not self._sock.poll(200):
+                continue
+            frames = self._sock.recv_multipart()
+            reply = self.handle(frames)
+            if reply is not None:
+                self._sock.send_multipart(reply)
+
+    def handle(self, frames: list[bytes]) -> list[bytes] | None:
+        """One request's reply frames (route included), or None when it is dropped."""
+        route, body, _is_req = split_route(frames)
+        try:
+            req = expect(decode(body), jr.FetchRequest)
+        except EnvelopeError as exc:
+            self.metrics.dropped.labels(exc.reason).inc()
+            return None
+        started = time.perf_counter()
+        try:
+            reply = self.reader.fetch(req)
+        except ValueError as exc:  # BadRequest, TopicError
+            reply = jr.FetchReply(
+                request_id=req.request_id, status=jr.FETCH_BAD_REQUEST, error=str(exc)
+            )
+        except Exception as exc:  # Kafka unreachable, timeouts: the client retries
+            log.warning("fetch of %s failed: %s", req.topic, exc)
+            reply = jr.FetchReply(
+                request_id=req.request_id, status=jr.FETCH_UNAVAILABLE, error=str(exc)
+            )
+        self.metrics.seconds.observe(time.perf_counter() - started)
+        self.metrics.replies.labels(jr.FetchStatus.Name(reply.status)).inc()
+        self.metrics.records.inc(len(reply.records))
+        return [*route, *encode(reply)]
+
+
+def main(settings: Settings | None = None) -> None:
+    """Entry point for ``candlewire journal``."""
+    JournalService(settings or Settings()).run()

@@ -1,0 +1,70 @@
+from proto import market_pb2 as _market_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FetchStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FETCH_STATUS_UNSPECIFIED: _ClassVar[FetchStatus]
+    FETCH_OK: _ClassVar[FetchStatus]
+    FETCH_OUT_OF_RANGE: _ClassVar[FetchStatus]
+    FETCH_BAD_REQUEST: _ClassVar[FetchStatus]
+    FETCH_UNAVAILABLE: _ClassVar[FetchStatus]
+FETCH_STATUS_UNSPECIFIED: FetchStatus
+FETCH_OK: FetchStatus
+FETCH_OUT_OF_RANGE: FetchStatus
+FETCH_BAD_REQUEST: FetchStatus
+FETCH_UNAVAILABLE: FetchStatus
+
+class FetchRequest(_message.Message):
+    __slots__ = ("request_id", "topic", "after", "since_ms", "until", "cursor", "max_messages")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    topic: str
+    after: _market_pb2.StreamPosition
+    since_ms: int
+    until: _market_pb2.StreamPosition
+    cursor: int
+    max_messages: int
+    def __init__(self, request_id: _Optional[str] = ..., topic: _Optional[str] = ..., after: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., since_ms: _Optional[int] = ..., until: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., cursor: _Optional[int] = ..., max_messages: _Optional[int] = ...) -> None: ...
+
+class FetchReply(_message.Message):
+    __slots__ = ("request_id", "status", "error", "records", "cursor", "done", "available_from_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    status: FetchStatus
+    error: str
+    records: _containers.RepeatedScalarFieldContainer[bytes]
+    cursor: int
+    done: bool
+    available_from_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[FetchStatus, str]] = ..., error: _Optional[str] = ..., records: _Optional[_Iterable[bytes]] = ..., cursor: _Optional[int] = ..., done: bool = ..., available_from_ms: _Optional[int] = ...) -> None: ...
+
+class JournalBatch(_message.Message):
+    __slots__ = ("topic", "first", "last", "records")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    first: _market_pb2.StreamPosition
+    last: _market_pb2.StreamPosition
+    records: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, topic: _Optional[str] = ..., first: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., last: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., records: _Optional[_Iterable[bytes]] = ...) -> None: ...

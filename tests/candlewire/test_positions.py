@@ -1,0 +1,52 @@
+"""Sequencing, without sockets: what a subscription does with each position it sees."""
+
+from __future__ import annotations
+
+from candlewire._protocol import Sequence, Verdict
+from candlewire.positions import is_after, is_next
+from proto.market_pb2 import StreamPosition
+
+
+def tick(epoch: int, seq: int, offset: int) -> StreamPosition:
+    return StreamPosition(epoch=epoch, seq=seq, source_offset=offset, publish_time_ms=1)
+
+
+def candle(epoch: int, seq: int) -> StreamPosition:
+    return StreamPosition(epoch=epoch, seq=seq, source_offset=-1, publish_time_ms=1)
+
+
+def test_within_an_epoch_the_next_seq_is_the_only_next() -> None:
+    assert is_next(candle(5, 8), candle(5, 7))
+    assert not is_next(candle(5, 9), candle(5, 7))
+    assert not is_next(candle(6, 8), candle(5, 7))  # a new run: not known to follow
+
+
+def test_ticks_order_by_their_kafka_offset_across_epochs() -> None:
+    last = tick(5, 100, 1_000)
+    assert not is_after(tick(6, 1, 990), last)  # the new run replays what we have
+    assert is_after(tick(6, 30, 1_001), last)
+    assert is_after(candle(6, 1), candle(5, 999))
+
+
+def test_a_subscription_takes_the_next_drops_repeats_and_fills_gaps() -> None:
+    seq = Sequence("X|tick")
+    assert seq.judge(tick(1, 1, 10)) is Verdict.NEXT  # no `since`: start with the first
+    seq.take(tick(1, 1, 10))
+    assert seq.judge(tick(1, 2, 11)) is Verdict.NEXT
+    seq.take(tick(1, 2, 11))
+    assert seq.judge(tick(1, 2, 11)) is Verdict.DUPLICATE
+    assert seq.judge(tick(1, 4, 15)) is Verdict.GAP
+    assert seq.judge(tick(2, 1, 9)) is Verdict.DUPLICATE  # a replay after a restart
+    assert seq.judge(tick(2, 9, 12)) is Verdict.GAP  # new epoch: ask the journal
+    assert seq.behind(tick(1, 3, 13)) and not seq.behind(tick(1, 2, 11))
+    assert seq.stats.duplicates == 2 and seq.stats.heads == 2
+
+
+def test_a_late_joiner_checks_its_first_live_message_against_the_journal() -> None:
+    seq = Sequence("X|tick", since_ms=1_000)
+    assert seq.judge(tick(1, 50, 60)) is Verdict.GAP
+    req = seq.request(until=tick(1, 50, 60), cursor=0, request_id="r")
+    assert req.since_ms == 1_000 and not req.HasField("after") and req.until.seq == 50
+    seq.take(tick(1, 49, 59))
+    req = seq.request(until=None, cursor=7, request_id="r")
+    assert req.after.seq == 49 and req.cursor == 7 and not req.HasField("until")

@@ -1,0 +1,339 @@
+"""Sequenced live streams end to end without Spark: the stream job's own publisher (so its
+sequencing and journal writes), a real relay, Kafka, the journal service and the client.
+
+Each test checks the subscriber's delivered sequence against what was published: every
+tick once, in order (consecutive source offsets), whatever was lost on the way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from candlewire.client import Client
+from candlewire.config import Settings
+from candlewire.errors import FellBehind
+from candlewire.testing import free_settings, metric, spawn, wait_for
+from candlewire.topics import market_data_topic, tick_type, work_prefix
+from journal.service import JournalService
+from proto import journal_pb2 as jr
+from proto import market_pb2
+from proto.envelope import decode, encode, to_record
+from relay import Relay
+from streaming.publisher import StreamPublisher
+from tests.support import FakeIngestor
+
+
+@pytest.fixture
+def journal_settings(tmp_path: Path, kafka) -> Settings:
+    from candlewire.kafka import ensure_topics
+
+    s = free_settings(tmp_path, kafka_bootstrap=kafka_servers(kafka), market_data_hwm=1000)
+    ensure_topics(s)
+    return s
+
+
+def kafka_servers(kafka) -> str:
+    return f"127.0.0.1:{kafka.port}"
+
+
+@pytest.fixture
+def ingestor(journal_settings: Settings) -> Iterator[FakeIngestor]:
+    """A SIM work-queue subscriber, so the relay does not answer NO_INGESTOR."""
+    ctx = zmq.Context()
+    ing = FakeIngestor(ctx, journal_settings, [work_prefix("SIM")])
+    yield ing
+    ing.close()
+    ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def relay(journal_settings: Settings, ingestor: FakeIngestor) -> Iterator[Relay]:
+    r = Relay(journal_settings, metrics=False).start()
+    wait_for(lambda: r.has_ingestor("SIM"))
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def journal(journal_settings: Settings) -> Iterator[JournalService]:
+    svc = JournalService(journal_settings).start()
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+def stream_pub(journal_settings: Settings) -> Iterator[StreamPublisher]:
+    pub = StreamPublisher(journal_settings)
+    yield pub
+    pub.close()
+
+
+class Feed:
+    """Ticks of one new ticker, published as the live query does: consecutive Kafka
+    offsets of one partition, each tick's trade id its offset."""
+
+    def __init__(self, pub: StreamPublisher) -> None:
+        self.pub = pub
+        self.ticker = f"SIM:T{uuid.uuid4().hex[:8].upper()}/USDT"
+        self.topic = market_data_topic(self.ticker, tick_type())
+        self.next_offset = 0
+
+    def publish(self, n: int) -> None:
+        items = []
+        for _ in range(n):
+            o = self.next_offset
+            tick = market_pb2.Tick(
+                ticker=self.ticker,
+                trade_id=str(o),
+                price="100.5",
+                size="0.1",
+                exchange_time_ns=time.time_ns(),
+            )
+            items.append((self.topic.encode(), to_record(tick), 3, o))
+            self.next_offset += 1
+        self.pub.publish_ticks(items)
+
+    def flow(self, per_s: int, seconds: float, batch: int = 100) -> threading.Thread:
+        """Publish ``per_s`` ticks a second for ``seconds``, in the background."""
+
+        def run() -> None:
+            start, total, sent = time.monotonic(), int(per_s * seconds), 0
+            while sent < total:
+                due = min(int((time.monotonic() - start) * per_s), total) - sent
+                if due > 0:
+                    self.publish(due)
+                    sent += due
+                time.sleep(batch / per_s)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
+
+
+def collect(sub, until_offset: int, timeout: float = 60.0) -> list[int]:
+    """Source offsets delivered, until ``until_offset`` arrives."""
+    got: list[int] = []
+    deadline = time.monotonic() + timeout
+    for msg in sub:
+        got.append(msg.stream.source_offset)
+        if msg.stream.source_offset >= until_offset or time.monotonic() > deadline:
+            break
+    return got
+
+
+def test_late_joiner_replays_then_goes_live_without_gap_or_repeat(
+    journal_settings, journal, stream_pub, relay
+) -> None:
+    if True:
+        feed = Feed(stream_pub)
+        feed.publish(500)
+        since = int(time.time() * 1000) - 60_000
+        time.sleep(0.5)
+        flowing = feed.flow(per_s=2000, seconds=3)
+        with Client(journal_settings) as client:
+            sub = client.subscribe(feed.ticker, since=since, idle_timeout=30)
+            got = collect(sub, until_offset=500 + 5999)
+        flowing.join()
+        assert got == list(range(len(got)))
+        assert got[-1] == 500 + 5999
+        assert sub.stats.delivered == len(got)
+
+
+BURST = 200_000
+
+
+def test_slow_subscriber_with_a_tiny_queue_loses_nothing(
+    journal_settings, journal, stream_pub, relay
+) -> None:
+    ctx = zmq.Context()
+    ctx.setsockopt(zmq.RCVHWM, 50)
+    ctx.setsockopt(zmq.RCVBUF, 8192)  # and a small kernel buffer, so the burst overflows
+    try:
+        feed = Feed(stream_pub)
+        with Client(journal_settings, context=ctx) as client:
+            sub = client.subscribe(feed.ticker, idle_timeout=30)
+            started = threading.Event()
+
+            def burst() -> None:
+                started.wait()
+                time.sleep(0.5)  # next(sub) opens the SUB and subscribes
+                feed.publish(1)  # the subscriber's first message
+                time.sleep(0.3)
+                for _ in range(BURST // 1000):
+                    feed.publish(1000)
+
+            t = threading.Thread(target=burst)
+            t.start()
+            started.set()
+            first = next(sub)
+            time.sleep(4)  # asleep while the burst goes by; then nothing more is published
+            got = [first.stream.source_offset, *collect(sub, until_offset=BURST)]
+            sub.close()
+            t.join()
+        assert got == list(range(BURST + 1))
+        # More than the relay's queue, the client's and the kernel's buffers hold: the
+        # journal gave back most of it.
+        assert sub.stats.gaps >= 1 and sub.stats.filled > BURST // 2
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_kill_9_of_the_relay_while_ticks_flow_loses_and_repeats_nothing(
+    journal_settings, journal, stream_pub, ingestor
+) -> None:
+    def start_relay():
+        proc = spawn(
+            journal_settings,
+            ["relay"],
+            healthy="candlewire_relay_up 1.0",
+            metrics_endpoint="relay_metrics",
+        )
+        # the SIM ingestor has reconnected: no NO_INGESTOR report for our ticker
+        wait_for(
+            lambda: (
+                ingestor.redial.check() >= 0
+                and metric(journal_settings, "relay_metrics", "candlewire_relay_work_topics")
+            )
+        )
+        return proc
+
+    relay = start_relay()
+    try:
+        feed = Feed(stream_pub)
+        with Client(journal_settings) as client:
+            sub = client.subscribe(feed.ticker, idle_timeout=30)
+            flowing = feed.flow(per_s=5000, seconds=8)
+            got: list[int] = []
+
+            def kill_and_restart() -> None:
+                nonlocal relay
+                time.sleep(2)
+                os.kill(relay.pid, signal.SIGKILL)
+                relay.wait()
+                time.sleep(1)
+                relay = start_relay()
+
+            killer = threading.Thread(target=kill_and_restart)
+            killer.start()
+            for msg in sub:
+                got.append(msg.stream.source_offset)
+                if got[-1] == 5000 * 8 - 1:
+                    break
+            killer.join()
+        flowing.join()
+        assert feed.next_offset == 40_000
+        assert got == list(range(got[0], feed.next_offset))
+        assert sub.stats.gaps >= 1
+    finally:
+        relay.kill()
+        relay.wait()
+
+
+def fetch(settings: Settings, frames: list[bytes], timeout: float = 5.0) -> jr.FetchReply | None:
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(settings.connect("journal"))
+    try:
+        s.send_multipart(frames)
+        if not s.poll(int(timeout * 1000)):
+            return None
+        return decode(s.recv_multipart())  # type: ignore[return-value]
+    finally:
+        s.close()
+
+
+def test_a_range_no_store_holds_is_a_clear_error(journal_settings, journal, stream_pub) -> None:
+    feed = Feed(stream_pub)
+    feed.publish(10)
+    stream_pub._journal.flush(10)
+    long_ago = market_pb2.StreamPosition(epoch=1, seq=5, publish_time_ms=1000, source_offset=4)
+    req = jr.FetchRequest(request_id="r1", topic=feed.topic, after=long_ago)
+    reply = fetch(journal_settings, encode(req))
+    assert reply is not None and reply.status == jr.FETCH_OUT_OF_RANGE
+    assert "no longer holds" in reply.error and "from publish time" in reply.error
+    assert reply.available_from_ms > 1000
+    with Client(journal_settings) as client, pytest.raises(FellBehind, match="no longer holds"):
+        next(client.subscribe(feed.ticker, since=long_ago))
+
+
+def test_malformed_fetches_are_dropped_and_counted_and_the_service_goes_on(
+    journal_settings, journal, stream_pub
+) -> None:
+    bad = [
+        [b"\x09", b"\x17junk"],  # unknown version
+        [b"\x01", b"\x7f"],  # unknown type
+        [b"\x01", b"\x17\xff\xff\xff"],  # unparsable FetchRequest
+        [b"\x01"],  # missing frame
+        [b"\x01", b"\x04"],  # a Tick is no request
+    ]
+    for frames in bad:
+        assert fetch(journal_settings, frames, timeout=0.3) is None
+    topic_error = jr.FetchRequest(request_id="r2", topic="nonsense", since_ms=1)
+    reply = fetch(journal_settings, encode(topic_error))
+    assert reply is not None and reply.status == jr.FETCH_BAD_REQUEST and "nonsense" in reply.error
+    feed = Feed(stream_pub)
+    feed.publish(3)
+    stream_pub._journal.flush(10)
+    good = jr.FetchRequest(request_id="r3", topic=feed.topic, since_ms=1)
+    reply = fetch(journal_settings, encode(good))
+    assert reply is not None and reply.status == jr.FETCH_OK and len(reply.records) == 3
+    dropped = sum(
+        metric(
+            journal_settings,
+            "journal_metrics",
+            f'candlewire_journal_dropped_frames_total{{reason="{r}"}}',
+        )
+        for r in (
+            "unsupported_version",
+            "unknown_type",
+            "malformed_payload",
+            "missing_frame",
+            "unexpected_message",
+        )
+    )
+    assert dropped == len(bad)
+
+
+def test_async_late_joiner_and_the_watch_command(journal_settings, journal, stream_pub, relay):
+    import asyncio
+    import subprocess
+
+    from candlewire.client import AsyncClient
+    from candlewire.testing import candlewire_command
+
+    feed = Feed(stream_pub)
+    feed.publish(300)
+    stream_pub._journal.flush(10)
+
+    async def replay() -> list[int]:
+        async with AsyncClient(journal_settings) as client:
+            sub = client.subscribe(feed.ticker, since=int(time.time() * 1000) - 60_000)
+            got = []
+            async for msg in sub:
+                got.append(msg.stream.source_offset)
+                if len(got) == 300:
+                    break
+            await sub.aclose()
+            return got
+
+    assert asyncio.run(replay()) == list(range(300))
+    out = subprocess.run(
+        candlewire_command("watch", feed.ticker, "--since", "5m", "--count", "300"),
+        env=os.environ | journal_settings.to_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 300 and lines[0].startswith("Tick") and '"tradeId": "299"' in lines[-1]
