@@ -43,7 +43,7 @@ from candlewire.zmqutil import Redialer
 from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto import requests_pb2 as rq
-from proto.envelope import EnvelopeError, decode, encode, expect, from_records
+from proto.envelope import EnvelopeError, decode, encode, expect
 from proto.market_pb2 import StreamPosition
 
 SUBMIT_TIMEOUT_S = 30.0  # the spec's REQ/REP default
@@ -415,7 +415,10 @@ class ClientCore:
                 yield Sleep(RETRY_PAUSE_S)
                 req, sent = seq.request(until, req.cursor, new_id("f")), False
                 continue
-            msgs = seq.accept_chunk(from_records(reply.records)[0], filled=not replay)
+            msgs: list[Message] = []
+            for run in reply.runs:
+                msgs.extend(run.ticks or run.candles)
+            msgs = seq.accept_chunk(msgs, filled=not replay)
             finished = (until is None and reply.done) or (until is not None and seq.reached(until))
             if finished and msgs:
                 yield EmitMany(msgs)

@@ -156,8 +156,8 @@ class Subscription:
         self._messages = messages
         self.stats = stats
 
-    def __iter__(self) -> Subscription:
-        return self
+    def __iter__(self) -> Iterator[Message]:
+        return self._messages  # a for loop runs the messages themselves, no wrapper call each
 
     def __next__(self) -> Message:
         return next(self._messages)
@@ -173,8 +173,8 @@ class AsyncSubscription:
         self._messages = messages
         self.stats = stats
 
-    def __aiter__(self) -> AsyncSubscription:
-        return self
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._messages
 
     async def __anext__(self) -> Message:
         return await anext(self._messages)

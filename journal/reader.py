@@ -45,10 +45,27 @@ def check_topic(topic: str) -> None:
 
 @dataclass
 class Chunk:
-    records: list[bytes] = field(default_factory=list)
+    reply: jr.FetchReply
     cursor: int = 0
     done: bool = False
     scanned: int = 0
+    taken: int = 0
+
+
+@dataclass
+class Cursor:
+    """One partition's consumer, where it stands, and records it read beyond the last chunk
+    (a chunk that ends inside a consume() batch keeps the rest for the next one)."""
+
+    consumer: Consumer
+    next_offset: int
+    pending: list = field(default_factory=list)
+
+    def read(self, n: int, timeout: float = 0.2) -> list:
+        if self.pending:
+            got, self.pending = self.pending, []
+            return got
+        return self.consumer.consume(n, timeout=timeout)
 
 
 class JournalReader:
@@ -58,7 +75,7 @@ class JournalReader:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.consumer = self._new_consumer()  # metadata: watermarks and time lookups
-        self._readers: dict[int, tuple[Consumer, list[int]]] = {}  # partition → (c, [next])
+        self._readers: dict[int, Cursor] = {}
         self._oldest: dict[int, tuple[int, int]] = {}  # partition → (low offset, its time)
 
     def _new_consumer(self) -> Consumer:
@@ -67,19 +84,19 @@ class JournalReader:
 
     def close(self) -> None:
         self.consumer.close()
-        for c, _ in self._readers.values():
-            c.close()
+        for cursor in self._readers.values():
+            cursor.consumer.close()
 
-    def _at(self, partition: int, offset: int) -> Consumer:
-        """The partition's consumer, about to return ``offset`` next."""
-        entry = self._readers.get(partition)
-        if entry is None or entry[1][0] != offset:
-            if entry is not None:
-                entry[0].close()
+    def _at(self, partition: int, offset: int) -> Cursor:
+        """The partition's reader, about to return ``offset`` next."""
+        cursor = self._readers.get(partition)
+        if cursor is None or cursor.next_offset != offset:
+            if cursor is not None:
+                cursor.consumer.close()
             c = self._new_consumer()
             c.assign([TopicPartition(JOURNAL.name, partition, offset)])
-            entry = self._readers[partition] = (c, [offset])
-        return entry[0]
+            cursor = self._readers[partition] = Cursor(c, offset)
+        return cursor
 
     def available_from_ms(self, partition: int) -> tuple[int, int, int | None]:
         """(low, high, publish time of the oldest record held) of one partition."""
@@ -111,15 +128,16 @@ class JournalReader:
             start = req.cursor
             if start < low:
                 return self._out_of_range(reply, req, oldest_ms, "the chunk's cursor")
-        elif oldest_ms is None or low >= high:
+        elif low > 0 and (oldest_ms is None or start_ms < oldest_ms):
+            # Retention (or an operator) removed records from there on: say what is held.
+            what = describe(after) if after is not None else f"publish time {start_ms} ms"
+            return self._out_of_range(reply, req, oldest_ms, what)
+        elif oldest_ms is None:
             reply.done = True  # nothing journalled (yet): the caller may ask again
             return reply
-        elif after is not None and start_ms < oldest_ms:
-            return self._out_of_range(reply, req, oldest_ms, describe(after))
         else:
             start = self._offset_for(partition, max(start_ms, oldest_ms), high)
-        chunk = self._scan(req, partition, start, high, after, until)
-        reply.records.extend(chunk.records)
+        chunk = self._scan(req, reply, partition, start, high, after, until)
         reply.cursor = chunk.cursor
         reply.done = chunk.done
         return reply
@@ -135,7 +153,7 @@ class JournalReader:
         )
         reply.error = (
             f"the journal no longer holds {req.topic} after {what}: it {held}; "
-            "subscribe again with `since` a time to read older data"
+            "subscribe again with `since` at or after that"
         )
         return reply
 
@@ -148,6 +166,7 @@ class JournalReader:
     def _scan(
         self,
         req: jr.FetchRequest,
+        reply: jr.FetchReply,
         partition: int,
         start: int,
         high: int,
@@ -156,20 +175,19 @@ class JournalReader:
     ) -> Chunk:
         want = min(req.max_messages or CHUNK_MAX, CHUNK_MAX)
         key = req.topic.encode()
-        chunk = Chunk(cursor=start)
+        chunk = Chunk(reply, cursor=start)
         last = after
         deadline = time.monotonic() + READ_WAIT_S
-        consumer = self._at(partition, start)
-        next_offset = self._readers[partition][1]
-        while chunk.cursor < high and len(chunk.records) < want and chunk.scanned < SCAN_MAX:
-            batch = consumer.consume(min(1_000, high - chunk.cursor), timeout=0.2)
+        reader = self._at(partition, start)
+        while chunk.cursor < high and chunk.taken < want and chunk.scanned < SCAN_MAX:
+            batch = reader.read(min(1_000, high - chunk.cursor))
             if not batch and time.monotonic() > deadline:
                 return chunk  # Kafka is slow: hand back what there is, the cursor goes on
             for i, m in enumerate(batch):
                 if m.error() is not None:
                     continue
                 chunk.scanned += 1
-                chunk.cursor = next_offset[0] = m.offset() + 1
+                chunk.cursor = reader.next_offset = m.offset() + 1
                 if m.key() != key:
                     continue
                 try:
@@ -177,22 +195,21 @@ class JournalReader:
                 except EnvelopeError:
                     continue
                 since_ms = req.since_ms if after is None else 0
-                last, done = take(run, last, until, since_ms, chunk.records)
+                last, done, taken = take(run, last, until, since_ms, reply)
+                chunk.taken += taken
                 if done:
                     chunk.done = True
-                if done or len(chunk.records) >= want:
-                    if i + 1 < len(batch):  # consumed ahead: the next chunk seeks back
-                        next_offset[0] = -1
+                if done or chunk.taken >= want:
+                    reader.pending = batch[i + 1 :]  # read ahead: the next chunk starts here
                     return chunk
-            if len(batch) and batch[-1].offset() + 1 != next_offset[0]:
-                next_offset[0] = -1
         chunk.done = chunk.cursor >= high
         return chunk
 
     def _read_from(self, partition: int, offset: int, n: int) -> list:
-        consumer = self._at(partition, offset)
-        got = [m for m in consumer.consume(n, timeout=5) if m.error() is None]
-        self._readers[partition][1][0] = got[-1].offset() + 1 if got else -1
+        reader = self._at(partition, offset)
+        got = [m for m in reader.read(n, timeout=5) if m.error() is None]
+        reader.next_offset = got[-1].offset() + 1 if got else -1
+        reader.pending = []
         return got
 
 
@@ -201,27 +218,32 @@ def take(
     last: StreamPosition | None,
     until: StreamPosition | None,
     since_ms: int,
-    out: list[bytes],
-) -> tuple[StreamPosition | None, bool]:
-    """Append what of ``run`` comes after ``last`` (and up to ``until``); return the new
-    last position and whether ``until`` was passed. A run wholly inside the range is taken
-    without decoding a record; only a run at an edge is read message by message."""
+    out: jr.FetchReply,
+) -> tuple[StreamPosition | None, bool, int]:
+    """Add to ``out`` what of ``run`` comes after ``last`` (and up to ``until``); return the
+    new last position, whether ``until`` was passed, and how many messages were added. A
+    run wholly inside the range is added whole; only a run at an edge is cut."""
     if last is not None and not is_after(run.last, last):
-        return last, False  # all delivered already (a replay after a restart)
+        return last, False, 0  # all delivered already (a replay after a restart)
     if run.last.publish_time_ms < since_ms:
-        return last, False
+        return last, False, 0
+    items = run.ticks or run.candles
     inside = is_after(run.first, last) and (until is None or not is_after(run.last, until))
     if inside and run.first.publish_time_ms >= since_ms:
-        out.extend(run.records)
-        return run.last, False
-    for record in run.records:
-        try:
-            pos = from_record(record).stream  # type: ignore[attr-defined]
-        except EnvelopeError:
-            continue
+        out.runs.append(run)
+        return run.last, False, len(items)
+    keep, done = [], False
+    for item in items:
+        pos = item.stream
         if until is not None and is_after(pos, until):
-            return last, True
+            done = True
+            break
         if pos.publish_time_ms >= since_ms and is_after(pos, last):
-            out.append(record)
+            keep.append(item)
             last = pos
-    return last, False
+    if keep:
+        cut = out.runs.add(topic=run.topic)
+        (cut.ticks if run.ticks else cut.candles).extend(keep)
+        cut.first.CopyFrom(keep[0].stream)
+        cut.last.CopyFrom(keep[-1].stream)
+    return last, done, len(keep)

@@ -102,7 +102,12 @@ class JournalService:
             if not self._sock.poll(200):
                 continue
             frames = self._sock.recv_multipart()
-            reply = self.handle(frames)
+            try:
+                reply = self.handle(frames)
+            except Exception:  # a bug must not stop the service: log it, drop the request
+                log.exception("dropped a request")
+                self.metrics.dropped.labels("internal_error").inc()
+                continue
             if reply is not None:
                 self._sock.send_multipart(reply)
 
@@ -128,7 +133,7 @@ class JournalService:
             )
         self.metrics.seconds.observe(time.perf_counter() - started)
         self.metrics.replies.labels(jr.FetchStatus.Name(reply.status)).inc()
-        self.metrics.records.inc(len(reply.records))
+        self.metrics.records.inc(sum(len(r.ticks) + len(r.candles) for r in reply.runs))
         return [*route, *encode(reply)]
 
 

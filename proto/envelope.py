@@ -7,7 +7,7 @@ of :class:`EnvelopeError`, so services can count drops by reason and never crash
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
@@ -167,31 +167,6 @@ def from_record(value: bytes) -> Message:
     if not value:
         raise MissingFrame("empty record")
     return decode([value[:1], value[1:]])
-
-
-def from_records(values: Iterable[bytes]) -> tuple[list[Message], int]:
-    """Many records at once (a FETCH chunk): the checks of :func:`from_record`, with the
-    class lookup paid once per type rather than per record. Returns the messages and how
-    many records were malformed (skipped)."""
-    out: list[Message] = []
-    parsers: dict[int, Callable[[bytes], Message]] = {}
-    bad = 0
-    for value in values:
-        if len(value) < 2 or value[0] != PROTOCOL_VERSION:
-            bad += 1
-            continue
-        parse = parsers.get(value[1])
-        if parse is None:
-            cls = MESSAGE_CLASSES.get(value[1])
-            if cls is None:
-                bad += 1
-                continue
-            parse = parsers[value[1]] = cls.FromString
-        try:
-            out.append(parse(value[2:]))
-        except (DecodeError, RuntimeWarning):
-            bad += 1
-    return out, bad
 
 
 def derive(cls: type[M], source: Message, **values: object) -> M:

@@ -40,31 +40,33 @@ class FetchRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., topic: _Optional[str] = ..., after: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., since_ms: _Optional[int] = ..., until: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., cursor: _Optional[int] = ..., max_messages: _Optional[int] = ...) -> None: ...
 
 class FetchReply(_message.Message):
-    __slots__ = ("request_id", "status", "error", "records", "cursor", "done", "available_from_ms")
+    __slots__ = ("request_id", "status", "error", "runs", "cursor", "done", "available_from_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
-    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_FROM_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     status: FetchStatus
     error: str
-    records: _containers.RepeatedScalarFieldContainer[bytes]
+    runs: _containers.RepeatedCompositeFieldContainer[JournalBatch]
     cursor: int
     done: bool
     available_from_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[FetchStatus, str]] = ..., error: _Optional[str] = ..., records: _Optional[_Iterable[bytes]] = ..., cursor: _Optional[int] = ..., done: bool = ..., available_from_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[FetchStatus, str]] = ..., error: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[JournalBatch, _Mapping]]] = ..., cursor: _Optional[int] = ..., done: bool = ..., available_from_ms: _Optional[int] = ...) -> None: ...
 
 class JournalBatch(_message.Message):
-    __slots__ = ("topic", "first", "last", "records")
+    __slots__ = ("topic", "first", "last", "ticks", "candles")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     FIRST_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
-    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    TICKS_FIELD_NUMBER: _ClassVar[int]
+    CANDLES_FIELD_NUMBER: _ClassVar[int]
     topic: str
     first: _market_pb2.StreamPosition
     last: _market_pb2.StreamPosition
-    records: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, topic: _Optional[str] = ..., first: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., last: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., records: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    ticks: _containers.RepeatedCompositeFieldContainer[_market_pb2.Tick]
+    candles: _containers.RepeatedCompositeFieldContainer[_market_pb2.OHLC]
+    def __init__(self, topic: _Optional[str] = ..., first: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., last: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., ticks: _Optional[_Iterable[_Union[_market_pb2.Tick, _Mapping]]] = ..., candles: _Optional[_Iterable[_Union[_market_pb2.OHLC, _Mapping]]] = ...) -> None: ...

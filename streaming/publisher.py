@@ -29,10 +29,11 @@ from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
 from candlewire.zmqutil import harden
 from proto import journal_pb2 as jr
 from proto import market_pb2
-from proto.envelope import VERSION_FRAME, encode_topic, from_record, to_record, type_id
+from proto.envelope import VERSION_FRAME, encode_topic, to_record, type_id
 
 log = logging.getLogger("candlewire.stream")
 SNDMORE = int(zmq.SNDMORE)
+TICK_TYPE = type_id(market_pb2.Tick())
 HEAD_EVERY_S = 0.5  # the issue asks for at least one a second
 HEAD_ACTIVE_S = 600.0  # a topic quiet for this long gets no more beacons
 JOURNAL_BATCH_MAX = 5_000  # messages per journal record (a record stays well under 1 MiB)
@@ -123,10 +124,8 @@ class StreamPublisher:
         for topic, record in stamped:
             runs.setdefault(topic, []).append(record)
         for topic, records in runs.items():
-            last = self.sequencer.last[topic]
             for i in range(0, len(records), JOURNAL_BATCH_MAX):
-                part = records[i : i + JOURNAL_BATCH_MAX]
-                self._produce(topic, self._batch(topic, part, last, len(records) - i), now_ms)
+                self._produce(topic, self._batch(topic, records[i : i + JOURNAL_BATCH_MAX]), now_ms)
         send, more = self._sock.send, SNDMORE  # send_multipart's flag enums cost more than
         for topic, record in stamped:  # the send itself
             send(topic, more)
@@ -136,22 +135,16 @@ class StreamPublisher:
         self._journal.poll(0)
 
     @staticmethod
-    def _batch(
-        topic: bytes, records: list[bytes], last: market_pb2.StreamPosition, left: int
-    ) -> bytes:
-        """Records ``left`` from the end of a run whose last position is ``last``: the run's
-        positions are consecutive, so the part's first and last follow from it."""
-        first = market_pb2.StreamPosition()
-        first.CopyFrom(last)
-        first.seq = last.seq - left + 1
-        end = market_pb2.StreamPosition()
-        end.CopyFrom(last)
-        end.seq = first.seq + len(records) - 1
-        if last.source_offset >= 0:  # ticks: the offsets are the records' own
-            first.source_offset = from_record(records[0]).stream.source_offset  # type: ignore[attr-defined]
-            end.source_offset = from_record(records[-1]).stream.source_offset  # type: ignore[attr-defined]
-        batch = jr.JournalBatch(topic=topic.decode(), first=first, last=end, records=records)
-        return to_record(batch)
+    def _batch(topic: bytes, records: list[bytes]) -> bytes:
+        """One journal record: the run's messages as typed fields, so the journal service
+        hands whole runs on and a client takes them without parsing each one."""
+        run = jr.JournalBatch(topic=topic.decode())
+        items = run.ticks if records[0][1] == TICK_TYPE else run.candles
+        for record in records:
+            items.add().MergeFromString(record[2:])
+        run.first.CopyFrom(items[0].stream)
+        run.last.CopyFrom(items[-1].stream)
+        return to_record(run)
 
     def _produce(self, topic: bytes, record: bytes, now_ms: int) -> None:
         for _attempt in range(100):

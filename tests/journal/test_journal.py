@@ -253,17 +253,48 @@ def fetch(settings: Settings, frames: list[bytes], timeout: float = 5.0) -> jr.F
 
 
 def test_a_range_no_store_holds_is_a_clear_error(journal_settings, journal, stream_pub) -> None:
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from candlewire.kafka import JOURNAL, journal_partition
+
     feed = Feed(stream_pub)
     feed.publish(10)
     stream_pub._journal.flush(10)
-    long_ago = market_pb2.StreamPosition(epoch=1, seq=5, publish_time_ms=1000, source_offset=4)
-    req = jr.FetchRequest(request_id="r1", topic=feed.topic, after=long_ago)
-    reply = fetch(journal_settings, encode(req))
-    assert reply is not None and reply.status == jr.FETCH_OUT_OF_RANGE
-    assert "no longer holds" in reply.error and "from publish time" in reply.error
-    assert reply.available_from_ms > 1000
+    kept_from = int(time.time() * 1000)
+    time.sleep(0.05)
+    seen = client_sees(journal_settings, feed.ticker, since=kept_from - 60_000, n=10)
+    # Retention removes the oldest records (here: Kafka's DeleteRecords, as retention would).
+    partition = journal_partition(feed.topic)
+    admin = AdminClient({"bootstrap.servers": journal_settings.kafka_servers()})
+    _low, high = journal.reader.consumer.get_watermark_offsets(
+        TopicPartition(JOURNAL.name, partition)
+    )
+    feed.publish(5)  # these stay
+    stream_pub._journal.flush(10)
+    for f in admin.delete_records([TopicPartition(JOURNAL.name, partition, high)]).values():
+        f.result(30)
+    for req in (
+        jr.FetchRequest(request_id="r1", topic=feed.topic, after=seen[4]),
+        jr.FetchRequest(request_id="r2", topic=feed.topic, since_ms=kept_from - 60_000),
+    ):
+        reply = fetch(journal_settings, encode(req))
+        assert reply is not None and reply.status == jr.FETCH_OUT_OF_RANGE, reply
+        assert "no longer holds" in reply.error and "from publish time" in reply.error
+        assert reply.available_from_ms > kept_from
     with Client(journal_settings) as client, pytest.raises(FellBehind, match="no longer holds"):
-        next(client.subscribe(feed.ticker, since=long_ago))
+        next(client.subscribe(feed.ticker, since=seen[4]))
+    # What is held is still served.
+    later = client_sees(journal_settings, feed.ticker, since=reply.available_from_ms, n=5)
+    assert [p.source_offset for p in later] == [10, 11, 12, 13, 14]
+
+
+def client_sees(settings: Settings, ticker: str, since: object, n: int) -> list:
+    with Client(settings) as client:
+        sub = client.subscribe(ticker, since=since)
+        got = [next(sub).stream for _ in range(n)]
+        sub.close()
+    return got
 
 
 def test_malformed_fetches_are_dropped_and_counted_and_the_service_goes_on(
@@ -286,7 +317,8 @@ def test_malformed_fetches_are_dropped_and_counted_and_the_service_goes_on(
     stream_pub._journal.flush(10)
     good = jr.FetchRequest(request_id="r3", topic=feed.topic, since_ms=1)
     reply = fetch(journal_settings, encode(good))
-    assert reply is not None and reply.status == jr.FETCH_OK and len(reply.records) == 3
+    assert reply is not None and reply.status == jr.FETCH_OK
+    assert [t.trade_id for r in reply.runs for t in r.ticks] == ["0", "1", "2"]
     dropped = sum(
         metric(
             journal_settings,

@@ -138,13 +138,3 @@ def test_derive_copies_the_fields_both_messages_name_and_overrides_the_rest() ->
         5,
     )
     assert meta.notification_topic == "t" and meta.expected_pages == 3
-
-
-def test_many_records_decode_like_one_and_malformed_ones_are_counted() -> None:
-    from proto.envelope import from_records
-
-    good = [market_pb2.Tick(ticker="A", trade_id=str(i)) for i in range(3)]
-    records = [to_record(t) for t in good]
-    records[1:1] = [b"", b"\x02\x04", b"\x01\x7f", b"\x01\x04\xff\xff"]
-    msgs, bad = from_records(records)
-    assert msgs == [from_record(to_record(t)) for t in good] and bad == 4

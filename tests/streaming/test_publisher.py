@@ -27,15 +27,14 @@ def test_quiet_topics_get_no_more_heads() -> None:
     assert [h.topic for h in seq.heads(active_s=600)] == ["B|tick"]
 
 
-def test_a_journal_record_names_its_first_and_last_position() -> None:
+def test_a_journal_record_holds_its_run_typed_with_first_and_last() -> None:
     seq = Sequencer(epoch=7)
     records = []
     for offset in (40, 41, 45):
         pos = seq.next(b"A|tick", 1, 0, offset)
         tick = market_pb2.Tick(ticker="A", trade_id=str(offset))
         records.append(to_record(tick) + market_pb2.Tick(stream=pos).SerializeToString())
-    # the last two of the run (its last position is seq 3)
-    batch = from_record(StreamPublisher._batch(b"A|tick", records[1:], seq.last[b"A|tick"], 2))
+    batch = from_record(StreamPublisher._batch(b"A|tick", records[1:]))
     assert (batch.first.seq, batch.last.seq) == (2, 3)
     assert (batch.first.source_offset, batch.last.source_offset) == (41, 45)
-    assert [from_record(r).trade_id for r in batch.records] == ["41", "45"]
+    assert [t.trade_id for t in batch.ticks] == ["41", "45"] and not batch.candles
