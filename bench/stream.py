@@ -114,7 +114,8 @@ def latency(settings, seconds: float, rate: float = 20.0) -> list[float]:
         sub.setsockopt(zmq.LINGER, 0)
         sub.subscribe(market_data_topic(ticker, "ohlc:60"))
         sub.connect(settings.connect("market_data"))
-        updates = (decode_sub(sub.recv_multipart())[1] for _ in iter(int, 1))
+        messages = (decode_sub(sub.recv_multipart())[1] for _ in iter(int, 1))
+        updates = (m for m in messages if isinstance(m, market_pb2.OHLC))  # not the heads
         time.sleep(1.0)
         worker = threading.Thread(target=produce)
         worker.start()

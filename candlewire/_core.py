@@ -418,6 +418,12 @@ class ClientCore:
             msgs: list[Message] = []
             for run in reply.runs:
                 msgs.extend(run.ticks or run.candles)
+            if reply.archive_until_ms:  # from Iceberg, before the journal: no positions
+                seq.since_ms = reply.archive_until_ms
+                seq.stats.archived += len(msgs)
+                yield EmitMany(msgs)
+                req, sent = seq.request(until, 0, new_id("f")), False
+                continue
             msgs = seq.accept_chunk(msgs, filled=not replay)
             finished = (until is None and reply.done) or (until is not None and seq.reached(until))
             if finished and msgs:

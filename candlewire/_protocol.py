@@ -219,6 +219,7 @@ class SubscriptionStats:
     duplicates: int = 0
     heads: int = 0
     epochs: int = 0
+    archived: int = 0  # older than the journal, read from Iceberg
 
 
 @dataclass

@@ -34,6 +34,18 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
 
 
+def read_ticks(settings: Settings, ticker: str, start: TimeLike, end: TimeLike) -> pa.Table:
+    """Trades with exchange_time in [start, end), in time order (ties by trade id)."""
+    table = catalog(settings).load_table(f"{NAMESPACE}.ticks")
+    row_filter = And(
+        EqualTo("ticker", ticker),
+        GreaterThanOrEqual("exchange_time", _iso(to_ms(start))),
+        LessThan("exchange_time", _iso(to_ms(end))),
+    )
+    rows = table.scan(row_filter=row_filter).to_arrow()
+    return rows.sort_by([("exchange_time_ns", "ascending"), ("trade_id", "ascending")])
+
+
 def read_history(
     settings: Settings, ticker: str, period: int, start: TimeLike, end: TimeLike
 ) -> pa.Table:

@@ -19,6 +19,7 @@ from candlewire.config import PERIODS_S, Settings
 from candlewire.kafka import JOURNAL, consumer_config, journal_partition
 from candlewire.positions import describe, is_after
 from candlewire.topics import ohlc_type, parse_ticker, tick_type
+from journal.archive import archive_chunk
 from proto import journal_pb2 as jr
 from proto.envelope import EnvelopeError, expect, from_record
 from proto.market_pb2 import StreamPosition
@@ -129,9 +130,13 @@ class JournalReader:
             if start < low:
                 return self._out_of_range(reply, req, oldest_ms, "the chunk's cursor")
         elif low > 0 and (oldest_ms is None or start_ms < oldest_ms):
-            # Retention (or an operator) removed records from there on: say what is held.
-            what = describe(after) if after is not None else f"publish time {start_ms} ms"
-            return self._out_of_range(reply, req, oldest_ms, what)
+            # Retention (or an operator) removed records from there on: a time is served
+            # from Iceberg up to the journal's oldest record, a position cannot be.
+            if after is None:
+                boundary = oldest_ms if oldest_ms is not None else int(time.time() * 1000)
+                archive_chunk(self.settings, req, boundary, reply)
+                return reply
+            return self._out_of_range(reply, req, oldest_ms, describe(after))
         elif oldest_ms is None:
             reply.done = True  # nothing journalled (yet): the caller may ask again
             return reply

@@ -13,6 +13,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -33,10 +35,17 @@ from tests.support import FakeIngestor
 
 
 @pytest.fixture
-def journal_settings(tmp_path: Path, kafka) -> Settings:
+def journal_settings(tmp_path: Path, kafka, lakehouse: Settings) -> Settings:
+    """Our own ports, the session's Kafka and Iceberg catalog (the journal's archive)."""
     from candlewire.kafka import ensure_topics
 
-    s = free_settings(tmp_path, kafka_bootstrap=kafka_servers(kafka), market_data_hwm=1000)
+    s = free_settings(
+        tmp_path,
+        kafka_bootstrap=kafka_servers(kafka),
+        catalog_url=lakehouse.catalog_db(),
+        warehouse=lakehouse.warehouse_uri(),
+        market_data_hwm=1000,
+    )
     ensure_topics(s)
     return s
 
@@ -252,41 +261,81 @@ def fetch(settings: Settings, frames: list[bytes], timeout: float = 5.0) -> jr.F
         s.close()
 
 
-def test_a_range_no_store_holds_is_a_clear_error(journal_settings, journal, stream_pub) -> None:
+def trim_journal(settings: Settings, journal: JournalService, topic: str) -> None:
+    """Remove every journal record of the topic's partition so far, as retention would."""
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
     from candlewire.kafka import JOURNAL, journal_partition
 
+    tp = TopicPartition(JOURNAL.name, journal_partition(topic))
+    _low, high = journal.reader.consumer.get_watermark_offsets(tp)
+    admin = AdminClient({"bootstrap.servers": settings.kafka_servers()})
+    for f in admin.delete_records([TopicPartition(tp.topic, tp.partition, high)]).values():
+        f.result(30)
+
+
+def test_a_range_no_store_holds_is_a_clear_error(journal_settings, journal, stream_pub) -> None:
     feed = Feed(stream_pub)
     feed.publish(10)
     stream_pub._journal.flush(10)
     kept_from = int(time.time() * 1000)
     time.sleep(0.05)
     seen = client_sees(journal_settings, feed.ticker, since=kept_from - 60_000, n=10)
-    # Retention removes the oldest records (here: Kafka's DeleteRecords, as retention would).
-    partition = journal_partition(feed.topic)
-    admin = AdminClient({"bootstrap.servers": journal_settings.kafka_servers()})
-    _low, high = journal.reader.consumer.get_watermark_offsets(
-        TopicPartition(JOURNAL.name, partition)
-    )
+    trim_journal(journal_settings, journal, feed.topic)
     feed.publish(5)  # these stay
     stream_pub._journal.flush(10)
-    for f in admin.delete_records([TopicPartition(JOURNAL.name, partition, high)]).values():
-        f.result(30)
-    for req in (
-        jr.FetchRequest(request_id="r1", topic=feed.topic, after=seen[4]),
-        jr.FetchRequest(request_id="r2", topic=feed.topic, since_ms=kept_from - 60_000),
-    ):
-        reply = fetch(journal_settings, encode(req))
-        assert reply is not None and reply.status == jr.FETCH_OUT_OF_RANGE, reply
-        assert "no longer holds" in reply.error and "from publish time" in reply.error
-        assert reply.available_from_ms > kept_from
+    req = jr.FetchRequest(request_id="r1", topic=feed.topic, after=seen[4])
+    reply = fetch(journal_settings, encode(req))
+    assert reply is not None and reply.status == jr.FETCH_OUT_OF_RANGE, reply
+    assert "no longer holds" in reply.error and "from publish time" in reply.error
+    assert reply.available_from_ms > kept_from
     with Client(journal_settings) as client, pytest.raises(FellBehind, match="no longer holds"):
         next(client.subscribe(feed.ticker, since=seen[4]))
     # What is held is still served.
     later = client_sees(journal_settings, feed.ticker, since=reply.available_from_ms, n=5)
     assert [p.source_offset for p in later] == [10, 11, 12, 13, 14]
+
+
+def test_what_the_journal_no_longer_holds_comes_from_iceberg(
+    journal_settings, journal, stream_pub
+) -> None:
+    """A `since` older than the journal's oldest record: the ``ticks`` table's trades from
+    then (in time order), then the journal's."""
+    import pyarrow as pa
+
+    from candlewire.lake import NAMESPACE, catalog
+
+    feed = Feed(stream_pub)
+    three_days_ago = int(time.time() * 1000) - 3 * 86_400_000
+    table = catalog(journal_settings).load_table(f"{NAMESPACE}.ticks")
+    stored = [
+        {
+            "ticker": feed.ticker,
+            "trade_id": f"old-{i}",
+            "price": Decimal("100.5") + i,
+            "size": Decimal("0.25"),
+            "side": "SELL",
+            "exchange_time": datetime.fromtimestamp((three_days_ago + 1000 * i) / 1000, UTC),
+            "ingest_time": None,
+            "exchange_time_ns": (three_days_ago + 1000 * i) * 1_000_000,
+        }
+        for i in (2, 0, 1)  # stored out of order: served in time order
+    ]
+    table.append(pa.Table.from_pylist(stored, schema=table.schema().as_arrow()))
+    feed.publish(1)
+    stream_pub._journal.flush(10)
+    trim_journal(journal_settings, journal, feed.topic)
+    feed.publish(4)
+    stream_pub._journal.flush(10)
+    with Client(journal_settings) as client:
+        sub = client.subscribe(feed.ticker, since=three_days_ago - 86_400_000)
+        got = [next(sub) for _ in range(7)]
+        sub.close()
+    assert [t.trade_id for t in got] == ["old-0", "old-1", "old-2", "1", "2", "3", "4"]
+    assert [t.price for t in got[:3]] == ["100.5", "101.5", "102.5"] and got[0].side == 2
+    assert not got[0].HasField("stream") and got[3].stream.source_offset == 1
+    assert sub.stats.archived == 3
 
 
 def client_sees(settings: Settings, ticker: str, since: object, n: int) -> list:
@@ -369,3 +418,45 @@ def test_async_late_joiner_and_the_watch_command(journal_settings, journal, stre
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert len(lines) == 300 and lines[0].startswith("Tick") and '"tradeId": "299"' in lines[-1]
+
+
+def test_candles_older_than_the_journal_come_from_iceberg(
+    journal_settings, journal, stream_pub
+) -> None:
+    import pyarrow as pa
+
+    from candlewire.lake import NAMESPACE, catalog
+
+    feed = Feed(stream_pub)
+    topic = market_data_topic(feed.ticker, "ohlc:60")
+    hour = (int(time.time()) // 3600 - 50) * 3_600_000
+    table = catalog(journal_settings).load_table(f"{NAMESPACE}.ohlc")
+    rows = [
+        {
+            "ticker": feed.ticker,
+            "period_s": 60,
+            "open_time": datetime.fromtimestamp((hour + 60_000 * i) / 1000, UTC),
+            "open": Decimal(10 + i),
+            "high": Decimal(12 + i),
+            "low": Decimal(9 + i),
+            "close": Decimal("11.5") + i,
+            "volume": Decimal("3"),
+            "trade_count": 7,
+            "closed": True,
+            "source": "live",
+        }
+        for i in range(3)
+    ]
+    table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()))
+    live = market_pb2.OHLC(ticker=feed.ticker, period_s=60, open_time_ms=hour + 86_400_000)
+    stream_pub.publish_candles([(topic.encode(), live)])
+    stream_pub._journal.flush(10)
+    trim_journal(journal_settings, journal, topic)
+    with Client(journal_settings) as client:
+        sub = client.subscribe(feed.ticker, "ohlc:60", since=hour)
+        got = [next(sub) for _ in range(3)]
+        sub.close()
+    assert [c.open_time_ms for c in got] == [hour, hour + 60_000, hour + 120_000]
+    assert [(c.open, c.close, c.trade_count, c.closed) for c in got[:1]] == [
+        ("10", "11.5", 7, True)
+    ]
