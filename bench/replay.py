@@ -40,7 +40,6 @@ from candlewire.config import Settings
 from candlewire.kafka import ensure_topics
 from candlewire.testing import free_settings, metric, spawn, wait_for
 from candlewire.topics import market_data_topic, tick_type, work_prefix
-from candlewire.zmqutil import Redialer
 from launcher.stack import kafka_service
 from proto import market_pb2
 from proto.envelope import decode_sub, to_record
@@ -76,23 +75,24 @@ class Ticker:
         self.pub.publish_ticks(self.records(n))
 
 
-def work_subscriber(settings: Settings) -> tuple[zmq.Socket, Redialer]:
+def work_subscriber(settings: Settings) -> zmq.Socket:
     """A SIM work-queue subscriber, so the relay does not answer NO_INGESTOR."""
     sock = zmq.Context.instance().socket(zmq.SUB)
     sock.subscribe(work_prefix("SIM"))
-    redial = Redialer(sock)
     sock.connect(settings.connect("work_queue"))
-    return sock, redial
+    return sock
 
 
-def start_relay(settings: Settings, redial: Redialer):
+def start_relay(settings: Settings, work: zmq.Socket):
+    """A relay process, once it sees the work subscriber (which only sends its
+    subscription again to a restarted relay when the socket is polled, as a receive loop
+    would)."""
     proc = spawn(
         settings, ["relay"], healthy="candlewire_relay_up 1.0", metrics_endpoint="relay_metrics"
     )
     wait_for(
         lambda: (
-            redial.check() >= 0
-            and metric(settings, "relay_metrics", "candlewire_relay_work_topics")
+            work.poll(0) >= 0 and metric(settings, "relay_metrics", "candlewire_relay_work_topics")
         ),
         timeout=30,
     )
@@ -120,7 +120,7 @@ def replay(settings: Settings, pub: StreamPublisher, n: int) -> dict:
     return {"replayed": count, "replay_s": round(took, 2), "replay_msgs_per_s": round(count / took)}
 
 
-def trouble(settings: Settings, pub: StreamPublisher, relay, redial, rate: int, seconds: float):
+def trouble(settings: Settings, pub: StreamPublisher, relay, work, rate: int, seconds: float):
     """Ticks at ``rate`` for ``seconds``; the client sleeps, the relay dies and comes back."""
     ticker = Ticker(pub)
     total = int(rate * seconds)
@@ -140,7 +140,7 @@ def trouble(settings: Settings, pub: StreamPublisher, relay, redial, rate: int, 
         os.kill(state["relay"].pid, signal.SIGKILL)
         state["relay"].wait()
         time.sleep(1.0)
-        state["relay"] = start_relay(settings, redial)
+        state["relay"] = start_relay(settings, work)
 
     got: list[int] = []
     with Client(settings) as client:
@@ -239,13 +239,13 @@ def main() -> None:
                 metrics_endpoint="journal_metrics",
             )
         )
-        _sock, redial = work_subscriber(settings)
-        relay = start_relay(settings, redial)
+        work = work_subscriber(settings)
+        relay = start_relay(settings, work)
         pub = StreamPublisher(settings)
         result: dict = {}
         result.update(replay(settings, pub, args.replay))
         print(json.dumps(result), flush=True)
-        relay, trouble_result = trouble(settings, pub, relay, redial, args.rate, args.flow_seconds)
+        relay, trouble_result = trouble(settings, pub, relay, work, args.rate, args.flow_seconds)
         result.update(trouble_result)
         print(json.dumps(result), flush=True)
         plain = latencies(settings, pub, False, args.latency_ticks, 1000)

@@ -39,7 +39,6 @@ from candlewire.config import Settings
 from candlewire.errors import FellBehind, ProtocolError, RequestRejected, RequestTimeout
 from candlewire.positions import describe
 from candlewire.topics import check_id, metadata_update_topic, response_topic
-from candlewire.zmqutil import Redialer
 from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto import requests_pb2 as rq
@@ -346,7 +345,6 @@ class ClientCore:
         sub = self._socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         filt = MarketFilter.open(sub, ticker, data_type)
-        redial = Redialer(sub)
         sub.connect(self.settings.connect("market_data"))
         journal = JournalLink(self)
         try:
@@ -360,7 +358,6 @@ class ClientCore:
             while True:
                 wait = POLL_SLICE_S if quiet_until is None else remaining(quiet_until)
                 frames = yield Recv(sub, min(wait, POLL_SLICE_S))
-                redial.check()  # the relay restarted: subscribe again (Redialer)
                 if frames is None:
                     if quiet_until is not None and not remaining(quiet_until):
                         raise RequestTimeout(f"no {filt.topic} message in {idle_timeout}s")
@@ -387,7 +384,6 @@ class ClientCore:
                     quiet_until = time.monotonic() + idle_timeout
         finally:
             journal.close()
-            redial.close()
             sub.close(linger=0)
 
     def fill(

@@ -6,7 +6,6 @@ notice a peer that vanished without closing its connection.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 
 import zmq
@@ -53,41 +52,3 @@ def subscriptions(sock: zmq.Socket, limit: int = 10_000) -> Iterator[tuple[bool,
         sub = subscription(msg)
         if sub is not None:
             yield sub
-
-
-class Redialer:
-    """Dials a connecting SUB again when its peer goes away.
-
-    libzmq 4.3 reconnects such a socket but may not send its subscriptions again to a bound
-    XPUB that restarted (zeromq/libzmq#4057 and #4063, seen here after a relay restart:
-    ingestors and subscribers stayed connected and heard nothing). A fresh connection sends
-    them all, so on each disconnect the endpoint is disconnected and connected again.
-    """
-
-    def __init__(self, sock: zmq.Socket) -> None:
-        self.sock = sock
-        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        # a blocking view of it, also for an asyncio socket (checks never wait)
-        self.monitor = zmq.Socket.shadow(self._monitor.underlying)
-        self.redials = 0
-
-    def check(self) -> int:
-        """Redial every endpoint that disconnected since the last check; how many."""
-        from zmq.utils.monitor import parse_monitor_message
-
-        done = 0
-        while self.monitor.poll(0):
-            event = parse_monitor_message(self.monitor.recv_multipart())
-            endpoint = event["endpoint"].decode() if event["endpoint"] else ""
-            if event["event"] == zmq.EVENT_DISCONNECTED and endpoint:
-                with contextlib.suppress(zmq.ZMQError):  # already gone
-                    self.sock.disconnect(endpoint)
-                self.sock.connect(endpoint)
-                done += 1
-        self.redials += done
-        return done
-
-    def close(self) -> None:
-        with contextlib.suppress(zmq.ZMQError):  # the context may be gone already
-            self.sock.disable_monitor()
-        self._monitor.close(linger=0)

@@ -25,7 +25,7 @@ from candlewire.config import Settings
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import ingestor_topic, parse_ticker, work_prefix
-from candlewire.zmqutil import Redialer, harden, pending, subscriptions
+from candlewire.zmqutil import harden, pending, subscriptions
 from ingest.exchanges.base import Exchange, UnknownSymbol
 from ingest.jobs import run_history, run_metadata, run_stream
 from ingest.metrics import IngestMetrics
@@ -163,7 +163,6 @@ class Ingestor:
             beat.connect(endpoint)
         requests.connect(self.settings.connect("client_requests"))
         self._requests = requests
-        redials = [Redialer(s) for s in (work, control, peers)]
         poller = zmq.Poller()
         for s in (work, control, peers, beat, requests):
             poller.register(s, zmq.POLLIN)
@@ -192,12 +191,8 @@ class Ingestor:
                 self._report_failures(beat, now)
                 self.metrics.state.set(self.state(now))
                 self._sink.poll()
-                for r in redials:
-                    r.check()
             self._heartbeat(beat, time.monotonic(), final=True)
         finally:
-            for r in redials:
-                r.close()
             for s in (work, control, peers, beat, requests):
                 s.close()
             ctx.term()

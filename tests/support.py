@@ -18,7 +18,6 @@ from candlewire.testing import spawn
 from candlewire.testing import stream_metric as stream_metric
 from candlewire.testing import wait_for as wait_for
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
-from candlewire.zmqutil import Redialer
 from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, encode_topic
 
@@ -31,8 +30,12 @@ class FakeIngestor:
         self.sock.setsockopt(zmq.LINGER, 0)
         for p in prefixes:
             self.sock.subscribe(p)
-        self.redial = Redialer(self.sock)  # call redial.check() to follow a relay restart
         self.sock.connect(settings.connect("work_queue"))
+
+    def keep_up(self) -> None:
+        """Let libzmq run the socket's pending commands, as a receive loop does: after a
+        relay restart, the reconnected SUB sends its subscriptions again only then."""
+        self.sock.poll(0)
 
     def recv(self, timeout: float = 5.0) -> tuple[str, Message] | None:
         if not self.sock.poll(int(timeout * 1000)):
@@ -40,7 +43,6 @@ class FakeIngestor:
         return decode_sub(self.sock.recv_multipart())
 
     def close(self) -> None:
-        self.redial.close()
         self.sock.close()
 
 
