@@ -250,12 +250,9 @@ class Sequence:
     def reached(self, pos: StreamPosition) -> bool:
         return self.last is not None and not is_after(pos, self.last)
 
-    def take(self, pos: StreamPosition, filled: bool = False) -> None:
-        if self.last is None or pos.epoch != self.last.epoch:
-            self.stats.epochs += 1
-        self.last = pos
-        self.stats.delivered += 1
-        self.stats.filled += filled
+    def take(self, pos: StreamPosition) -> None:
+        """A live message, delivered."""
+        self._delivered(pos, pos, 1, filled=False)
 
     def accept_chunk(self, msgs: list[Message], filled: bool) -> list[Message]:
         """A FETCH chunk's messages after the last delivered, taken as delivered. The service
@@ -264,16 +261,18 @@ class Sequence:
             msgs = [m for m in msgs if is_after(m.stream, self.last)]  # type: ignore[attr-defined]
         if not msgs:
             return msgs
-        first, last = msgs[0].stream, msgs[-1].stream  # type: ignore[attr-defined]
+        self._delivered(msgs[0].stream, msgs[-1].stream, len(msgs), filled)  # type: ignore[attr-defined]
+        return msgs
+
+    def _delivered(self, first: StreamPosition, last: StreamPosition, n: int, filled: bool) -> None:
         if self.last is None or first.epoch != self.last.epoch:
             self.stats.epochs += 1
         if first.epoch != last.epoch:
             self.stats.epochs += 1
         self.last = last
-        self.stats.delivered += len(msgs)
+        self.stats.delivered += n
         if filled:
-            self.stats.filled += len(msgs)
-        return msgs
+            self.stats.filled += n
 
     def request(
         self, until: StreamPosition | None, cursor: int, request_id: str

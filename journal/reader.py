@@ -46,7 +46,6 @@ def check_topic(topic: str) -> None:
 
 @dataclass
 class Chunk:
-    reply: jr.FetchReply
     cursor: int = 0
     done: bool = False
     scanned: int = 0
@@ -188,7 +187,7 @@ class JournalReader:
     ) -> Chunk:
         want = min(req.max_messages or CHUNK_MAX, CHUNK_MAX)
         key = req.topic.encode()
-        chunk = Chunk(reply, cursor=start)
+        chunk = Chunk(cursor=start)
         last = after
         deadline = time.monotonic() + READ_WAIT_S
         reader = self._at(partition, start)
