@@ -29,7 +29,6 @@ import signal
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import zmq
@@ -38,41 +37,12 @@ from bench.stats import pct
 from candlewire.client import Client
 from candlewire.config import Settings
 from candlewire.kafka import ensure_topics
-from candlewire.testing import free_settings, metric, spawn, wait_for
-from candlewire.topics import market_data_topic, tick_type, work_prefix
+from candlewire.testing import TickFeed, free_settings, metric, spawn, wait_for
+from candlewire.topics import work_prefix
 from launcher.stack import kafka_service
 from proto import market_pb2
-from proto.envelope import decode_sub, to_record
+from proto.envelope import decode_sub
 from streaming.publisher import StreamPublisher
-
-
-class Ticker:
-    """One ticker's ticks, with consecutive Kafka offsets as the live query would see."""
-
-    def __init__(self, pub: StreamPublisher) -> None:
-        self.pub = pub
-        self.name = f"SIM:R{uuid.uuid4().hex[:8].upper()}/USDT"
-        self.topic = market_data_topic(self.name, tick_type()).encode()
-        self.offset = 0
-
-    def records(self, n: int) -> list[tuple[bytes, bytes, int, int]]:
-        now = time.time_ns()
-        out = []
-        for _ in range(n):
-            tick = market_pb2.Tick(
-                ticker=self.name,
-                trade_id=str(self.offset),
-                price="100.25",
-                size="0.01",
-                exchange_time_ns=now,
-                ingest_time_ns=now,
-            )
-            out.append((self.topic, to_record(tick), 0, self.offset))
-            self.offset += 1
-        return out
-
-    def publish(self, n: int) -> None:
-        self.pub.publish_ticks(self.records(n))
 
 
 def work_subscriber(settings: Settings) -> zmq.Socket:
@@ -100,16 +70,16 @@ def start_relay(settings: Settings, work: zmq.Socket):
 
 
 def replay(settings: Settings, pub: StreamPublisher, n: int) -> dict:
-    ticker = Ticker(pub)
+    feed = TickFeed(pub, prefix="SIM:R")
     since = int(time.time() * 1000) - 3_600_000
     started = time.perf_counter()
     for _ in range(n // 10_000):
-        ticker.publish(10_000)
+        feed.publish(10_000)
     pub._journal.flush(120)
     print(f"published {n} ticks in {time.perf_counter() - started:.1f}s", flush=True)
     with Client(settings) as client:
         started = time.perf_counter()
-        sub = client.subscribe(ticker.name, since=since)
+        sub = client.subscribe(feed.ticker, since=since)
         count = 0
         for msg in sub:
             count += 1
@@ -122,18 +92,9 @@ def replay(settings: Settings, pub: StreamPublisher, n: int) -> dict:
 
 def trouble(settings: Settings, pub: StreamPublisher, relay, work, rate: int, seconds: float):
     """Ticks at ``rate`` for ``seconds``; the client sleeps, the relay dies and comes back."""
-    ticker = Ticker(pub)
+    feed = TickFeed(pub, prefix="SIM:R")
     total = int(rate * seconds)
     state = {"relay": relay}
-
-    def flow() -> None:
-        start, sent = time.monotonic(), 0
-        while sent < total:
-            due = min(int((time.monotonic() - start) * rate), total) - sent
-            if due > 0:
-                ticker.publish(due)
-                sent += due
-            time.sleep(0.005)
 
     def kill_and_restart() -> None:
         time.sleep(seconds / 3)
@@ -144,15 +105,17 @@ def trouble(settings: Settings, pub: StreamPublisher, relay, work, rate: int, se
 
     got: list[int] = []
     with Client(settings) as client:
-        sub = client.subscribe(ticker.name, idle_timeout=60)
-        threads = [threading.Thread(target=flow), threading.Thread(target=kill_and_restart)]
+        sub = client.subscribe(feed.ticker, idle_timeout=60)
+        threads: list[threading.Thread] = []
 
         def begin() -> None:
             time.sleep(1.0)  # the first next() below subscribes
-            for t in threads:
-                t.start()
+            threads.append(feed.flow(rate, seconds))
+            threads.append(threading.Thread(target=kill_and_restart))
+            threads[-1].start()
 
-        threading.Thread(target=begin, daemon=True).start()
+        starter = threading.Thread(target=begin, daemon=True)
+        starter.start()
         for msg in sub:
             got.append(msg.stream.source_offset)
             if len(got) == rate * seconds // 2:
@@ -161,6 +124,7 @@ def trouble(settings: Settings, pub: StreamPublisher, relay, work, rate: int, se
                 break
         stats = sub.stats
         sub.close()
+    starter.join()
     for t in threads:
         t.join()
     delivered = set(got)
@@ -176,14 +140,14 @@ def trouble(settings: Settings, pub: StreamPublisher, relay, work, rate: int, se
 
 def latencies(settings: Settings, pub: StreamPublisher, sequenced: bool, n: int, rate: int):
     """Publish-to-receive times (s) of ``n`` ticks at ``rate``/s through the relay."""
-    ticker = Ticker(pub)
+    feed = TickFeed(pub, prefix="SIM:R")
     out: list[float] = []
     done = threading.Event()
 
     def receive() -> None:
         if sequenced:
             with Client(settings) as client:
-                sub = client.subscribe(ticker.name, idle_timeout=30)
+                sub = client.subscribe(feed.ticker, idle_timeout=30)
                 for msg in sub:
                     out.append((time.time_ns() - msg.ingest_time_ns) / 1e9)
                     if msg.stream.source_offset == n - 1:
@@ -191,7 +155,7 @@ def latencies(settings: Settings, pub: StreamPublisher, sequenced: bool, n: int,
                 sub.close()
         else:
             sock = zmq.Context.instance().socket(zmq.SUB)
-            sock.subscribe(ticker.topic)
+            sock.subscribe(feed.topic.encode())
             sock.connect(settings.connect("market_data"))
             while len(out) < n and sock.poll(30_000):
                 _, msg = decode_sub(sock.recv_multipart())
@@ -205,7 +169,7 @@ def latencies(settings: Settings, pub: StreamPublisher, sequenced: bool, n: int,
     time.sleep(1.0)  # the subscription reaches the publisher
     raw = pub._sock
     for _ in range(n):
-        (topic, record, part, offset) = ticker.records(1)[0]
+        (topic, record, part, offset) = feed.records(1)[0]
         if sequenced:
             pub.publish_ticks([(topic, record, part, offset)])
         else:

@@ -25,7 +25,10 @@ from typing import Any
 
 from candlewire.config import Settings
 from candlewire.endpoints import ENDPOINTS
+from candlewire.topics import market_data_topic, tick_type
 from proto import events_pb2 as ev
+from proto import market_pb2
+from proto.envelope import to_record
 
 _handed_out: set[int] = set()
 
@@ -286,3 +289,50 @@ class TelegramStandIn(HttpStandIn):
     def texts(self) -> list[str]:
         with self.lock:
             return [m["text"] for m in self.messages]
+
+
+class TickFeed:
+    """Ticks of one new ticker, handed to the stream job's publisher (anything with its
+    ``publish_ticks``) as the live query hands them: consecutive Kafka offsets of one
+    partition, each tick's trade id its offset, stamped with the time it is made."""
+
+    def __init__(self, publisher: Any, prefix: str = "SIM:T") -> None:
+        self.publisher = publisher
+        self.ticker = f"{prefix}{uuid.uuid4().hex[:8].upper()}/USDT"
+        self.topic = market_data_topic(self.ticker, tick_type())
+        self.next_offset = 0
+
+    def records(self, n: int) -> list[tuple[bytes, bytes, int, int]]:
+        topic, now, out = self.topic.encode(), time.time_ns(), []
+        for _ in range(n):
+            tick = market_pb2.Tick(
+                ticker=self.ticker,
+                trade_id=str(self.next_offset),
+                price="100.25",
+                size="0.01",
+                exchange_time_ns=now,
+                ingest_time_ns=now,
+            )
+            out.append((topic, to_record(tick), 0, self.next_offset))
+            self.next_offset += 1
+        return out
+
+    def publish(self, n: int) -> None:
+        self.publisher.publish_ticks(self.records(n))
+
+    def flow(self, per_s: int, seconds: float) -> threading.Thread:
+        """Publish ``per_s`` ticks a second for ``seconds`` (exactly that many in all), in
+        the background."""
+
+        def run() -> None:
+            start, total, sent = time.monotonic(), int(per_s * seconds), 0
+            while sent < total:
+                due = min(int((time.monotonic() - start) * per_s), total) - sent
+                if due > 0:
+                    self.publish(due)
+                    sent += due
+                time.sleep(0.005)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
