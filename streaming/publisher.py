@@ -63,11 +63,14 @@ class Sequencer:
         return pos
 
     def heads(self, active_s: float = HEAD_ACTIVE_S) -> list[market_pb2.StreamHead]:
-        """A beacon for each topic that published within ``active_s``."""
+        """A beacon for each topic that published within ``active_s``. A quiet topic keeps
+        its count: when it publishes again within this epoch, it goes on from there."""
         horizon = time.monotonic() - active_s
-        for topic in [t for t, at in self._seen_at.items() if at < horizon]:
-            del self._seen_at[topic], self.last[topic]
-        return [market_pb2.StreamHead(topic=t.decode(), last=p) for t, p in self.last.items()]
+        return [
+            market_pb2.StreamHead(topic=t.decode(), last=self.last[t])
+            for t, at in self._seen_at.items()
+            if at >= horizon
+        ]
 
 
 class StreamPublisher:

@@ -19,12 +19,15 @@ def test_each_topic_counts_from_one_without_holes() -> None:
     assert heads == {"A|tick": 3, "B|ohlc:60": 2}
 
 
-def test_quiet_topics_get_no_more_heads() -> None:
+def test_quiet_topics_get_no_more_heads_but_keep_counting() -> None:
     seq = Sequencer(epoch=7)
-    seq.next(b"A|tick", 1)
-    seq._seen_at[b"A|tick"] = time.monotonic() - 700
+    seq.next(b"A|ohlc:60", 1)
+    seq.next(b"A|ohlc:60", 1)
+    seq._seen_at[b"A|ohlc:60"] = time.monotonic() - 700
     seq.next(b"B|tick", 1)
     assert [h.topic for h in seq.heads(active_s=600)] == ["B|tick"]
+    # A candle topic is ordered by seq alone: starting again at 1 would look like a repeat.
+    assert seq.next(b"A|ohlc:60", 1).seq == 3
 
 
 def test_a_journal_record_holds_its_run_typed_with_first_and_last() -> None:
