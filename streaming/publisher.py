@@ -100,8 +100,8 @@ class StreamPublisher:
 
     def publish_ticks(self, items: list[tuple[bytes, bytes, int, int]]) -> None:
         """(topic, Kafka record, partition, offset): each record is already the envelope,
-        so its position is appended as bytes (protobuf merges a repeated field number), not
-        decoded and encoded again."""
+        so what is published is that value with its position appended as bytes (protobuf
+        merges a repeated field number); only the journal record parses it."""
         now_ms = int(time.time() * 1000)
         with self._lock:
             stamped = []
