@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 JARS   := .cache/jvm
 MVN    := mvn -q -B -s jvm/maven-settings.xml
 
-.PHONY: install jvm system-packages test up down status bench lint proto clean
+.PHONY: install jvm system-packages test fuzz up down status bench lint proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,13 @@ $(JARS)/.fetched: jvm/kafka.xml jvm/spark.xml jvm/maven-settings.xml
 	$(MVN) -f jvm/spark.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JARS)/spark
 	touch $@
 
-jvm: $(JARS)/.fetched
+# The JVM decoder of the ticks topic (jvm/decoder): protoc and protobuf-java from Central.
+DECODER := $(JARS)/spark/candlewire-decoder.jar
+$(DECODER): $(JARS)/.fetched jvm/decoder/pom.xml $(wildcard jvm/decoder/src/main/java/io/candlewire/spark/*.java) proto/envelope.proto proto/market.proto
+	$(MVN) -f jvm/decoder/pom.xml package
+	cp jvm/target/decoder/candlewire-decoder.jar $@
+
+jvm: $(JARS)/.fetched $(DECODER)
 
 # From Debian's packages, whatever the machine lacks: the PostgreSQL server (Iceberg catalog,
 # Dagster, user directory), and Chromium with its driver for the live page's browser test.
@@ -41,6 +47,11 @@ install: $(STAMP) jvm system-packages
 
 test: install
 	$(PY) -m pytest
+
+# The decoders' differential fuzz at length (CI runs 3,000 records of one seed).
+fuzz: install
+	CANDLEWIRE_FUZZ_RECORDS=200000 CANDLEWIRE_FUZZ_SEED=1 $(PY) -m pytest -q tests/streaming/test_decode_jvm.py
+	CANDLEWIRE_FUZZ_RECORDS=200000 CANDLEWIRE_FUZZ_SEED=2 $(PY) -m pytest -q tests/streaming/test_decode_jvm.py
 
 up: install
 	$(VENV)/bin/candlewire up

@@ -1,15 +1,19 @@
 """Spark's own floor on this machine, against which ``bench/stream.py``'s numbers stand.
 
 1. Throughput: Spark's Kafka source reading N tick records as a batch and counting them (no
-   decode, no writes), then the same with our Python decode (``mapInArrow``). A job built on
-   Spark's Kafka source cannot go faster than these here.
+   decode, no writes), then the same with the job's JVM decode (``jvm/decoder``) and with the
+   Python reference decode (``mapInArrow``). A job built on Spark's Kafka source cannot go
+   faster than these here.
 2. Micro-batch latency: a streaming query Kafka → ``foreachBatch`` that only notes when it
    sees each tick, for several ``processingTime`` triggers. Latency is that moment minus the
    tick's produce time (one process, one clock): what is left for the job is the rest.
-3. Continuous processing (``trigger(continuous=...)``), Spark 4.0's only lower-latency mode:
-   Kafka → Kafka with a projection, latency measured at a consumer of the output topic. It
-   allows neither aggregations nor Python, so it cannot build candles: it shows what the
-   mode gives, not something the job can use. (Real-time mode arrived in Spark 4.1.)
+3. Continuous processing (``trigger(continuous=...)``): Kafka → Kafka with a projection,
+   latency measured at a consumer of the output topic. It allows neither aggregations nor
+   Python, so it cannot build candles: it shows what the mode gives, not something the job
+   can use.
+4. Real-time mode (Spark 4.1, ``Trigger.RealTime``), the same Kafka → Kafka projection:
+   long-running tasks that emit each record as it arrives. Stateless only in 4.1, so no
+   candles either, and pyspark 4.1.1 has no Python trigger for it.
 
 Only a Kafka broker runs (private, free ports). The last line is JSON.
 
@@ -29,13 +33,15 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import DataFrame
 
 from bench.kafka import start_broker
+from bench.spark_read import kafka_source, read_rate
 from bench.stats import pct
 from bench.stream import tick
 from candlewire.kafka import producer_config
 from candlewire.spark import build_session
-from streaming.decode import TICK_STRUCT, decode_ticks
+from streaming.decode import TICK_STRUCT, decode_ticks, decode_ticks_in_jvm
 
 TOPICS = {"bench.floor.bulk": 6, "bench.floor.in": 1, "bench.floor.out": 1}
 
@@ -59,17 +65,6 @@ def paced(settings, topic: str, seconds: float, rate: float = 20.0) -> None:
     producer.flush(10)
 
 
-def source(spark, settings, topic: str, stream: bool, starting: str = "earliest"):
-    reader = spark.readStream if stream else spark.read
-    return (
-        reader.format("kafka")
-        .option("kafka.bootstrap.servers", settings.kafka_servers())
-        .option("subscribe", topic)
-        .option("startingOffsets", starting)
-        .load()
-    )
-
-
 def throughput(spark, settings, records: int) -> dict[str, float]:
     producer = Producer(producer_config(settings, **{"linger.ms": 20}))
     now = time.time_ns()
@@ -83,27 +78,22 @@ def throughput(spark, settings, records: int) -> dict[str, float]:
             except BufferError:
                 producer.poll(0.05)
     producer.flush(60)
-    out = {}
-    for label, frame in (
-        ("kafka_read", lambda: source(spark, settings, "bench.floor.bulk", False)),
-        (
-            "kafka_read_decode",
-            lambda: (
-                source(spark, settings, "bench.floor.bulk", False)
-                .select("value", "partition", "offset")
-                .mapInArrow(decode_ticks, TICK_STRUCT)
-                .where("valid")
-            ),
+
+    def records_() -> DataFrame:
+        return kafka_source(spark, settings, "bench.floor.bulk", False).select(
+            "value", "partition", "offset"
+        )
+
+    return {
+        "kafka_read": read_rate(records_, "kafka_read"),
+        "kafka_read_decode_jvm": read_rate(
+            lambda: decode_ticks_in_jvm(spark, records_()).where("valid"), "kafka_read_decode_jvm"
         ),
-    ):
-        best = float("inf")
-        for _ in range(3):  # the first run pays for JIT and connections
-            t0 = time.perf_counter()
-            assert frame().count() == records
-            best = min(best, time.perf_counter() - t0)
-        out[label] = round(records / best)
-        print(f"{label}: {records:,} records, best of 3 {best:.2f}s, {records / best:,.0f}/s")
-    return out
+        "kafka_read_decode_python": read_rate(
+            lambda: records_().mapInArrow(decode_ticks, TICK_STRUCT).where("valid"),
+            "kafka_read_decode_python",
+        ),
+    }
 
 
 def micro_batch_latency(spark, settings, trigger_ms: int, seconds: float) -> dict[str, float]:
@@ -116,7 +106,7 @@ def micro_batch_latency(spark, settings, trigger_ms: int, seconds: float) -> dic
 
     checkpoint = tempfile.mkdtemp(prefix="floor-", dir="/dev/shm")
     query = (
-        source(spark, settings, "bench.floor.in", True, "latest")
+        kafka_source(spark, settings, "bench.floor.in", True, "latest")
         .writeStream.foreachBatch(note)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime=f"{trigger_ms} milliseconds")
@@ -133,21 +123,51 @@ def micro_batch_latency(spark, settings, trigger_ms: int, seconds: float) -> dic
 
 
 def continuous_latency(spark, settings, seconds: float) -> dict[str, float]:
+    def start(checkpoint: str):
+        return (
+            kafka_source(spark, settings, "bench.floor.in", True, "latest")
+            .selectExpr("value")
+            .writeStream.format("kafka")
+            .option("kafka.bootstrap.servers", settings.kafka_servers())
+            .option("topic", "bench.floor.out")
+            .option("checkpointLocation", checkpoint)
+            .trigger(continuous="1 second")
+            .start()
+        )
+
+    return kafka_to_kafka(settings, start, seconds, "continuous, 1 s epochs")
+
+
+def real_time_latency(spark, settings, seconds: float) -> dict[str, float]:
+    """Real-time mode has no Python trigger in pyspark 4.1.1: the query is started through
+    the JVM's ``Trigger.RealTime``, as a Scala or Java job would start it."""
+
+    def start(checkpoint: str):
+        jdf = kafka_source(spark, settings, "bench.floor.in", True, "latest").selectExpr("value")
+        trigger = spark._jvm.org.apache.spark.sql.streaming.Trigger.RealTime("5 seconds")
+        return (
+            jdf._jdf.writeStream()
+            .format("kafka")
+            .option("kafka.bootstrap.servers", settings.kafka_servers())
+            .option("topic", "bench.floor.out")
+            .option("checkpointLocation", checkpoint)
+            .outputMode("update")
+            .trigger(trigger)
+            .start()
+        )
+
+    return kafka_to_kafka(settings, start, seconds, "real-time mode, 5 s batches")
+
+
+def kafka_to_kafka(settings, start, seconds: float, label: str) -> dict[str, float]:
+    """Latency of a Kafka → Kafka query (``start(checkpoint)``), measured at a consumer of
+    the output topic: its receive time minus the produce time each record carries."""
     checkpoint = tempfile.mkdtemp(prefix="floor-", dir="/dev/shm")
-    query = (
-        source(spark, settings, "bench.floor.in", True, "latest")
-        .selectExpr("value")
-        .writeStream.format("kafka")
-        .option("kafka.bootstrap.servers", settings.kafka_servers())
-        .option("topic", "bench.floor.out")
-        .option("checkpointLocation", checkpoint)
-        .trigger(continuous="1 second")
-        .start()
-    )
+    query = start(checkpoint)
     consumer = Consumer(
         {
             "bootstrap.servers": settings.kafka_servers(),
-            "group.id": "floor",
+            "group.id": f"floor-{time.time_ns()}",
             "auto.offset.reset": "latest",
         }
     )
@@ -172,7 +192,7 @@ def continuous_latency(spark, settings, seconds: float) -> dict[str, float]:
     query.stop()
     shutil.rmtree(checkpoint, ignore_errors=True)
     result = pcts(seen)
-    print(f"continuous, 1 s epochs, Kafka → Kafka: {result}")
+    print(f"{label}, Kafka → Kafka: {result}")
     return result
 
 
@@ -197,6 +217,7 @@ def main() -> None:
             for ms in (0, 100, 500)
         }
         report["continuous"] = continuous_latency(spark, settings, args.seconds)
+        report["real_time"] = real_time_latency(spark, settings, args.seconds)
         print(json.dumps(report))
     finally:
         if spark is not None:

@@ -1,5 +1,9 @@
 """The streaming job on this machine: sustained ticks/s, and tick → live candle latency.
 
+Both rates are also given against ``spark_kafka_read_per_s``, Spark's plain Kafka read of
+the same topic in the same run (``live_ratio``, ``committed_ratio``; #18's targets are 0.9
+and 0.7).
+
 Throughput: a burst of N ticks (encoded beforehand) is written to Kafka as fast as possible;
 we time until the live query has published all of them and the job has committed all of them
 to the ``ticks`` table (latency is measured only after that). Latency: ticks at a low rate,
@@ -11,7 +15,10 @@ feeds, one five minutes behind the other, each resending one trade in twenty; th
 candles in ``ohlc`` then count each trade once (``duplicates_counted``) and the lagging feed
 has all its candles (``lagging_feed_candles_missing``). Both must be 0. The last line is JSON.
 
-    python -m bench.stream [--burst N] [--latency-seconds S]
+    python -m bench.stream [--burst N] [--latency-seconds S] [--profile OUT.svg]
+
+``--profile`` records the job's driver with py-spy during the burst (a flame graph): where
+the Python side of the live and committing queries spends its time.
 """
 
 from __future__ import annotations
@@ -20,18 +27,23 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import zmq
 from confluent_kafka import Producer
 
+from bench.spark_read import kafka_source, read_rate
 from bench.stack import private_stack, stream_metric, wait_until_warm
 from bench.stats import pct
 from candlewire.kafka import TICKS, producer_config
 from candlewire.lake import NAMESPACE, catalog
+from candlewire.spark import build_session
 from candlewire.topics import market_data_topic
 from proto import market_pb2
 from proto.envelope import decode_sub, to_record
@@ -58,10 +70,16 @@ def tick(ticker: str, i: int, t_ns: int) -> bytes:
     )
 
 
-def throughput(settings, n: int) -> dict[str, float]:
+def throughput(settings, n: int, profile: str | None = None) -> dict[str, float]:
     """Ticks/s over the wall clock, from the first produce to the last tick published live,
     and to the last committed (which includes up to one commit trigger's wait)."""
     producer = Producer(producer_config(settings, **{"linger.ms": 20}))
+    spy = None
+    if profile:
+        pid = (settings.state_dir / "run" / "stream.pid").read_text().strip()
+        py_spy = str(Path(sys.executable).with_name("py-spy"))  # the dev extra installs it
+        record = ["record", "--pid", pid, "--output", profile, "--format", "flamegraph"]
+        spy = subprocess.Popen([py_spy, *record, "--duration", "30", "--nonblocking"])
     now = time.time_ns()
     values = [tick(f"BENCH:T{i % 8}/USDT", i, now + i * 1000) for i in range(n)]
     base, base_live = committed_ticks(settings), published_ticks(settings)
@@ -81,12 +99,29 @@ def throughput(settings, n: int) -> dict[str, float]:
     while committed_ticks(settings) - base < n:
         time.sleep(0.2)
     elapsed = time.perf_counter() - t0
+    if spy is not None:
+        spy.wait(60)
     rates = {"live": n / live, "committed": n / elapsed}
     print(
         f"{n:,} ticks produced in {produced:.1f}s; published live after {live:.1f}s "
         f"({rates['live']:,.0f} ticks/s), committed after {elapsed:.1f}s ({rates['committed']:,.0f} ticks/s)"
     )
     return rates
+
+
+def spark_kafka_read(settings) -> int:
+    """Spark's plain Kafka read of the ticks topic (the burst just sent, and the warm-up), in
+    a session of this process beside the job's: the ceiling the job's rates are held to."""
+    spark = build_session(settings, "candlewire-bench-read")
+    try:
+        return read_rate(
+            lambda: kafka_source(spark, settings, TICKS.name, False).select(
+                "value", "partition", "offset"
+            ),
+            "spark_kafka_read",
+        )
+    finally:
+        spark.stop()
 
 
 def latency(settings, seconds: float, rate: float = 20.0) -> list[float]:
@@ -188,10 +223,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--burst", type=int, default=1_000_000)
     parser.add_argument("--latency-seconds", type=float, default=60.0)
+    parser.add_argument("--profile", help="write a py-spy flame graph of the burst here")
     args = parser.parse_args()
     with private_stack() as settings:
         wait_until_warm(settings)
-        rates = throughput(settings, args.burst)
+        rates = throughput(settings, args.burst, args.profile)
+        ceiling = spark_kafka_read(settings)
         lat = sorted(latency(settings, args.latency_seconds))
         correct = feeds_phase(settings)
     p50, p99 = statistics.median(lat) * 1000, pct(lat, 0.99)
@@ -202,6 +239,8 @@ def main() -> None:
         json.dumps(
             {
                 **{f"ticks_per_s_{k}": round(v) for k, v in rates.items()},
+                "spark_kafka_read_per_s": ceiling,
+                **{f"{k}_ratio": round(v / ceiling, 2) for k, v in rates.items()},
                 "latency_p50_ms": round(p50),
                 "latency_p99_ms": round(p99),
                 "ticks": len(lat),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -71,6 +72,9 @@ class Settings(BaseSettings):
     3M every 30 s allows 100k ticks/s."""
     stream_live_trigger_s: float = 0.1
     """Micro-batch interval of the live query (ticks and forming candles to subscribers)."""
+    stream_decoder: Literal["jvm", "python"] = "jvm"
+    """Where the committing query decodes ticks: the JVM UDF of ``jvm/decoder`` (``make jvm``
+    builds it), or the Python reference decoder in Spark's Python workers."""
     stream_watermark_s: float = 10.0
     """The lateness allowance: how far behind its own feed's clock (the largest event time of
     that ticker's trades so far) a tick may be and still correct its candle."""
@@ -152,6 +156,7 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_STREAM_TICKS_TRIGGER_S"] = str(self.stream_ticks_trigger_s)
         env["CANDLEWIRE_STREAM_TICKS_BATCH_MAX"] = str(self.stream_ticks_batch_max)
         env["CANDLEWIRE_STREAM_LIVE_TRIGGER_S"] = str(self.stream_live_trigger_s)
+        env["CANDLEWIRE_STREAM_DECODER"] = self.stream_decoder
         env["CANDLEWIRE_STREAM_WATERMARK_S"] = str(self.stream_watermark_s)
         env["CANDLEWIRE_STREAM_DEDUP_HORIZON_S"] = str(self.stream_dedup_horizon_s)
         env["CANDLEWIRE_STREAM_IDLE_TIMEOUT_S"] = str(self.stream_idle_timeout_s)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -25,6 +27,24 @@ def test_fetched_jars_are_the_declared_versions() -> None:
 
     jars = {p.name for p in (REPO / ".cache" / "jvm" / "spark").glob("*.jar")}
     assert f"spark-sql-kafka-0-10_2.13-{pyspark.__version__}.jar" in jars
-    assert any(j.startswith("iceberg-spark-runtime-4.0_2.13-") for j in jars)
+    assert any(j.startswith("iceberg-spark-runtime-4.1_2.13-") for j in jars)
     kafka = {p.name for p in (REPO / ".cache" / "jvm" / "kafka").glob("kafka_2.13-*.jar")}
     assert kafka == {"kafka_2.13-4.1.0.jar"}
+
+
+def test_the_decoder_is_built_against_the_same_spark_and_protoc() -> None:
+    """Java and Python classes come from the same protoc release (protobuf-java 4.x.y is
+    protoc x.y), and the UDF compiles against the Spark that runs it."""
+    import pyspark
+
+    pom = ET.parse(REPO / "jvm" / "decoder" / "pom.xml").getroot()
+    props = {p.tag.split("}")[1]: p.text for p in pom.find("m:properties", NS)}
+    assert props["spark.version"] == pyspark.__version__
+    protoc = subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[-1]
+    assert props["protobuf.version"] == f"4.{protoc}"
+    assert (REPO / ".cache" / "jvm" / "spark" / "candlewire-decoder.jar").is_file()

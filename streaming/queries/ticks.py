@@ -22,7 +22,7 @@ from candlewire.kafka import TICKS
 from candlewire.lake import TICKS_SCHEMA
 from streaming.candles import Candle, candle_from_row, changed
 from streaming.context import JobContext
-from streaming.decode import TICK_STRUCT, decode_ticks, ohlc_rows
+from streaming.decode import TICK_STRUCT, decode_ticks, decode_ticks_in_jvm, ohlc_rows
 from streaming.feeds import judge
 from streaming.metrics import Laps
 from streaming.queries import TopicQuery
@@ -50,11 +50,12 @@ class TicksQuery(TopicQuery):
         self.committed_candles = restored.candles_batch
 
     def source(self) -> DataFrame:
-        return (
-            self.ctx.kafka(self.topic, self.ctx.settings.stream_ticks_batch_max)
-            .select("value", "partition", "offset")
-            .mapInArrow(decode_ticks, TICK_STRUCT)
+        records = self.ctx.kafka(self.topic, self.ctx.settings.stream_ticks_batch_max).select(
+            "value", "partition", "offset"
         )
+        if self.ctx.settings.stream_decoder == "jvm":
+            return decode_ticks_in_jvm(self.ctx.spark, records)
+        return records.mapInArrow(decode_ticks, TICK_STRUCT)
 
     def batch(self, df: DataFrame, batch_id: int) -> None:
         if batch_id <= min(self.committed_ticks, self.committed_candles):

@@ -16,6 +16,7 @@ from candlewire.topics import ingestor_topic
 from ingest.exchanges.base import Page
 from ingest.exchanges.replay import ReplayExchange
 from ingest.exchanges.sim import SimExchange
+from ingest.peers import TAKING_WORK
 from ingest.service import Ingestor
 from proto import market_pb2
 from proto import requests_pb2 as rq
@@ -122,15 +123,28 @@ def test_error_marker(live, ticker, start, reason) -> None:
     assert marker.metadata.notification_topic == f"HISTORY_READY:{ack.request_id}"
 
 
+def sees_taking(ingestor: Ingestor, other: Ingestor) -> bool:
+    """``ingestor`` counts ``other`` alive and taking work (past its warm-up)."""
+    view = ingestor.views["SIM"]
+    peer = view.alive(time.monotonic()).get(other.id)
+    taking = ingestor.state(time.monotonic()) in TAKING_WORK
+    return taking and peer is not None and peer.state in TAKING_WORK
+
+
 def test_competing_ingestors_fetch_each_request_once(live) -> None:
     a = start_ingestor(live, SimExchange(), ingestor_id="ing-a")
     b = start_ingestor(live, SimExchange(), ingestor_id="ing-b")
     try:
-        time.sleep(1.0)  # both past warm-up, each has seen the other
+        # Both past warm-up and each taking work in the other's view; then 16 requests
+        # leave rendezvous hashing a 2 in 65,536 chance of giving them all to one.
+        deadline = time.monotonic() + 30
+        while not all(sees_taking(x, y) for x, y in ((a, b), (b, a))):
+            assert time.monotonic() < deadline, "the ingestors never saw each other"
+            time.sleep(0.1)
         with Client(live) as client:
             acks = [
                 client.submit("SIM:ETH/USDT", 300, T0 + i * DAY, T0 + (i + 1) * DAY)
-                for i in range(8)
+                for i in range(16)
             ]
         time.sleep(3.0)
         ids = {ack.request_id for ack in acks}

@@ -1,0 +1,189 @@
+package io.candlewire.spark;
+
+import candlewire.v1.Envelope.MessageType;
+import candlewire.v1.MarketOuterClass.FeedIdle;
+import candlewire.v1.MarketOuterClass.Tick;
+import com.google.protobuf.CodedInputStream;
+import com.google.protobuf.Descriptors.Descriptor;
+import com.google.protobuf.Descriptors.FieldDescriptor;
+import com.google.protobuf.InvalidProtocolBufferException;
+import com.google.protobuf.WireFormat;
+import java.io.ByteArrayInputStream;
+import java.io.IOException;
+import java.io.InputStream;
+import java.util.regex.Pattern;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.api.java.UDF1;
+
+/**
+ * A record of the ticks topic as one row of {@code streaming.decode.TICK_ROWS}, decoded where
+ * Spark reads it: no Python worker, no Arrow round trip. {@code streaming.decode.decode_ticks} is
+ * the reference; {@code tests/streaming/test_decode_jvm.py} checks that both give the same row
+ * for every envelope, malformed ones included. A record that is not a valid tick or idle mark is
+ * a row with {@code valid = false} that the job counts and drops, never an exception.
+ */
+public final class DecodeTick implements UDF1<byte[], Row> {
+  private static final long serialVersionUID = 1L;
+  private static final byte PROTOCOL_VERSION = 1;
+  /** The wire's decimal strings, as {@code streaming.decode.DECIMAL_TEXT} spells them. */
+  private static final Pattern DECIMAL =
+      Pattern.compile("[+-]?(?:[0-9]+(?:\\.[0-9]*)?|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?");
+
+  /** upb's limits, which Python's protobuf applies and protobuf-java does not. */
+  private static final int MAX_TAG_BYTES = 5;
+
+  private static final int MAX_DEPTH = 100;
+
+  private static final int SLOW_PATH_BUFFER = 9;
+
+  private static final Row INVALID = row(false, false, null, null, null, null, null, null, null);
+
+  @Override
+  public Row call(byte[] value) {
+    // [version byte][type byte][protobuf]: streaming.decode.parse_tick via proto.envelope.
+    if (value == null || value.length < 2 || value[0] != PROTOCOL_VERSION) {
+      return INVALID;
+    }
+    int type = value[1] & 0xff;
+    try {
+      if (type == MessageType.TICK_VALUE) {
+        CodedInputStream in = checked(value, Tick.getDescriptor());
+        return in == null ? INVALID : tick(Tick.parseFrom(in));
+      }
+      if (type == MessageType.FEED_IDLE_VALUE) {
+        CodedInputStream in = checked(value, FeedIdle.getDescriptor());
+        return in == null ? INVALID : idle(FeedIdle.parseFrom(in));
+      }
+    } catch (IOException | RuntimeException e) {
+      return INVALID; // never fail the query: the job counts and drops the record
+    }
+    return INVALID;
+  }
+
+  /**
+   * The payload to parse, or null where Python's parser (upb) would reject it and protobuf-java
+   * would not: a tag longer than 5 bytes or wider than 32 bits, anywhere in the message. A
+   * 10-byte varint whose last byte is not 1 (never written so) gets a different top bit from
+   * protobuf-java's fast path than from upb; such a payload is parsed on the byte-at-a-time
+   * path, which agrees with upb. tests/streaming/test_decode_jvm.py fuzzes both decoders.
+   */
+  private static CodedInputStream checked(byte[] value, Descriptor type) throws IOException {
+    Scan scan = new Scan();
+    try {
+      if (!scan.message(CodedInputStream.newInstance(value, 2, value.length - 2), type, 0, 0)) {
+        return null;
+      }
+    } catch (InvalidProtocolBufferException e) {
+      return null; // truncated or malformed: the parse would reject it too
+    }
+    if (scan.wideVarint) {
+      // A buffer shorter than a varint's 10 bytes keeps every read on the slow path.
+      InputStream bytes = new ByteArrayInputStream(value, 2, value.length - 2);
+      return CodedInputStream.newInstance(bytes, SLOW_PATH_BUFFER);
+    }
+    return CodedInputStream.newInstance(value, 2, value.length - 2);
+  }
+
+  /** One pass over a payload's tags, in sub-messages and groups too. */
+  private static final class Scan {
+    boolean wideVarint;
+
+    boolean message(CodedInputStream in, Descriptor type, int group, int depth)
+        throws IOException {
+      if (depth > MAX_DEPTH) {
+        return false;
+      }
+      while (!in.isAtEnd()) {
+        int start = in.getTotalBytesRead();
+        long raw = in.readRawVarint64();
+        if (in.getTotalBytesRead() - start > MAX_TAG_BYTES || (raw >>> 32) != 0) {
+          return false;
+        }
+        int tag = (int) raw;
+        int number = WireFormat.getTagFieldNumber(tag);
+        int wire = WireFormat.getTagWireType(tag);
+        FieldDescriptor field = type == null ? null : type.findFieldByNumber(number);
+        if (wire == WireFormat.WIRETYPE_END_GROUP) {
+          return number == group;
+        } else if (wire == WireFormat.WIRETYPE_START_GROUP) {
+          if (!message(in, null, number, depth + 1)) {
+            return false;
+          }
+        } else if (wire == WireFormat.WIRETYPE_VARINT) {
+          varint(in);
+        } else if (wire == WireFormat.WIRETYPE_LENGTH_DELIMITED
+            && field != null
+            && field.getJavaType() == FieldDescriptor.JavaType.MESSAGE) {
+          int limit = in.pushLimit(in.readRawVarint32());
+          if (!message(in, field.getMessageType(), 0, depth + 1)) {
+            return false;
+          }
+          in.popLimit(limit);
+        } else {
+          in.skipField(tag);
+        }
+      }
+      return group == 0;
+    }
+
+    private void varint(CodedInputStream in) throws IOException {
+      for (int i = 1; i <= 10; i++) {
+        byte b = in.readRawByte();
+        if (b >= 0) {
+          wideVarint |= i == 10 && b != 1;
+          return;
+        }
+      }
+      throw new InvalidProtocolBufferException("CodedInputStream encountered a malformed varint.");
+    }
+  }
+
+  private static Row tick(Tick t) {
+    if (t.getTicker().isEmpty() || !isDecimal(t.getPrice()) || !isDecimal(t.getSize())) {
+      return INVALID;
+    }
+    return row(
+        true,
+        false,
+        t.getTicker(),
+        t.getTradeId(),
+        t.getPrice(),
+        t.getSize(),
+        side(t.getSideValue()),
+        t.getExchangeTimeNs(),
+        t.getIngestTimeNs() == 0 ? null : t.getIngestTimeNs());
+  }
+
+  private static Row idle(FeedIdle f) {
+    if (f.getTicker().isEmpty()) {
+      return INVALID;
+    }
+    return row(false, true, f.getTicker(), null, null, null, null, f.getEventTimeNs(), null);
+  }
+
+  private static boolean isDecimal(String text) {
+    return DECIMAL.matcher(text).matches();
+  }
+
+  private static String side(int value) {
+    if (value == 1) {
+      return "BUY";
+    }
+    return value == 2 ? "SELL" : null;
+  }
+
+  private static Row row(
+      boolean valid,
+      boolean idle,
+      String ticker,
+      String tradeId,
+      String price,
+      String size,
+      String side,
+      Long exchangeTimeNs,
+      Long ingestTimeNs) {
+    return RowFactory.create(
+        valid, idle, ticker, tradeId, price, size, side, exchangeTimeNs, ingestTimeNs);
+  }
+}
