@@ -2,7 +2,8 @@
 
 Both rates are also given against ``spark_kafka_read_per_s``, Spark's plain Kafka read of
 the same topic in the same run (``live_ratio``, ``committed_ratio``; #18's targets are 0.9
-and 0.7).
+and 0.7). ``ticks_per_s_committed_busy`` is the burst over the time the committing query
+spent in its batches, without the commit trigger's wait.
 
 Throughput: a burst of N ticks (encoded beforehand) is written to Kafka as fast as possible;
 we time until the live query has published all of them and the job has committed all of them
@@ -53,6 +54,10 @@ def committed_ticks(settings) -> float:
     return stream_metric(settings, 'candlewire_stream_rows_total{table="ticks"}')
 
 
+def busy_seconds(settings, query: str) -> float:
+    return stream_metric(settings, f'candlewire_stream_batch_seconds_total{{query="{query}"}}')
+
+
 def published_ticks(settings) -> float:
     return stream_metric(settings, 'candlewire_stream_published_total{kind="tick"}')
 
@@ -83,6 +88,7 @@ def throughput(settings, n: int, profile: str | None = None) -> dict[str, float]
     now = time.time_ns()
     values = [tick(f"BENCH:T{i % 8}/USDT", i, now + i * 1000) for i in range(n)]
     base, base_live = committed_ticks(settings), published_ticks(settings)
+    busy = busy_seconds(settings, "ticks")
     t0 = time.perf_counter()
     for i, value in enumerate(values):
         while True:
@@ -102,6 +108,12 @@ def throughput(settings, n: int, profile: str | None = None) -> dict[str, float]
     if spy is not None:
         spy.wait(60)
     rates = {"live": n / live, "committed": n / elapsed}
+    # The same ticks over the time the committing query spent in its batches: what it
+    # sustains while busy, free of the 30 s trigger's wait that a single burst includes. A
+    # batch adds its time after its rows, so wait for the batch that finished the burst.
+    while busy_seconds(settings, "ticks") == busy:
+        time.sleep(0.2)
+    rates["committed_busy"] = n / (busy_seconds(settings, "ticks") - busy)
     print(
         f"{n:,} ticks produced in {produced:.1f}s; published live after {live:.1f}s "
         f"({rates['live']:,.0f} ticks/s), committed after {elapsed:.1f}s ({rates['committed']:,.0f} ticks/s)"
