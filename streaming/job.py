@@ -52,6 +52,7 @@ class StreamingJob:
             metrics=StreamMetrics(),
         )
         self.ctx.metrics.journal_errors.set_function(lambda: self.ctx.publisher.journal_errors)
+        self.ctx.metrics.publish_dropped.set_function(lambda: self.ctx.publisher.dropped)
         ledger = Ledger(self.ctx)
         restored = ledger.restore()
         live = LiveQuery(self.ctx, restored)

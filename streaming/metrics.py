@@ -68,6 +68,12 @@ class StreamMetrics:
             "Live messages published but not written to the journal (candlewire.live)",
             registry=r,
         )
+        self.publish_dropped = Gauge(
+            "candlewire_stream_publish_dropped",
+            "Messages not sent because a relay's queue was full (subscribers fill market data "
+            "from the journal)",
+            registry=r,
+        )
 
 
 class Laps:

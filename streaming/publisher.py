@@ -9,6 +9,12 @@ that lost the tail of a burst sees from it that there was more.
 foreachBatch functions of different queries run on different threads; a lock serialises
 their use of the one socket. Notifications are sent again after NOTIFY_REPEAT_DELAYS_S (a
 subscription may still be travelling upstream the first time); market data is not.
+
+The socket is an XPUB that never blocks and never drops silently (``XPUB_NODROP``): when a
+relay's queue is full, the message is not sent and is counted in ``dropped``
+(``candlewire_stream_publish_dropped``). Market data is in the journal already, so a
+subscriber fills it from there. With several relays, one full queue holds the message back
+from all of them.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ from google.protobuf.message import Message
 from candlewire.config import Settings
 from candlewire.kafka import JOURNAL, journal_partition, producer_config
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
-from candlewire.zmqutil import harden
+from candlewire.zmqutil import HWM, harden, pending
 from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto.envelope import VERSION_FRAME, encode_topic, to_record, type_id
 
 log = logging.getLogger("candlewire.stream")
-SNDMORE = int(zmq.SNDMORE)
+SNDMORE = int(zmq.SNDMORE)  # send_multipart's flag enums cost more than the send itself
+NOBLOCK = int(zmq.NOBLOCK)
 TICK_TYPE = type_id(market_pb2.Tick())
 HEAD_EVERY_S = 0.5  # the issue asks for at least one a second
 HEAD_ACTIVE_S = 600.0  # a topic quiet for this long gets no more beacons
@@ -74,9 +81,12 @@ class Sequencer:
 
 
 class StreamPublisher:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, hwm: int = HWM) -> None:
         self._ctx = zmq.Context()
-        self._sock = harden(self._ctx.socket(zmq.PUB), max_message_bytes=settings.max_message_bytes)
+        self._sock = harden(
+            self._ctx.socket(zmq.XPUB), max_message_bytes=settings.max_message_bytes, hwm=hwm
+        )
+        self._sock.setsockopt(zmq.XPUB_NODROP, 1)
         self._sock.bind(settings.bind("stream_pub"))
         for endpoint in settings.extra_relays:
             self._sock.connect(endpoint)
@@ -90,12 +100,17 @@ class StreamPublisher:
         self._repeater = threading.Thread(target=self._repeat, name="notify-repeat", daemon=True)
         self._repeater.start()
         self.sent = 0
+        self.dropped = 0
         self.journal_errors = 0
 
     def publish(self, topic: str, msg: Message) -> None:
         frames = encode_topic(topic, msg)
         with self._lock:
-            self._sock.send_multipart(frames)
+            try:
+                self._sock.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                self.dropped += 1
+                return
             self.sent += 1
 
     def publish_ticks(self, items: list[tuple[bytes, bytes, int, int]]) -> None:
@@ -129,12 +144,17 @@ class StreamPublisher:
         for topic, records in runs.items():
             for i in range(0, len(records), JOURNAL_BATCH_MAX):
                 self._produce(topic, self._batch(topic, records[i : i + JOURNAL_BATCH_MAX]), now_ms)
-        send, more = self._sock.send, SNDMORE  # send_multipart's flag enums cost more than
-        for topic, record in stamped:  # the send itself
-            send(topic, more)
+        send, more, first, dropped = self._sock.send, SNDMORE, SNDMORE | NOBLOCK, 0
+        for topic, record in stamped:
+            try:
+                send(topic, first)  # a message goes whole or not at all: its first frame decides
+            except zmq.Again:
+                dropped += 1
+                continue
             send(record[:1], more)
             send(record[1:])
-        self.sent += len(stamped)
+        self.sent += len(stamped) - dropped
+        self.dropped += dropped
         self._journal.poll(0)
 
     @staticmethod
@@ -191,6 +211,8 @@ class StreamPublisher:
                     self._next_head = now + HEAD_EVERY_S
                     ready += [(0, 0, h.topic, h) for h in self.sequencer.heads()]
                 self._journal.poll(0)
+                for _ in pending(self._sock):
+                    pass  # the relays' subscriptions: the XPUB applies them, nobody reads them
             for _, _, topic, msg in ready:
                 self.publish(topic, msg)
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 
+import zmq
+
+from candlewire.testing import free_settings, wait_for
 from proto import market_pb2
 from proto.envelope import from_record, to_record
 from streaming.publisher import Sequencer, StreamPublisher
@@ -41,3 +44,43 @@ def test_a_journal_record_holds_its_run_typed_with_first_and_last() -> None:
     assert (batch.first.seq, batch.last.seq) == (2, 3)
     assert (batch.first.source_offset, batch.last.source_offset) == (41, 45)
     assert [t.trade_id for t in batch.ticks] == ["41", "45"] and not batch.candles
+
+
+def test_a_full_relay_queue_drops_are_counted_not_silent(tmp_path) -> None:
+    """A relay that stops reading: the publisher never blocks, and every message it did not
+    send is counted; the relay then receives exactly the others."""
+    settings = free_settings(tmp_path)
+    publisher = StreamPublisher(settings, hwm=500)
+    ctx = zmq.Context()
+    relay = ctx.socket(zmq.XSUB)
+    relay.setsockopt(zmq.RCVHWM, 500)
+    relay.connect(settings.connect("stream_pub"))
+    relay.send(b"\x01")  # subscribe to everything, as the relay does for its clients
+    try:
+
+        def arrived() -> bool:  # the subscription has reached the publisher
+            publisher.publish("T|x", HEAD)
+            return bool(relay.poll(100))
+
+        wait_for(arrived, timeout=10)
+        while relay.poll(200):
+            relay.recv_multipart()
+        sent, dropped = publisher.sent, publisher.dropped
+        t0 = time.monotonic()
+        for _ in range(100_000):
+            publisher.publish("T|x", HEAD)
+        assert time.monotonic() - t0 < 30  # never blocked on the full queue
+        assert publisher.dropped - dropped > 0
+        assert (publisher.sent - sent) + (publisher.dropped - dropped) == 100_000
+        received = 0
+        while relay.poll(500):
+            relay.recv_multipart()
+            received += 1
+        assert received == publisher.sent - sent
+    finally:
+        relay.close(linger=0)
+        ctx.term()
+        publisher.close()
+
+
+HEAD = market_pb2.StreamHead(topic="T|x")
