@@ -81,4 +81,4 @@ proto: install
 	$(PY) -m proto.generate
 
 clean: down
-	rm -rf $(VENV) .candlewire .cache
+	rm -rf $(VENV) .candlewire .cache jvm/target
