@@ -23,9 +23,9 @@ $(JARS)/.fetched: jvm/kafka.xml jvm/spark.xml jvm/maven-settings.xml
 	$(MVN) -f jvm/spark.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JARS)/spark
 	touch $@
 
-# The JVM decoder of the ticks topic (jvm/decoder): protoc and protobuf-java from Central.
+# The job's JVM side (jvm/decoder: the tick decoder and the real-time live path), from Central.
 DECODER := $(JARS)/spark/candlewire-decoder.jar
-$(DECODER): $(JARS)/.fetched jvm/decoder/pom.xml $(wildcard jvm/decoder/src/main/java/io/candlewire/spark/*.java) proto/envelope.proto proto/market.proto
+$(DECODER): $(JARS)/.fetched jvm/decoder/pom.xml $(wildcard jvm/decoder/src/main/java/io/candlewire/spark/*.java) $(wildcard proto/*.proto)
 	$(MVN) -f jvm/decoder/pom.xml package
 	cp jvm/target/decoder/candlewire-decoder.jar $@
 

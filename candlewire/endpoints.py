@@ -40,8 +40,15 @@ ENDPOINTS: dict[str, Endpoint] = {
             "stream_pub",
             5557,
             "stream processor",
-            "PUB ← relay XSUB connects",
+            "XPUB ← relay XSUB connects",
             "market data and notifications",
+        ),
+        Endpoint(
+            "stream_live",
+            5562,
+            "stream processor",
+            "XPUB ← relay XSUB connects",
+            "live ticks and candles of the real-time live path",
         ),
         Endpoint(
             "market_data",

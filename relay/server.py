@@ -4,7 +4,7 @@
   accepted work goes out on ``work_queue`` (PUB) under the ``{EXCHANGE}:`` topic. Trusted
   components may also send DataRequest (realtime, metadata) and IngestorControl here; the
   relay forwards them to ``work_queue`` or ``control`` unchanged.
-- ``market_data`` (XPUB) ← ``stream_pub`` and ``publisher_ingress`` (XSUB): forwarded by
+- ``market_data`` (XPUB) ← ``stream_pub``, ``stream_live`` and ``publisher_ingress`` (XSUB): forwarded by
   libzmq's steerable proxy in its own thread, with no Python per message.
 - A watcher XPUB connected to that XSUB over inproc sees every topic's first subscription
   and last unsubscription (never data), so the relay can tell subscribers of a ticker whose
@@ -126,7 +126,7 @@ class Relay:
             raise OSError(
                 f"relay cannot bind its ports ({exc}); is another relay running?"
             ) from exc
-        for endpoint in [s.connect("stream_pub"), *s.extra_publishers]:
+        for endpoint in [s.connect("stream_pub"), s.connect("stream_live"), *s.extra_publishers]:
             self._xsub.connect(endpoint)
         if self._serve_metrics:
             self._http = MetricsServer(self.metrics.registry, s.bind_host, s.port("relay_metrics"))

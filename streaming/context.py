@@ -23,14 +23,16 @@ class JobContext:
     progress: Progress
     metrics: StreamMetrics
 
-    def kafka(self, topic: str, max_per_trigger: int = 500_000, **options: str) -> DataFrame:
-        """A streaming read of one Kafka topic from the earliest offset (or ``options``)."""
+    def kafka(self, topic: str, max_per_trigger: int | None = 500_000, **options: str) -> DataFrame:
+        """A streaming read of one Kafka topic from the earliest offset (or ``options``);
+        ``max_per_trigger`` None for real-time mode, which has no triggers to cap."""
+        if max_per_trigger is not None:
+            options = {"maxOffsetsPerTrigger": str(max_per_trigger), **options}
         return (
             self.spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", self.settings.kafka_servers())
             .option("subscribe", topic)
             .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", str(max_per_trigger))
             .options(**options)
             .load()
         )

@@ -31,6 +31,7 @@ from streaming.queries import Query
 from streaming.queries.history import HistoryQuery
 from streaming.queries.live import LiveQuery
 from streaming.queries.metadata import MetadataQuery
+from streaming.queries.realtime import RealTimeLiveQuery, local_master
 from streaming.queries.ticks import TicksQuery
 from streaming.recovery import Ledger
 from streaming.tables import Tables
@@ -42,7 +43,13 @@ class StreamingJob:
     def __init__(
         self, settings: Settings, spark: SparkSession | None = None, metrics: bool = True
     ) -> None:
-        spark = spark or build_session(settings, "candlewire-stream")
+        realtime = settings.stream_live_engine == "realtime"
+        if spark is None:
+            if realtime:
+                settings = settings.model_copy(
+                    update={"spark_master": local_master(settings.spark_master)}
+                )
+            spark = build_session(settings, "candlewire-stream")
         self.ctx = JobContext(
             settings=settings,
             spark=spark,
@@ -51,11 +58,16 @@ class StreamingJob:
             progress=Progress(settings),
             metrics=StreamMetrics(),
         )
-        self.ctx.metrics.journal_errors.set_function(lambda: self.ctx.publisher.journal_errors)
-        self.ctx.metrics.publish_dropped.set_function(lambda: self.ctx.publisher.dropped)
         ledger = Ledger(self.ctx)
         restored = ledger.restore()
-        live = LiveQuery(self.ctx, restored)
+        live = (RealTimeLiveQuery if realtime else LiveQuery)(self.ctx, restored)
+        publisher = self.ctx.publisher
+        self.ctx.metrics.journal_errors.set_function(
+            lambda: publisher.journal_errors + live.publish_faults()[1]
+        )
+        self.ctx.metrics.publish_dropped.set_function(
+            lambda: publisher.dropped + live.publish_faults()[0]
+        )
         self.queries: list[Query] = [
             live,
             TicksQuery(self.ctx, ledger, restored),
@@ -85,6 +97,9 @@ class StreamingJob:
         # One FAIR pool per query (spark_conf sets FAIR mode): commits and MERGEs do not
         # hold up the live query's next batch, which is what subscribers wait for.
         self.ctx.spark.sparkContext.setLocalProperty("spark.scheduler.pool", q.name)
+        if isinstance(q, RealTimeLiveQuery):
+            self.running[q.name] = q.start()
+            return
         self.running[q.name] = (
             q.source()
             .writeStream.foreachBatch(q.batch)
@@ -142,7 +157,7 @@ class IdleMarkWriter(threading.Thread):
     """Writes the live query's idle marks into the ticks topic, keyed by ticker so each
     lands in its feed's partition, after the feed's trades (:mod:`streaming.feeds`)."""
 
-    def __init__(self, ctx: JobContext, live: LiveQuery) -> None:
+    def __init__(self, ctx: JobContext, live: LiveQuery | RealTimeLiveQuery) -> None:
         super().__init__(name="idle-marks", daemon=True)
         self.ctx, self.live = ctx, live
         self.every_s = max(0.5, min(ctx.settings.stream_idle_timeout_s / 4, 5.0))

@@ -39,6 +39,28 @@ from streaming.feeds import Verdict
 from streaming.recovery import Restored
 
 
+def scratch_checkpoint() -> str:
+    """The live query's checkpoint, thrown away on exit: in memory where there is /dev/shm,
+    since writing offsets and commits to disk was most of a live batch's time."""
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    return tempfile.mkdtemp(prefix="candlewire-live-", dir=shm)
+
+
+def live_source(
+    ctx: JobContext, offsets: dict[int, int], max_per_trigger: int | None = 500_000
+) -> DataFrame:
+    """The ticks topic from where the commits stand (``offsets``: next offset per partition;
+    a partition without one starts at its beginning)."""
+    start = {str(p): o for p, o in offsets.items()}
+    start.update({str(p): -2 for p in range(TICKS.partitions) if str(p) not in start})
+    return ctx.kafka(
+        TICKS.name,
+        max_per_trigger,
+        startingOffsets=json.dumps({TICKS.name: start}),
+        failOnDataLoss="false",
+    ).select("value", "partition", "offset")
+
+
 class LiveQuery:
     name = "live"
 
@@ -54,18 +76,14 @@ class LiveQuery:
         self.heard = {t: (now, clock) for t, clock in restored.clocks.items()}
         self._marked: dict[str, float] = {}
         self._lock = threading.Lock()  # the batch thread and the idle-mark writer
-        # Thrown away on exit: keep it in memory where there is /dev/shm, since writing
-        # offsets and commits to disk was most of a live batch's time.
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        self.checkpoint = tempfile.mkdtemp(prefix="candlewire-live-", dir=shm)
+        self.checkpoint = scratch_checkpoint()
 
     def source(self) -> DataFrame:
-        """The ticks topic from where the commits stand."""
-        start = {str(p): o for p, o in self.offsets.items()}
-        start.update({str(p): -2 for p in range(TICKS.partitions) if str(p) not in start})
-        return self.ctx.kafka(
-            TICKS.name, startingOffsets=json.dumps({TICKS.name: start}), failOnDataLoss="false"
-        ).select("value", "partition", "offset")
+        return live_source(self.ctx, self.offsets)
+
+    def publish_faults(self) -> tuple[int, int]:
+        """(dropped, journal errors) beyond the job's publisher's: none, it publishes there."""
+        return 0, 0
 
     def close(self) -> None:
         shutil.rmtree(self.checkpoint, ignore_errors=True)

@@ -41,6 +41,11 @@ public final class DecodeTick implements UDF1<byte[], Row> {
 
   @Override
   public Row call(byte[] value) {
+    return decode(value);
+  }
+
+  /** The UDF's row for one record; {@link Live} decodes with it too, so both paths agree. */
+  static Row decode(byte[] value) {
     // [version byte][type byte][protobuf]: streaming.decode.parse_tick via proto.envelope.
     if (value == null || value.length < 2 || value[0] != PROTOCOL_VERSION) {
       return INVALID;

@@ -1,0 +1,214 @@
+package io.candlewire.spark;
+
+import candlewire.v1.Live.LiveCandle;
+import candlewire.v1.MarketOuterClass.OHLC;
+import java.math.BigDecimal;
+import java.util.ArrayDeque;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
+import java.util.Map;
+
+/**
+ * One feed (ticker) as the live path sees it: {@code streaming/feeds.py}'s event clock and
+ * dedup, and {@code streaming/candles.py}'s forming candles, in Java. The verdicts and the
+ * candles must be the ones the committing query reaches, so every rule here mirrors one there
+ * (and tests/streaming/test_live_jvm.py holds the two to the same ticks). A ticker's ticks
+ * share one Kafka partition, so one task thread feeds a state; the publishing thread reads
+ * it, which is why its methods are called under the state's lock.
+ */
+final class FeedState {
+  static final int KEEP = 0;
+  static final int LATE = 1;
+  static final int DUPLICATE = 2;
+
+  final String ticker;
+  long clockNs;
+  private final HashMap<String, Long> seen = new HashMap<>();
+  private final ArrayDeque<Seen> order = new ArrayDeque<>();
+  private final HashMap<Window, Candle> forming = new HashMap<>();
+  /** Candles changed since the publisher last looked, and whether each is now closed. */
+  private final LinkedHashMap<Window, Candle> touched = new LinkedHashMap<>();
+
+  long heardAtNanos;
+  long heardClockNs;
+  long markedAtNanos = Long.MIN_VALUE;
+  boolean queued;
+
+  private record Seen(long timeNs, String tradeId) {}
+
+  record Window(int periodS, long openMs) {}
+
+  FeedState(String ticker, long clockNs) {
+    this.ticker = ticker;
+    this.clockNs = clockNs;
+    this.heardAtNanos = System.nanoTime();
+    this.heardClockNs = clockNs;
+  }
+
+  /** {@code Feeds.admit}: a resend changes nothing; a late tick moves no clock back. */
+  int admit(String tradeId, long timeNs, long allowanceNs, long horizonNs) {
+    boolean hasId = tradeId != null && !tradeId.isEmpty();
+    if (hasId && seen.containsKey(tradeId)) {
+      return DUPLICATE;
+    }
+    boolean late = clockNs > 0 && timeNs < clockNs - allowanceNs;
+    if (hasId) {
+      seen.put(tradeId, timeNs);
+      order.addLast(new Seen(timeNs, tradeId));
+    }
+    advance(timeNs, horizonNs);
+    return late ? LATE : KEEP;
+  }
+
+  /** An idle mark, or a trade: a clock only moves forward, and ids it leaves behind go. */
+  void advance(long timeNs, long horizonNs) {
+    if (timeNs > clockNs) {
+      clockNs = timeNs;
+      forgetBefore(timeNs - horizonNs);
+    }
+  }
+
+  private void forgetBefore(long horizonStartNs) {
+    while (!order.isEmpty() && order.peekFirst().timeNs() < horizonStartNs) {
+      Seen s = order.pollFirst();
+      Long at = seen.get(s.tradeId());
+      if (at != null && at == s.timeNs()) {
+        seen.remove(s.tradeId());
+      }
+    }
+  }
+
+  void remember(String tradeId, long timeNs, long horizonNs) {
+    if (tradeId.isEmpty() || timeNs < clockNs - horizonNs) {
+      return;
+    }
+    seen.put(tradeId, timeNs);
+    order.addLast(new Seen(timeNs, tradeId));
+  }
+
+  long watermarkMs(long allowanceNs) {
+    return clockNs == 0 ? 0 : Math.floorDiv(clockNs - allowanceNs, 1_000_000L);
+  }
+
+  /** A kept tick into the window of each period ({@code partial_candles}' rule). */
+  void fold(BigDecimal price, BigDecimal size, long timeNs, int[] periods) {
+    long minuteMs = Math.floorDiv(timeNs, 60_000_000_000L) * 60_000L;
+    for (int period : periods) {
+      long periodMs = period * 1000L;
+      Window w = new Window(period, Math.floorDiv(minuteMs, periodMs) * periodMs);
+      Candle c = forming.get(w);
+      if (c == null) {
+        c = new Candle(price, size, timeNs);
+        forming.put(w, c);
+      } else {
+        c.add(price, size, timeNs);
+      }
+      touched.put(w, c);
+    }
+  }
+
+  /** {@code FormingCandles.evict}: windows the watermark has passed are final. */
+  void evict(long allowanceNs) {
+    long watermark = watermarkMs(allowanceNs);
+    Iterator<Map.Entry<Window, Candle>> it = forming.entrySet().iterator();
+    while (it.hasNext()) {
+      Map.Entry<Window, Candle> e = it.next();
+      if (e.getKey().openMs() + e.getKey().periodS() * 1000L <= watermark) {
+        e.getValue().closed = true;
+        touched.put(e.getKey(), e.getValue());
+        it.remove();
+      }
+    }
+  }
+
+  void restore(LiveCandle c, long allowanceNs) {
+    Window w = new Window(c.getPeriodS(), c.getOpenMs());
+    if (w.openMs() + w.periodS() * 1000L <= watermarkMs(allowanceNs)) {
+      return;
+    }
+    Candle candle = new Candle(new BigDecimal(c.getOpen()), BigDecimal.ZERO, c.getFirstTradeNs());
+    candle.high = new BigDecimal(c.getHigh());
+    candle.low = new BigDecimal(c.getLow());
+    candle.close = new BigDecimal(c.getClose());
+    candle.volume = new BigDecimal(c.getVolume());
+    candle.count = c.getTradeCount();
+    candle.lastNs = c.getLastTradeNs();
+    forming.put(w, candle);
+  }
+
+  /** The earliest end among the forming windows, or -1 with none (idle marks). */
+  long firstEndMs() {
+    long first = -1;
+    for (Window w : forming.keySet()) {
+      long end = w.openMs() + w.periodS() * 1000L;
+      first = first < 0 ? end : Math.min(first, end);
+    }
+    return first;
+  }
+
+  /** What changed since the last call, as candles to publish; the caller stamps them. */
+  void drainTouched(long nowMs, java.util.List<OHLC.Builder> out) {
+    for (Map.Entry<Window, Candle> e : touched.entrySet()) {
+      Candle c = e.getValue();
+      out.add(
+          OHLC.newBuilder()
+              .setTicker(ticker)
+              .setPeriodS(e.getKey().periodS())
+              .setOpenTimeMs(e.getKey().openMs())
+              .setOpen(text(c.open))
+              .setHigh(text(c.high))
+              .setLow(text(c.low))
+              .setClose(text(c.close))
+              .setVolume(text(c.volume))
+              .setTradeCount(c.count)
+              .setClosed(c.closed)
+              .setUpdateTimeMs(nowMs));
+    }
+    touched.clear();
+  }
+
+  private static String text(BigDecimal value) {
+    return value.signum() == 0 ? "0" : value.stripTrailingZeros().toPlainString();
+  }
+
+  /** A window's candle, with its first and last trade's time (out-of-order ticks). */
+  static final class Candle {
+    BigDecimal open;
+    BigDecimal high;
+    BigDecimal low;
+    BigDecimal close;
+    BigDecimal volume;
+    long count;
+    long firstNs;
+    long lastNs;
+    boolean closed;
+
+    Candle(BigDecimal price, BigDecimal size, long timeNs) {
+      open = high = low = close = price;
+      volume = size;
+      count = 1;
+      firstNs = lastNs = timeNs;
+    }
+
+    /** On equal times the earlier tick keeps open and the later one sets close. */
+    void add(BigDecimal price, BigDecimal size, long timeNs) {
+      if (timeNs < firstNs) {
+        open = price;
+        firstNs = timeNs;
+      }
+      if (timeNs >= lastNs) {
+        close = price;
+        lastNs = timeNs;
+      }
+      if (price.compareTo(high) > 0) {
+        high = price;
+      }
+      if (price.compareTo(low) < 0) {
+        low = price;
+      }
+      volume = volume.add(size);
+      count += 1;
+    }
+  }
+}

@@ -1,0 +1,336 @@
+package io.candlewire.spark;
+
+import candlewire.v1.Envelope.MessageType;
+import candlewire.v1.Live.LiveCandle;
+import candlewire.v1.Live.LiveFeed;
+import candlewire.v1.Live.LiveRestore;
+import candlewire.v1.MarketOuterClass.FeedIdle;
+import candlewire.v1.MarketOuterClass.OHLC;
+import java.io.IOException;
+import java.io.StringReader;
+import java.math.BigDecimal;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.ArrayBlockingQueue;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ConcurrentLinkedQueue;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import org.apache.spark.sql.Row;
+
+/**
+ * The real-time live path (#18): what {@code streaming/queries/live.py} does per micro-batch,
+ * done per record inside Spark's real-time mode tasks ({@link LiveWriter}), so a tick reaches
+ * subscribers milliseconds after Kafka has it.
+ *
+ * <p>Task threads (one per Kafka partition) decode each record with {@link DecodeTick}, judge
+ * it against its feed ({@link FeedState}), queue it for publishing and fold it into the forming
+ * candles. One publishing thread takes the queue and the changed candles in rounds and hands
+ * them to {@link LiveOut}, which sequences, journals and sends them. Candle updates go out at
+ * most every {@link #CANDLE_EVERY_NS}, each changed window once per round with its absolute
+ * values, so the last update of a window carries its final values, as the micro-batch path's
+ * does.
+ *
+ * <p>There is one instance per JVM, started by the driver ({@code streaming.queries.realtime})
+ * before the query and fed the committing query's restored state, so after a restart the
+ * live path replays from the recorded offsets onto the recorded state. Real-time mode runs
+ * the tasks where the driver is only with a local master; the job refuses any other.
+ */
+public final class Live {
+  private static final long CANDLE_EVERY_NS = 5_000_000L;
+  private static final long HEAD_EVERY_NS = 500_000_000L;
+  private static final int QUEUE = 65_536;
+  private static final int ROUND_MAX = 20_000;
+  private static volatile Live current;
+
+  private final Map<String, FeedState> feeds = new ConcurrentHashMap<>();
+  private final ConcurrentLinkedQueue<FeedState> dirty = new ConcurrentLinkedQueue<>();
+  private final ArrayBlockingQueue<LiveOut.Read> queue = new ArrayBlockingQueue<>(QUEUE);
+  private final Map<String, byte[]> tickTopics = new ConcurrentHashMap<>();
+  private final Map<String, byte[][]> ohlcTopics = new ConcurrentHashMap<>();
+  private final int[] periods;
+  private final String tickSuffix;
+  private final String[] ohlcSuffixes;
+  private final long allowanceNs;
+  private final long horizonNs;
+  private final LiveOut out;
+  private final Thread publisher;
+  private volatile boolean running = true;
+  private volatile Throwable failure;
+  final AtomicLong read = new AtomicLong();
+  final AtomicLong duplicates = new AtomicLong();
+  final AtomicLong late = new AtomicLong();
+  final AtomicLong bad = new AtomicLong();
+
+  private Live(Properties conf) throws IOException {
+    periods = Arrays.stream(conf.getProperty("periods").split(",")).mapToInt(Integer::parseInt).toArray();
+    tickSuffix = conf.getProperty("tick_suffix");
+    ohlcSuffixes = conf.getProperty("ohlc_suffixes").split(",");
+    allowanceNs = (long) (Double.parseDouble(conf.getProperty("allowance_s")) * 1e9);
+    horizonNs = (long) (Double.parseDouble(conf.getProperty("horizon_s")) * 1e9);
+    restore(LiveRestore.parseFrom(Files.readAllBytes(Path.of(conf.getProperty("restore")))));
+    out = new LiveOut(conf);
+    publisher = new Thread(this::publish, "candlewire-live-publish");
+    publisher.setDaemon(true);
+    publisher.start();
+  }
+
+  /** Start this JVM's live path; {@code conf} is {@code key=value} lines (see realtime.py). */
+  public static synchronized void start(String conf) throws IOException {
+    stop();
+    Properties props = new Properties();
+    props.load(new StringReader(conf));
+    current = new Live(props);
+  }
+
+  public static synchronized void stop() {
+    Live live = current;
+    current = null;
+    if (live != null) {
+      live.running = false;
+      try {
+        live.publisher.join(5_000);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+      }
+      live.out.close();
+    }
+  }
+
+  static Live get() {
+    Live live = current;
+    if (live == null) {
+      throw new IllegalStateException(
+          "the real-time live path is not started in this JVM (it needs a local master)");
+    }
+    return live;
+  }
+
+  /**
+   * Counters for the job's metrics, in this order: records read, ticks published, candle
+   * updates published, duplicates, late ticks, bad records, messages a full relay queue did not
+   * take, journal write errors; and 1 while the publishing thread runs.
+   */
+  public static long[] counters() {
+    Live live = current;
+    if (live == null) {
+      return new long[9];
+    }
+    LiveOut o = live.out;
+    return new long[] {
+      live.read.get(), o.sentTicks.get(), o.sentCandles.get(), live.duplicates.get(),
+      live.late.get(), live.bad.get(), o.dropped.get(), o.journalErrors.get(),
+      live.publisher.isAlive() && live.failure == null ? 1 : 0
+    };
+  }
+
+  private void restore(LiveRestore state) {
+    for (LiveFeed f : state.getFeedsList()) {
+      FeedState feed = new FeedState(f.getTicker(), f.getClockNs());
+      for (int i = 0; i < f.getTradeIdsCount(); i++) {
+        feed.remember(f.getTradeIds(i), f.getTradeTimesNs(i), horizonNs);
+      }
+      feeds.put(f.getTicker(), feed);
+    }
+    for (LiveCandle c : state.getCandlesList()) {
+      feeds.computeIfAbsent(c.getTicker(), t -> new FeedState(t, 0)).restore(c, allowanceNs);
+    }
+  }
+
+  /** One record of the ticks topic, as the sink hands it on; tests feed records here too. */
+  public static void offer(byte[] value, int partition, long offset) throws InterruptedException {
+    get().accept(value, partition, offset);
+  }
+
+  /** One Kafka record, in Kafka order within its partition. */
+  void accept(byte[] value, int partition, long offset) throws InterruptedException {
+    read.incrementAndGet();
+    Row r = DecodeTick.decode(value);
+    boolean valid = r.getBoolean(0);
+    boolean idle = r.getBoolean(1);
+    if (!valid && !idle) {
+      bad.incrementAndGet();
+      return;
+    }
+    String ticker = r.getString(2);
+    long timeNs = r.getLong(7);
+    FeedState feed = feeds.computeIfAbsent(ticker, t -> new FeedState(t, 0));
+    if (idle) {
+      synchronized (feed) {
+        feed.advance(timeNs, horizonNs);
+        feed.evict(allowanceNs);
+        queue(feed);
+      }
+      return;
+    }
+    BigDecimal price;
+    BigDecimal size;
+    try {
+      price = new BigDecimal(r.getString(4));
+      size = new BigDecimal(r.getString(5));
+    } catch (NumberFormatException e) {
+      bad.incrementAndGet(); // an exponent beyond int: no DECIMAL(38,18) holds it either
+      return;
+    }
+    int verdict;
+    synchronized (feed) {
+      verdict = feed.admit(r.getString(3), timeNs, allowanceNs, horizonNs);
+      if (verdict != FeedState.DUPLICATE) {
+        feed.heardAtNanos = System.nanoTime();
+        feed.heardClockNs = feed.clockNs;
+      }
+    }
+    if (verdict == FeedState.DUPLICATE) {
+      duplicates.incrementAndGet();
+      return;
+    }
+    // Queued before its candles change, so a candle update never shows an unpublished tick.
+    // Outside the feed's lock: a full queue blocks this task, never the publisher.
+    queue.put(new LiveOut.Read(tickTopic(ticker), value, partition, offset));
+    if (verdict == FeedState.LATE) {
+      late.incrementAndGet();
+      return;
+    }
+    synchronized (feed) {
+      feed.fold(price, size, timeNs, periods);
+      feed.evict(allowanceNs);
+      queue(feed);
+    }
+  }
+
+  private void queue(FeedState feed) {
+    if (!feed.queued) {
+      feed.queued = true;
+      dirty.add(feed);
+    }
+  }
+
+  private byte[] tickTopic(String ticker) {
+    return tickTopics.computeIfAbsent(
+        ticker, t -> (t + tickSuffix).getBytes(StandardCharsets.UTF_8));
+  }
+
+  private byte[] ohlcTopic(String ticker, int periodS) {
+    byte[][] topics =
+        ohlcTopics.computeIfAbsent(
+            ticker,
+            t -> {
+              byte[][] all = new byte[periods.length][];
+              for (int i = 0; i < periods.length; i++) {
+                all[i] = (t + ohlcSuffixes[i]).getBytes(StandardCharsets.UTF_8);
+              }
+              return all;
+            });
+    for (int i = 0; i < periods.length; i++) {
+      if (periods[i] == periodS) {
+        return topics[i];
+      }
+    }
+    throw new IllegalArgumentException("no period " + periodS);
+  }
+
+  /** The publishing thread: rounds of queued ticks, then the candles they changed. */
+  private void publish() {
+    List<LiveOut.Read> ticks = new ArrayList<>();
+    List<OHLC.Builder> candles = new ArrayList<>();
+    long nextCandles = 0;
+    long nextHead = 0;
+    try {
+      while (running) {
+        LiveOut.Read first = queue.poll(1, TimeUnit.MILLISECONDS);
+        long now = System.nanoTime();
+        if (now >= nextCandles && !dirty.isEmpty()) {
+          // Candles first: every tick they show was queued before, so it is in this round.
+          long nowMs = System.currentTimeMillis();
+          FeedState feed;
+          while ((feed = dirty.poll()) != null) {
+            synchronized (feed) {
+              feed.queued = false;
+              feed.drainTouched(nowMs, candles);
+            }
+          }
+          nextCandles = now + CANDLE_EVERY_NS;
+        }
+        if (first != null) {
+          ticks.add(first);
+          queue.drainTo(ticks, ROUND_MAX);
+        }
+        if (!ticks.isEmpty() || !candles.isEmpty()) {
+          byte[][] topics = new byte[candles.size()][];
+          for (int i = 0; i < topics.length; i++) {
+            topics[i] = ohlcTopic(candles.get(i).getTicker(), candles.get(i).getPeriodS());
+          }
+          out.send(ticks, candles, topics);
+          ticks.clear();
+          candles.clear();
+        }
+        if (now >= nextHead) {
+          out.heads();
+          nextHead = now + HEAD_EVERY_NS;
+        }
+        out.drainSubscriptions();
+      }
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    } catch (RuntimeException | Error e) {
+      failure = e;
+      throw e;
+    }
+  }
+
+  /**
+   * {@code LiveQuery.idle_marks}: a mark for each feed quiet for {@code timeoutS} whose clock,
+   * moved on by the time it has been quiet, would close a forming candle; at most one per feed
+   * per timeout. Each is a ticks-topic record (the envelope) for the job to write.
+   */
+  public static List<byte[]> idleMarks(double timeoutS) {
+    Live live = current;
+    List<byte[]> marks = new ArrayList<>();
+    if (live == null) {
+      return marks;
+    }
+    long now = System.nanoTime();
+    long timeout = (long) (timeoutS * 1e9);
+    for (FeedState feed : live.feeds.values()) {
+      synchronized (feed) {
+        long firstEnd = feed.firstEndMs();
+        long quiet = now - feed.heardAtNanos;
+        if (firstEnd < 0
+            || quiet < timeout
+            || (feed.markedAtNanos != Long.MIN_VALUE && now - feed.markedAtNanos < timeout)) {
+          continue;
+        }
+        long atNs = feed.heardClockNs + quiet;
+        if (atNs - live.allowanceNs < firstEnd * 1_000_000L) {
+          continue; // nothing would close yet
+        }
+        feed.markedAtNanos = now;
+        FeedIdle mark =
+            FeedIdle.newBuilder()
+                .setTicker(feed.ticker)
+                .setEventTimeNs(atNs)
+                .setLastTradeNs(feed.heardClockNs)
+                .build();
+        marks.add(LiveOut.envelope(MessageType.FEED_IDLE_VALUE, mark));
+      }
+    }
+    return marks;
+  }
+
+  /** For tests: each feed's clock. */
+  public static Map<String, Long> clocks() {
+    Map<String, Long> clocks = new HashMap<>();
+    Live live = current;
+    if (live != null) {
+      live.feeds.forEach((t, f) -> clocks.put(t, f.clockNs));
+    }
+    return clocks;
+  }
+}

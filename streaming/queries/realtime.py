@@ -1,0 +1,192 @@
+"""The live query in Spark's real-time mode (#18): ticks and forming candles reach
+subscribers milliseconds after Kafka has them.
+
+Real-time mode runs long-lived tasks, one per partition of the ticks topic, that hand each
+record to a sink as it is read. In pyspark 4.1.1 only JVM code gets rows that way (a Python
+``foreach`` receives them at the batch boundary), so the per-record work is Java:
+``jvm/decoder``'s ``LiveWriter`` sink and ``Live``, which judge each tick against its feed
+exactly as :mod:`streaming.feeds` does, fold the forming candles as :mod:`streaming.candles`
+does, and sequence, journal and publish them as :mod:`streaming.publisher` does, on their
+own XPUB (``stream_live``, which the relay's XSUB also connects to). This module starts
+that side with the committing query's restored state, starts the query through the JVM's
+``Trigger.RealTime``, and carries the JVM's counters into the job's metrics.
+
+The query's checkpoint is thrown away like the micro-batch live query's: each start begins
+at the recorded offsets with the recorded state. ``REALTIME_BATCH`` is only how often the
+tasks restart (real-time mode's checkpoint interval); latency does not depend on it. The
+tasks run in the driver's JVM, where ``Live`` is, so a local master is required; its
+thread count is raised to hold every task at once (:func:`local_master`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from pyspark.sql.streaming.query import StreamingQuery
+
+from candlewire.config import PERIODS_S, Settings
+from candlewire.kafka import JOURNAL, TICKS
+from candlewire.topics import market_data_topic, ohlc_type, tick_type
+from candlewire.zmqutil import HWM
+from proto import live_pb2, market_pb2
+from proto.envelope import from_record
+from streaming.context import JobContext
+from streaming.queries.live import live_source, scratch_checkpoint
+from streaming.recovery import Restored
+
+log = logging.getLogger("candlewire.stream")
+REALTIME_BATCH = "5 minutes"
+LIVE_CLASS = "io.candlewire.spark.Live"
+WRITER_CLASS = "io.candlewire.spark.LiveWriter"
+# Threads beyond the real-time tasks, for the committing, history and metadata queries.
+SPARE_TASK_SLOTS = 4
+# Live.counters(), in order.
+COUNTERS = (
+    "read",
+    "ticks",
+    "candles",
+    "duplicates",
+    "late",
+    "bad",
+    "dropped",
+    "journal_errors",
+    "publishing",
+)
+
+
+def local_master(master: str, cores: int | None = None) -> str:
+    """``local[N]`` with room for every real-time task plus the other queries' tasks, or a
+    clear error for a master whose executors are not this JVM."""
+    m = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master)
+    if m is None:
+        raise ValueError(
+            f"stream_live_engine = 'realtime' needs a local Spark master, not {master!r}: "
+            "set stream_live_engine = 'microbatch' for a cluster"
+        )
+    default = cores or os.cpu_count() or 1
+    asked = default if m.group(1) in (None, "*") else int(m.group(1))
+    return f"local[{max(asked, TICKS.partitions + SPARE_TASK_SLOTS)}]"
+
+
+def restore_file(restored: Restored, directory: str) -> Path:
+    """The restored state as the JVM reads it (``proto/live.proto``)."""
+    feeds: dict[str, live_pb2.LiveFeed] = {
+        t: live_pb2.LiveFeed(ticker=t, clock_ns=c) for t, c in restored.clocks.items()
+    }
+    for ticker, trade_id, t_ns in restored.trades:
+        feed = feeds.get(ticker)
+        if feed is not None:
+            feed.trade_ids.append(trade_id)
+            feed.trade_times_ns.append(t_ns)
+    state = live_pb2.LiveRestore(feeds=feeds.values())
+    for r in restored.rows:
+        state.candles.add(
+            ticker=r["ticker"],
+            period_s=int(r["period_s"]),
+            open_ms=int(r["open_ms"]),
+            open=str(r["open"]),
+            high=str(r["high"]),
+            low=str(r["low"]),
+            close=str(r["close"]),
+            volume=str(r["volume"]),
+            trade_count=int(r["trade_count"]),
+            first_trade_ns=int(r["first_trade_ns"]),
+            last_trade_ns=int(r["last_trade_ns"]),
+        )
+    path = Path(directory) / "live-restore.pb"
+    path.write_bytes(state.SerializeToString())
+    return path
+
+
+def live_conf(settings: Settings, restore: Path) -> str:
+    """``Live.start``'s configuration: ``key=value`` lines (java.util.Properties)."""
+    conf = {
+        "restore": str(restore),
+        "bind": settings.bind("stream_live"),
+        "connect": ",".join(settings.extra_relays),
+        "kafka_servers": settings.kafka_servers(),
+        "journal_topic": JOURNAL.name,
+        "journal_partitions": str(JOURNAL.partitions),
+        "periods": ",".join(str(p) for p in PERIODS_S),
+        "tick_suffix": market_data_topic("", tick_type()),
+        "ohlc_suffixes": ",".join(market_data_topic("", ohlc_type(p)) for p in PERIODS_S),
+        "allowance_s": repr(settings.stream_watermark_s),
+        "horizon_s": repr(settings.stream_dedup_horizon_s),
+        "hwm": str(HWM),
+        "max_message_bytes": str(settings.max_message_bytes),
+    }
+    return "".join(f"{k}={v.replace(chr(92), chr(92) * 2)}\n" for k, v in conf.items())
+
+
+class RealTimeLiveQuery:
+    name = "live"
+    trigger_s = 0.0
+
+    def __init__(self, ctx: JobContext, restored: Restored) -> None:
+        self.ctx = ctx
+        self.offsets = dict(restored.offsets)
+        self.checkpoint = scratch_checkpoint()
+        self._state_dir = tempfile.mkdtemp(prefix="candlewire-live-state-")
+        self._live = ctx.spark._jvm.io.candlewire.spark.Live
+        self._live.start(live_conf(ctx.settings, restore_file(restored, self._state_dir)))
+        self._counted = dict.fromkeys(COUNTERS, 0)
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="live-counters", daemon=True)
+        self._poller.start()
+
+    def start(self) -> StreamingQuery:
+        spark = self.ctx.spark
+        jvm = spark._jvm
+        writer = jvm.io.candlewire.spark.LiveWriter()
+        jquery = (
+            live_source(self.ctx, self.offsets, None)
+            ._jdf.writeStream()
+            .foreach(writer)
+            .outputMode("update")
+            .queryName(f"candlewire-{self.name}")
+            .option("checkpointLocation", self.checkpoint)
+            .trigger(jvm.org.apache.spark.sql.streaming.Trigger.RealTime(REALTIME_BATCH))
+            .start()
+        )
+        return StreamingQuery(jquery)
+
+    def counters(self) -> dict[str, int]:
+        return dict(zip(COUNTERS, self._live.counters(), strict=True))
+
+    def publish_faults(self) -> tuple[int, int]:
+        """(dropped, journal errors) of the JVM's publisher, which the job's metrics add."""
+        c = self._counted
+        return c["dropped"], c["journal_errors"]
+
+    def idle_marks(self) -> list[market_pb2.FeedIdle]:
+        timeout = self.ctx.settings.stream_idle_timeout_s
+        return [from_record(bytes(r)) for r in self._live.idleMarks(float(timeout))]
+
+    def _poll(self) -> None:
+        """The JVM's counters into the job's Prometheus counters, ten times a second."""
+        metrics = self.ctx.metrics
+        while not self._stop.wait(0.1):
+            try:
+                now = self.counters()
+            except Exception:  # the JVM is going away with the job
+                return
+            delta = {k: now[k] - self._counted[k] for k in COUNTERS}
+            self._counted = now
+            metrics.published.labels("tick").inc(delta["ticks"])
+            metrics.published.labels("ohlc").inc(delta["candles"])
+            metrics.duplicates.labels(self.name).inc(delta["duplicates"])
+            if not now["publishing"]:
+                log.error("the real-time live path's publishing thread stopped")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._poller.join(1)
+        self._live.stop()
+        shutil.rmtree(self.checkpoint, ignore_errors=True)
+        shutil.rmtree(self._state_dir, ignore_errors=True)

@@ -1,0 +1,261 @@
+"""The real-time live path (jvm/decoder's Live) against the micro-batch one (LiveQuery): for
+the same records, the same ticks published in the same order with the same positions, and the
+same last update of every candle window, closed or not, also from a restored state.
+
+The records mix everything a feed sends: trades out of order within the lateness allowance,
+late ones, resends, trades without an id, idle marks and malformed records; the reference
+judges them in randomly cut micro-batches, which must not matter.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from decimal import Decimal
+
+import pytest
+import zmq
+
+from candlewire.kafka import ensure_topics
+from candlewire.testing import free_settings, wait_for
+from proto import market_pb2
+from proto.envelope import from_record, to_record
+from streaming.candles import changed
+from streaming.queries.live import LiveQuery
+from streaming.queries.realtime import COUNTERS, live_conf, restore_file
+from streaming.recovery import Restored
+
+MINUTE_NS = 60_000_000_000
+T0 = 1_789_999_200 * 1_000_000_000  # a whole hour
+
+
+@pytest.fixture(scope="module")
+def spark(lakehouse, kafka):
+    """A Spark JVM for Live, and the test platform's broker for its journal."""
+    from candlewire.spark import build_session
+
+    ensure_topics(lakehouse)
+    session = build_session(lakehouse, "candlewire-live-jvm-tests")
+    yield session
+    session.stop()
+
+
+class JvmLive:
+    """Live started in the test's Spark JVM, with a SUB on its XPUB."""
+
+    def __init__(self, spark, settings, restored: Restored, tmp_path) -> None:
+        self.live = spark._jvm.io.candlewire.spark.Live
+        self.live.start(live_conf(settings, restore_file(restored, str(tmp_path))))
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(settings.connect("stream_live"))
+        self.ticks: list[tuple[str, str, market_pb2.StreamPosition]] = []
+        self.candles: dict[tuple[str, int, int], market_pb2.OHLC] = {}
+        self.heads = 0
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Until the SUB's subscription has reached the XPUB (nothing is dropped after)."""
+        probe = to_record(market_pb2.Tick(ticker="PROBE:X/Y", price="1", size="1"))
+        for i in range(100):
+            self.live.offer(probe, 0, i)
+            if self.sub.poll(100):
+                break
+        else:
+            raise AssertionError("the live path's XPUB never delivered")
+        time.sleep(0.2)
+        while self.sub.poll(50):
+            self.sub.recv_multipart()
+
+    def counters(self) -> dict[str, int]:
+        return dict(zip(COUNTERS, self.live.counters(), strict=True))
+
+    def offer(self, records: list[tuple[bytes, int, int]]) -> None:
+        for value, partition, offset in records:
+            self.live.offer(value, partition, offset)
+
+    def drain(self, ticks: int) -> None:
+        """Receive until ``ticks`` ticks arrived and nothing more comes for a while."""
+
+        def received() -> bool:
+            while self.sub.poll(20):
+                topic, version, body = self.sub.recv_multipart()
+                msg = from_record(version + body)
+                if isinstance(msg, market_pb2.StreamHead):
+                    self.heads += 1
+                elif isinstance(msg, market_pb2.Tick):
+                    if msg.ticker != "PROBE:X/Y":
+                        self.ticks.append((topic.decode(), msg.trade_id, msg.stream))
+                else:
+                    assert isinstance(msg, market_pb2.OHLC)
+                    self.candles[(msg.ticker, msg.period_s, msg.open_time_ms)] = msg
+            return len(self.ticks) >= ticks
+
+        wait_for(received, timeout=30)
+        time.sleep(0.3)
+        received()
+
+    def close(self) -> None:
+        self.live.stop()
+        self.sub.close(0)
+        self.ctx.term()
+
+
+def reference(settings, restored: Restored, records, seed: int):
+    """LiveQuery's judging, in random micro-batch cuts: published ticks and last updates."""
+    q = LiveQuery.__new__(LiveQuery)
+    q.feeds = restored.feeds(settings)
+    q.forming = restored.forming(q.feeds)
+    q.heard = {}
+    rng = random.Random(seed)
+    ticks: list[tuple[str, int]] = []
+    last: dict[tuple[str, int, int], tuple] = {}
+    i = 0
+    while i < len(records):
+        n = rng.randint(1, 400)
+        frames, updated, closed, _ = q._judge(records[i : i + n])
+        ticks += [(topic.decode(), offset) for topic, _, _, offset in frames]
+        for c, is_closed in changed(updated, closed):
+            last[c.key] = (c.open, c.high, c.low, c.close, c.volume, c.trade_count, is_closed)
+        i += n
+    return ticks, last
+
+
+def as_values(c: market_pb2.OHLC) -> tuple:
+    d = [Decimal(x) for x in (c.open, c.high, c.low, c.close, c.volume)]
+    return (*d, c.trade_count, c.closed)
+
+
+def feed_records(seed: int, n: int, tickers: list[str]) -> list[tuple[bytes, int, int]]:
+    """A hostile but realistic mix, in Kafka order (a ticker's records in one partition)."""
+    rng = random.Random(seed)
+    clocks = dict.fromkeys(tickers, T0)
+    sent: dict[str, list[market_pb2.Tick]] = {t: [] for t in tickers}
+    out: list[tuple[bytes, int, int]] = []
+    for i in range(n):
+        ticker = rng.choice(tickers)
+        roll = rng.random()
+        clocks[ticker] += rng.choice([0, 0, 1, 2, 3]) * 10**9  # ties: equal times
+        if roll < 0.06 and sent[ticker]:
+            value = to_record(rng.choice(sent[ticker]))  # a resend
+        elif roll < 0.08:
+            value = to_record(
+                market_pb2.FeedIdle(ticker=ticker, event_time_ns=clocks[ticker] + 30 * 10**9)
+            )
+        elif roll < 0.09:
+            value = rng.choice([b"\x01\x04\xff\xff", b"", to_record(market_pb2.Tick(ticker=""))])
+        else:
+            if roll < 0.2:
+                t_ns = clocks[ticker] - rng.randint(0, 9 * 10**9)  # within the allowance
+            elif roll < 0.25:
+                t_ns = clocks[ticker] - rng.randint(11 * 10**9, 200 * 10**9)  # late
+            else:
+                t_ns = clocks[ticker]
+            tick = market_pb2.Tick(
+                ticker=ticker,
+                trade_id="" if roll > 0.97 else f"{ticker}-{i}",
+                price=f"{rng.randint(90, 110)}.{rng.randint(0, 99):02d}",
+                size=rng.choice(["0.5", "1", "0.010", "2.25", "1e-3"]),
+                side=market_pb2.BUY,
+                exchange_time_ns=t_ns,
+            )
+            sent[ticker].append(tick)
+            value = to_record(tick)
+        partition = tickers.index(ticker) % 6
+        out.append((value, partition, 1000 + i))
+    return out
+
+
+def compare(live: JvmLive, settings, restored: Restored, records, seed: int) -> None:
+    want_ticks, want_last = reference(settings, restored, records, seed)
+    live.offer(records)
+    live.drain(len(want_ticks))
+    got = [(topic, pos.source_offset) for topic, _, pos in live.ticks]
+    assert got == want_ticks
+    by_topic: dict[str, list[int]] = {}
+    for topic, _, pos in live.ticks:
+        by_topic.setdefault(topic, []).append(pos.seq)
+    for topic, seqs in by_topic.items():
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), topic  # no holes
+    assert {k: as_values(c) for k, c in live.candles.items()} == want_last
+    counters = live.counters()
+    marks = sum(1 for v, _, _ in records if v.startswith(b"\x01\x15"))
+    assert counters["duplicates"] + counters["bad"] + marks == len(records) - len(want_ticks)
+    assert counters["publishing"] == 1
+    assert counters["journal_errors"] == 0
+
+
+def test_the_jvm_live_path_publishes_what_the_micro_batch_one_does(
+    spark, lakehouse, tmp_path
+) -> None:
+    settings = free_settings(tmp_path, kafka_bootstrap=lakehouse.kafka_servers())
+    live = JvmLive(spark, settings, Restored(), tmp_path)
+    try:
+        tickers = [f"LIVEJVM:{c}/USD" for c in "ABC"]
+        compare(live, settings, Restored(), feed_records(7, 6000, tickers), seed=7)
+        assert any(c.closed for c in live.candles.values())
+        assert live.heads > 0
+    finally:
+        live.close()
+
+
+def test_the_jvm_live_path_goes_on_from_a_restored_state(spark, lakehouse, tmp_path) -> None:
+    settings = free_settings(tmp_path, kafka_bootstrap=lakehouse.kafka_servers())
+    ticker = "LIVEJVM:R/USD"
+    minute_ms = (T0 + 5 * MINUTE_NS) // 1_000_000
+    restored = Restored(
+        offsets={0: 5000},
+        clocks={ticker: T0 + 5 * MINUTE_NS + 10 * 10**9},
+        rows=[
+            {
+                "ticker": ticker,
+                "period_s": 60,
+                "open_ms": minute_ms,
+                "open": Decimal("100.5"),
+                "high": Decimal("101"),
+                "low": Decimal("99"),
+                "close": Decimal("100"),
+                "volume": Decimal("3"),
+                "trade_count": 3,
+                "first_trade_ns": T0 + 5 * MINUTE_NS + 5 * 10**9,
+                "last_trade_ns": T0 + 5 * MINUTE_NS + 10 * 10**9,
+            }
+        ],
+        trades=[(ticker, "r-1", T0 + 5 * MINUTE_NS + 10 * 10**9)],
+    )
+
+    def tick(trade_id: str, seconds: int, price: str) -> bytes:
+        return to_record(
+            market_pb2.Tick(
+                ticker=ticker,
+                trade_id=trade_id,
+                price=price,
+                size="1",
+                exchange_time_ns=T0 + 5 * MINUTE_NS + seconds * 10**9,
+            )
+        )
+
+    records = [
+        (tick("r-1", 10, "100"), 0, 5000),  # a replayed trade the commits hold: a resend
+        (tick("r-2", 14, "102"), 0, 5001),  # into the restored forming minute: sets close
+        (tick("r-3", 4, "98"), 0, 5002),  # out of order, within the allowance: sets open
+        (tick("r-4", 75, "97"), 0, 5003),  # the next minute
+        (tick("r-5", 200, "96"), 0, 5004),  # closes both earlier minutes
+    ]
+    live = JvmLive(spark, settings, restored, tmp_path)
+    try:
+        compare(live, settings, restored, records, seed=1)
+        first = live.candles[(ticker, 60, minute_ms)]
+        assert as_values(first) == (
+            Decimal("98"),
+            Decimal("102"),
+            Decimal("98"),
+            Decimal("102"),
+            Decimal("5"),
+            5,
+            True,
+        )
+        assert [trade_id for _, trade_id, _ in live.ticks] == ["r-2", "r-3", "r-4", "r-5"]
+    finally:
+        live.close()
