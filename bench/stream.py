@@ -19,7 +19,9 @@ has all its candles (``lagging_feed_candles_missing``). Both must be 0. The last
     python -m bench.stream [--burst N] [--latency-seconds S] [--profile OUT.svg]
 
 ``--profile`` records the job's driver with py-spy during the burst (a flame graph): where
-the Python side of the live and committing queries spends its time.
+the Python side of the live and committing queries spends its time. ``--jfr OUT.jfr`` records
+the job's JVM with Java Flight Recorder over the same 30 s (the real-time live path is Java),
+and prints the methods most often on top of its execution samples.
 """
 
 from __future__ import annotations
@@ -75,7 +77,33 @@ def tick(ticker: str, i: int, t_ns: int) -> bytes:
     )
 
 
-def throughput(settings, n: int, profile: str | None = None) -> dict[str, float]:
+def job_jvm(settings) -> str:
+    """The pid of the stream job's Spark JVM (its driver process's Java child)."""
+    pid = (settings.state_dir / "run" / "stream.pid").read_text().strip()
+    out = subprocess.run(["pgrep", "-P", pid, "java"], capture_output=True, text=True)
+    return out.stdout.split()[0]
+
+
+def hot_methods(jfr: str, top: int = 25) -> list[tuple[str, float]]:
+    """Top-of-stack methods of a recording's execution samples, with their share."""
+    text = subprocess.run(
+        ["jfr", "print", "--events", "jdk.ExecutionSample", jfr],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    tops = Counter(
+        block.split("stackTrace = [", 1)[1].strip().split("\n", 1)[0].split("  line:")[0].strip()
+        for block in text.split("jdk.ExecutionSample")
+        if "stackTrace = [" in block
+    )
+    total = sum(tops.values()) or 1
+    return [(m, n / total) for m, n in tops.most_common(top)]
+
+
+def throughput(
+    settings, n: int, profile: str | None = None, jfr: str | None = None
+) -> dict[str, float]:
     """Ticks/s over the wall clock, from the first produce to the last tick published live,
     and to the last committed (which includes up to one commit trigger's wait)."""
     producer = Producer(producer_config(settings, **{"linger.ms": 20}))
@@ -85,6 +113,9 @@ def throughput(settings, n: int, profile: str | None = None) -> dict[str, float]
         py_spy = str(Path(sys.executable).with_name("py-spy"))  # the dev extra installs it
         record = ["record", "--pid", pid, "--output", profile, "--format", "flamegraph"]
         spy = subprocess.Popen([py_spy, *record, "--duration", "30", "--nonblocking"])
+    if jfr:
+        recording = f"duration=30s filename={Path(jfr).resolve()} settings=profile"
+        subprocess.run(["jcmd", job_jvm(settings), "JFR.start", *recording.split()], check=True)
     now = time.time_ns()
     values = [tick(f"BENCH:T{i % 8}/USDT", i, now + i * 1000) for i in range(n)]
     base, base_live = committed_ticks(settings), published_ticks(settings)
@@ -107,6 +138,12 @@ def throughput(settings, n: int, profile: str | None = None) -> dict[str, float]
     elapsed = time.perf_counter() - t0
     if spy is not None:
         spy.wait(60)
+    if jfr:
+        while not Path(jfr).exists():  # written when the 30 s recording ends
+            time.sleep(1)
+        time.sleep(2)
+        for method, share in hot_methods(jfr):
+            print(f"  {share:6.1%}  {method}")
     rates = {"live": n / live, "committed": n / elapsed}
     # The same ticks over the time the committing query spent in its batches: what it
     # sustains while busy, free of the 30 s trigger's wait that a single burst includes. A
@@ -236,10 +273,11 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=1_000_000)
     parser.add_argument("--latency-seconds", type=float, default=60.0)
     parser.add_argument("--profile", help="write a py-spy flame graph of the burst here")
+    parser.add_argument("--jfr", help="write a JFR recording of the job's JVM here")
     args = parser.parse_args()
     with private_stack() as settings:
         wait_until_warm(settings)
-        rates = throughput(settings, args.burst, args.profile)
+        rates = throughput(settings, args.burst, args.profile, args.jfr)
         ceiling = spark_kafka_read(settings)
         lat = sorted(latency(settings, args.latency_seconds))
         correct = feeds_phase(settings)

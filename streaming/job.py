@@ -60,7 +60,7 @@ class StreamingJob:
         )
         ledger = Ledger(self.ctx)
         restored = ledger.restore()
-        live = (RealTimeLiveQuery if realtime else LiveQuery)(self.ctx, restored)
+        self.live = live = (RealTimeLiveQuery if realtime else LiveQuery)(self.ctx, restored)
         publisher = self.ctx.publisher
         self.ctx.metrics.journal_errors.set_function(
             lambda: publisher.journal_errors + live.publish_faults()[1]
@@ -135,6 +135,9 @@ class StreamingJob:
                 self._start(q)
                 continue
             log.error("query %s stopped: %s", q.name, error)
+            return False
+        if isinstance(self.live, RealTimeLiveQuery) and not self.live.healthy():
+            log.error("the real-time live path's publishing thread stopped")
             return False
         return True
 

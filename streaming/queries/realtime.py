@@ -156,6 +156,10 @@ class RealTimeLiveQuery:
         )
         return StreamingQuery(jquery)
 
+    def healthy(self) -> bool:
+        """The JVM's publishing thread runs: without it nothing reaches subscribers."""
+        return bool(self.counters()["publishing"])
+
     def counters(self) -> dict[str, int]:
         return dict(zip(COUNTERS, self._live.counters(), strict=True))
 
@@ -181,8 +185,6 @@ class RealTimeLiveQuery:
             metrics.published.labels("tick").inc(delta["ticks"])
             metrics.published.labels("ohlc").inc(delta["candles"])
             metrics.duplicates.labels(self.name).inc(delta["duplicates"])
-            if not now["publishing"]:
-                log.error("the real-time live path's publishing thread stopped")
 
     def close(self) -> None:
         self._stop.set()

@@ -4,9 +4,9 @@ import candlewire.v1.Live.LiveCandle;
 import candlewire.v1.MarketOuterClass.OHLC;
 import java.math.BigDecimal;
 import java.util.ArrayDeque;
+import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.Iterator;
-import java.util.LinkedHashMap;
 import java.util.Map;
 
 /**
@@ -27,8 +27,13 @@ final class FeedState {
   private final HashMap<String, Long> seen = new HashMap<>();
   private final ArrayDeque<Seen> order = new ArrayDeque<>();
   private final HashMap<Window, Candle> forming = new HashMap<>();
-  /** Candles changed since the publisher last looked, and whether each is now closed. */
-  private final LinkedHashMap<Window, Candle> touched = new LinkedHashMap<>();
+  /** Candles changed since the publisher last looked (each once: {@code Candle.touched}). */
+  private final ArrayList<Candle> touched = new ArrayList<>();
+  /** The window each period's last tick went to: most ticks go to the same one again. */
+  private Candle[] recent = new Candle[0];
+
+  /** The earliest end among the forming windows ({@code Long.MAX_VALUE}: none). */
+  private long earliestEndMs = Long.MAX_VALUE;
 
   long heardAtNanos;
   long heardClockNs;
@@ -93,33 +98,59 @@ final class FeedState {
 
   /** A kept tick into the window of each period ({@code partial_candles}' rule). */
   void fold(BigDecimal price, BigDecimal size, long timeNs, int[] periods) {
+    if (recent.length != periods.length) {
+      recent = new Candle[periods.length];
+    }
     long minuteMs = Math.floorDiv(timeNs, 60_000_000_000L) * 60_000L;
-    for (int period : periods) {
-      long periodMs = period * 1000L;
-      Window w = new Window(period, Math.floorDiv(minuteMs, periodMs) * periodMs);
-      Candle c = forming.get(w);
-      if (c == null) {
-        c = new Candle(price, size, timeNs);
-        forming.put(w, c);
+    for (int i = 0; i < periods.length; i++) {
+      long periodMs = periods[i] * 1000L;
+      long openMs = Math.floorDiv(minuteMs, periodMs) * periodMs;
+      Candle c = recent[i];
+      if (c == null || c.closed || c.window.openMs() != openMs) {
+        Window w = new Window(periods[i], openMs);
+        c = forming.get(w);
+        if (c == null) {
+          c = new Candle(w, price, size, timeNs);
+          forming.put(w, c);
+          earliestEndMs = Math.min(earliestEndMs, openMs + periodMs);
+        } else {
+          c.add(price, size, timeNs);
+        }
+        recent[i] = c;
       } else {
         c.add(price, size, timeNs);
       }
-      touched.put(w, c);
+      touch(c);
+    }
+  }
+
+  private void touch(Candle c) {
+    if (!c.touched) {
+      c.touched = true;
+      touched.add(c);
     }
   }
 
   /** {@code FormingCandles.evict}: windows the watermark has passed are final. */
   void evict(long allowanceNs) {
     long watermark = watermarkMs(allowanceNs);
+    if (earliestEndMs > watermark) {
+      return; // nothing ends before the watermark: the common case, answered without a scan
+    }
     Iterator<Map.Entry<Window, Candle>> it = forming.entrySet().iterator();
+    long first = Long.MAX_VALUE;
     while (it.hasNext()) {
-      Map.Entry<Window, Candle> e = it.next();
-      if (e.getKey().openMs() + e.getKey().periodS() * 1000L <= watermark) {
-        e.getValue().closed = true;
-        touched.put(e.getKey(), e.getValue());
+      Candle c = it.next().getValue();
+      long end = c.window.openMs() + c.window.periodS() * 1000L;
+      if (end <= watermark) {
+        c.closed = true;
+        touch(c);
         it.remove();
+      } else {
+        first = Math.min(first, end);
       }
     }
+    earliestEndMs = first;
   }
 
   void restore(LiveCandle c, long allowanceNs) {
@@ -127,7 +158,7 @@ final class FeedState {
     if (w.openMs() + w.periodS() * 1000L <= watermarkMs(allowanceNs)) {
       return;
     }
-    Candle candle = new Candle(new BigDecimal(c.getOpen()), BigDecimal.ZERO, c.getFirstTradeNs());
+    Candle candle = new Candle(w, new BigDecimal(c.getOpen()), BigDecimal.ZERO, c.getFirstTradeNs());
     candle.high = new BigDecimal(c.getHigh());
     candle.low = new BigDecimal(c.getLow());
     candle.close = new BigDecimal(c.getClose());
@@ -135,27 +166,23 @@ final class FeedState {
     candle.count = c.getTradeCount();
     candle.lastNs = c.getLastTradeNs();
     forming.put(w, candle);
+    earliestEndMs = Math.min(earliestEndMs, w.openMs() + w.periodS() * 1000L);
   }
 
   /** The earliest end among the forming windows, or -1 with none (idle marks). */
   long firstEndMs() {
-    long first = -1;
-    for (Window w : forming.keySet()) {
-      long end = w.openMs() + w.periodS() * 1000L;
-      first = first < 0 ? end : Math.min(first, end);
-    }
-    return first;
+    return earliestEndMs == Long.MAX_VALUE ? -1 : earliestEndMs;
   }
 
   /** What changed since the last call, as candles to publish; the caller stamps them. */
   void drainTouched(long nowMs, java.util.List<OHLC.Builder> out) {
-    for (Map.Entry<Window, Candle> e : touched.entrySet()) {
-      Candle c = e.getValue();
+    for (Candle c : touched) {
+      c.touched = false;
       out.add(
           OHLC.newBuilder()
               .setTicker(ticker)
-              .setPeriodS(e.getKey().periodS())
-              .setOpenTimeMs(e.getKey().openMs())
+              .setPeriodS(c.window.periodS())
+              .setOpenTimeMs(c.window.openMs())
               .setOpen(text(c.open))
               .setHigh(text(c.high))
               .setLow(text(c.low))
@@ -174,6 +201,7 @@ final class FeedState {
 
   /** A window's candle, with its first and last trade's time (out-of-order ticks). */
   static final class Candle {
+    final Window window;
     BigDecimal open;
     BigDecimal high;
     BigDecimal low;
@@ -183,8 +211,10 @@ final class FeedState {
     long firstNs;
     long lastNs;
     boolean closed;
+    boolean touched;
 
-    Candle(BigDecimal price, BigDecimal size, long timeNs) {
+    Candle(Window window, BigDecimal price, BigDecimal size, long timeNs) {
+      this.window = window;
       open = high = low = close = price;
       volume = size;
       count = 1;

@@ -22,7 +22,7 @@ import java.util.concurrent.ArrayBlockingQueue;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.LongAdder;
 import org.apache.spark.sql.Row;
 
 /**
@@ -64,13 +64,15 @@ public final class Live {
   private final Thread publisher;
   private volatile boolean running = true;
   private volatile Throwable failure;
-  final AtomicLong read = new AtomicLong();
-  final AtomicLong duplicates = new AtomicLong();
-  final AtomicLong late = new AtomicLong();
-  final AtomicLong bad = new AtomicLong();
+  // Counted by every task thread: LongAdder, so they never contend on one cache line.
+  final LongAdder read = new LongAdder();
+  final LongAdder duplicates = new LongAdder();
+  final LongAdder late = new LongAdder();
+  final LongAdder bad = new LongAdder();
 
   private Live(Properties conf) throws IOException {
-    periods = Arrays.stream(conf.getProperty("periods").split(",")).mapToInt(Integer::parseInt).toArray();
+    periods =
+        Arrays.stream(conf.getProperty("periods").split(",")).mapToInt(Integer::parseInt).toArray();
     tickSuffix = conf.getProperty("tick_suffix");
     ohlcSuffixes = conf.getProperty("ohlc_suffixes").split(",");
     allowanceNs = (long) (Double.parseDouble(conf.getProperty("allowance_s")) * 1e9);
@@ -125,8 +127,8 @@ public final class Live {
     }
     LiveOut o = live.out;
     return new long[] {
-      live.read.get(), o.sentTicks.get(), o.sentCandles.get(), live.duplicates.get(),
-      live.late.get(), live.bad.get(), o.dropped.get(), o.journalErrors.get(),
+      live.read.sum(), o.sentTicks.get(), o.sentCandles.get(), live.duplicates.sum(),
+      live.late.sum(), live.bad.sum(), o.dropped.get(), o.journalErrors.get(),
       live.publisher.isAlive() && live.failure == null ? 1 : 0
     };
   }
@@ -151,12 +153,12 @@ public final class Live {
 
   /** One Kafka record, in Kafka order within its partition. */
   void accept(byte[] value, int partition, long offset) throws InterruptedException {
-    read.incrementAndGet();
+    read.increment();
     Row r = DecodeTick.decode(value);
     boolean valid = r.getBoolean(0);
     boolean idle = r.getBoolean(1);
     if (!valid && !idle) {
-      bad.incrementAndGet();
+      bad.increment();
       return;
     }
     String ticker = r.getString(2);
@@ -176,7 +178,7 @@ public final class Live {
       price = new BigDecimal(r.getString(4));
       size = new BigDecimal(r.getString(5));
     } catch (NumberFormatException e) {
-      bad.incrementAndGet(); // an exponent beyond int: no DECIMAL(38,18) holds it either
+      bad.increment(); // an exponent beyond int: no DECIMAL(38,18) holds it either
       return;
     }
     int verdict;
@@ -188,14 +190,14 @@ public final class Live {
       }
     }
     if (verdict == FeedState.DUPLICATE) {
-      duplicates.incrementAndGet();
+      duplicates.increment();
       return;
     }
     // Queued before its candles change, so a candle update never shows an unpublished tick.
     // Outside the feed's lock: a full queue blocks this task, never the publisher.
     queue.put(new LiveOut.Read(tickTopic(ticker), value, partition, offset));
     if (verdict == FeedState.LATE) {
-      late.incrementAndGet();
+      late.increment();
       return;
     }
     synchronized (feed) {
