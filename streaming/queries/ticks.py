@@ -146,14 +146,18 @@ class TicksQuery(TopicQuery):
 
 def partials_in_spark(ticks: DataFrame) -> DataFrame:
     """One partial candle per (ticker, period, window) of a batch: a stateless aggregation
-    over every period at once. Windows are aligned to the epoch, like Spark's ``window``."""
+    over every period at once. Windows are aligned to the epoch, like Spark's ``window``.
+    Trades at the same time are ordered by their Kafka offset (a ticker's trades share a
+    partition), so open and close are the ones the live path, folding in Kafka order, has."""
     t = F.col("exchange_time_ns")
+    arrival = F.struct(t, F.col("offset"))
     return (
         ticks.select(
             "ticker",
             F.col("price").cast(DEC).alias("price"),
             F.col("size").cast(DEC).alias("size"),
             t,
+            F.col("offset"),
             F.explode(F.array(*(F.lit(p) for p in PERIODS_S))).alias("period_s"),
         )
         .withColumn(
@@ -162,10 +166,10 @@ def partials_in_spark(ticks: DataFrame) -> DataFrame:
         )
         .groupBy("ticker", "period_s", "open_ms")
         .agg(
-            F.min_by("price", t).alias("open"),
+            F.min_by("price", arrival).alias("open"),
             F.max("price").alias("high"),
             F.min("price").alias("low"),
-            F.max_by("price", t).alias("close"),
+            F.max_by("price", arrival).alias("close"),
             F.sum("size").alias("volume"),
             F.count(F.lit(1)).alias("trade_count"),
             F.min(t).alias("first_trade_ns"),

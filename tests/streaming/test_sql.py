@@ -1,11 +1,18 @@
-"""SQL text the job builds: escaped literals and columns derived from the table schemas."""
+"""SQL the job builds: escaped literals, columns derived from the table schemas, and the
+committing query's partial candles."""
 
 from __future__ import annotations
 
+import random
+from decimal import Decimal
+
 import pytest
 
+from candlewire.config import PERIODS_S
 from candlewire.lake import SYMBOL_METADATA_SCHEMA, TICKS_SCHEMA
 from candlewire.spark import build_session
+from streaming.candles import partial_candles
+from streaming.queries.ticks import partials_in_spark
 from streaming.sql import columns_from_decoded, literal, staged_columns, staging_ddl
 
 NASTY = ["plain", "it's", "back\\slash", "\\'", "'; DROP TABLE x; --", "two ''", 'dq"', "ünï"]
@@ -62,3 +69,36 @@ def test_staged_metadata_rows_take_the_table_s_types(spark) -> None:
     assert staged.columns == [f.name for f in SYMBOL_METADATA_SCHEMA.fields][:-1]
     assert dict(staged.dtypes)["tick_size"] == "decimal(38,18)"
     assert str(staged.first().tick_size) == "0.010000000000000000"
+
+
+def test_spark_partials_break_equal_times_by_kafka_order_like_the_live_path(spark) -> None:
+    """Trades in the same nanosecond (common at a venue's ms resolution): open is the first
+    and close the last of them in Kafka order, as the live path folds them, whatever order
+    Spark's shuffle hands them to the aggregation in."""
+    rng = random.Random(3)
+    base = 1_789_999_200 * 10**9
+    rows = [
+        (
+            "SIM:TIE/USD",
+            f"{100 + rng.randint(0, 50)}.5",
+            "1",
+            base + rng.randint(0, 3) * 10**9,
+            0,
+            i,
+        )
+        for i in range(400)
+    ]
+    shuffled = rows[:]
+    rng.shuffle(shuffled)
+    df = spark.createDataFrame(
+        shuffled,
+        "ticker string, price string, size string, exchange_time_ns bigint, "
+        "partition int, offset bigint",
+    ).repartition(8)
+    got = {
+        (r["ticker"], r["period_s"], r["open_ms"]): (r["open"], r["close"], r["trade_count"])
+        for r in partials_in_spark(df).collect()
+    }
+    ticks = [(t, ns, Decimal(p), Decimal(s)) for t, p, s, ns, _, _ in rows]  # Kafka order
+    want = {c.key: (c.open, c.close, c.trade_count) for c in partial_candles(ticks, PERIODS_S)}
+    assert got == want
