@@ -151,6 +151,10 @@ def throughput(
     while busy_seconds(settings, "ticks") == busy:
         time.sleep(0.2)
     rates["committed_busy"] = n / (busy_seconds(settings, "ticks") - busy)
+    log = (settings.state_dir / "logs" / "stream.log").read_text(errors="replace")
+    for line in log.splitlines()[-400:]:
+        if "ticks batch" in line and " 0 ticks" not in line:
+            print("  " + line.split("candlewire.stream ", 1)[-1])  # each step's seconds
     print(
         f"{n:,} ticks produced in {produced:.1f}s; published live after {live:.1f}s "
         f"({rates['live']:,.0f} ticks/s), committed after {elapsed:.1f}s ({rates['committed']:,.0f} ticks/s)"

@@ -145,34 +145,46 @@ class TicksQuery(TopicQuery):
 
 
 def partials_in_spark(ticks: DataFrame) -> DataFrame:
-    """One partial candle per (ticker, period, window) of a batch: a stateless aggregation
-    over every period at once. Windows are aligned to the epoch, like Spark's ``window``.
-    Trades at the same time are ordered by their Kafka offset (a ticker's trades share a
-    partition), so open and close are the ones the live path, folding in Kafka order, has."""
+    """One partial candle per (ticker, period, window) of a batch, windows aligned to the
+    epoch like Spark's ``window``. Ticks fold into minutes first, then minutes into every
+    period (as :func:`streaming.candles.partial_candles` does), so the batch is aggregated
+    once, not once per period. Trades at the same time are ordered by their Kafka offset (a
+    ticker's trades share a partition), so open and close are the ones the live path, folding
+    in Kafka order, has."""
     t = F.col("exchange_time_ns")
-    arrival = F.struct(t, F.col("offset"))
-    return (
+    arrival = F.struct(t.alias("t"), F.col("offset").alias("offset"))
+    minutes = (
         ticks.select(
             "ticker",
             F.col("price").cast(DEC).alias("price"),
             F.col("size").cast(DEC).alias("size"),
-            t,
-            F.col("offset"),
-            F.explode(F.array(*(F.lit(p) for p in PERIODS_S))).alias("period_s"),
+            arrival.alias("arrival"),
+            F.expr("exchange_time_ns DIV 60000000000 * 60000").alias("minute_ms"),
         )
-        .withColumn(
-            "open_ms",
-            F.expr("exchange_time_ns DIV 1000000 DIV (period_s * 1000) * period_s * 1000"),
-        )
-        .groupBy("ticker", "period_s", "open_ms")
+        .groupBy("ticker", "minute_ms")
         .agg(
-            F.min_by("price", arrival).alias("open"),
+            F.min_by("price", "arrival").alias("open"),
             F.max("price").alias("high"),
             F.min("price").alias("low"),
-            F.max_by("price", arrival).alias("close"),
+            F.max_by("price", "arrival").alias("close"),
             F.sum("size").alias("volume"),
             F.count(F.lit(1)).alias("trade_count"),
-            F.min(t).alias("first_trade_ns"),
-            F.max(t).alias("last_trade_ns"),
+            F.min("arrival").alias("first"),
+            F.max("arrival").alias("last"),
+        )
+    )
+    return (
+        minutes.select("*", F.explode(F.array(*(F.lit(p) for p in PERIODS_S))).alias("period_s"))
+        .withColumn("open_ms", F.expr("minute_ms DIV (period_s * 1000) * period_s * 1000"))
+        .groupBy("ticker", "period_s", "open_ms")
+        .agg(
+            F.min_by("open", "first").alias("open"),
+            F.max("high").alias("high"),
+            F.min("low").alias("low"),
+            F.max_by("close", "last").alias("close"),
+            F.sum("volume").alias("volume"),
+            F.sum("trade_count").alias("trade_count"),
+            F.min("first.t").alias("first_trade_ns"),
+            F.max("last.t").alias("last_trade_ns"),
         )
     )

@@ -49,6 +49,7 @@ public final class Live {
   private static final int QUEUE = 65_536;
   private static final int ROUND_MAX = 20_000;
   private static volatile Live current;
+  private static boolean exitHook;
 
   private final Map<String, FeedState> feeds = new ConcurrentHashMap<>();
   private final ConcurrentLinkedQueue<FeedState> dirty = new ConcurrentLinkedQueue<>();
@@ -90,6 +91,12 @@ public final class Live {
     Properties props = new Properties();
     props.load(new StringReader(conf));
     current = new Live(props);
+    if (!exitHook) {
+      // The driver's Python process gone (kill -9 included), pyspark's JVM exits; until it
+      // has, its tasks would go on publishing beside a restarted job. Stop at once instead.
+      Runtime.getRuntime().addShutdownHook(new Thread(Live::stop, "candlewire-live-exit"));
+      exitHook = true;
+    }
   }
 
   public static synchronized void stop() {

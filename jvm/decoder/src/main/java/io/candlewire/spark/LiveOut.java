@@ -37,6 +37,7 @@ final class LiveOut implements AutoCloseable {
   static final byte VERSION = 1;
   private static final int JOURNAL_BATCH_MAX = 5_000;
   private static final long HEAD_ACTIVE_NS = 600_000_000_000L;
+  private static final int BIND_ATTEMPTS = 60; // 15 s
 
   private final long epoch = System.currentTimeMillis();
   private final Map<String, StreamPosition> last = new HashMap<>();
@@ -72,7 +73,7 @@ final class LiveOut implements AutoCloseable {
     sock.setSndHWM(Integer.parseInt(conf.getProperty("hwm")));
     sock.setMaxMsgSize(Long.parseLong(conf.getProperty("max_message_bytes")));
     sock.setLinger(500);
-    sock.bind(conf.getProperty("bind"));
+    bind(conf.getProperty("bind"));
     for (String endpoint : conf.getProperty("connect", "").split(",")) {
       if (!endpoint.isBlank()) {
         sock.connect(endpoint.trim());
@@ -89,6 +90,26 @@ final class LiveOut implements AutoCloseable {
     journal = new KafkaProducer<>(kafka, new ByteArraySerializer(), new ByteArraySerializer());
     journalTopic = conf.getProperty("journal_topic");
     journalPartitions = Integer.parseInt(conf.getProperty("journal_partitions"));
+  }
+
+  /** A job restarted after a crash may find its JVM predecessor still exiting: wait for it. */
+  private void bind(String endpoint) {
+    for (int attempt = 0; ; attempt++) {
+      try {
+        sock.bind(endpoint);
+        return;
+      } catch (org.zeromq.ZMQException e) {
+        if (e.getErrorCode() != ZMQ.Error.EADDRINUSE.getCode() || attempt >= BIND_ATTEMPTS) {
+          throw e;
+        }
+      }
+      try {
+        Thread.sleep(250);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new IllegalStateException("interrupted while waiting for " + endpoint, e);
+      }
+    }
   }
 
   /** {@code candlewire.kafka.journal_partition}: crc32 of the topic, modulo partitions. */
