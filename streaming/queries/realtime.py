@@ -60,6 +60,11 @@ COUNTERS = (
 )
 
 
+def parse_counters(text: str) -> dict[str, int]:
+    """``Live.counters()``: one comma-separated string, so reading them is one py4j call."""
+    return dict(zip(COUNTERS, map(int, text.split(",")), strict=True))
+
+
 def local_master(master: str, cores: int | None = None) -> str:
     """``local[N]`` with room for every real-time task plus the other queries' tasks, or a
     clear error for a master whose executors are not this JVM."""
@@ -161,7 +166,7 @@ class RealTimeLiveQuery:
         return bool(self.counters()["publishing"])
 
     def counters(self) -> dict[str, int]:
-        return dict(zip(COUNTERS, self._live.counters(), strict=True))
+        return parse_counters(self._live.counters())
 
     def publish_faults(self) -> tuple[int, int]:
         """(dropped, journal errors) of the JVM's publisher, which the job's metrics add."""

@@ -22,7 +22,7 @@ from proto import market_pb2
 from proto.envelope import from_record, to_record
 from streaming.candles import changed
 from streaming.queries.live import LiveQuery
-from streaming.queries.realtime import COUNTERS, live_conf, restore_file
+from streaming.queries.realtime import live_conf, parse_counters, restore_file
 from streaming.recovery import Restored
 
 MINUTE_NS = 60_000_000_000
@@ -69,7 +69,7 @@ class JvmLive:
             self.sub.recv_multipart()
 
     def counters(self) -> dict[str, int]:
-        return dict(zip(COUNTERS, self.live.counters(), strict=True))
+        return parse_counters(self.live.counters())
 
     def offer(self, records: list[tuple[bytes, int, int]]) -> None:
         for value, partition, offset in records:
