@@ -326,7 +326,12 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
     wait_for(lambda: trades_in(ohlc, ticker, 60) == 1000, timeout=90, interval=0.5)
     produce_ticks(pipeline, with_resends(ticks[1000:2000], seed=8, earlier=ticks[:1000]))
     time.sleep(1.5)
+    jvm = _children(job)
     os.kill(job, signal.SIGKILL)
+    # The job's Spark JVM exits once its driver is gone, and until then its real-time live
+    # path may still publish: the last third arrives only when nothing of the old job is
+    # left, so only the restarted job can deliver it (a second epoch).
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in jvm), timeout=60)
     produce_ticks(pipeline, with_resends(ticks[2000:], seed=9, earlier=ticks[:2000]))
     restarted = start_job(pipeline)
     try:
@@ -545,6 +550,11 @@ class LiveUpdates:
         self._thread.join(2)
         self._sub.close(linger=0)
         self._ctx.term()
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
 
 
 def _jobs(settings):
