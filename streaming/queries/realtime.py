@@ -20,7 +20,6 @@ thread count is raised to hold every task at once (:func:`local_master`).
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shutil
@@ -40,7 +39,6 @@ from streaming.context import JobContext
 from streaming.queries.live import live_source, scratch_checkpoint
 from streaming.recovery import Restored
 
-log = logging.getLogger("candlewire.stream")
 REALTIME_BATCH = "5 minutes"
 LIVE_CLASS = "io.candlewire.spark.Live"
 WRITER_CLASS = "io.candlewire.spark.LiveWriter"

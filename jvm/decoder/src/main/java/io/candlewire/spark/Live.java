@@ -335,14 +335,4 @@ public final class Live {
     }
     return marks;
   }
-
-  /** For tests: each feed's clock. */
-  public static Map<String, Long> clocks() {
-    Map<String, Long> clocks = new HashMap<>();
-    Live live = current;
-    if (live != null) {
-      live.feeds.forEach((t, f) -> clocks.put(t, f.clockNs));
-    }
-    return clocks;
-  }
 }
