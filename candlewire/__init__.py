@@ -1,7 +1,7 @@
 """candlewire: market data over ZeroMQ, Kafka, Spark and Iceberg.
 
-The public API is small: :class:`Client`, :class:`AsyncClient`, :class:`Settings` and the
-errors they raise.
+The public API is small: :class:`Client`, :class:`AsyncClient`, :class:`Settings`, the
+errors they raise, and :func:`condition` for CEP triggers.
 """
 
 from candlewire.client import AsyncClient, Client
@@ -14,7 +14,9 @@ from candlewire.errors import (
     RequestRejected,
     RequestTimeout,
     SubscriptionFailed,
+    TriggerRefused,
 )
+from candlewire.triggers import TriggerRejected, condition
 
 __all__ = [
     "AsyncClient",
@@ -27,4 +29,7 @@ __all__ = [
     "RequestTimeout",
     "Settings",
     "SubscriptionFailed",
+    "TriggerRefused",
+    "TriggerRejected",
+    "condition",
 ]

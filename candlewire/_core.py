@@ -31,15 +31,23 @@ from candlewire._protocol import (
     NotificationInbox,
     Sequence,
     Since,
+    TriggerCall,
     Verdict,
     new_id,
     remaining,
     to_ms,
 )
 from candlewire.config import Settings
-from candlewire.errors import FellBehind, ProtocolError, RequestRejected, RequestTimeout
+from candlewire.errors import (
+    FellBehind,
+    ProtocolError,
+    RequestRejected,
+    RequestTimeout,
+    TriggerRefused,
+)
 from candlewire.positions import describe
 from candlewire.topics import check_id, metadata_update_topic, response_topic
+from proto import cep_pb2 as cep
 from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto import requests_pb2 as rq
@@ -47,6 +55,7 @@ from proto.envelope import EnvelopeError, decode, encode, expect
 from proto.market_pb2 import StreamPosition
 
 SUBMIT_TIMEOUT_S = 30.0  # the spec's REQ/REP default
+TRIGGER_TIMEOUT_S = 30.0  # submit, and the stream processor's CEPTriggerAck
 ATTEMPT_TIMEOUT_S = 2.5
 HISTORY_TIMEOUT_S = 300.0
 CONNECT_TIMEOUT_S = 5.0
@@ -259,7 +268,7 @@ class ClientCore:
 
     # -- requests to the relay ---------------------------------------------------------------
 
-    def send(self, call: HistoryCall | MetadataCall) -> Steps[rq.SubmitResponse]:
+    def send(self, call: HistoryCall | MetadataCall | TriggerCall) -> Steps[rq.SubmitResponse]:
         """REQ with Lazy-Pirate retries; a NO_INGESTOR rejection is retried until the deadline."""
         deadline = time.monotonic() + self.submit_timeout
         yield from self.wait_connected(min(CONNECT_TIMEOUT_S, self.submit_timeout / 2))
@@ -324,6 +333,42 @@ class ClientCore:
             raise RequestTimeout(f"no SymbolMetadataUpdated for {exchange} within {timeout:.0f}s")
         finally:
             sub.unsubscribe(metadata_update_topic())
+
+    # -- CEP triggers ----------------------------------------------------------------------
+
+    def trigger(self, call: TriggerCall, timeout: float) -> Steps[cep.CEPTriggerAck]:
+        """Like a metadata refresh: our topic is subscribed already, submit, then wait for
+        the CEPTriggerAck that names our request_id; raise TriggerRefused on a refusal."""
+        sub = self.notifications()
+        deadline = time.monotonic() + timeout
+        yield from self.send(call)
+        while remaining(deadline):
+            frames = yield Recv(sub, min(remaining(deadline), POLL_SLICE_S))
+            if frames is None:
+                continue
+            ack = call.match(frames)
+            if ack is not None:
+                if not ack.accepted:
+                    raise TriggerRefused(ack)
+                return ack
+            self.inbox.offer(frames)
+        raise RequestTimeout(f"no CEPTriggerAck for {call.request.trigger_id} in {timeout:.0f}s")
+
+    def next_firing(self, timeout: float) -> Steps[cep.CEPTriggerEvent | None]:
+        """The next firing of this client's triggers, each once, or None after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        sub = self.notifications()
+        while True:
+            event = self.inbox.take_firing()
+            if event is not None and event.client_id == self.client_id:
+                return event
+            if event is not None:
+                continue  # another client's, whose id ours is a prefix of
+            if not remaining(deadline):
+                return None
+            frames = yield Recv(sub, min(remaining(deadline), POLL_SLICE_S))
+            if frames is not None:
+                self.inbox.offer(frames)
 
     # -- market data ---------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -25,6 +26,8 @@ from candlewire.topics import (
     response_topic,
     subscription_error_topic,
 )
+from candlewire.triggers import check_owner, parse_trigger
+from proto import cep_pb2 as cep
 from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto import requests_pb2 as rq
@@ -35,6 +38,8 @@ Notify = Literal["client", "request"]
 TimeLike = int | datetime
 Since = TimeLike | StreamPosition | None  # where a subscription starts: a time or a position
 
+FIRINGS_REMEMBERED = 100_000  # (trigger_id, firing) pairs kept to drop repeats
+MAX_QUEUED_FIRINGS = 100_000  # firings not yet taken; beyond, new ones are dropped
 # Monitor events that change whether a SUB socket can receive.
 MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
@@ -143,12 +148,51 @@ class MetadataCall:
 
 
 @dataclass
+class TriggerCall:
+    """One trigger request: the relay's ack names our topic, the CEPTriggerAck ends it."""
+
+    request: cep.CEPTriggerRequest
+
+    @classmethod
+    def build(cls, request: cep.CEPTriggerRequest) -> TriggerCall:
+        """Checked here as the relay and the stream processor will, so a mistake is told at
+        once: raises :class:`~candlewire.triggers.TriggerRejected`."""
+        request.request_id = request.request_id or new_id("tr")
+        check_owner(request)
+        if request.action == cep.ADD:
+            parse_trigger(request)
+        return cls(request)
+
+    def frames(self) -> list[bytes]:
+        return encode(self.request)
+
+    def accept(self, reply: list[bytes]) -> rq.SubmitResponse:
+        resp = accept_ack(reply)
+        if resp.notification_topic != response_topic(self.request.client_id):
+            raise ProtocolError(f"relay names topic {resp.notification_topic!r} for a trigger")
+        return resp
+
+    def match(self, frames: list[bytes]) -> cep.CEPTriggerAck | None:
+        try:
+            _topic, msg = decode_sub(frames)
+        except EnvelopeError:
+            return None
+        if isinstance(msg, cep.CEPTriggerAck) and msg.request_id == self.request.request_id:
+            return msg
+        return None
+
+
+@dataclass
 class NotificationInbox:
     """Notifications seen on the client's SUB socket, kept until their caller asks."""
 
     dropped: int = 0
     _pending: set[str] = field(default_factory=set)
     _ready: dict[str, rq.HistoryReadyNotification] = field(default_factory=dict)
+    # CEP firings in arrival order, each (trigger_id, firing) once: the stream processor may
+    # send one again after a restart, and every notification is repeated a few times.
+    _firings: deque[cep.CEPTriggerEvent] = field(default_factory=deque)
+    _seen: OrderedDict[tuple[str, int], None] = field(default_factory=OrderedDict)
 
     def expect(self, request_id: str) -> None:
         """Only notifications of submitted requests are kept; repeats of done ones are not."""
@@ -162,6 +206,16 @@ class NotificationInbox:
             return
         if isinstance(msg, rq.HistoryReadyNotification) and msg.request_id in self._pending:
             self._ready.setdefault(msg.request_id, msg)
+        if isinstance(msg, cep.CEPTriggerEvent):
+            key = (msg.trigger_id, msg.firing)
+            if key not in self._seen and len(self._firings) < MAX_QUEUED_FIRINGS:
+                self._seen[key] = None
+                self._firings.append(msg)
+                while len(self._seen) > FIRINGS_REMEMBERED:
+                    self._seen.popitem(last=False)
+
+    def take_firing(self) -> cep.CEPTriggerEvent | None:
+        return self._firings.popleft() if self._firings else None
 
     def take(self, request_id: str) -> rq.HistoryReadyNotification | None:
         note = self._ready.pop(request_id, None)

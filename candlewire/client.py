@@ -23,6 +23,7 @@ from candlewire._core import (
     ATTEMPT_TIMEOUT_S,
     HISTORY_TIMEOUT_S,
     SUBMIT_TIMEOUT_S,
+    TRIGGER_TIMEOUT_S,
     ClientCore,
     async_drive,
     async_drive_iter,
@@ -37,10 +38,14 @@ from candlewire._protocol import (
     Since,
     SubscriptionStats,
     TimeLike,
+    TriggerCall,
+    new_id,
 )
 from candlewire.config import Settings
 from candlewire.history import read_history
 from candlewire.topics import market_data_topic
+from candlewire.triggers import Condition, add_request
+from proto import cep_pb2 as cep
 from proto import market_pb2
 from proto import requests_pb2 as rq
 
@@ -123,6 +128,49 @@ class Client:
         """Have an ingestor fetch the exchange's markets; return once they are in Iceberg
         (added, removed and changed counts)."""
         return drive(self._core.refresh_metadata(exchange, timeout))
+
+    def add_trigger(
+        self,
+        ticker: str,
+        condition: Condition,
+        *,
+        trigger_id: str | None = None,
+        user_id: str = "",
+        once: bool = True,
+        cooldown_s: int = 0,
+        critical: bool = False,
+        timeout: float = TRIGGER_TIMEOUT_S,
+    ) -> cep.CEPTriggerAck:
+        """Register a CEP trigger; its firings come on this client's topic as CEPTriggerEvent
+        once the stream processor evaluates them. Raises TriggerRefused with the reason."""
+        req = add_request(
+            self.client_id,
+            trigger_id or new_id("trg"),
+            ticker,
+            condition,
+            user_id=user_id,
+            once=once,
+            cooldown_s=cooldown_s,
+            critical=critical,
+        )
+        return drive(self._core.trigger(TriggerCall.build(req), timeout))
+
+    def remove_trigger(self, trigger_id: str, *, timeout: float = TRIGGER_TIMEOUT_S) -> None:
+        """Remove one of this client's triggers; TriggerRefused if it has none of that id."""
+        req = cep.CEPTriggerRequest(
+            trigger_id=trigger_id, client_id=self.client_id, action=cep.REMOVE
+        )
+        drive(self._core.trigger(TriggerCall.build(req), timeout))
+
+    def list_triggers(self, *, timeout: float = TRIGGER_TIMEOUT_S) -> list[cep.CEPTriggerRequest]:
+        """This client's registered triggers, oldest first."""
+        req = cep.CEPTriggerRequest(client_id=self.client_id, action=cep.LIST)
+        return list(drive(self._core.trigger(TriggerCall.build(req), timeout)).triggers)
+
+    def next_firing(self, timeout: float = TRIGGER_TIMEOUT_S) -> cep.CEPTriggerEvent | None:
+        """The next firing of this client's triggers (each firing once, with the values
+        that made it fire), or None when none comes within ``timeout``."""
+        return drive(self._core.next_firing(timeout))
 
     def subscribe(
         self,
@@ -257,6 +305,51 @@ class AsyncClient:
     ) -> market_pb2.SymbolMetadataUpdated:
         """Like :meth:`Client.refresh_metadata`."""
         return await async_drive(self._core.refresh_metadata(exchange, timeout))
+
+    async def add_trigger(
+        self,
+        ticker: str,
+        condition: Condition,
+        *,
+        trigger_id: str | None = None,
+        user_id: str = "",
+        once: bool = True,
+        cooldown_s: int = 0,
+        critical: bool = False,
+        timeout: float = TRIGGER_TIMEOUT_S,
+    ) -> cep.CEPTriggerAck:
+        """Like :meth:`Client.add_trigger`."""
+        req = add_request(
+            self.client_id,
+            trigger_id or new_id("trg"),
+            ticker,
+            condition,
+            user_id=user_id,
+            once=once,
+            cooldown_s=cooldown_s,
+            critical=critical,
+        )
+        return await async_drive(self._core.trigger(TriggerCall.build(req), timeout))
+
+    async def remove_trigger(self, trigger_id: str, *, timeout: float = TRIGGER_TIMEOUT_S) -> None:
+        """Like :meth:`Client.remove_trigger`."""
+        req = cep.CEPTriggerRequest(
+            trigger_id=trigger_id, client_id=self.client_id, action=cep.REMOVE
+        )
+        await async_drive(self._core.trigger(TriggerCall.build(req), timeout))
+
+    async def list_triggers(
+        self, *, timeout: float = TRIGGER_TIMEOUT_S
+    ) -> list[cep.CEPTriggerRequest]:
+        """Like :meth:`Client.list_triggers`."""
+        req = cep.CEPTriggerRequest(client_id=self.client_id, action=cep.LIST)
+        return list(
+            (await async_drive(self._core.trigger(TriggerCall.build(req), timeout))).triggers
+        )
+
+    async def next_firing(self, timeout: float = TRIGGER_TIMEOUT_S) -> cep.CEPTriggerEvent | None:
+        """Like :meth:`Client.next_firing`."""
+        return await async_drive(self._core.next_firing(timeout))
 
     def subscribe(
         self,

@@ -70,11 +70,12 @@ class Settings(BaseSettings):
     stream_ticks_batch_max: int = 3_000_000
     """Most ticks in one commit (held in memory while committed, about 100 bytes each);
     3M every 30 s allows 100k ticks/s."""
-    stream_live_engine: Literal["realtime", "microbatch"] = "microbatch"
-    """How the live query runs: as Python micro-batches every ``stream_live_trigger_s``, or in
-    Spark's real-time mode, each record judged and published by the JVM side of the job as
-    it is read (``jvm/decoder``'s ``Live``; a local master only). Real-time mode is opt-in
-    until its restart behaviour has passed CI (see the README)."""
+    stream_live_engine: Literal["realtime", "microbatch"] = "realtime"
+    """How the live query runs: in Spark's real-time mode, each record judged and published
+    by the JVM side of the job as it is read (``jvm/decoder``'s ``Live``; a local master
+    only), or as Python micro-batches every ``stream_live_trigger_s`` (any master)."""
+    cep_max_triggers_per_owner: int = Field(default=1_000, ge=1)
+    """CEP triggers one owner (a user, or a client without one) may have registered."""
     stream_live_trigger_s: float = 0.1
     """Micro-batch interval of the live query when it runs as micro-batches."""
     stream_decoder: Literal["jvm", "python"] = "jvm"
@@ -161,6 +162,7 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_STREAM_TICKS_TRIGGER_S"] = str(self.stream_ticks_trigger_s)
         env["CANDLEWIRE_STREAM_TICKS_BATCH_MAX"] = str(self.stream_ticks_batch_max)
         env["CANDLEWIRE_STREAM_LIVE_ENGINE"] = self.stream_live_engine
+        env["CANDLEWIRE_CEP_MAX_TRIGGERS_PER_OWNER"] = str(self.cep_max_triggers_per_owner)
         env["CANDLEWIRE_STREAM_LIVE_TRIGGER_S"] = str(self.stream_live_trigger_s)
         env["CANDLEWIRE_STREAM_DECODER"] = self.stream_decoder
         env["CANDLEWIRE_STREAM_WATERMARK_S"] = str(self.stream_watermark_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from proto import cep_pb2 as cep
 from proto import requests_pb2 as rq
 
 
@@ -15,7 +16,7 @@ class RequestRejected(CandlewireError):
     def __init__(self, response: rq.SubmitResponse) -> None:
         self.response = response
         self.reason = rq.RejectReason.Name(response.reason)
-        self.retryable = response.reason == rq.NO_INGESTOR
+        self.retryable = response.reason in (rq.NO_INGESTOR, rq.NO_TRIGGER_DESK)
         super().__init__(f"request rejected ({self.reason}): {response.error_message}")
 
 
@@ -56,3 +57,13 @@ class FellBehind(CandlewireError):
     def __init__(self, message: str, resume_from: object = None) -> None:
         self.resume_from = resume_from
         super().__init__(message)
+
+
+class TriggerRefused(CandlewireError):
+    """The stream processor refused a trigger request; ``reason`` is a
+    ``TriggerRejectReason`` name (UNKNOWN_TICKER, OVER_LIMIT, NO_SUCH_TRIGGER...)."""
+
+    def __init__(self, ack: cep.CEPTriggerAck) -> None:
+        self.ack = ack
+        self.reason = cep.TriggerRejectReason.Name(ack.reason)
+        super().__init__(f"trigger {ack.trigger_id} refused ({self.reason}): {ack.error_message}")

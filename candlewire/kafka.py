@@ -29,7 +29,10 @@ JOURNAL = TopicSpec(
     6,
     {"retention.ms": str(86_400_000), "retention.bytes": str(1 << 30), "compression.type": "lz4"},
 )
-TOPICS = (TICKS, OHLC_BATCHES, SYMBOL_METADATA, JOURNAL)
+# Registered CEP triggers, keyed by trigger_id: the latest record of each id is its state
+# (an ADD, or the REMOVE that ended it), so compaction keeps exactly the registry.
+TRIGGERS = TopicSpec("candlewire.triggers", 1, {"cleanup.policy": "compact"})
+TOPICS = (TICKS, OHLC_BATCHES, SYMBOL_METADATA, JOURNAL, TRIGGERS)
 
 
 def journal_partition(topic: str) -> int:

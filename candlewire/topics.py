@@ -114,6 +114,12 @@ def user_topic(user_id: str) -> str:
     return f"USER:{user_id}"
 
 
+def trigger_work_topic() -> str:
+    """Where the relay hands CEP trigger requests to the stream processor, on the work queue:
+    lower case, so no exchange's ``{EXCHANGE}:`` prefix can match it."""
+    return "cep"
+
+
 def ingestor_topic(exchange: str) -> str:
     """Ingestor heartbeats of one exchange, fanned out by the relay like market data."""
     return f"INGESTOR:{exchange}"

@@ -1,34 +1,19 @@
-"""Symbol metadata as the gateway knows it, and how an event is put into words with it.
-
-The catalog is read from the Iceberg ``symbol_metadata`` table at start and again on every
-METADATA_UPDATE notification (the spec's guard against a gateway that starts before the
-metadata exists). Chart subscriptions are checked against it, and prices in events are
-shown with the symbol's tick size.
+"""Symbol metadata in the gateway (:mod:`candlewire.symbols`), and how an event is put into
+words with it: chart subscriptions are checked against it, and prices in events are shown
+with the symbol's tick size.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import threading
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from candlewire.config import PERIODS_S, Settings
+from candlewire.config import PERIODS_S
+from candlewire.symbols import SymbolCatalog as BaseCatalog
 from candlewire.topics import TopicError, parse_ticker
 from proto import events_pb2 as ev
-
-log = logging.getLogger("candlewire.gateway.symbols")
-
-
-@dataclass(frozen=True)
-class Symbol:
-    ticker: str
-    base: str
-    quote: str
-    tick_size: Decimal | None
-    status: str
 
 
 @dataclass(frozen=True)
@@ -39,46 +24,8 @@ class Rendered:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-class SymbolCatalog:
-    """Thread-safe: reloads run in a worker thread while the loop reads."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._symbols: dict[str, Symbol] = {}
-        self._exchanges: set[str] = set()
-        self._lock = threading.Lock()
-        self.loads = 0
-
-    def reload(self) -> int:
-        """Read the whole table again; on failure keep what we had."""
-        from candlewire.lake import NAMESPACE, catalog
-
-        try:
-            table = catalog(self.settings).load_table(f"{NAMESPACE}.symbol_metadata")
-            rows = table.scan(
-                selected_fields=("ticker", "exchange", "base", "quote", "tick_size", "status")
-            ).to_arrow()
-        except Exception as exc:  # no catalog yet must not stop the gateway
-            log.warning("symbol metadata not loaded: %s", exc)
-            return len(self._symbols)
-        symbols = {
-            r["ticker"]: Symbol(r["ticker"], r["base"], r["quote"], r["tick_size"], r["status"])
-            for r in rows.to_pylist()
-        }
-        with self._lock:
-            self._symbols = symbols
-            self._exchanges = {r for r in rows.column("exchange").to_pylist()}
-            self.loads += 1
-        log.info("symbol metadata loaded: %d symbols", len(symbols))
-        return len(symbols)
-
-    def get(self, ticker: str) -> Symbol | None:
-        with self._lock:
-            return self._symbols.get(ticker)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._symbols)
+class SymbolCatalog(BaseCatalog):
+    """The shared catalog, and what the gateway does with it."""
 
     def check_chart(self, ticker: str, period_s: int) -> str | None:
         """Why a chart subscription is refused, or None to accept it.
@@ -92,8 +39,7 @@ class SymbolCatalog:
             return str(exc)
         if period_s not in PERIODS_S:
             return f"period {period_s} is not one of {', '.join(map(str, PERIODS_S))}"
-        with self._lock:
-            known, listed = self._symbols.get(ticker), t.exchange in self._exchanges
+        listed, known = self.listed(ticker)
         if listed and known is None:
             return f"{ticker} is not listed on {t.exchange}"
         if known is not None and known.status == "DELISTED":

@@ -1,18 +1,20 @@
 """The ``candlewire`` command.
 
-Client verbs (``watch``, ``history``, ``endpoints``) need only the plain install; service
+Client verbs (``watch``, ``history``, ``trigger``, ``endpoints``) need only the plain install; service
 verbs import their service when run, and say which install they need when it is missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import logging
 import re
 import sys
 from datetime import UTC, datetime, timedelta
 
 from candlewire.config import Settings
+from candlewire.triggers import KINDS
 
 # Third-party packages only the platform extra installs.
 PLATFORM_MODULES = frozenset(
@@ -100,6 +102,45 @@ def _history(args: argparse.Namespace, settings: Settings) -> int:
         for row in table.to_pylist():
             view.add_row(*(str(v) for v in row.values()))
         Console().print(view)
+    return 0
+
+
+def _trigger(args: argparse.Namespace, settings: Settings) -> int:
+    """``trigger add|rm|ls``: one client id per user of the CLI, so ``ls`` and ``rm`` find
+    what ``add`` registered."""
+    from google.protobuf import json_format
+
+    from candlewire.client import Client
+    from candlewire.triggers import condition
+
+    with Client(settings, client_id=args.client_id) as client:
+        if args.action == "add":
+            cond = condition(
+                args.kind,
+                level=args.level,
+                percent=args.percent,
+                volume=args.volume,
+                window_s=args.window,
+                period_s=args.period,
+                candles=args.candles,
+                direction=args.direction if args.kind != "window_volume" else None,
+            )
+            ack = client.add_trigger(
+                args.ticker,
+                cond,
+                trigger_id=args.id,
+                user_id=args.user or "",
+                once=args.rearm is None,
+                cooldown_s=args.rearm or 0,
+                critical=args.critical,
+            )
+            print(f"trigger {ack.trigger_id} registered")
+        elif args.action == "rm":
+            client.remove_trigger(args.id)
+            print(f"trigger {args.id} removed")
+        else:
+            for t in client.list_triggers():
+                print(json_format.MessageToJson(t, indent=None))
     return 0
 
 
@@ -247,6 +288,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay from the journal first: a duration (10m, 2h) or an ISO time",
     )
     watch.set_defaults(fn=_watch)
+    trig = sub.add_parser("trigger", help="register, remove or list CEP triggers")
+    trig.add_argument(
+        "--client-id",
+        default=f"cli-{getpass.getuser()}",
+        help="the owner whose triggers these are (default: cli-<login>)",
+    )
+    trig_sub = trig.add_subparsers(dest="action", required=True)
+    add = trig_sub.add_parser("add", help="register a trigger")
+    add.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, listed in symbol metadata")
+    add.add_argument("kind", choices=KINDS)
+    add.add_argument("--direction", default="up", choices=("up", "down", "either"))
+    add.add_argument("--level", help="price_cross, candle_close: the price level")
+    add.add_argument("--percent", help="percent_move: e.g. 3 for 3 %%")
+    add.add_argument("--volume", help="window_volume: the volume to reach")
+    add.add_argument("--window", type=int, help="percent_move, window_volume: seconds")
+    add.add_argument("--period", type=int, help="candle_close, range_breakout: seconds")
+    add.add_argument("--candles", type=int, help="range_breakout: how many candles back")
+    add.add_argument("--rearm", type=int, metavar="COOLDOWN_S", help="re-arm after this cooldown")
+    add.add_argument("--critical", action="store_true", help="alert through the acked path")
+    add.add_argument("--user", help="the user who gets the alert")
+    add.add_argument("--id", help="trigger id (default: random)")
+    rm = trig_sub.add_parser("rm", help="remove a trigger")
+    rm.add_argument("id")
+    trig_sub.add_parser("ls", help="list the triggers")
+    trig.set_defaults(fn=_trigger)
     sub.add_parser("endpoints", help="print the endpoint table").set_defaults(fn=_endpoints)
     for name, text in (("up", "start the local stack"), ("down", "stop it"), ("status", "health")):
         sub.add_parser(name, help=text).set_defaults(fn=_stack)

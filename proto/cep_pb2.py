@@ -24,21 +24,33 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fproto/cep.proto\x12\rcandlewire.v1\"\xf4\x01\n\x11\x43\x45PTriggerRequest\x12\x12\n\ntrigger_id\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x0e\n\x06ticker\x18\x03 \x01(\t\x12*\n\x05\x66ield\x18\x04 \x01(\x0e\x32\x1b.candlewire.v1.TriggerField\x12\x10\n\x08period_s\x18\x05 \x01(\r\x12-\n\ncomparison\x18\x06 \x01(\x0e\x32\x19.candlewire.v1.Comparison\x12\x11\n\tthreshold\x18\x07 \x01(\t\x12\x0c\n\x04once\x18\x08 \x01(\x08\x12\x1a\n\x12notification_topic\x18\t \x01(\t\"L\n\rCEPTriggerAck\x12\x12\n\ntrigger_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x15\n\rerror_message\x18\x03 \x01(\t\"r\n\x0f\x43\x45PTriggerEvent\x12\x12\n\ntrigger_id\x18\x01 \x01(\t\x12\x0e\n\x06ticker\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\x12\x15\n\rfired_time_ms\x18\x04 \x01(\x03\x12\x15\n\revent_time_ms\x18\x05 \x01(\x03*o\n\nComparison\x12\x1a\n\x16\x43OMPARISON_UNSPECIFIED\x10\x00\x12\x11\n\rCROSSES_ABOVE\x10\x01\x12\x11\n\rCROSSES_BELOW\x10\x02\x12\x10\n\x0cGREATER_THAN\x10\x03\x12\r\n\tLESS_THAN\x10\x04*b\n\x0cTriggerField\x12\x1d\n\x19TRIGGER_FIELD_UNSPECIFIED\x10\x00\x12\x0e\n\nLAST_PRICE\x10\x01\x12\x10\n\x0c\x43\x41NDLE_CLOSE\x10\x02\x12\x11\n\rCANDLE_VOLUME\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fproto/cep.proto\x12\rcandlewire.v1\"H\n\nPriceCross\x12\r\n\x05level\x18\x01 \x01(\t\x12+\n\tdirection\x18\x02 \x01(\x0e\x32\x18.candlewire.v1.Direction\"]\n\x0bPercentMove\x12\x0f\n\x07percent\x18\x01 \x01(\t\x12\x10\n\x08window_s\x18\x02 \x01(\r\x12+\n\tdirection\x18\x03 \x01(\x0e\x32\x18.candlewire.v1.Direction\"0\n\x0cWindowVolume\x12\x0e\n\x06volume\x18\x01 \x01(\t\x12\x10\n\x08window_s\x18\x02 \x01(\r\"[\n\x0b\x43\x61ndleClose\x12\x10\n\x08period_s\x18\x01 \x01(\r\x12\r\n\x05level\x18\x02 \x01(\t\x12+\n\tdirection\x18\x03 \x01(\x0e\x32\x18.candlewire.v1.Direction\"_\n\rRangeBreakout\x12\x10\n\x08period_s\x18\x01 \x01(\r\x12\x0f\n\x07\x63\x61ndles\x18\x02 \x01(\r\x12+\n\tdirection\x18\x03 \x01(\x0e\x32\x18.candlewire.v1.Direction\"\xd9\x04\n\x11\x43\x45PTriggerRequest\x12\x12\n\ntrigger_id\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x0e\n\x06ticker\x18\x03 \x01(\t\x12\x0c\n\x04once\x18\x08 \x01(\x08\x12\x1a\n\x12notification_topic\x18\t \x01(\t\x12\x0f\n\x07user_id\x18\n \x01(\t\x12,\n\x06\x61\x63tion\x18\x0b \x01(\x0e\x32\x1c.candlewire.v1.TriggerAction\x12\x30\n\x0bprice_cross\x18\x0c \x01(\x0b\x32\x19.candlewire.v1.PriceCrossH\x00\x12\x32\n\x0cpercent_move\x18\r \x01(\x0b\x32\x1a.candlewire.v1.PercentMoveH\x00\x12\x34\n\rwindow_volume\x18\x0e \x01(\x0b\x32\x1b.candlewire.v1.WindowVolumeH\x00\x12\x32\n\x0c\x63\x61ndle_close\x18\x0f \x01(\x0b\x32\x1a.candlewire.v1.CandleCloseH\x00\x12\x36\n\x0erange_breakout\x18\x10 \x01(\x0b\x32\x1c.candlewire.v1.RangeBreakoutH\x00\x12\x12\n\ncooldown_s\x18\x11 \x01(\r\x12\x10\n\x08\x63ritical\x18\x12 \x01(\x08\x12\x12\n\nrequest_id\x18\x13 \x01(\t\x12\x15\n\rregistered_ms\x18\x14 \x01(\x03\x42\x0b\n\tconditionJ\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08R\x05\x66ieldR\x08period_sR\ncomparisonR\tthreshold\"\xc8\x01\n\rCEPTriggerAck\x12\x12\n\ntrigger_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x15\n\rerror_message\x18\x03 \x01(\t\x12\x32\n\x06reason\x18\x04 \x01(\x0e\x32\".candlewire.v1.TriggerRejectReason\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x32\n\x08triggers\x18\x06 \x03(\x0b\x32 .candlewire.v1.CEPTriggerRequest\"\xb9\x01\n\x0f\x43\x45PTriggerEvent\x12\x12\n\ntrigger_id\x18\x01 \x01(\t\x12\x0e\n\x06ticker\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\x12\x15\n\rfired_time_ms\x18\x04 \x01(\x03\x12\x15\n\revent_time_ms\x18\x05 \x01(\x03\x12\x0e\n\x06\x66iring\x18\x06 \x01(\r\x12\x11\n\treference\x18\x07 \x01(\t\x12\x11\n\tclient_id\x18\x08 \x01(\t\x12\x0f\n\x07user_id\x18\t \x01(\t*D\n\tDirection\x12\x19\n\x15\x44IRECTION_UNSPECIFIED\x10\x00\x12\x06\n\x02UP\x10\x01\x12\x08\n\x04\x44OWN\x10\x02\x12\n\n\x06\x45ITHER\x10\x03*N\n\rTriggerAction\x12\x1e\n\x1aTRIGGER_ACTION_UNSPECIFIED\x10\x00\x12\x07\n\x03\x41\x44\x44\x10\x01\x12\n\n\x06REMOVE\x10\x02\x12\x08\n\x04LIST\x10\x03*\x9d\x01\n\x13TriggerRejectReason\x12%\n!TRIGGER_REJECT_REASON_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x42\x41\x44_TRIGGER\x10\x01\x12\x12\n\x0eUNKNOWN_TICKER\x10\x02\x12\x0e\n\nOVER_LIMIT\x10\x03\x12\x13\n\x0fNO_SUCH_TRIGGER\x10\x04\x12\x15\n\x11\x44UPLICATE_TRIGGER\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.cep_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COMPARISON']._serialized_start=475
-  _globals['_COMPARISON']._serialized_end=586
-  _globals['_TRIGGERFIELD']._serialized_start=588
-  _globals['_TRIGGERFIELD']._serialized_end=686
-  _globals['_CEPTRIGGERREQUEST']._serialized_start=35
-  _globals['_CEPTRIGGERREQUEST']._serialized_end=279
-  _globals['_CEPTRIGGERACK']._serialized_start=281
-  _globals['_CEPTRIGGERACK']._serialized_end=357
-  _globals['_CEPTRIGGEREVENT']._serialized_start=359
-  _globals['_CEPTRIGGEREVENT']._serialized_end=473
+  _globals['_DIRECTION']._serialized_start=1438
+  _globals['_DIRECTION']._serialized_end=1506
+  _globals['_TRIGGERACTION']._serialized_start=1508
+  _globals['_TRIGGERACTION']._serialized_end=1586
+  _globals['_TRIGGERREJECTREASON']._serialized_start=1589
+  _globals['_TRIGGERREJECTREASON']._serialized_end=1746
+  _globals['_PRICECROSS']._serialized_start=34
+  _globals['_PRICECROSS']._serialized_end=106
+  _globals['_PERCENTMOVE']._serialized_start=108
+  _globals['_PERCENTMOVE']._serialized_end=201
+  _globals['_WINDOWVOLUME']._serialized_start=203
+  _globals['_WINDOWVOLUME']._serialized_end=251
+  _globals['_CANDLECLOSE']._serialized_start=253
+  _globals['_CANDLECLOSE']._serialized_end=344
+  _globals['_RANGEBREAKOUT']._serialized_start=346
+  _globals['_RANGEBREAKOUT']._serialized_end=441
+  _globals['_CEPTRIGGERREQUEST']._serialized_start=444
+  _globals['_CEPTRIGGERREQUEST']._serialized_end=1045
+  _globals['_CEPTRIGGERACK']._serialized_start=1048
+  _globals['_CEPTRIGGERACK']._serialized_end=1248
+  _globals['_CEPTRIGGEREVENT']._serialized_start=1251
+  _globals['_CEPTRIGGEREVENT']._serialized_end=1436
 # @@protoc_insertion_point(module_scope)

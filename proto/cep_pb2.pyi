@@ -1,76 +1,165 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class Comparison(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+class Direction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
-    COMPARISON_UNSPECIFIED: _ClassVar[Comparison]
-    CROSSES_ABOVE: _ClassVar[Comparison]
-    CROSSES_BELOW: _ClassVar[Comparison]
-    GREATER_THAN: _ClassVar[Comparison]
-    LESS_THAN: _ClassVar[Comparison]
+    DIRECTION_UNSPECIFIED: _ClassVar[Direction]
+    UP: _ClassVar[Direction]
+    DOWN: _ClassVar[Direction]
+    EITHER: _ClassVar[Direction]
 
-class TriggerField(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+class TriggerAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
-    TRIGGER_FIELD_UNSPECIFIED: _ClassVar[TriggerField]
-    LAST_PRICE: _ClassVar[TriggerField]
-    CANDLE_CLOSE: _ClassVar[TriggerField]
-    CANDLE_VOLUME: _ClassVar[TriggerField]
-COMPARISON_UNSPECIFIED: Comparison
-CROSSES_ABOVE: Comparison
-CROSSES_BELOW: Comparison
-GREATER_THAN: Comparison
-LESS_THAN: Comparison
-TRIGGER_FIELD_UNSPECIFIED: TriggerField
-LAST_PRICE: TriggerField
-CANDLE_CLOSE: TriggerField
-CANDLE_VOLUME: TriggerField
+    TRIGGER_ACTION_UNSPECIFIED: _ClassVar[TriggerAction]
+    ADD: _ClassVar[TriggerAction]
+    REMOVE: _ClassVar[TriggerAction]
+    LIST: _ClassVar[TriggerAction]
+
+class TriggerRejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRIGGER_REJECT_REASON_UNSPECIFIED: _ClassVar[TriggerRejectReason]
+    BAD_TRIGGER: _ClassVar[TriggerRejectReason]
+    UNKNOWN_TICKER: _ClassVar[TriggerRejectReason]
+    OVER_LIMIT: _ClassVar[TriggerRejectReason]
+    NO_SUCH_TRIGGER: _ClassVar[TriggerRejectReason]
+    DUPLICATE_TRIGGER: _ClassVar[TriggerRejectReason]
+DIRECTION_UNSPECIFIED: Direction
+UP: Direction
+DOWN: Direction
+EITHER: Direction
+TRIGGER_ACTION_UNSPECIFIED: TriggerAction
+ADD: TriggerAction
+REMOVE: TriggerAction
+LIST: TriggerAction
+TRIGGER_REJECT_REASON_UNSPECIFIED: TriggerRejectReason
+BAD_TRIGGER: TriggerRejectReason
+UNKNOWN_TICKER: TriggerRejectReason
+OVER_LIMIT: TriggerRejectReason
+NO_SUCH_TRIGGER: TriggerRejectReason
+DUPLICATE_TRIGGER: TriggerRejectReason
+
+class PriceCross(_message.Message):
+    __slots__ = ("level", "direction")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    level: str
+    direction: Direction
+    def __init__(self, level: _Optional[str] = ..., direction: _Optional[_Union[Direction, str]] = ...) -> None: ...
+
+class PercentMove(_message.Message):
+    __slots__ = ("percent", "window_s", "direction")
+    PERCENT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    percent: str
+    window_s: int
+    direction: Direction
+    def __init__(self, percent: _Optional[str] = ..., window_s: _Optional[int] = ..., direction: _Optional[_Union[Direction, str]] = ...) -> None: ...
+
+class WindowVolume(_message.Message):
+    __slots__ = ("volume", "window_s")
+    VOLUME_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    volume: str
+    window_s: int
+    def __init__(self, volume: _Optional[str] = ..., window_s: _Optional[int] = ...) -> None: ...
+
+class CandleClose(_message.Message):
+    __slots__ = ("period_s", "level", "direction")
+    PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    period_s: int
+    level: str
+    direction: Direction
+    def __init__(self, period_s: _Optional[int] = ..., level: _Optional[str] = ..., direction: _Optional[_Union[Direction, str]] = ...) -> None: ...
+
+class RangeBreakout(_message.Message):
+    __slots__ = ("period_s", "candles", "direction")
+    PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    CANDLES_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    period_s: int
+    candles: int
+    direction: Direction
+    def __init__(self, period_s: _Optional[int] = ..., candles: _Optional[int] = ..., direction: _Optional[_Union[Direction, str]] = ...) -> None: ...
 
 class CEPTriggerRequest(_message.Message):
-    __slots__ = ("trigger_id", "client_id", "ticker", "field", "period_s", "comparison", "threshold", "once", "notification_topic")
+    __slots__ = ("trigger_id", "client_id", "ticker", "once", "notification_topic", "user_id", "action", "price_cross", "percent_move", "window_volume", "candle_close", "range_breakout", "cooldown_s", "critical", "request_id", "registered_ms")
     TRIGGER_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     TICKER_FIELD_NUMBER: _ClassVar[int]
-    FIELD_FIELD_NUMBER: _ClassVar[int]
-    PERIOD_S_FIELD_NUMBER: _ClassVar[int]
-    COMPARISON_FIELD_NUMBER: _ClassVar[int]
-    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     ONCE_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    PRICE_CROSS_FIELD_NUMBER: _ClassVar[int]
+    PERCENT_MOVE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_VOLUME_FIELD_NUMBER: _ClassVar[int]
+    CANDLE_CLOSE_FIELD_NUMBER: _ClassVar[int]
+    RANGE_BREAKOUT_FIELD_NUMBER: _ClassVar[int]
+    COOLDOWN_S_FIELD_NUMBER: _ClassVar[int]
+    CRITICAL_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_MS_FIELD_NUMBER: _ClassVar[int]
     trigger_id: str
     client_id: str
     ticker: str
-    field: TriggerField
-    period_s: int
-    comparison: Comparison
-    threshold: str
     once: bool
     notification_topic: str
-    def __init__(self, trigger_id: _Optional[str] = ..., client_id: _Optional[str] = ..., ticker: _Optional[str] = ..., field: _Optional[_Union[TriggerField, str]] = ..., period_s: _Optional[int] = ..., comparison: _Optional[_Union[Comparison, str]] = ..., threshold: _Optional[str] = ..., once: bool = ..., notification_topic: _Optional[str] = ...) -> None: ...
+    user_id: str
+    action: TriggerAction
+    price_cross: PriceCross
+    percent_move: PercentMove
+    window_volume: WindowVolume
+    candle_close: CandleClose
+    range_breakout: RangeBreakout
+    cooldown_s: int
+    critical: bool
+    request_id: str
+    registered_ms: int
+    def __init__(self, trigger_id: _Optional[str] = ..., client_id: _Optional[str] = ..., ticker: _Optional[str] = ..., once: bool = ..., notification_topic: _Optional[str] = ..., user_id: _Optional[str] = ..., action: _Optional[_Union[TriggerAction, str]] = ..., price_cross: _Optional[_Union[PriceCross, _Mapping]] = ..., percent_move: _Optional[_Union[PercentMove, _Mapping]] = ..., window_volume: _Optional[_Union[WindowVolume, _Mapping]] = ..., candle_close: _Optional[_Union[CandleClose, _Mapping]] = ..., range_breakout: _Optional[_Union[RangeBreakout, _Mapping]] = ..., cooldown_s: _Optional[int] = ..., critical: bool = ..., request_id: _Optional[str] = ..., registered_ms: _Optional[int] = ...) -> None: ...
 
 class CEPTriggerAck(_message.Message):
-    __slots__ = ("trigger_id", "accepted", "error_message")
+    __slots__ = ("trigger_id", "accepted", "error_message", "reason", "request_id", "triggers")
     TRIGGER_ID_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRIGGERS_FIELD_NUMBER: _ClassVar[int]
     trigger_id: str
     accepted: bool
     error_message: str
-    def __init__(self, trigger_id: _Optional[str] = ..., accepted: bool = ..., error_message: _Optional[str] = ...) -> None: ...
+    reason: TriggerRejectReason
+    request_id: str
+    triggers: _containers.RepeatedCompositeFieldContainer[CEPTriggerRequest]
+    def __init__(self, trigger_id: _Optional[str] = ..., accepted: bool = ..., error_message: _Optional[str] = ..., reason: _Optional[_Union[TriggerRejectReason, str]] = ..., request_id: _Optional[str] = ..., triggers: _Optional[_Iterable[_Union[CEPTriggerRequest, _Mapping]]] = ...) -> None: ...
 
 class CEPTriggerEvent(_message.Message):
-    __slots__ = ("trigger_id", "ticker", "value", "fired_time_ms", "event_time_ms")
+    __slots__ = ("trigger_id", "ticker", "value", "fired_time_ms", "event_time_ms", "firing", "reference", "client_id", "user_id")
     TRIGGER_ID_FIELD_NUMBER: _ClassVar[int]
     TICKER_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     FIRED_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     EVENT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    FIRING_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
     trigger_id: str
     ticker: str
     value: str
     fired_time_ms: int
     event_time_ms: int
-    def __init__(self, trigger_id: _Optional[str] = ..., ticker: _Optional[str] = ..., value: _Optional[str] = ..., fired_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ...) -> None: ...
+    firing: int
+    reference: str
+    client_id: str
+    user_id: str
+    def __init__(self, trigger_id: _Optional[str] = ..., ticker: _Optional[str] = ..., value: _Optional[str] = ..., fired_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ..., firing: _Optional[int] = ..., reference: _Optional[str] = ..., client_id: _Optional[str] = ..., user_id: _Optional[str] = ...) -> None: ...

@@ -53,6 +53,8 @@ class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNEXPECTED_TYPE: _ClassVar[RejectReason]
     NO_INGESTOR: _ClassVar[RejectReason]
     UNKNOWN_SYMBOL: _ClassVar[RejectReason]
+    BAD_TRIGGER_REQUEST: _ClassVar[RejectReason]
+    NO_TRIGGER_DESK: _ClassVar[RejectReason]
 
 class HistoryStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -87,6 +89,8 @@ UNSUPPORTED_VERSION: RejectReason
 UNEXPECTED_TYPE: RejectReason
 NO_INGESTOR: RejectReason
 UNKNOWN_SYMBOL: RejectReason
+BAD_TRIGGER_REQUEST: RejectReason
+NO_TRIGGER_DESK: RejectReason
 HISTORY_OK: HistoryStatus
 HISTORY_ERROR: HistoryStatus
 

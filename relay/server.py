@@ -32,8 +32,17 @@ from google.protobuf.message import Message
 from candlewire.config import Settings
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
-from candlewire.topics import TopicError, notification_prefixes, parse_ticker, work_prefix
+from candlewire.topics import (
+    TopicError,
+    notification_prefixes,
+    parse_ticker,
+    response_topic,
+    trigger_work_topic,
+    work_prefix,
+)
+from candlewire.triggers import TriggerRejected, check_owner, parse_trigger
 from candlewire.zmqutil import harden, subscriptions
+from proto import cep_pb2 as cep
 from proto import requests_pb2 as rq
 from proto.envelope import (
     EnvelopeError,
@@ -69,9 +78,9 @@ MAX_LISTENED = 1_000_000  # notification topics remembered; beyond, requests jus
 @dataclass(frozen=True)
 class _Held:
     due: float
-    topic: str
-    exchange: str
-    work: rq.DataRequest
+    topic: str  # the notification topic it waits for
+    work_topic: str
+    work: Message
 
 
 class Relay:
@@ -243,15 +252,15 @@ class Relay:
         elif len(self._listened) < MAX_LISTENED:
             self._listened.add(topic)
 
-    def _hold_until_heard(self, topic: str, exchange: str, work: rq.DataRequest) -> None:
+    def _hold_until_heard(self, topic: str, work_topic: str, work: Message) -> None:
         if topic in self._listened:
             released = "not_held"
         elif len(self._held) >= MAX_HELD:
             released = "hold_full"
         else:
-            self._held.append(_Held(time.monotonic() + NOTIFY_HOLD_S, topic, exchange, work))
+            self._held.append(_Held(time.monotonic() + NOTIFY_HOLD_S, topic, work_topic, work))
             return
-        self._publish(self._work, exchange, work)
+        self._publish(self._work, work_topic, work)
         self.metrics.held.labels(released).inc()
 
     def _release_held(self, now: float) -> None:
@@ -262,7 +271,7 @@ class Relay:
         for held in self._held:
             heard = held.topic in self._listened
             if heard or now >= held.due:
-                self._publish(self._work, held.exchange, held.work)
+                self._publish(self._work, held.work_topic, held.work)
                 self.metrics.held.labels("heard" if heard else "timed_out").inc()
             else:
                 waiting.append(held)
@@ -315,8 +324,12 @@ class Relay:
                     rq.NO_INGESTOR,
                     f"no live ingestor serves {accepted.exchange}; retry shortly",
                 )
-            self._hold_until_heard(accepted.notification_topic, accepted.exchange, accepted.work)
+            self._hold_until_heard(
+                accepted.notification_topic, work_prefix(accepted.exchange), accepted.work
+            )
             return self._accept(msg.request_id, accepted.notification_topic)
+        if isinstance(msg, cep.CEPTriggerRequest):
+            return self._trigger(msg)
         if isinstance(msg, rq.DataRequest) and msg.kind != rq.HISTORICAL:
             return self._forward(self._work, msg.request_id, msg.exchange, msg.ticker, msg)
         if isinstance(msg, rq.IngestorControl):
@@ -336,11 +349,31 @@ class Relay:
             return self._reject(request_id, rq.BAD_TICKER, str(exc))
         if sock is self._work and not self.has_ingestor(exchange):
             return self._reject(request_id, rq.NO_INGESTOR, f"no live ingestor serves {exchange}")
-        self._publish(sock, exchange, msg)
+        self._publish(sock, work_prefix(exchange), msg)
         return self._accept(request_id, "")
 
-    def _publish(self, sock: zmq.Socket, exchange: str, msg: Message) -> None:
-        sock.send_multipart(encode_topic(work_prefix(exchange), msg))
+    def _trigger(self, msg: cep.CEPTriggerRequest) -> rq.SubmitResponse:
+        """Refuse what is wrong on its face; the stream processor, which holds the registry,
+        decides the rest and answers with CEPTriggerAck on the client's topic."""
+        try:
+            check_owner(msg)
+            if msg.action == cep.ADD:
+                parse_trigger(msg)
+        except TriggerRejected as exc:
+            return self._reject(msg.request_id, rq.BAD_TRIGGER_REQUEST, exc.message)
+        if trigger_work_topic() not in self._served:
+            return self._reject(
+                msg.request_id, rq.NO_TRIGGER_DESK, "no stream processor takes triggers; retry"
+            )
+        topic = response_topic(msg.client_id)
+        work = cep.CEPTriggerRequest()
+        work.CopyFrom(msg)
+        work.notification_topic = topic
+        self._hold_until_heard(topic, trigger_work_topic(), work)
+        return self._accept(msg.request_id, topic)
+
+    def _publish(self, sock: zmq.Socket, topic: str, msg: Message) -> None:
+        sock.send_multipart(encode_topic(topic, msg))
         if sock is self._work:
             self.metrics.work_published.inc()
 

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
 from candlewire.config import Settings
-from candlewire.kafka import TICKS, producer_config
+from candlewire.kafka import TICKS, ensure_topics, producer_config
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.spark import build_session
 from proto.envelope import to_record
 from streaming.context import JobContext
+from streaming.desk import TriggerDesk
 from streaming.metrics import StreamMetrics
 from streaming.progress import Progress
 from streaming.publisher import StreamPublisher
@@ -44,6 +46,7 @@ class StreamingJob:
         self, settings: Settings, spark: SparkSession | None = None, metrics: bool = True
     ) -> None:
         realtime = settings.stream_live_engine == "realtime"
+        ensure_topics(settings)  # a broker from an older release lacks the newer topics
         if spark is None:
             if realtime:
                 settings = settings.model_copy(
@@ -75,6 +78,7 @@ class StreamingJob:
             MetadataQuery(self.ctx),
         ]
         self.idle = IdleMarkWriter(self.ctx, live)
+        self.desk = TriggerDesk(self.ctx)
         self._serve_metrics = metrics
         self._http: MetricsServer | None = None
         self.running: dict = {}
@@ -89,6 +93,7 @@ class StreamingJob:
                 self.ctx.metrics.registry, settings.bind_host, settings.port("stream_metrics")
             )
         self.idle.start()
+        self.desk.start()
         self.ctx.metrics.up.set(1)
         log.info("streaming job running: %s", ", ".join(self.running))
         return self
@@ -110,9 +115,17 @@ class StreamingJob:
         )
 
     def stop(self) -> None:
+        """Each query stops after its batch in flight (a commit finishes rather than being
+        cut), so a stop can take as long as one commit; the log says which query took it."""
         self.idle.close()
-        for running in self.running.values():
-            running.stop()
+        self.desk.close()
+        for name, running in self.running.items():
+            began = time.monotonic()
+            try:
+                running.stop()
+            except Exception:  # the others must still stop
+                log.exception("query %s did not stop cleanly", name)
+            log.info("query %s stopped in %.1f s", name, time.monotonic() - began)
         self.ctx.metrics.up.set(0)
         for q in self.queries:
             q.close()

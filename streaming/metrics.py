@@ -62,6 +62,18 @@ class StreamMetrics:
         self.notifications = Counter(
             "candlewire_stream_notifications", "Notifications published", ["kind"], registry=r
         )
+        self.trigger_requests = Counter(
+            "candlewire_stream_trigger_requests",
+            "CEP trigger requests handed over by the relay: accepted, refused, or dropped "
+            "(undecodable or unexpected frames)",
+            ["result"],
+            registry=r,
+        )
+        self.trigger_firings = Counter(
+            "candlewire_stream_trigger_firings",
+            "CEP trigger firings the committing query made (each sent after its commit)",
+            registry=r,
+        )
         self.up = Gauge("candlewire_stream_up", "1 while the queries run", registry=r)
         self.journal_errors = Gauge(
             "candlewire_stream_journal_errors",

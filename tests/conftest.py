@@ -18,6 +18,7 @@ from launcher.local.postgres import LocalPostgres
 from launcher.stack import ProcessService, kafka_service
 from relay import Relay
 from tests.support import (
+    RELAYS,
     RUNNING,
     FakeIngestor,
     FakePublisher,
@@ -127,7 +128,7 @@ def live_pipeline(lakehouse: Settings, kafka: ProcessService) -> Iterator[Settin
     from ingest.exchanges.sim import SimExchange
     from ingest.service import Ingestor
 
-    relay = Relay(lakehouse, metrics=False).start()
+    RELAYS.append(Relay(lakehouse, metrics=False).start())
     journal = JournalService(lakehouse, metrics=False).start()
     ingestor = Ingestor(
         lakehouse, [SimExchange()], heartbeat_s=0.2, warmup_beats=2, metrics=False
@@ -139,5 +140,5 @@ def live_pipeline(lakehouse: Settings, kafka: ProcessService) -> Iterator[Settin
         job.wait(60)
     ingestor.stop()
     journal.stop()
-    relay.stop()
+    RELAYS[-1].stop()
     shutil.copy(lakehouse.state_dir / "stream.log", "/tmp/candlewire-stream-test.log")

@@ -162,6 +162,7 @@ def read_topic(
 
 IDLE_TIMEOUT_S = 30.0
 RUNNING: list[subprocess.Popen] = []  # streaming-job processes, stopped at session end
+RELAYS: list = []  # the live pipeline's relay; a test may replace it (the last one is stopped)
 
 
 def start_job(settings: Settings) -> subprocess.Popen:

@@ -24,6 +24,7 @@ from streaming.candles import Candle, candle_from_row, changed
 from streaming.context import JobContext
 from streaming.decode import TICK_STRUCT, decode_ticks, decode_ticks_in_jvm, ohlc_rows
 from streaming.feeds import judge
+from streaming.firings import FiringDesk
 from streaming.metrics import Laps
 from streaming.queries import TopicQuery
 from streaming.recovery import Ledger, Restored
@@ -48,6 +49,8 @@ class TicksQuery(TopicQuery):
         self.offsets = dict(restored.offsets)
         self.committed_ticks = restored.ticks_batch
         self.committed_candles = restored.candles_batch
+        self.firings = FiringDesk(ctx, ledger.run_id)
+        self.triggers = self.firings.restore(restored)
 
     def source(self) -> DataFrame:
         records = self.ctx.kafka(self.topic, self.ctx.settings.stream_ticks_batch_max).select(
@@ -70,8 +73,13 @@ class TicksQuery(TopicQuery):
 
     def _commit(self, df: DataFrame, batch_id: int) -> None:
         metrics, lap = self.ctx.metrics, Laps()
+        evaluate = batch_id > self.committed_candles
+        if evaluate:
+            self.firings.sync(self.triggers)
         verdicts = judge(self.feeds, df.select(*JUDGED).toArrow())
         lap("judge")
+        fired = self.firings.evaluate(self.triggers, df, verdicts) if evaluate else []
+        lap("triggers")
         for partition, offset in verdicts.next_offsets.items():
             self.offsets[partition] = max(self.offsets.get(partition, 0), offset)
         stored = self._without(df.where("valid"), verdicts.duplicates)
@@ -103,9 +111,12 @@ class TicksQuery(TopicQuery):
                 self._merge_candles(updated, closed)
             # Every batch is recorded, even one that changed no candle: its trade ids and
             # the clocks it moved are state a restart must not lose.
-            self.ledger.record(batch_id, self.feeds, self.offsets)
+            pending = self.firings.pending(fired)
+            self.ledger.record(batch_id, self.feeds, self.offsets, self.triggers.dumps(), pending)
             self.committed_candles = batch_id
             lap("candles_commit")
+            if pending is not None:
+                self.firings.send(pending, batch_id)
         metrics.batches.labels(self.name).inc()
         log.info(
             "ticks batch %d: %d ticks (%d late, %d resent, %d idle marks), %d candles "

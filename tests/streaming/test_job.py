@@ -367,7 +367,7 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
         live.close()
         watcher.join()
         restarted.terminate()
-        restarted.wait(60)
+        restarted.wait(120)
         # Leave a running job for the module's teardown and later tests.
         _replace_module_job(pipeline)
 
@@ -375,7 +375,10 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
 def test_restart_after_maintenance_expired_the_recorded_snapshot(pipeline) -> None:
     """The forming candles are restored from ``ohlc`` as of the last recorded commit. If
     snapshot expiry removed that snapshot while the job was down, the table as it is now
-    holds the same live rows, and the candles still end exactly right."""
+    holds the same live rows, and the candles still end exactly right.
+
+    The restarted job runs its live query as micro-batches (the other engine), and its
+    live candles end on the same values."""
     ticker = f"TEST:E{uuid.uuid4().hex[:6].upper()}/USDT"
     ticks = make_ticks(ticker, int(time.time() * 1000) - 3_600_000, 600, seed=5)
     ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
@@ -415,10 +418,20 @@ def test_restart_after_maintenance_expired_the_recorded_snapshot(pipeline) -> No
     log = pipeline.state_dir / "stream.log"
     logged = len(log.read_text().splitlines())
     produce_ticks(pipeline, ticks[300:])
-    RUNNING.append(start_job(pipeline))  # the module's job from here on
-    wait_for(
-        lambda: all(trades_in(ohlc, ticker, p) == 600 for p in PERIODS_S), timeout=180, interval=1.0
-    )
+    live = LiveUpdates(pipeline, [ticker])
+    microbatch = pipeline.model_copy(update={"stream_live_engine": "microbatch"})
+    RUNNING.append(start_job(microbatch))  # the module's job from here on
+    try:
+        wait_for(
+            lambda: all(trades_in(ohlc, ticker, p) == 600 for p in PERIODS_S),
+            timeout=180,
+            interval=1.0,
+        )
+        want = expected_candles(ticks, 3600)
+        hours = {int(t.timestamp() * 1000): int(n) for t, n in want["trade_count"].items()}
+        wait_for(lambda: counts(live.last(ticker, 3600)) == hours, timeout=60, interval=0.5)
+    finally:
+        live.close()
     restart_log = _lines(log, logged)
     assert any("is gone; restoring from the table" in line for line in restart_log), "\n".join(
         line for line in restart_log if "candlewire" in line

@@ -1,0 +1,234 @@
+"""A CEP trigger request checked once, into the one shape everything else uses (#19).
+
+The relay refuses what is wrong with a request on its face, the stream processor what needs
+state (symbol metadata, the owner's count), and the client the same before it sends: all
+three call :func:`parse_trigger`, so a request means the same thing everywhere. Decimals
+stay :class:`~decimal.Decimal` (prices are compared exactly, as candles are built).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+from candlewire.config import PERIODS_S
+from candlewire.errors import CandlewireError
+from candlewire.topics import TopicError, check_id, parse_ticker
+from proto import cep_pb2 as cep
+
+KINDS = ("price_cross", "percent_move", "window_volume", "candle_close", "range_breakout")
+Condition = (
+    cep.PriceCross | cep.PercentMove | cep.WindowVolume | cep.CandleClose | cep.RangeBreakout
+)
+_FIELD = {
+    cep.PriceCross: "price_cross",
+    cep.PercentMove: "percent_move",
+    cep.WindowVolume: "window_volume",
+    cep.CandleClose: "candle_close",
+    cep.RangeBreakout: "range_breakout",
+}
+DIRECTIONS = {"up": cep.UP, "down": cep.DOWN, "either": cep.EITHER}
+MAX_WINDOW_S = 7 * 86_400
+MAX_COOLDOWN_S = 30 * 86_400
+MAX_CANDLES = 1_000
+MAX_PERCENT = Decimal(1_000)
+
+
+class TriggerRejected(CandlewireError, ValueError):
+    """Why a trigger request is refused; ``reason`` is a ``TriggerRejectReason``."""
+
+    def __init__(self, reason: int, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """One registered condition on one feed, and what to do when it is met."""
+
+    trigger_id: str
+    client_id: str
+    user_id: str
+    ticker: str
+    kind: str  # one of KINDS
+    direction: int  # cep.Direction; UP for window_volume
+    level: Decimal = Decimal(0)  # price_cross, candle_close: the level; percent_move: percent;
+    # window_volume: the volume
+    window_s: int = 0  # percent_move, window_volume
+    period_s: int = 0  # candle_close, range_breakout
+    candles: int = 0  # range_breakout
+    once: bool = True
+    cooldown_s: int = 0
+    critical: bool = False
+    notification_topic: str = ""
+
+    @property
+    def on_candles(self) -> bool:
+        return self.kind in ("candle_close", "range_breakout")
+
+
+def _bad(message: str) -> TriggerRejected:
+    return TriggerRejected(cep.BAD_TRIGGER, message)
+
+
+def _decimal(text: str, what: str, *, positive: bool = True) -> Decimal:
+    try:
+        value = Decimal(text)
+    except (InvalidOperation, TypeError):
+        raise _bad(f"{what} {text!r} is not a decimal") from None
+    if not value.is_finite() or (positive and value <= 0):
+        raise _bad(f"{what} {text!r} must be a finite number above 0")
+    if value.adjusted() > 20 or value.as_tuple().exponent < -18:  # DECIMAL(38, 18)
+        raise _bad(f"{what} {text!r} is out of range (at most 20 digits, 18 decimals)")
+    return value
+
+
+def _window(window_s: int) -> int:
+    if not 1 <= window_s <= MAX_WINDOW_S:
+        raise _bad(f"window_s {window_s} must be 1..{MAX_WINDOW_S}")
+    return window_s
+
+
+def _period(period_s: int) -> int:
+    if period_s not in PERIODS_S:
+        raise _bad(f"period_s {period_s} not in {list(PERIODS_S)}")
+    return period_s
+
+
+def _direction(direction: int, *, either: bool = False) -> int:
+    allowed = (cep.UP, cep.DOWN, cep.EITHER) if either else (cep.UP, cep.DOWN)
+    if direction not in allowed:
+        names = ", ".join(cep.Direction.Name(d) for d in allowed)
+        raise _bad(f"direction must be one of {names}")
+    return direction
+
+
+def check_owner(req: cep.CEPTriggerRequest) -> None:
+    """What every action needs: a well-formed owner and, but for LIST, trigger id."""
+    try:
+        check_id(req.client_id, "client_id")
+        if req.user_id:
+            check_id(req.user_id, "user_id")
+        if req.action != cep.LIST:
+            check_id(req.trigger_id, "trigger_id")
+        if req.request_id:
+            check_id(req.request_id, "request_id")
+    except TopicError as exc:
+        raise _bad(str(exc)) from None
+    if req.action not in (cep.ADD, cep.REMOVE, cep.LIST):
+        raise _bad(f"unknown action {req.action}")
+
+
+def parse_trigger(req: cep.CEPTriggerRequest) -> Trigger:
+    """An ADD request as a :class:`Trigger`, or :class:`TriggerRejected` saying why not."""
+    check_owner(req)
+    if req.action != cep.ADD:
+        raise _bad("only an ADD request describes a trigger")
+    try:
+        parse_ticker(req.ticker)
+    except TopicError as exc:
+        raise _bad(str(exc)) from None
+    if req.cooldown_s > MAX_COOLDOWN_S:
+        raise _bad(f"cooldown_s {req.cooldown_s} is above {MAX_COOLDOWN_S}")
+    if req.once and req.cooldown_s:
+        raise _bad("a one-shot trigger has no cooldown_s")
+    kind = req.WhichOneof("condition")
+    common = {
+        "trigger_id": req.trigger_id,
+        "client_id": req.client_id,
+        "user_id": req.user_id,
+        "ticker": req.ticker,
+        "kind": kind,
+        "once": req.once,
+        "cooldown_s": req.cooldown_s,
+        "critical": req.critical,
+        "notification_topic": req.notification_topic,
+    }
+    if kind == "price_cross":
+        c = req.price_cross
+        return Trigger(
+            **common, direction=_direction(c.direction), level=_decimal(c.level, "level")
+        )
+    if kind == "percent_move":
+        c = req.percent_move
+        percent = _decimal(c.percent, "percent")
+        if percent > MAX_PERCENT:
+            raise _bad(f"percent {c.percent} is above {MAX_PERCENT}")
+        return Trigger(
+            **common,
+            direction=_direction(c.direction, either=True),
+            level=percent,
+            window_s=_window(c.window_s),
+        )
+    if kind == "window_volume":
+        c = req.window_volume
+        return Trigger(
+            **common,
+            direction=cep.UP,
+            level=_decimal(c.volume, "volume"),
+            window_s=_window(c.window_s),
+        )
+    if kind == "candle_close":
+        c = req.candle_close
+        return Trigger(
+            **common,
+            direction=_direction(c.direction),
+            level=_decimal(c.level, "level"),
+            period_s=_period(c.period_s),
+        )
+    if kind == "range_breakout":
+        c = req.range_breakout
+        if not 1 <= c.candles <= MAX_CANDLES:
+            raise _bad(f"candles {c.candles} must be 1..{MAX_CANDLES}")
+        return Trigger(
+            **common,
+            direction=_direction(c.direction),
+            period_s=_period(c.period_s),
+            candles=c.candles,
+        )
+    raise _bad("no condition: set one of " + ", ".join(KINDS))
+
+
+def condition(kind: str, **params: object) -> Condition:
+    """A condition by name, e.g. ``condition("price_cross", level="70000", direction="up")``
+    (what the CLI builds); ``direction`` may be a name or a ``Direction`` value."""
+    by_name = {v: k for k, v in _FIELD.items()}
+    if kind not in by_name:
+        raise TriggerRejected(cep.BAD_TRIGGER, f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
+    direction = params.get("direction")
+    if isinstance(direction, str):
+        if direction not in DIRECTIONS:
+            raise TriggerRejected(cep.BAD_TRIGGER, f"direction {direction!r}: up, down or either")
+        params["direction"] = DIRECTIONS[direction]
+    try:
+        return by_name[kind](**{k: v for k, v in params.items() if v is not None})
+    except (ValueError, TypeError) as exc:
+        raise TriggerRejected(cep.BAD_TRIGGER, f"{kind}: {exc}") from None
+
+
+def add_request(
+    client_id: str,
+    trigger_id: str,
+    ticker: str,
+    cond: Condition,
+    *,
+    user_id: str = "",
+    once: bool = True,
+    cooldown_s: int = 0,
+    critical: bool = False,
+    request_id: str = "",
+) -> cep.CEPTriggerRequest:
+    req = cep.CEPTriggerRequest(
+        trigger_id=trigger_id,
+        client_id=client_id,
+        user_id=user_id,
+        ticker=ticker,
+        action=cep.ADD,
+        once=once,
+        cooldown_s=cooldown_s,
+        critical=critical,
+        request_id=request_id,
+    )
+    getattr(req, _FIELD[type(cond)]).CopyFrom(cond)
+    return req

@@ -1,0 +1,239 @@
+"""The trigger desk: the stream processor's side of CEP trigger registration (#19).
+
+The relay checks a request on its face and hands it over on the work queue
+(:func:`~candlewire.topics.trigger_work_topic`); it keeps nothing. The desk decides what needs
+state, and answers with ``CEPTriggerAck`` on the request's notification topic:
+
+- ADD: the ticker must be listed in symbol metadata (and not delisted), the owner below
+  ``cep_max_triggers_per_owner``, and the id new, or the same trigger sent again (a client's
+  retry is accepted twice, stored once).
+- REMOVE: only the trigger's own client may remove it.
+- LIST: the client's triggers.
+
+The registry is the compacted Kafka topic ``candlewire.triggers``, keyed by trigger id: the
+desk reads it whole at start and writes each change there, synchronously, before it
+acknowledges. An accepted trigger therefore survives a restart of the job and of the relay,
+and the evaluator reads its registrations from the same topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import zmq
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from candlewire.config import Settings
+from candlewire.kafka import TRIGGERS, consumer_config, producer_config
+from candlewire.symbols import SymbolCatalog
+from candlewire.topics import trigger_work_topic
+from candlewire.triggers import TriggerRejected, check_owner, parse_trigger
+from candlewire.zmqutil import harden
+from proto import cep_pb2 as cep
+from proto.envelope import EnvelopeError, decode_sub, from_record, to_record
+from streaming.context import JobContext
+
+log = logging.getLogger("candlewire.stream.desk")
+
+RELOAD_SYMBOLS_S = 5.0  # an unknown ticker reloads symbol metadata at most this often
+CATCH_UP_S = 2.0  # how often the registry topic is read for changes others made
+
+
+def registry_records(
+    settings: Settings, start: int = 0, timeout: float = 30.0
+) -> tuple[list[cep.CEPTriggerRequest], int]:
+    """The triggers topic from ``start`` to its end as of now: its records in order, and the
+    offset after them. An undecodable record is skipped (and logged)."""
+    consumer = Consumer(consumer_config(settings, "candlewire-triggers"))
+    records: list[cep.CEPTriggerRequest] = []
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(TRIGGERS.name, 0), timeout)
+        start = max(start, low)
+        if high <= start:
+            return records, max(start, high)
+        consumer.assign([TopicPartition(TRIGGERS.name, 0, start)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            try:
+                req = from_record(msg.value())
+            except EnvelopeError:
+                log.warning("triggers topic: undecodable record at offset %d", msg.offset())
+                req = None
+            if isinstance(req, cep.CEPTriggerRequest):
+                records.append(req)
+            if msg.offset() >= high - 1:
+                return records, high
+        raise TimeoutError(f"{TRIGGERS.name} not read to its end within {timeout:.0f}s")
+    finally:
+        consumer.close()
+
+
+def same_trigger(a: cep.CEPTriggerRequest, b: cep.CEPTriggerRequest) -> bool:
+    """The same registration sent again: everything but the fields the path fills in."""
+    strip = ("request_id", "registered_ms", "notification_topic")
+    x, y = cep.CEPTriggerRequest(), cep.CEPTriggerRequest()
+    x.CopyFrom(a)
+    y.CopyFrom(b)
+    for m in (x, y):
+        for f in strip:
+            m.ClearField(f)  # type: ignore[arg-type]
+    return x == y
+
+
+class TriggerDesk(threading.Thread):
+    def __init__(self, ctx: JobContext) -> None:
+        super().__init__(name="trigger-desk", daemon=True)
+        self.ctx = ctx
+        self.settings = ctx.settings
+        self.symbols = SymbolCatalog(ctx.settings)
+        records, self._offset = registry_records(ctx.settings)
+        self.registry: dict[str, cep.CEPTriggerRequest] = {}
+        self._apply(records)
+        self._caught_up = time.monotonic()
+        self._producer = Producer(producer_config(ctx.settings))
+        self._stopping = threading.Event()
+        self._reloaded = 0.0
+        self._zmq = zmq.Context()
+        self._sub = harden(
+            self._zmq.socket(zmq.SUB), max_message_bytes=ctx.settings.max_message_bytes
+        )
+        self._sub.subscribe(trigger_work_topic())
+        self._sub.connect(ctx.settings.connect("work_queue"))
+        log.info("trigger desk: %d triggers registered", len(self.registry))
+
+    def run(self) -> None:
+        self.symbols.reload()
+        self._reloaded = time.monotonic()
+        while not self._stopping.is_set():
+            if time.monotonic() - self._caught_up >= CATCH_UP_S:
+                self._catch_up()
+            if not self._sub.poll(200):
+                continue
+            frames = self._sub.recv_multipart()
+            try:
+                _topic, req = decode_sub(frames)
+            except EnvelopeError as exc:
+                self.ctx.metrics.trigger_requests.labels(f"dropped_{exc.reason}").inc()
+                continue
+            if not isinstance(req, cep.CEPTriggerRequest) or not req.notification_topic:
+                self.ctx.metrics.trigger_requests.labels("dropped_unexpected").inc()
+                continue
+            ack = self.handle(req)
+            self.ctx.metrics.trigger_requests.labels(
+                "accepted" if ack.accepted else "refused"
+            ).inc()
+            self.ctx.publisher.notify(req.notification_topic, ack)
+
+    def _apply(self, records: list[cep.CEPTriggerRequest]) -> None:
+        for req in records:
+            if req.action == cep.ADD:
+                self.registry[req.trigger_id] = req
+            else:
+                self.registry.pop(req.trigger_id, None)
+
+    def _catch_up(self) -> None:
+        """Changes others wrote (the committing query removes a one-shot trigger that
+        fired), and our own, in the topic's order."""
+        self._caught_up = time.monotonic()
+        try:
+            records, self._offset = registry_records(self.settings, self._offset, timeout=5.0)
+        except Exception as exc:  # Kafka away for a moment: try again later
+            log.warning("trigger registry not read: %s", exc)
+            return
+        self._apply(records)
+
+    def handle(self, req: cep.CEPTriggerRequest) -> cep.CEPTriggerAck:
+        ack = cep.CEPTriggerAck(trigger_id=req.trigger_id, request_id=req.request_id)
+        try:
+            check_owner(req)
+            if req.action == cep.LIST:
+                mine = sorted(
+                    (t for t in self.registry.values() if t.client_id == req.client_id),
+                    key=lambda t: t.registered_ms,
+                )
+                ack.triggers.extend(mine)
+            elif req.action == cep.REMOVE:
+                self._remove(req)
+            else:
+                self._add(req)
+        except TriggerRejected as exc:
+            ack.reason, ack.error_message = exc.reason, exc.message  # type: ignore[assignment]
+            return ack
+        ack.accepted = True
+        return ack
+
+    def _add(self, req: cep.CEPTriggerRequest) -> None:
+        trigger = parse_trigger(req)
+        held = self.registry.get(req.trigger_id)
+        if held is not None:
+            if same_trigger(held, req):
+                return
+            raise TriggerRejected(
+                cep.DUPLICATE_TRIGGER, f"trigger {req.trigger_id} exists with another condition"
+            )
+        self._check_listed(trigger.ticker)
+        owner = req.user_id or req.client_id
+        count = sum(1 for t in self.registry.values() if (t.user_id or t.client_id) == owner)
+        limit = self.settings.cep_max_triggers_per_owner
+        if count >= limit:
+            raise TriggerRejected(cep.OVER_LIMIT, f"{owner} has {count} triggers, at most {limit}")
+        stored = cep.CEPTriggerRequest()
+        stored.CopyFrom(req)
+        stored.registered_ms = int(time.time() * 1000)
+        self._write(stored)
+        self.registry[req.trigger_id] = stored
+
+    def _remove(self, req: cep.CEPTriggerRequest) -> None:
+        held = self.registry.get(req.trigger_id)
+        if held is None or held.client_id != req.client_id:
+            raise TriggerRejected(
+                cep.NO_SUCH_TRIGGER, f"{req.client_id} has no trigger {req.trigger_id}"
+            )
+        self._write(
+            cep.CEPTriggerRequest(
+                trigger_id=held.trigger_id,
+                client_id=held.client_id,
+                user_id=held.user_id,
+                ticker=held.ticker,
+                action=cep.REMOVE,
+                registered_ms=int(time.time() * 1000),
+            )
+        )
+        del self.registry[req.trigger_id]
+
+    def _check_listed(self, ticker: str) -> None:
+        _, symbol = self.symbols.listed(ticker)
+        if symbol is None and time.monotonic() - self._reloaded >= RELOAD_SYMBOLS_S:
+            self.symbols.reload()
+            self._reloaded = time.monotonic()
+            _, symbol = self.symbols.listed(ticker)
+        if symbol is None or symbol.status == "DELISTED":
+            why = "is delisted" if symbol is not None else "is not in symbol metadata"
+            raise TriggerRejected(cep.UNKNOWN_TICKER, f"{ticker} {why}")
+
+    def _write(self, req: cep.CEPTriggerRequest) -> None:
+        """Into the registry topic, acknowledged by Kafka, before the client hears yes."""
+        failed: list[object] = []
+        self._producer.produce(
+            TRIGGERS.name,
+            key=req.trigger_id.encode(),
+            value=to_record(req),
+            on_delivery=lambda err, _msg: failed.append(err) if err is not None else None,
+        )
+        if self._producer.flush(10) or failed:
+            raise TriggerRejected(
+                cep.TRIGGER_REJECT_REASON_UNSPECIFIED,
+                f"the registry could not be written: {failed}",
+            )
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self.is_alive():
+            self.join(2)
+        self._sub.close(linger=0)
+        self._zmq.term()

@@ -1,0 +1,82 @@
+"""Trigger requests: what each kind means, and a specific reason for each refusal."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from candlewire.triggers import TriggerRejected, parse_trigger
+from proto import cep_pb2 as cep
+
+
+def request(**kw) -> cep.CEPTriggerRequest:
+    base = {
+        "trigger_id": "t-1",
+        "client_id": "client-1",
+        "user_id": "alice",
+        "ticker": "BINANCE:BTC/USDT",
+        "action": cep.ADD,
+        "once": True,
+    }
+    return cep.CEPTriggerRequest(**{**base, **kw})
+
+
+def test_each_kind_parses_to_its_parameters() -> None:
+    t = parse_trigger(request(price_cross=cep.PriceCross(level="65000.5", direction=cep.UP)))
+    assert (t.kind, t.level, t.direction, t.once) == (
+        "price_cross",
+        Decimal("65000.5"),
+        cep.UP,
+        True,
+    )
+    t = parse_trigger(
+        request(
+            once=False,
+            cooldown_s=600,
+            percent_move=cep.PercentMove(percent="3", window_s=300, direction=cep.EITHER),
+        )
+    )
+    assert (t.kind, t.level, t.window_s, t.cooldown_s) == ("percent_move", 3, 300, 600)
+    t = parse_trigger(request(window_volume=cep.WindowVolume(volume="12.5", window_s=60)))
+    assert (t.kind, t.level, t.window_s) == ("window_volume", Decimal("12.5"), 60)
+    t = parse_trigger(
+        request(candle_close=cep.CandleClose(period_s=3600, level="1", direction=cep.DOWN))
+    )
+    assert (t.kind, t.period_s, t.on_candles) == ("candle_close", 3600, True)
+    t = parse_trigger(
+        request(range_breakout=cep.RangeBreakout(period_s=300, candles=20, direction=cep.UP))
+    )
+    assert (t.kind, t.period_s, t.candles) == ("range_breakout", 300, 20)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"trigger_id": "a b"}, "trigger_id"),
+        ({"client_id": ""}, "client_id"),
+        ({"ticker": "btc"}, "EXCHANGE:BASE/QUOTE"),
+        ({}, "no condition"),
+        ({"price_cross": cep.PriceCross(level="abc", direction=cep.UP)}, "not a decimal"),
+        ({"price_cross": cep.PriceCross(level="-1", direction=cep.UP)}, "above 0"),
+        ({"price_cross": cep.PriceCross(level="NaN", direction=cep.UP)}, "finite"),
+        ({"price_cross": cep.PriceCross(level="1e30", direction=cep.UP)}, "out of range"),
+        ({"price_cross": cep.PriceCross(level="1", direction=cep.EITHER)}, "direction"),
+        ({"percent_move": cep.PercentMove(percent="3", window_s=0, direction=cep.UP)}, "window_s"),
+        ({"percent_move": cep.PercentMove(percent="5000", window_s=5, direction=cep.UP)}, "above"),
+        ({"candle_close": cep.CandleClose(period_s=61, level="1", direction=cep.UP)}, "period_s"),
+        (
+            {"range_breakout": cep.RangeBreakout(period_s=60, candles=0, direction=cep.UP)},
+            "candles",
+        ),
+        (
+            {"cooldown_s": 60, "price_cross": cep.PriceCross(level="1", direction=cep.UP)},
+            "one-shot",
+        ),
+        ({"action": 9, "price_cross": cep.PriceCross(level="1", direction=cep.UP)}, "action"),
+    ],
+)
+def test_bad_requests_are_refused_with_the_reason(fields: dict, message: str) -> None:
+    with pytest.raises(TriggerRejected, match=message) as err:
+        parse_trigger(request(**fields))
+    assert err.value.reason == cep.BAD_TRIGGER

@@ -1,0 +1,212 @@
+"""CEP triggers fired by the real stream job on crafted ticks: each kind, its near-miss, once,
+cooldown, removal, and a kill -9 between the crossing and its commit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer
+
+from candlewire import Client, TriggerRefused, condition
+from candlewire.kafka import TICKS, producer_config
+from candlewire.lake import NAMESPACE, catalog
+from proto import market_pb2
+from proto.envelope import to_record
+from streaming.progress import Progress
+from tests.support import RUNNING, start_job, wait_for
+
+S = 1_000_000_000
+
+
+def list_symbols(settings, tickers: list[str]) -> None:
+    """Symbol metadata for tickers only these tests trade (nobody else streams them)."""
+    table = catalog(settings).load_table(f"{NAMESPACE}.symbol_metadata")
+    now = datetime.now(UTC)
+    rows = [
+        {
+            "ticker": t,
+            "exchange": t.split(":")[0],
+            "base": t.split(":")[1].split("/")[0],
+            "quote": "USDT",
+            "status": "TRADING",
+            "update_time": now,
+        }
+        for t in tickers
+    ]
+    table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()))
+
+
+def produce(settings, ticker: str, ticks: list[tuple[int, str, str]]) -> None:
+    producer = Producer(producer_config(settings))
+    for i, (t_ns, price, size) in enumerate(ticks):
+        tick = market_pb2.Tick(
+            ticker=ticker,
+            trade_id=f"{t_ns}-{i}",
+            price=price,
+            size=size,
+            side=market_pb2.BUY,
+            exchange_time_ns=t_ns,
+        )
+        producer.produce(TICKS.name, key=ticker.encode(), value=to_record(tick))
+    assert producer.flush(30) == 0
+
+
+def add(client: Client, ticker: str, name: str, cond, **kw) -> str:
+    """Register, waiting out the desk's symbol reload (at most every 5 s) for new tickers."""
+    trigger_id = f"{client.client_id}-{name}"
+
+    def accepted() -> bool:
+        try:
+            client.add_trigger(ticker, cond, trigger_id=trigger_id, **kw)
+        except TriggerRefused as exc:
+            assert exc.reason == "UNKNOWN_TICKER", exc
+            return False
+        return True
+
+    wait_for(accepted, timeout=30, interval=1.0)
+    return trigger_id
+
+
+def firings(client: Client, quiet_s: float = 6.0, timeout: float = 90.0) -> list:
+    """Firings until none came for ``quiet_s`` (after the first, or ``timeout``)."""
+    out, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        event = client.next_firing(timeout=quiet_s if out else 1.0)
+        if event is not None:
+            out.append(event)
+        elif out:
+            break
+    return out
+
+
+@pytest.fixture(scope="module")
+def tickers(live_pipeline):
+    names = [f"CEPT:{uuid.uuid4().hex[:6].upper()}{i}/USDT" for i in range(3)]
+    list_symbols(live_pipeline, names)
+    return names
+
+
+def minute_aligned_past() -> int:
+    """An hour ago, on a minute: the feed replays the past, so triggers go by event time."""
+    return (int(time.time()) - 3600) // 60 * 60 * S
+
+
+def test_each_kind_fires_and_its_near_miss_does_not(live_pipeline, tickers) -> None:
+    ticker, t0 = tickers[0], minute_aligned_past()
+    with Client(live_pipeline, client_id=f"k-{uuid.uuid4().hex[:6]}") as client:
+        up, down = "up", "down"
+        ids = {
+            "cross": ("price_cross", {"level": "100", "direction": up}),
+            "cross_miss": ("price_cross", {"level": "99.98", "direction": down}),  # a tick short
+            "pct": ("percent_move", {"percent": "3", "window_s": 300, "direction": up}),
+            "pct_miss": ("percent_move", {"percent": "3", "window_s": 299, "direction": up}),
+            "vol": ("window_volume", {"volume": "12", "window_s": 60}),
+            "vol_miss": ("window_volume", {"volume": "12.001", "window_s": 60}),
+            "close": ("candle_close", {"period_s": 60, "level": "103", "direction": up}),
+            "close_miss": ("candle_close", {"period_s": 60, "level": "103.01", "direction": up}),
+            "breakout": ("range_breakout", {"period_s": 60, "candles": 2, "direction": up}),
+            "breakout_miss": ("range_breakout", {"period_s": 60, "candles": 2, "direction": down}),
+        }
+        names = {add(client, ticker, n, condition(k, **p)): n for n, (k, p) in ids.items()}
+        # Minute 0 ends at 100.2 with a high of 100.5; minutes 1-4 close at 100.3, 100.4, 100.6
+        # (above the two before: the breakout), 100.8; minute 5 closes at 103. The low 99.99
+        # is 299 s before the 103: inside a 300 s window, outside a 299 s one.
+        ticks = [
+            (0, "100", "1"),
+            (10, "99.99", "1"),
+            (20, "100.01", "1"),
+            (30, "100.5", "7"),
+            (40, "100.2", "2"),
+            (90, "100.3", "1"),
+            (150, "100.4", "1"),
+            (210, "100.6", "1"),
+            (270, "100.8", "1"),
+            (309, "103", "1"),
+            (400, "101", "1"),  # the clock passes 370 s: minute 5 closes
+        ]
+        produce(live_pipeline, ticker, [(t0 + s * S, p, q) for s, p, q in ticks])
+        got = firings(client)
+    fired = {names[e.trigger_id]: e for e in got}
+    assert sorted(fired) == ["breakout", "close", "cross", "pct", "vol"], [
+        (names[e.trigger_id], e.value) for e in got
+    ]
+    at = {n: (e.event_time_ms * 1_000_000 - t0) // S for n, e in fired.items()}
+    assert at == {"cross": 20, "vol": 40, "breakout": 240, "pct": 309, "close": 360}
+    assert (fired["cross"].value, fired["cross"].reference) == ("100.01", "100")
+    assert (fired["vol"].value, fired["close"].value, fired["breakout"].value) == (
+        "12",
+        "103",
+        "100.6",
+    )
+    assert fired["pct"].reference == "99.99" and fired["pct"].value.startswith("3.0103")
+    assert all(e.firing == 1 and e.ticker == ticker for e in got)
+
+
+def committed(settings, ticker: str) -> bool:
+    """The ticker's candles are in ``ohlc`` and that commit is the one recorded: the state
+    a restart restores holds the ticker's trades so far."""
+    run_id = (Path(settings.checkpoints()) / "ticks.run-id").read_text().strip()
+    last = Progress(settings).last_candles(run_id)
+    ohlc = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
+    rows = ohlc.scan(row_filter=f"ticker = '{ticker}'").to_arrow()
+    return (
+        last is not None
+        and rows.num_rows > 0
+        and last.snapshot_id == ohlc.current_snapshot().snapshot_id
+    )
+
+
+def zigzag(t0: int, n: int) -> list[tuple[int, str, str]]:
+    """Crossing 100 upwards every 20 s."""
+    return [(t0 + i * 10 * S, "99" if i % 2 == 0 else "101", "1") for i in range(n)]
+
+
+def test_once_cooldown_and_removal(live_pipeline, tickers) -> None:
+    ticker, t0 = tickers[1], minute_aligned_past()
+    cross = condition("price_cross", level="100", direction="up")
+    with Client(live_pipeline, client_id=f"o-{uuid.uuid4().hex[:6]}") as client:
+        once = add(client, ticker, "once", cross)
+        rearm = add(client, ticker, "rearm", cross, once=False, cooldown_s=45)
+        removed = add(client, ticker, "removed", cross, once=False)
+        client.remove_trigger(removed)
+        produce(live_pipeline, ticker, zigzag(t0, 14))
+        got = firings(client)
+        by = {
+            tid: [
+                (e.firing, (e.event_time_ms * 1_000_000 - t0) // S)
+                for e in got
+                if e.trigger_id == tid
+            ]
+            for tid in (once, rearm, removed)
+        }
+        assert by == {once: [(1, 10)], rearm: [(1, 10), (2, 70), (3, 130)], removed: []}
+        # The one-shot trigger is gone from the registry once it fired.
+        wait_for(lambda: [t.trigger_id for t in client.list_triggers()] == [rearm], timeout=15)
+
+
+def test_a_firing_crosses_a_kill_9_exactly_once(live_pipeline, tickers) -> None:
+    """The crossing reaches Kafka, the job dies before it can commit it; the restarted job
+    restores the state before it (the trade below the level) and the firing arrives once."""
+    ticker, t0 = tickers[2], minute_aligned_past()
+    with Client(live_pipeline, client_id=f"x-{uuid.uuid4().hex[:6]}") as client:
+        trigger_id = add(
+            client, ticker, "x", condition("price_cross", level="100", direction="up"), once=False
+        )
+        produce(live_pipeline, ticker, [(t0, "99", "1")])
+        wait_for(lambda: committed(live_pipeline, ticker), timeout=90, interval=0.5)
+        job = RUNNING.pop()
+        os.kill(job.pid, signal.SIGSTOP)  # the driver cannot commit what comes next
+        produce(live_pipeline, ticker, [(t0 + S, "101", "1")])
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait(60)
+        got_before = client.next_firing(timeout=0.5)
+        RUNNING.append(start_job(live_pipeline))
+        got = ([got_before] if got_before else []) + firings(client, quiet_s=8.0)
+    assert [(e.trigger_id, e.firing, e.value) for e in got] == [(trigger_id, 1, "101")]
