@@ -74,6 +74,8 @@ class Settings(BaseSettings):
     """How the live query runs: in Spark's real-time mode, each record judged and published
     by the JVM side of the job as it is read (``jvm/decoder``'s ``Live``; a local master
     only), or as Python micro-batches every ``stream_live_trigger_s`` (any master)."""
+    stream_cep_trigger_s: float = 0.2
+    """Micro-batch interval of the CEP query, which sends firings ahead of the commits."""
     cep_max_triggers_per_owner: int = Field(default=1_000, ge=1)
     """CEP triggers one owner (a user, or a client without one) may have registered."""
     stream_live_trigger_s: float = 0.1
@@ -162,6 +164,7 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_STREAM_TICKS_TRIGGER_S"] = str(self.stream_ticks_trigger_s)
         env["CANDLEWIRE_STREAM_TICKS_BATCH_MAX"] = str(self.stream_ticks_batch_max)
         env["CANDLEWIRE_STREAM_LIVE_ENGINE"] = self.stream_live_engine
+        env["CANDLEWIRE_STREAM_CEP_TRIGGER_S"] = str(self.stream_cep_trigger_s)
         env["CANDLEWIRE_CEP_MAX_TRIGGERS_PER_OWNER"] = str(self.cep_max_triggers_per_owner)
         env["CANDLEWIRE_STREAM_LIVE_TRIGGER_S"] = str(self.stream_live_trigger_s)
         env["CANDLEWIRE_STREAM_DECODER"] = self.stream_decoder

@@ -86,6 +86,13 @@ ENDPOINTS: dict[str, Endpoint] = {
             "informational UserEvent fast path",
         ),
         Endpoint(
+            "stream_events",
+            5563,
+            "stream processor",
+            "XPUB ← gateway SUB",
+            "ALERT_TRIGGERED UserEvents of CEP firings (informational path)",
+        ),
+        Endpoint(
             "critical_events",
             5571,
             "gateway",

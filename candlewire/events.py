@@ -106,8 +106,10 @@ class EventPublisher:
         gateways: list[str] | None = None,
         journal: Path | None = None,
         ack_timeout: float = ACK_TIMEOUT_S,
+        endpoint: str = "user_events",
     ) -> None:
         self.settings = settings or Settings()
+        self.endpoint = endpoint  # the XPUB's, by name: a user container's, or the job's
         self.gateways = gateways or [self.settings.connect("critical_events")]
         self.ack_timeout = ack_timeout
         self.journal = EventLog(journal or self.settings.state_dir / "events" / "pending.db")
@@ -129,7 +131,7 @@ class EventPublisher:
         size = self.settings.max_message_bytes
         self._xpub = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
         self._xpub.setsockopt(zmq.XPUB_VERBOSER, 1)
-        self._xpub.bind(self.settings.bind("user_events"))
+        self._xpub.bind(self.settings.bind(self.endpoint))
         self._dealer = harden(self._ctx.socket(zmq.DEALER), max_message_bytes=size)
         for endpoint in self.gateways:
             self._dealer.connect(endpoint)

@@ -27,7 +27,8 @@ class GatewaySettings(BaseSettings):
     directory_url: str | None = None
     """SQLAlchemy URL of the user directory; default the Iceberg catalog's database."""
     containers: list[str] = Field(default_factory=list)
-    """User containers' XPUB endpoints (informational path); default the local one."""
+    """XPUB endpoints of user events (informational path); default the local user
+    container's and the stream processor's (CEP alerts)."""
     session_queue: int = 256
     """Messages a WebSocket session may have waiting; a client that falls further behind is
     disconnected rather than buffered without bound."""
@@ -67,7 +68,7 @@ class GatewaySettings(BaseSettings):
         return cls(_secrets_dir=secrets, **overrides)  # type: ignore[arg-type]
 
     def container_endpoints(self, settings: Settings) -> list[str]:
-        return self.containers or [settings.connect("user_events")]
+        return self.containers or [settings.connect(e) for e in ("user_events", "stream_events")]
 
 
 def local_secrets_dir(settings: Settings) -> Path:

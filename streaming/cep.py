@@ -1,11 +1,11 @@
-"""CEP triggers on one feed: which trades and closed candles fire them (#19).
+"""CEP triggers on each feed: which trades and closed candles fire them (#19).
 
-The evaluator is fed what :mod:`streaming.feeds` judged, in the feed's Kafka order: each
-timely, distinct trade (:meth:`FeedTriggers.trade`) and each idle mark
-(:meth:`FeedTriggers.mark`), and the registrations and removals read with them. Nothing in it
-reads a wall clock, so the same records from the same state give the same firings, each
-numbered per trigger: a replay after a restart fires (trigger_id, firing) again, never a
-new one.
+:class:`Triggers` is fed one feed's records in Kafka order: its registrations and removals,
+its trades (judged here as :mod:`streaming.feeds` judges them: a resend or a late trade
+fires nothing) and its idle marks. :class:`FeedTriggers` holds one feed's triggers and
+what they look back on. Nothing here reads a wall clock, so the same records from the same
+state give the same firings, each numbered per trigger: a replay after a restart fires
+(trigger_id, firing) again, never a new one.
 
 Meanings (``proto/cep.proto`` is the contract):
 
@@ -31,6 +31,7 @@ from decimal import Decimal
 
 from candlewire.triggers import Trigger
 from proto import cep_pb2 as cep
+from streaming.feeds import Feeds, Verdict
 
 NS = 1_000_000_000
 HUNDRED = Decimal(100)
@@ -70,7 +71,6 @@ class _Armed:
     since: int  # the first trade sequence number it judges
     fired: int = 0
     next_ns: int = 0  # the earliest event time it may fire again
-    before: bool = False  # price_cross: the last trade judged was short of the level
 
 
 @dataclass(slots=True)
@@ -95,18 +95,38 @@ class FeedTriggers:
     window: list[tuple[int, int, Decimal, Decimal]] = field(default_factory=list)
     forming: dict[int, dict[int, _Candle]] = field(default_factory=dict)  # period -> open_ms
     closed: dict[int, deque[_Candle]] = field(default_factory=dict)  # period -> last closed
+    # price_cross triggers by level, so a trade finds the levels it crossed by bisection
+    # instead of asking every trigger: (level, trigger_id), sorted.
+    ups: list[tuple[Decimal, str]] = field(default_factory=list)
+    downs: list[tuple[Decimal, str]] = field(default_factory=list)
+    windowed: dict[str, None] = field(default_factory=dict)  # percent_move, window_volume
+    last_price: Decimal | None = None  # of the last trade judged
 
     # -- registrations ---------------------------------------------------------------------
 
     def add(self, trigger: Trigger) -> None:
         """Register, or replace a trigger of the same id (which starts afresh)."""
+        self.remove(trigger.trigger_id)
         self.triggers[trigger.trigger_id] = _Armed(trigger, since=self.seq + 1)
+        if trigger.kind == "price_cross":
+            levels = self.ups if trigger.direction == cep.UP else self.downs
+            bisect.insort(levels, (trigger.level, trigger.trigger_id))
+        elif trigger.window_s:
+            self.windowed[trigger.trigger_id] = None
         if trigger.on_candles:
             self.forming.setdefault(trigger.period_s, {})
             self.closed.setdefault(trigger.period_s, deque())
 
     def remove(self, trigger_id: str) -> bool:
-        return self.triggers.pop(trigger_id, None) is not None
+        armed = self.triggers.pop(trigger_id, None)
+        if armed is None:
+            return False
+        t = armed.trigger
+        if t.kind == "price_cross":
+            levels = self.ups if t.direction == cep.UP else self.downs
+            levels.pop(bisect.bisect_left(levels, (t.level, t.trigger_id)))
+        self.windowed.pop(trigger_id, None)
+        return True
 
     def __len__(self) -> int:
         return len(self.triggers)
@@ -118,18 +138,16 @@ class FeedTriggers:
         self.seq += 1
         self._fold(t_ns, price)
         fired = self._advance(t_ns)
-        if any(a.trigger.window_s for a in self.triggers.values()):
+        for armed in self._crossed(price):
+            fired.extend(self._fire(armed, t_ns, price, armed.trigger.level))
+        if self.windowed:
             bisect.insort(self.window, (t_ns, self.seq, price, size))
-        for armed in list(self.triggers.values()):
-            kind = armed.trigger.kind
-            if kind == "price_cross":
-                hit = self._cross(armed, price)
-            elif kind == "percent_move":
+        for trigger_id in list(self.windowed):
+            armed = self.triggers[trigger_id]
+            if armed.trigger.kind == "percent_move":
                 hit = self._percent(armed, t_ns, price)
-            elif kind == "window_volume":
-                hit = self._volume(armed, t_ns)
             else:
-                continue
+                hit = self._volume(armed, t_ns)
             if hit is not None:
                 fired.extend(self._fire(armed, t_ns, *hit))
         self._forget()
@@ -141,12 +159,28 @@ class FeedTriggers:
 
     # -- trade conditions ------------------------------------------------------------------
 
-    def _cross(self, armed: _Armed, price: Decimal) -> tuple[Decimal, Decimal] | None:
-        t = armed.trigger
-        up = t.direction == cep.UP
-        beyond = price >= t.level if up else price <= t.level
-        was_before, armed.before = armed.before, (price < t.level if up else price > t.level)
-        return (price, t.level) if beyond and was_before else None
+    def _crossed(self, price: Decimal) -> list[_Armed]:
+        """The price_cross triggers this trade crossed: UP levels in (last, price], DOWN
+        levels in [price, last); a trigger registered since the last trade only learns
+        which side the price is on."""
+        last, self.last_price = self.last_price, price
+        if last is None or price == last:
+            return []
+        if price > last:
+            top = (price, "\U0010ffff")
+            hits = self.ups[
+                bisect.bisect_right(self.ups, (last, "\U0010ffff")) : bisect.bisect_right(
+                    self.ups, top
+                )
+            ]
+        else:
+            hits = self.downs[
+                bisect.bisect_left(self.downs, (price, "")) : bisect.bisect_left(
+                    self.downs, (last, "")
+                )
+            ]
+        armed = (self.triggers[trigger_id] for _, trigger_id in hits)
+        return [a for a in armed if a.since < self.seq]
 
     def _in_window(self, armed: _Armed, t_ns: int) -> list[tuple[int, int, Decimal, Decimal]]:
         start = t_ns - armed.trigger.window_s * NS
@@ -236,7 +270,7 @@ class FeedTriggers:
         armed.fired += 1
         armed.next_ns = t_ns + t.cooldown_s * NS
         if t.once:
-            del self.triggers[t.trigger_id]
+            self.remove(t.trigger_id)
         return [Firing(t, armed.fired, t_ns, value, ref)]
 
     def _forget(self) -> None:
@@ -249,62 +283,74 @@ class FeedTriggers:
             del self.window[:cut]
 
 
+# What the evaluating queries hand to :meth:`Triggers.judge`, in Kafka order: a feed's trade
+# (valid, not yet judged), its idle mark, a registration or removal read from the ticks topic.
+Trade = tuple[str, int, Decimal, Decimal, str]  # ticker, t_ns, price, size, trade_id
+Mark = tuple[str, int]  # ticker, t_ns
+Event = Trade | Mark | cep.CEPTriggerRequest
+
+
 @dataclass
 class Triggers:
-    """Every feed's triggers, as the committing query evaluates them (#19).
+    """Every feed's triggers (#19), as a query that reads the ticks topic evaluates them.
 
-    Registrations come from the ``candlewire.triggers`` topic, read up to its end at the start
-    of each batch (``registry_offset`` is where the next read starts); they take effect
-    before that batch's trades. The whole state is recorded with each commit
-    (:meth:`dumps`), with the firings the batch made, so a batch replayed after a crash
-    starts from the state before it and makes the same firings, and firings recorded but
-    not yet sent are sent on restart.
+    Registrations and removals reach the ticks topic under their ticker (the desk writes
+    them there too), so each query meets them at the same place among the feed's trades.
+    Trades are judged here (:class:`streaming.feeds.Feeds`: resends and late trades fire
+    nothing) from the first registration on a feed, so the fast path
+    (:mod:`streaming.queries.cep`), which reads only feeds with triggers, and the committing
+    query, which records the whole state with each commit (:meth:`dumps`), judge alike and
+    make the same firings, numbered alike.
     """
 
-    allowance_ns: int
+    allowance_s: float
+    horizon_s: float
     feeds: dict[str, FeedTriggers] = field(default_factory=dict)
-    registry_offset: int = 0
+    judged: Feeds = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.judged = Feeds(self.allowance_s, self.horizon_s)
 
     def apply(self, req: cep.CEPTriggerRequest) -> None:
-        """An ADD or REMOVE record of the registry topic."""
+        """An ADD or REMOVE record."""
         from candlewire.triggers import TriggerRejected, parse_trigger
 
+        feed = self.feeds.get(req.ticker)
         if req.action == cep.REMOVE:
-            feed = self.feeds.get(req.ticker)
             if feed is not None:
                 feed.remove(req.trigger_id)
             return
-        for other in self.feeds.values():  # an id moves if it is registered again elsewhere
-            other.remove(req.trigger_id)
         try:
             trigger = parse_trigger(req)
         except TriggerRejected:
             return  # the desk checked it; a record it would refuse changes nothing
-        feed = self.feeds.get(trigger.ticker)
         if feed is None:
-            feed = self.feeds[trigger.ticker] = FeedTriggers(trigger.ticker, self.allowance_ns)
+            allowance_ns = int(self.allowance_s * NS)
+            feed = self.feeds[trigger.ticker] = FeedTriggers(trigger.ticker, allowance_ns)
         feed.add(trigger)
 
-    def tickers(self) -> list[str]:
-        return sorted(t for t, f in self.feeds.items() if len(f))
+    def tickers(self) -> set[str]:
+        return set(self.feeds)
 
-    def judge(
-        self, rows: list[tuple[str, bool, int, Decimal | None, Decimal | None]]
-    ) -> list[Firing]:
-        """Rows (ticker, idle, t_ns, price, size) of timely distinct trades and idle marks,
-        in Kafka order."""
+    def judge(self, events: list[Event]) -> list[Firing]:
         fired: list[Firing] = []
-        for ticker, idle, t_ns, price, size in rows:
-            feed = self.feeds.get(ticker)
+        for e in events:
+            if isinstance(e, cep.CEPTriggerRequest):
+                self.apply(e)
+                continue
+            feed = self.feeds.get(e[0])
             if feed is None:
                 continue
-            if idle:
-                fired += feed.mark(t_ns)
-            else:
-                assert price is not None and size is not None
+            if len(e) == 2:
+                self.judged.mark(e[0], e[1])
+                fired += feed.mark(e[1])
+                continue
+            ticker, t_ns, price, size, trade_id = e  # type: ignore[misc]
+            if self.judged.admit(ticker, trade_id, t_ns) is Verdict.KEEP:
                 fired += feed.trade(t_ns, price, size)
         for ticker in [t for t, f in self.feeds.items() if not len(f)]:
             del self.feeds[ticker]
+            self.judged.feeds.pop(ticker, None)
         return fired
 
     def dumps(self) -> bytes:

@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from candlewire.lake import OHLC_SCHEMA
-from proto import market_pb2
+from proto import envelope_pb2, market_pb2
 from proto.envelope import EnvelopeError, from_record
 
 # ``idle`` rows are FeedIdle marks (a quiet feed's clock, in ``exchange_time_ns``): neither
@@ -44,6 +44,13 @@ TICK_ROWS = pa.schema(
 KAFKA_POSITION = [("partition", pa.int32()), ("offset", pa.int64())]
 # mapInArrow's output schema: the input must carry ``partition`` and ``offset`` too.
 TICK_STRUCT = from_arrow_schema(pa.schema([*TICK_ROWS, *KAFKA_POSITION]))
+# A trigger registration read with the trades (#19): the committing query carries the raw
+# record of each beside the decoded rows, where the tick decoders see a record that is not
+# a tick.
+CONTROL = pa.field("control", pa.binary())
+CONTROL_SQL = (
+    f"CASE WHEN substring(value, 2, 1) = X'{envelope_pb2.CEP_TRIGGER_REQUEST:02X}' THEN value END"
+)
 SIDES = {market_pb2.BUY: "BUY", market_pb2.SELL: "SELL"}
 # A price or size on the wire: ASCII digits, an optional point and exponent, spelled the
 # same in DecodeTick.java. Stricter than Python's Decimal, which also takes "1_000", " 1"
@@ -73,8 +80,9 @@ def parse_tick(value: bytes | None) -> market_pb2.Tick | market_pb2.FeedIdle | N
 
 
 def decode_ticks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow function: Kafka ``value`` column to TICK_ROWS, plus each record's Kafka
-    ``partition`` and ``offset`` when the input has them (where the job has got to)."""
+    """mapInArrow function: Kafka ``value`` column to TICK_ROWS, plus the input's other
+    columns as they are (the record's Kafka ``partition`` and ``offset``: where the job has
+    got to)."""
     for batch in batches:
         cols: dict[str, list] = {name: [] for name in TICK_ROWS.names}
         for value in batch.column("value").to_pylist():
@@ -99,10 +107,11 @@ def decode_ticks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 for name in TICK_ROWS.names[2:]:
                     cols[name].append(None)
         out = pa.RecordBatch.from_pydict(cols, schema=TICK_ROWS)
-        if "offset" in batch.schema.names:
+        carried = [f for f in batch.schema if f.name != "value"]
+        if carried:
             out = pa.RecordBatch.from_arrays(
-                [*out.columns, batch.column("partition"), batch.column("offset")],
-                schema=pa.schema([*TICK_ROWS, *KAFKA_POSITION]),
+                [*out.columns, *(batch.column(f.name) for f in carried)],
+                schema=pa.schema([*TICK_ROWS, *carried]),
             )
         yield out
 
@@ -113,14 +122,15 @@ def _decimals(t: market_pb2.Tick) -> bool:
 
 
 def decode_ticks_in_jvm(spark: SparkSession, records: DataFrame) -> DataFrame:
-    """``records`` (Kafka ``value``, ``partition``, ``offset``) as TICK_ROWS plus position,
-    decoded by the JVM UDF: rows equal to :func:`decode_ticks`' for every value."""
+    """``records`` (Kafka ``value``, ``partition``, ``offset``...) as TICK_ROWS plus the other
+    columns, decoded by the JVM UDF: rows equal to :func:`decode_ticks`' for every value."""
     spark.udf.registerJavaFunction(
         "candlewire_decode_tick", JVM_DECODER, from_arrow_schema(TICK_ROWS)
     )
+    carried = [c for c in records.columns if c != "value"]
     return records.select(
-        F.call_function("candlewire_decode_tick", "value").alias("t"), "partition", "offset"
-    ).select("t.*", "partition", "offset")
+        F.call_function("candlewire_decode_tick", "value").alias("t"), *carried
+    ).select("t.*", *carried)
 
 
 def decode_records(values: list[bytes], cls: type) -> tuple[list, int]:

@@ -12,8 +12,10 @@ state, and answers with ``CEPTriggerAck`` on the request's notification topic:
 
 The registry is the compacted Kafka topic ``candlewire.triggers``, keyed by trigger id: the
 desk reads it whole at start and writes each change there, synchronously, before it
-acknowledges. An accepted trigger therefore survives a restart of the job and of the relay,
-and the evaluator reads its registrations from the same topic.
+acknowledges, so an accepted trigger survives a restart of the job and of the relay. Each
+change also goes into the ticks topic under its ticker: the queries that evaluate triggers
+(:mod:`streaming.queries.cep`, and the committing query that records their state) meet it
+at the same place among the feed's trades, so they agree on what fires.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import zmq
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from candlewire.config import Settings
-from candlewire.kafka import TRIGGERS, consumer_config, producer_config
+from candlewire.kafka import TICKS, TRIGGERS, consumer_config, producer_config
 from candlewire.symbols import SymbolCatalog
 from candlewire.topics import trigger_work_topic
 from candlewire.triggers import TriggerRejected, check_owner, parse_trigger
@@ -217,18 +219,31 @@ class TriggerDesk(threading.Thread):
             raise TriggerRejected(cep.UNKNOWN_TICKER, f"{ticker} {why}")
 
     def _write(self, req: cep.CEPTriggerRequest) -> None:
-        """Into the registry topic, acknowledged by Kafka, before the client hears yes."""
+        """Into the registry, then into the ticks topic under the ticker, so the queries that
+        evaluate meet it in order with the feed's trades; both acknowledged by Kafka before
+        the client hears yes. If the second write fails, the first is undone."""
+        self._produce(TRIGGERS.name, req.trigger_id, req, "the registry")
+        try:
+            self._produce(TICKS.name, req.ticker, req, "the ticks topic")
+        except TriggerRejected:
+            if req.action == cep.ADD:
+                undo = cep.CEPTriggerRequest()
+                undo.CopyFrom(req)
+                undo.action = cep.REMOVE
+                self._produce(TRIGGERS.name, req.trigger_id, undo, "the registry")
+            raise
+
+    def _produce(self, topic: str, key: str, req: cep.CEPTriggerRequest, what: str) -> None:
         failed: list[object] = []
         self._producer.produce(
-            TRIGGERS.name,
-            key=req.trigger_id.encode(),
+            topic,
+            key=key.encode(),
             value=to_record(req),
             on_delivery=lambda err, _msg: failed.append(err) if err is not None else None,
         )
         if self._producer.flush(10) or failed:
             raise TriggerRejected(
-                cep.TRIGGER_REJECT_REASON_UNSPECIFIED,
-                f"the registry could not be written: {failed}",
+                cep.TRIGGER_REJECT_REASON_UNSPECIFIED, f"{what} could not be written: {failed}"
             )
 
     def close(self) -> None:

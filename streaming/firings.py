@@ -1,12 +1,13 @@
-"""CEP firings, exactly once: evaluated by the committing query, recorded with its commit,
-then sent (#19).
+"""CEP firings, exactly once: recorded with the committing query's commit (#19).
 
-Each batch the committing query (:mod:`streaming.queries.ticks`) reads the registrations
-that reached ``candlewire.triggers`` (:meth:`FiringDesk.sync`), judges the batch's timely,
-distinct trades and idle marks of the feeds that have triggers, in Kafka order
-(:meth:`FiringDesk.evaluate`, :class:`streaming.cep.Triggers`), and records the triggers'
+Each batch the committing query (:mod:`streaming.queries.ticks`) takes the batch's trigger
+registrations (carried beside the decoded trades, :data:`streaming.decode.CONTROL`) and the
+trades and idle marks of the feeds with triggers, in Kafka order, into
+:class:`streaming.cep.Triggers` (:meth:`FiringDesk.evaluate`), and records the triggers'
 state and the batch's firings in the same PostgreSQL row as the rest of the batch
-(:class:`streaming.recovery.Ledger`). Only then are the firings sent, and marked sent.
+(:class:`streaming.recovery.Ledger`). Only then are the firings sent, and marked sent. The
+fast path (:mod:`streaming.queries.cep`) has usually sent them already, within a second of
+the trade, from the same state and the same records: the same (trigger_id, firing).
 
 - A crash before the record: the batch is replayed from the state before it, and makes
   the same firings, which nobody has seen yet.
@@ -15,32 +16,67 @@ state and the batch's firings in the same PostgreSQL row as the rest of the batc
   (:class:`candlewire._protocol.NotificationInbox`).
 
 A one-shot trigger that fired is removed from the registry, so the desk's list forgets it.
+A firing of a trigger with a user is also that user's ``ALERT_TRIGGERED`` UserEvent (see
+:func:`alert`): CRITICAL through the gateways' acked path when the trigger asks for it, so it
+reaches Telegram or email when the user has no session; else informational, on the live
+page of an open session.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import time
 from decimal import Decimal
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import Producer
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from candlewire.events import EventPublisher
 from candlewire.kafka import TRIGGERS, producer_config
 from proto import cep_pb2 as cep
-from proto.envelope import to_record
-from streaming.cep import Firing, Triggers
+from proto import events_pb2 as ev
+from proto.envelope import EnvelopeError, from_record, to_record
+from streaming.cep import Event, Firing, Triggers
 from streaming.context import JobContext
-from streaming.desk import registry_records
-from streaming.feeds import Judged
 from streaming.recovery import Restored
 
 log = logging.getLogger("candlewire.stream.firings")
-# What one recorded firing needs to be sent: its topic, the event, and whether its trigger
-# was one-shot (then its registration is removed).
-Pending = list[tuple[str, bytes, bool]]
+# What one recorded firing needs to be sent: its topic, the event, whether its trigger was
+# one-shot (then its registration is removed), and whether its alert is critical.
+Pending = list[tuple[str, bytes, bool, bool]]
+# An alert tries the user's open session first, then the channels that reach them offline.
+ALERT_CHANNELS = [
+    ev.ChannelPreference(channel=ev.ACTIVE_SESSION, only_if_active=True),
+    *(ev.ChannelPreference(channel=c) for c in (ev.TELEGRAM, ev.EMAIL, ev.PUSH)),
+]
+
+
+def alert(event: cep.CEPTriggerEvent, critical: bool) -> ev.UserEvent:
+    """The firing as the user's ALERT_TRIGGERED event. Its id is the firing's, so the
+    gateway delivers a firing sent twice once."""
+    payload = {
+        "trigger_id": event.trigger_id,
+        "ticker": event.ticker,
+        "value": event.value,
+        "reference": event.reference,
+        "firing": event.firing,
+        "event_time_ms": event.event_time_ms,
+    }
+    return ev.UserEvent(
+        user_id=event.user_id,
+        event_id=f"cep:{event.trigger_id}:{event.firing}",
+        timestamp=event.fired_time_ms,
+        event_type=ev.ALERT_TRIGGERED,
+        payload=json.dumps(payload).encode(),
+        delivery=ev.DeliverySpec(
+            priority=ev.CRITICAL if critical else ev.INFORMATIONAL, channels=ALERT_CHANNELS
+        ),
+    )
 
 
 class FiringDesk:
@@ -48,49 +84,61 @@ class FiringDesk:
         self.ctx = ctx
         self.run_id = run_id
         self._producer = Producer(producer_config(ctx.settings))
+        # Alerts wait in this journal until a gateway acks them (critical ones), across
+        # restarts of the job too.
+        self.alerts = EventPublisher(
+            ctx.settings,
+            journal=ctx.settings.state_dir / "stream-events" / "pending.db",
+            endpoint="stream_events",
+        ).start()
 
-    def restore(self, restored: Restored) -> Triggers:
-        """The triggers as of the last commit; its firings sent if they may not have been."""
-        triggers: Triggers | None = None
+    def restored_state(self, restored: Restored) -> Triggers:
+        """The triggers as of the last commit: each evaluating query starts from its own
+        copy."""
         if restored.cep_state:
             try:
-                triggers = Triggers.loads(restored.cep_state)
+                return Triggers.loads(restored.cep_state)
             except Exception as exc:  # a record of another release: start from the registry
-                log.warning(
-                    "recorded trigger state not readable (%s): re-reading the registry", exc
-                )
-        if triggers is None:
-            triggers = Triggers(int(self.ctx.settings.stream_watermark_s * 1e9))
+                log.warning("recorded trigger state not readable (%s): starting empty", exc)
+        settings = self.ctx.settings
+        return Triggers(settings.stream_watermark_s, settings.stream_dedup_horizon_s)
+
+    def restore(self, restored: Restored) -> Triggers:
+        """The committing query's state; the last commit's firings sent if they may not
+        have been."""
+        triggers = self.restored_state(restored)
         if restored.cep_pending:
             self.send(restored.cep_pending, restored.candles_batch)
         log.info("%d feeds with CEP triggers restored", len(triggers.tickers()))
         return triggers
 
-    def sync(self, triggers: Triggers) -> None:
-        """Registrations since the last batch take effect before this batch's trades."""
-        records, triggers.registry_offset = registry_records(
-            self.ctx.settings, triggers.registry_offset
-        )
-        for req in records:
-            triggers.apply(req)
+    def emit(self, fired: list[Firing]) -> None:
+        """The fast path's firings: on the owners' topics, and as alerts."""
+        now_ms = int(time.time() * 1000)
+        for f in fired:
+            event = f.event(now_ms)
+            self.ctx.publisher.notify(f.trigger.notification_topic, event)
+            self.ctx.metrics.notifications.labels("cep_trigger_event").inc()
+            if event.user_id:
+                self.alerts.publish(alert(event, f.trigger.critical))
 
-    def evaluate(self, triggers: Triggers, df: DataFrame, verdicts: Judged) -> list[Firing]:
-        tickers = triggers.tickers()
+    def evaluate(
+        self,
+        triggers: Triggers,
+        df: DataFrame,
+        registrations: list[tuple[int, int, cep.CEPTriggerRequest]],
+    ) -> list[Firing]:
+        """The batch's registrations and the trades and idle marks of the feeds with
+        triggers, in Kafka order."""
+        tickers = triggers.tickers() | {r.ticker for _, _, r in registrations}
         if not tickers:
             return []
         rows = (
-            df.where(F.col("ticker").isin(tickers) & (F.col("valid") | F.col("idle")))
-            .select("ticker", "idle", "exchange_time_ns", "price", "size", "partition", "offset")
+            df.where(F.col("ticker").isin(sorted(tickers)) & (F.col("valid") | F.col("idle")))
+            .select(*EVALUATED)
             .toArrow()
-            .sort_by([("partition", "ascending"), ("offset", "ascending")])
         )
-        skip = {*verdicts.duplicates, *verdicts.late}
-        judged = [
-            (r["ticker"], r["idle"], r["exchange_time_ns"], *_amounts(r))
-            for r in rows.to_pylist()
-            if (r["partition"], r["offset"]) not in skip
-        ]
-        fired = triggers.judge(judged)
+        fired = triggers.judge(in_order(registrations, rows.to_pylist()))
         self.ctx.metrics.trigger_firings.inc(len(fired))
         return fired
 
@@ -99,17 +147,24 @@ class FiringDesk:
             return None
         now_ms = int(time.time() * 1000)
         items: Pending = [
-            (f.trigger.notification_topic, f.event(now_ms).SerializeToString(), f.trigger.once)
+            (
+                f.trigger.notification_topic,
+                f.event(now_ms).SerializeToString(),
+                f.trigger.once,
+                f.trigger.critical,
+            )
             for f in fired
         ]
         return pickle.dumps(items)
 
     def send(self, pending: bytes, batch_id: int) -> None:
         items: Pending = pickle.loads(pending)
-        for topic, data, once in items:
+        for topic, data, once, critical in items:
             event = cep.CEPTriggerEvent.FromString(data)
             self.ctx.publisher.notify(topic, event)
             self.ctx.metrics.notifications.labels("cep_trigger_event").inc()
+            if event.user_id and critical:  # informational ones went with the fast path
+                self.alerts.publish(alert(event, critical))
             if once:
                 done = cep.CEPTriggerRequest(
                     trigger_id=event.trigger_id,
@@ -125,8 +180,55 @@ class FiringDesk:
         self._producer.flush(10)
         self.ctx.progress.sent_pending(self.run_id, batch_id)
 
+    def close(self) -> None:
+        self.alerts.close()
+        self._producer.flush(10)
 
-def _amounts(row: dict) -> tuple[Decimal | None, Decimal | None]:
-    if row["idle"]:
-        return None, None
-    return Decimal(row["price"]), Decimal(row["size"])
+
+EVALUATED = (
+    "ticker",
+    "idle",
+    "exchange_time_ns",
+    "price",
+    "size",
+    "trade_id",
+    "partition",
+    "offset",
+)
+
+
+def in_order(
+    registrations: list[tuple[int, int, cep.CEPTriggerRequest]], rows: list[dict]
+) -> list[Event]:
+    """Registrations and decoded rows (:data:`EVALUATED`) as one sequence in Kafka order."""
+    events: list[tuple[int, int, Event]] = list(registrations)
+    for r in rows:
+        t = r["exchange_time_ns"]
+        item: Event = (
+            (r["ticker"], t)
+            if r["idle"]
+            else (r["ticker"], t, Decimal(r["price"]), Decimal(r["size"]), r["trade_id"] or "")
+        )
+        events.append((r["partition"], r["offset"], item))
+    events.sort(key=lambda e: (e[0], e[1]))
+    return [e for _, _, e in events]
+
+
+def registrations_in(rows: pa.Table) -> list[tuple[int, int, cep.CEPTriggerRequest]]:
+    """(partition, offset, request) of the trigger registrations among decoded rows that
+    carry the ``control`` column (:data:`streaming.decode.CONTROL`)."""
+    out = []
+    mask = pc.is_valid(rows["control"])
+    if not pc.any(mask).as_py():
+        return out
+    hits = rows.filter(mask)
+    for value, partition, offset in zip(
+        *(hits[c].to_pylist() for c in ("control", "partition", "offset")), strict=True
+    ):
+        try:
+            msg = from_record(value)
+        except EnvelopeError:
+            continue
+        if isinstance(msg, cep.CEPTriggerRequest):
+            out.append((partition, offset, msg))
+    return out

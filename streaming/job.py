@@ -1,10 +1,11 @@
 """``candlewire stream``: Kafka → Iceberg tables and live ZMQ market data, with PySpark.
 
-The job starts four streaming queries (:mod:`streaming.queries`, one module each) on one
+The job starts five streaming queries (:mod:`streaming.queries`, one module each) on one
 Spark session and shares with them the tables, the ZMQ publisher, the PostgreSQL progress
 record and the metrics (:class:`streaming.context.JobContext`). Before they start, the
-committing query's state is restored (:mod:`streaming.recovery`), and the live query starts
-from the same point.
+committing query's state is restored (:mod:`streaming.recovery`), and the live and CEP
+queries start from the same point. Beside them, the trigger desk (:mod:`streaming.desk`)
+takes CEP trigger registrations.
 
 A candle exists only for an interval with at least one trade: nothing is invented for quiet
 intervals.
@@ -26,10 +27,12 @@ from candlewire.spark import build_session
 from proto.envelope import to_record
 from streaming.context import JobContext
 from streaming.desk import TriggerDesk
+from streaming.firings import FiringDesk
 from streaming.metrics import StreamMetrics
 from streaming.progress import Progress
 from streaming.publisher import StreamPublisher
 from streaming.queries import Query
+from streaming.queries.cep import CepQuery
 from streaming.queries.history import HistoryQuery
 from streaming.queries.live import LiveQuery
 from streaming.queries.metadata import MetadataQuery
@@ -71,9 +74,11 @@ class StreamingJob:
         self.ctx.metrics.publish_dropped.set_function(
             lambda: publisher.dropped + live.publish_faults()[0]
         )
+        self.firings = FiringDesk(self.ctx, ledger.run_id)
         self.queries: list[Query] = [
             live,
-            TicksQuery(self.ctx, ledger, restored),
+            TicksQuery(self.ctx, ledger, restored, self.firings),
+            CepQuery(self.ctx, restored, self.firings),
             HistoryQuery(self.ctx),
             MetadataQuery(self.ctx),
         ]
@@ -129,6 +134,7 @@ class StreamingJob:
         self.ctx.metrics.up.set(0)
         for q in self.queries:
             q.close()
+        self.firings.close()
         self.ctx.publisher.close()
         if self._http is not None:
             self._http.close()

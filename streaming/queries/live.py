@@ -47,7 +47,10 @@ def scratch_checkpoint() -> str:
 
 
 def live_source(
-    ctx: JobContext, offsets: dict[int, int], max_per_trigger: int | None = 500_000
+    ctx: JobContext,
+    offsets: dict[int, int],
+    max_per_trigger: int | None = 500_000,
+    columns: tuple[str, ...] = ("value", "partition", "offset"),
 ) -> DataFrame:
     """The ticks topic from where the commits stand (``offsets``: next offset per partition;
     a partition without one starts at its beginning)."""
@@ -58,7 +61,7 @@ def live_source(
         max_per_trigger,
         startingOffsets=json.dumps({TICKS.name: start}),
         failOnDataLoss="false",
-    ).select("value", "partition", "offset")
+    ).select(*columns)
 
 
 class LiveQuery:

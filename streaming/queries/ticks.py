@@ -14,17 +14,27 @@ from __future__ import annotations
 import logging
 import time
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from candlewire.config import PERIODS_S
 from candlewire.kafka import TICKS
 from candlewire.lake import TICKS_SCHEMA
 from streaming.candles import Candle, candle_from_row, changed
 from streaming.context import JobContext
-from streaming.decode import TICK_STRUCT, decode_ticks, decode_ticks_in_jvm, ohlc_rows
+from streaming.decode import (
+    CONTROL,
+    CONTROL_SQL,
+    KAFKA_POSITION,
+    TICK_ROWS,
+    decode_ticks,
+    decode_ticks_in_jvm,
+    ohlc_rows,
+)
 from streaming.feeds import judge
-from streaming.firings import FiringDesk
+from streaming.firings import FiringDesk, registrations_in
 from streaming.metrics import Laps
 from streaming.queries import TopicQuery
 from streaming.recovery import Ledger, Restored
@@ -34,13 +44,16 @@ log = logging.getLogger("candlewire.stream")
 TRADE_TIMES = ("first_trade_ns", "last_trade_ns")  # live candles only
 CANDLE_FIELDS = ("ticker", "period_s", "open", "high", "low", "close", "volume", "trade_count")
 JUDGED = ("valid", "idle", "ticker", "trade_id", "exchange_time_ns", "partition", "offset")
+WITH_CONTROL = from_arrow_schema(pa.schema([*TICK_ROWS, *KAFKA_POSITION, CONTROL]))
 
 
 class TicksQuery(TopicQuery):
     name = "ticks"
     topic = TICKS.name
 
-    def __init__(self, ctx: JobContext, ledger: Ledger, restored: Restored) -> None:
+    def __init__(
+        self, ctx: JobContext, ledger: Ledger, restored: Restored, firings: FiringDesk
+    ) -> None:
         super().__init__(ctx)
         self.ledger = ledger
         self.trigger_s = ctx.settings.stream_ticks_trigger_s
@@ -49,16 +62,16 @@ class TicksQuery(TopicQuery):
         self.offsets = dict(restored.offsets)
         self.committed_ticks = restored.ticks_batch
         self.committed_candles = restored.candles_batch
-        self.firings = FiringDesk(ctx, ledger.run_id)
-        self.triggers = self.firings.restore(restored)
+        self.firings = firings
+        self.triggers = firings.restore(restored)
 
     def source(self) -> DataFrame:
         records = self.ctx.kafka(self.topic, self.ctx.settings.stream_ticks_batch_max).select(
-            "value", "partition", "offset"
+            "value", "partition", "offset", F.expr(CONTROL_SQL).alias(CONTROL.name)
         )
         if self.ctx.settings.stream_decoder == "jvm":
             return decode_ticks_in_jvm(self.ctx.spark, records)
-        return records.mapInArrow(decode_ticks, TICK_STRUCT)
+        return records.mapInArrow(decode_ticks, WITH_CONTROL)
 
     def batch(self, df: DataFrame, batch_id: int) -> None:
         if batch_id <= min(self.committed_ticks, self.committed_candles):
@@ -74,11 +87,14 @@ class TicksQuery(TopicQuery):
     def _commit(self, df: DataFrame, batch_id: int) -> None:
         metrics, lap = self.ctx.metrics, Laps()
         evaluate = batch_id > self.committed_candles
-        if evaluate:
-            self.firings.sync(self.triggers)
-        verdicts = judge(self.feeds, df.select(*JUDGED).toArrow())
+        judged = df.select(*JUDGED, CONTROL.name).toArrow()
+        verdicts = judge(self.feeds, judged)
         lap("judge")
-        fired = self.firings.evaluate(self.triggers, df, verdicts) if evaluate else []
+        registrations = registrations_in(judged)
+        verdicts.bad -= len(registrations)  # not ticks, but not malformed either
+        fired = []
+        if evaluate:
+            fired = self.firings.evaluate(self.triggers, df, registrations)
         lap("triggers")
         for partition, offset in verdicts.next_offsets.items():
             self.offsets[partition] = max(self.offsets.get(partition, 0), offset)

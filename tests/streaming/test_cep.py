@@ -10,7 +10,7 @@ import pytest
 
 from candlewire.triggers import Trigger
 from proto import cep_pb2 as cep
-from streaming.cep import FeedTriggers, Firing
+from streaming.cep import FeedTriggers, Firing, Triggers
 
 S = 1_000_000_000
 T0 = 1_700_006_400 * S  # on an hour boundary
@@ -323,3 +323,62 @@ def test_a_candle_closes_on_the_later_read_of_two_trades_at_the_same_time() -> N
     feed = feed_with(trigger("candle_close", direction=cep.DOWN, level=Decimal(95), period_s=60))
     got = run(feed, [(T0 + 50 * S, "100", "1"), (T0 + 50 * S, "90", "1")], end_ns=T0 + 70 * S)
     assert [f.value for f in got] == [Decimal(90)]
+
+
+# -- Triggers: registrations in order with the trades, resends, late trades, restarts --------
+
+
+def registration(trigger_id: str, level: str, action: int = cep.ADD) -> cep.CEPTriggerRequest:
+    return cep.CEPTriggerRequest(
+        trigger_id=trigger_id,
+        client_id="c",
+        ticker=TICKER,
+        action=action,
+        once=False,
+        price_cross=cep.PriceCross(level=level, direction=cep.UP),
+    )
+
+
+def trade(t_s: int, price: str, trade_id: str) -> tuple:
+    return (TICKER, T0 + t_s * S, Decimal(price), Decimal(1), trade_id)
+
+
+def test_triggers_judge_registrations_resends_and_late_trades_in_order() -> None:
+    triggers = Triggers(allowance_s=10.0, horizon_s=600.0)
+    events = [
+        trade(0, "99", "a"),  # before any registration: nobody looks
+        registration("x", "100"),
+        trade(1, "101", "b"),  # first trade judged: only tells the side
+        trade(2, "99", "c"),
+        trade(3, "101", "d"),  # crossing 1
+        trade(4, "99", "e"),
+        trade(5, "101", "d"),  # a resend of d: nothing
+        trade(60, "99", "f"),
+        trade(61, "101", "g"),  # crossing 2; the clock is at 61 s
+        trade(20, "99", "h"),  # late (older than 61 - 10): nothing
+        trade(62, "101", "i"),  # no crossing: h did not count
+        registration("x", "100", cep.REMOVE),
+        trade(63, "99", "j"),
+        trade(64, "101", "k"),  # removed: nothing
+    ]
+    fired = triggers.judge(events)
+    assert [((f.event_time_ns - T0) // S, f.firing) for f in fired] == [(3, 1), (61, 2)]
+    assert triggers.tickers() == set()
+
+
+def test_triggers_restored_from_their_record_fire_as_if_never_stopped() -> None:
+    rng = random.Random(9)
+    events: list = [registration("x", "100"), registration("y", "100.5")]
+    for i in range(300):
+        events.append(trade(i * 3, f"{rng.randint(9_900, 10_100) / 100:.2f}", str(i)))
+        if rng.random() < 0.1:
+            events.append(trade(i * 3, events[-1][2].to_eng_string(), str(i)))  # a resend
+
+    def firings(fired: list[Firing]) -> list[tuple]:
+        return [(f.trigger.trigger_id, f.firing, f.event_time_ns) for f in fired]
+
+    whole = firings(Triggers(10.0, 600.0).judge(events))
+    first = Triggers(10.0, 600.0)
+    before = first.judge(events[:150])
+    after = Triggers.loads(first.dumps()).judge(events[150:])
+    assert firings(before + after) == whole and len(whole) > 10

@@ -12,15 +12,20 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from aiosmtpd.controller import Controller
 from confluent_kafka import Producer
 
 from candlewire import Client, TriggerRefused, condition
 from candlewire.kafka import TICKS, producer_config
 from candlewire.lake import NAMESPACE, catalog
+from candlewire.testing import new_user
+from gateway import Gateway
 from proto import market_pb2
 from proto.envelope import to_record
 from streaming.progress import Progress
-from tests.support import RUNNING, start_job, wait_for
+from tests.gateway.conftest import gw_config
+from tests.gateway.test_channels import Inbox
+from tests.support import RUNNING, free_port, start_job, wait_for
 
 S = 1_000_000_000
 
@@ -88,7 +93,7 @@ def firings(client: Client, quiet_s: float = 6.0, timeout: float = 90.0) -> list
 
 @pytest.fixture(scope="module")
 def tickers(live_pipeline):
-    names = [f"CEPT:{uuid.uuid4().hex[:6].upper()}{i}/USDT" for i in range(3)]
+    names = [f"CEPT:{uuid.uuid4().hex[:6].upper()}{i}/USDT" for i in range(4)]
     list_symbols(live_pipeline, names)
     return names
 
@@ -210,3 +215,40 @@ def test_a_firing_crosses_a_kill_9_exactly_once(live_pipeline, tickers) -> None:
         RUNNING.append(start_job(live_pipeline))
         got = ([got_before] if got_before else []) + firings(client, quiet_s=8.0)
     assert [(e.trigger_id, e.firing, e.value) for e in got] == [(trigger_id, 1, "101")]
+
+
+def test_a_critical_alert_for_a_user_without_a_session_reaches_email(
+    live_pipeline, tickers
+) -> None:
+    """The firing becomes the user's ALERT_TRIGGERED event on the gateway's acked path; with
+    no session open, email (a real SMTP server) carries it."""
+    ticker, t0 = tickers[3], minute_aligned_past()
+    inbox, port = Inbox(), free_port()
+    smtpd = Controller(inbox, hostname="127.0.0.1", port=port)
+    smtpd.start()
+    config = gw_config(smtp_host="127.0.0.1", smtp_port=port, smtp_starttls=False)
+    gateway = Gateway(live_pipeline, config, metrics=False).start()
+    try:
+        user = new_user()
+        gateway.directory.set_user(user, email=f"{user}@example.test")
+        with Client(live_pipeline, client_id=f"a-{uuid.uuid4().hex[:6]}") as client:
+            trigger_id = add(
+                client,
+                ticker,
+                "alert",
+                condition("price_cross", level="100", direction="up"),
+                user_id=user,
+                critical=True,
+            )
+            produce(live_pipeline, ticker, [(t0, "99", "1"), (t0 + S, "101", "1")])
+            wait_for(lambda: len(inbox.mail) >= 1, timeout=90, interval=0.5)
+        time.sleep(2)  # a second copy would have come by now
+        assert len(inbox.mail) == 1
+        _tls, to, mail = inbox.mail[0]
+        assert to == [f"{user}@example.test"]
+        text = mail.get_body(("plain",)).get_content()
+        assert f"trigger_id: {trigger_id}" in text and "value: 101" in text, text
+        assert ticker in mail["Subject"], mail["Subject"]
+    finally:
+        gateway.stop()
+        smtpd.stop()
