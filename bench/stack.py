@@ -15,10 +15,11 @@ from launcher.stack import Stack, default_services
 
 
 @contextlib.contextmanager
-def private_stack() -> Iterator[Settings]:
+def private_stack(**overrides: object) -> Iterator[Settings]:
+    """``overrides``: settings that differ from the defaults, e.g. the commit interval."""
     base = Path(tempfile.mkdtemp(prefix="candlewire-bench-"))
     base.chmod(0o755)  # PostgreSQL runs as the postgres user when we are root
-    settings = free_settings(base)
+    settings = free_settings(base, **overrides)
     stack = Stack(settings, default_services(settings))
     try:
         stack.up(lambda line: print(line, flush=True))

@@ -336,3 +336,32 @@ class TickFeed:
         t = threading.Thread(target=run, daemon=True)
         t.start()
         return t
+
+
+def list_symbols(settings: Settings, tickers: list[str]) -> None:
+    """Symbol metadata for tickers nobody else streams (``EXCHANGE:BASE/QUOTE``), written
+    into the Iceberg table directly: what a test or bench trades must be listed before the
+    stream job accepts triggers on it."""
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+
+    from candlewire.lake import NAMESPACE, catalog
+    from candlewire.topics import parse_ticker
+
+    table = catalog(settings).load_table(f"{NAMESPACE}.symbol_metadata")
+    now = datetime.now(UTC)
+    rows = []
+    for t in tickers:
+        parsed = parse_ticker(t)
+        rows.append(
+            {
+                "ticker": t,
+                "exchange": parsed.exchange,
+                "base": parsed.base,
+                "quote": parsed.quote,
+                "status": "TRADING",
+                "update_time": now,
+            }
+        )
+    table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()))

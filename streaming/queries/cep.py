@@ -20,7 +20,9 @@ import logging
 import shutil
 import time
 
-from pyspark.sql import DataFrame
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from proto import market_pb2
@@ -51,31 +53,31 @@ class CepQuery:
         shutil.rmtree(self.checkpoint, ignore_errors=True)
 
     def batch(self, df: DataFrame, batch_id: int) -> None:
+        """One Spark action in the usual case: the registrations and the known feeds'
+        records together. A registration for a feed that had no trigger yet needs that
+        feed's records of the same batch too: a second action, for those feeds only."""
         started = time.perf_counter()
-        df = df.withColumn("control", F.expr(CONTROL_SQL)).persist()
-        try:
-            registrations = registrations_in(
-                df.where("control IS NOT NULL").select("control", "partition", "offset").toArrow()
-            )
-            tickers = self.triggers.tickers() | {r.ticker for _, _, r in registrations}
-            if not tickers:
-                return
-            rows = (
-                df.where(
-                    F.col("key").cast("string").isin(sorted(tickers)) & F.col("control").isNull()
-                )
-                .select("value", "partition", "offset")
-                .toArrow()
-                .to_pylist()
-            )
-        finally:
-            df.unpersist()
-        fired = self.triggers.judge(in_order(registrations, [decoded(r) for r in rows]))
+        df = df.withColumn("control", F.expr(CONTROL_SQL))
+        known = self.triggers.tickers()
+        table = self._read(df, F.col("control").isNotNull(), known)
+        registrations = registrations_in(table)
+        new = {r.ticker for _, _, r in registrations} - known
+        if new:
+            more = self._read(df, F.lit(False), new)
+            table = pa.concat_tables([table, more])
+        regular = table.filter(pc.invert(pc.is_valid(table["control"])))
+        rows = [decoded(r) for r in regular.select(["value", "partition", "offset"]).to_pylist()]
+        fired = self.triggers.judge(in_order(registrations, rows))
         if fired:
             self.firings.emit(fired)
         metrics = self.ctx.metrics
         metrics.batches.labels(self.name).inc()
         metrics.busy.labels(self.name).inc(time.perf_counter() - started)
+
+    @staticmethod
+    def _read(df: DataFrame, also: Column, tickers: set[str]) -> pa.Table:
+        wanted = F.col("key").cast("string").isin(sorted(tickers)) if tickers else F.lit(False)
+        return df.where(also | wanted).select("value", "partition", "offset", "control").toArrow()
 
 
 def decoded(row: dict) -> dict:

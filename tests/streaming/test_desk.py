@@ -4,6 +4,7 @@ Kafka across restarts of both."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import uuid
 
@@ -140,3 +141,25 @@ def test_triggers_survive_restarts_of_the_relay_and_the_job(pipeline) -> None:
         job.terminate()
         job.wait(120)
         RUNNING.append(start_job(pipeline))
+
+
+def test_the_cli_adds_lists_and_removes(pipeline, capsys, monkeypatch) -> None:
+    from launcher.cli import main
+
+    for name, value in pipeline.to_env().items():  # the CLI reads its settings from there
+        monkeypatch.setenv(name, value)
+    client_id = f"cli-{uuid.uuid4().hex[:8]}"
+    base = ["trigger", "--client-id", client_id]
+    add = ["add", "SIM:BTC/USDT", "percent_move", "--percent", "3", "--window", "300"]
+    assert main([*base, *add, "--direction", "either", "--rearm", "60", "--id", "p1"]) == 0
+    assert "trigger p1 registered" in capsys.readouterr().out
+    assert main([*base, "ls"]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(t["triggerId"], t["percentMove"]["windowS"], t["cooldownS"]) for t in listed] == [
+        ("p1", 300, 60)
+    ]
+    assert main([*base, "rm", "p1"]) == 0
+    assert main([*base, "rm", "p1"]) == 1  # refused: one line on stderr, no traceback
+    assert "NO_SUCH_TRIGGER" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse refuses it, with usage
+        main([*base, *add, "--direction", "sideways"])

@@ -7,10 +7,8 @@ import os
 import signal
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from aiosmtpd.controller import Controller
 from confluent_kafka import Producer
@@ -18,34 +16,16 @@ from confluent_kafka import Producer
 from candlewire import Client, TriggerRefused, condition
 from candlewire.kafka import TICKS, producer_config
 from candlewire.lake import NAMESPACE, catalog
-from candlewire.testing import new_user
+from candlewire.testing import list_symbols, new_user
 from gateway import Gateway
 from proto import market_pb2
 from proto.envelope import to_record
 from streaming.progress import Progress
-from tests.gateway.conftest import gw_config
+from tests.gateway.conftest import gw_config, next_of, sign_in
 from tests.gateway.test_channels import Inbox
 from tests.support import RUNNING, free_port, start_job, wait_for
 
 S = 1_000_000_000
-
-
-def list_symbols(settings, tickers: list[str]) -> None:
-    """Symbol metadata for tickers only these tests trade (nobody else streams them)."""
-    table = catalog(settings).load_table(f"{NAMESPACE}.symbol_metadata")
-    now = datetime.now(UTC)
-    rows = [
-        {
-            "ticker": t,
-            "exchange": t.split(":")[0],
-            "base": t.split(":")[1].split("/")[0],
-            "quote": "USDT",
-            "status": "TRADING",
-            "update_time": now,
-        }
-        for t in tickers
-    ]
-    table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()))
 
 
 def produce(settings, ticker: str, ticks: list[tuple[int, str, str]]) -> None:
@@ -93,7 +73,7 @@ def firings(client: Client, quiet_s: float = 6.0, timeout: float = 90.0) -> list
 
 @pytest.fixture(scope="module")
 def tickers(live_pipeline):
-    names = [f"CEPT:{uuid.uuid4().hex[:6].upper()}{i}/USDT" for i in range(4)]
+    names = [f"CEPT:{uuid.uuid4().hex[:6].upper()}{i}/USDT" for i in range(5)]
     list_symbols(live_pipeline, names)
     return names
 
@@ -252,3 +232,43 @@ def test_a_critical_alert_for_a_user_without_a_session_reaches_email(
     finally:
         gateway.stop()
         smtpd.stop()
+
+
+def test_an_alert_for_a_user_with_a_session_shows_on_the_live_page(live_pipeline, tickers) -> None:
+    """A trigger that is not critical: its alert goes the informational path, from the job's
+    own XPUB through the gateway to the user's open WebSocket session, once."""
+    ticker, t0 = tickers[4], minute_aligned_past()
+    gateway = Gateway(live_pipeline, gw_config(), metrics=False).start()
+    user = new_user()
+    ws = sign_in(live_pipeline, user)
+    try:
+        with Client(live_pipeline, client_id=f"s-{uuid.uuid4().hex[:6]}") as client:
+            trigger_id = add(
+                client,
+                ticker,
+                "page",
+                condition("price_cross", level="100", direction="up"),
+                user_id=user,
+            )
+            # Informational events go only where someone watches: the gateway's SUB must be
+            # connected to the job's XPUB, and its subscription to the user's topic follow.
+            wait_for(lambda: gateway_watches(live_pipeline), timeout=10)
+            time.sleep(1.0)
+            produce(live_pipeline, ticker, [(t0, "99", "1"), (t0 + S, "101", "1")])
+            shown = next_of(ws, "event", timeout=60)
+        assert shown["event_type"] == "ALERT_TRIGGERED" and shown["priority"] == "INFORMATIONAL"
+        assert shown["event_id"] == f"cep:{trigger_id}:1"
+        assert shown["data"]["ticker"] == ticker and shown["data"]["value"] == "101"
+        with pytest.raises(TimeoutError):
+            next_of(ws, "event", timeout=4)  # not twice
+    finally:
+        ws.close()
+        gateway.stop()
+
+
+def gateway_watches(settings) -> bool:
+    """Whether a connection to the job's alert XPUB (stream_events) is established."""
+    port = f"{settings.port('stream_events'):04X}"
+    with open("/proc/net/tcp") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return any(r[2].endswith(f":{port}") and r[3] == "01" for r in rows)
