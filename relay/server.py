@@ -260,8 +260,9 @@ class Relay:
         else:
             self._held.append(_Held(time.monotonic() + NOTIFY_HOLD_S, topic, work_topic, work))
             return
-        self._publish(self._work, work_topic, work)
+        # Counted before it goes out: whoever sees the work sees the count.
         self.metrics.held.labels(released).inc()
+        self._publish(self._work, work_topic, work)
 
     def _release_held(self, now: float) -> None:
         """Dispatch held work whose topic is now subscribed, or that waited long enough."""
@@ -271,8 +272,8 @@ class Relay:
         for held in self._held:
             heard = held.topic in self._listened
             if heard or now >= held.due:
-                self._publish(self._work, held.work_topic, held.work)
                 self.metrics.held.labels("heard" if heard else "timed_out").inc()
+                self._publish(self._work, held.work_topic, held.work)
             else:
                 waiting.append(held)
         self._held = waiting

@@ -417,11 +417,21 @@ def test_restart_after_maintenance_expired_the_recorded_snapshot(pipeline) -> No
     ohlc.maintenance.expire_snapshots().by_ids(old).commit()
     log = pipeline.state_dir / "stream.log"
     logged = len(log.read_text().splitlines())
-    produce_ticks(pipeline, ticks[300:])
-    live = LiveUpdates(pipeline, [ticker])
+    probe = f"TEST:P{uuid.uuid4().hex[:6].upper()}/USDT"
+    live = LiveUpdates(pipeline, [ticker, probe])
     microbatch = pipeline.model_copy(update={"stream_live_engine": "microbatch"})
     RUNNING.append(start_job(microbatch))  # the module's job from here on
     try:
+        # Live updates reach us once the relay has reconnected to the new job and passed
+        # our subscription on: a probe feed shows when, then the rest of the ticks go.
+        probes = iter(make_ticks(probe, int(time.time() * 1000) - 600_000, 500, seed=6))
+
+        def heard() -> bool:
+            produce_ticks(pipeline, [next(probes)])
+            return bool(live.last(probe, 60))
+
+        wait_for(heard, timeout=60, interval=0.5)
+        produce_ticks(pipeline, ticks[300:])
         wait_for(
             lambda: all(trades_in(ohlc, ticker, p) == 600 for p in PERIODS_S),
             timeout=180,
