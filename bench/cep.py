@@ -34,8 +34,9 @@ from decimal import Decimal
 import zmq
 from confluent_kafka import Producer
 
-from bench.stack import private_stack, stream_metric, wait_until_warm
+from bench.stack import private_stack, wait_until_warm
 from bench.stats import pct
+from bench.stream import busy_seconds, committed_ticks
 from candlewire import Client, TriggerRefused, condition
 from candlewire.kafka import TICKS, producer_config
 from candlewire.testing import list_symbols
@@ -47,10 +48,6 @@ TICKERS = 100
 COMMIT_S = 5.0
 PER_TICKER = 100
 S = 1_000_000_000
-
-
-def committed(settings) -> float:
-    return stream_metric(settings, 'candlewire_stream_rows_total{table="ticks"}')
 
 
 class Feed:
@@ -152,10 +149,6 @@ class Firings(threading.Thread):
         self.join(5)
 
 
-def busy(settings, query: str) -> float:
-    return stream_metric(settings, f'candlewire_stream_batch_seconds_total{{query="{query}"}}')
-
-
 def burst(settings, feeds: list[Feed], n: int, t0_ns: int) -> tuple[float, float, float]:
     """N ticks round-robin over the feeds, event times 1 ms apart: ticks/s from the first
     produce until all are committed, and the seconds the committing and the CEP queries
@@ -164,8 +157,8 @@ def burst(settings, feeds: list[Feed], n: int, t0_ns: int) -> tuple[float, float
     values = [
         (f.ticker, f.next(t0_ns + i * 1_000_000)) for i, f in enumerate(feeds * (n // len(feeds)))
     ]
-    base, started = committed(settings), time.perf_counter()
-    busy_ticks, busy_cep = busy(settings, "ticks"), busy(settings, "cep")
+    base, started = committed_ticks(settings), time.perf_counter()
+    busy_ticks, busy_cep = busy_seconds(settings, "ticks"), busy_seconds(settings, "cep")
     for ticker, value in values:
         while True:
             try:
@@ -174,10 +167,14 @@ def burst(settings, feeds: list[Feed], n: int, t0_ns: int) -> tuple[float, float
             except BufferError:
                 producer.poll(0.05)
     producer.flush(120)
-    while committed(settings) - base < len(values):
+    while committed_ticks(settings) - base < len(values):
         time.sleep(0.2)
     rate = len(values) / (time.perf_counter() - started)
-    return rate, busy(settings, "ticks") - busy_ticks, busy(settings, "cep") - busy_cep
+    return (
+        rate,
+        busy_seconds(settings, "ticks") - busy_ticks,
+        busy_seconds(settings, "cep") - busy_cep,
+    )
 
 
 def trickle(settings, feeds: list[Feed], seconds: float, rate: float, t0_ns: int) -> dict:

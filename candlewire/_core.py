@@ -319,40 +319,42 @@ class ClientCore:
         sub = self.notifications()
         sub.subscribe(metadata_update_topic())
         call = MetadataCall.build(exchange)
-        deadline = time.monotonic() + timeout
         try:
-            yield from self.send(call)
-            while remaining(deadline):
-                frames = yield Recv(sub, min(remaining(deadline), POLL_SLICE_S))
-                if frames is None:
-                    continue
-                done = call.match(frames)
-                if done is not None:
-                    return done
-                self.inbox.offer(frames)
-            raise RequestTimeout(f"no SymbolMetadataUpdated for {exchange} within {timeout:.0f}s")
+            done = yield from self.submit_and_match(call, time.monotonic() + timeout)
         finally:
             sub.unsubscribe(metadata_update_topic())
+        if done is None:
+            raise RequestTimeout(f"no SymbolMetadataUpdated for {exchange} within {timeout:.0f}s")
+        return done
+
+    def submit_and_match(self, call: MetadataCall | TriggerCall, deadline: float) -> Steps[Any]:
+        """Submit, then wait for the first notification ``call.match`` takes (the others go
+        to the inbox), or None at ``deadline``."""
+        sub = self.notifications()
+        yield from self.send(call)
+        while remaining(deadline):
+            frames = yield Recv(sub, min(remaining(deadline), POLL_SLICE_S))
+            if frames is None:
+                continue
+            done = call.match(frames)
+            if done is not None:
+                return done
+            self.inbox.offer(frames)
+        return None
 
     # -- CEP triggers ----------------------------------------------------------------------
 
     def trigger(self, call: TriggerCall, timeout: float) -> Steps[cep.CEPTriggerAck]:
         """Like a metadata refresh: our topic is subscribed already, submit, then wait for
         the CEPTriggerAck that names our request_id; raise TriggerRefused on a refusal."""
-        sub = self.notifications()
-        deadline = time.monotonic() + timeout
-        yield from self.send(call)
-        while remaining(deadline):
-            frames = yield Recv(sub, min(remaining(deadline), POLL_SLICE_S))
-            if frames is None:
-                continue
-            ack = call.match(frames)
-            if ack is not None:
-                if not ack.accepted:
-                    raise TriggerRefused(ack)
-                return ack
-            self.inbox.offer(frames)
-        raise RequestTimeout(f"no CEPTriggerAck for {call.request.trigger_id} in {timeout:.0f}s")
+        ack = yield from self.submit_and_match(call, time.monotonic() + timeout)
+        if ack is None:
+            raise RequestTimeout(
+                f"no CEPTriggerAck for {call.request.trigger_id} in {timeout:.0f}s"
+            )
+        if not ack.accepted:
+            raise TriggerRefused(ack)
+        return ack
 
     def next_firing(self, timeout: float) -> Steps[cep.CEPTriggerEvent | None]:
         """The next firing of this client's triggers, each once, or None after ``timeout``."""

@@ -116,11 +116,7 @@ class FiringDesk:
         """The fast path's firings: on the owners' topics, and as alerts."""
         now_ms = int(time.time() * 1000)
         for f in fired:
-            event = f.event(now_ms)
-            self.ctx.publisher.notify(f.trigger.notification_topic, event)
-            self.ctx.metrics.notifications.labels("cep_trigger_event").inc()
-            if event.user_id:
-                self.alerts.publish(alert(event, f.trigger.critical))
+            self._deliver(f.trigger.notification_topic, f.event(now_ms), f.trigger.critical)
 
     def evaluate(
         self,
@@ -161,10 +157,9 @@ class FiringDesk:
         items: Pending = pickle.loads(pending)
         for topic, data, once, critical in items:
             event = cep.CEPTriggerEvent.FromString(data)
-            self.ctx.publisher.notify(topic, event)
-            self.ctx.metrics.notifications.labels("cep_trigger_event").inc()
-            if event.user_id and critical:  # informational ones went with the fast path
-                self.alerts.publish(alert(event, critical))
+            # Informational alerts went with the fast path: the gateways deduplicate only
+            # the acked ones.
+            self._deliver(topic, event, critical, informational=False)
             if once:
                 done = cep.CEPTriggerRequest(
                     trigger_id=event.trigger_id,
@@ -179,6 +174,15 @@ class FiringDesk:
             log.info("trigger %s fired (%d): %s", event.trigger_id, event.firing, event.value)
         self._producer.flush(10)
         self.ctx.progress.sent_pending(self.run_id, batch_id)
+
+    def _deliver(
+        self, topic: str, event: cep.CEPTriggerEvent, critical: bool, informational: bool = True
+    ) -> None:
+        """On the owner's topic, and as the user's alert."""
+        self.ctx.publisher.notify(topic, event)
+        self.ctx.metrics.notifications.labels("cep_trigger_event").inc()
+        if event.user_id and (critical or informational):
+            self.alerts.publish(alert(event, critical))
 
     def close(self) -> None:
         self.alerts.close()

@@ -16,7 +16,6 @@ begins at the recorded offsets with the recorded state.
 
 from __future__ import annotations
 
-import logging
 import shutil
 import time
 
@@ -27,12 +26,10 @@ from pyspark.sql import functions as F
 
 from proto import market_pb2
 from streaming.context import JobContext
-from streaming.decode import CONTROL_SQL, SIDES, parse_tick
+from streaming.decode import CONTROL_SQL, parse_tick
 from streaming.firings import FiringDesk, in_order, registrations_in
 from streaming.queries.live import live_source, scratch_checkpoint
 from streaming.recovery import Restored
-
-log = logging.getLogger("candlewire.stream.cep")
 
 
 class CepQuery:
@@ -97,5 +94,4 @@ def decoded(row: dict) -> dict:
         "price": t.price,
         "size": t.size,
         "trade_id": t.trade_id,
-        "side": SIDES.get(t.side),
     }
