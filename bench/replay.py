@@ -79,7 +79,7 @@ def replay(settings: Settings, pub: StreamPublisher, n: int) -> dict:
     print(f"published {n} ticks in {time.perf_counter() - started:.1f}s", flush=True)
     with Client(settings) as client:
         started = time.perf_counter()
-        sub = client.subscribe(feed.ticker, since=since)
+        sub = client.subscribe(feed.ticker, since=since, raw=True)
         count = 0
         for msg in sub:
             count += 1
@@ -105,7 +105,7 @@ def trouble(settings: Settings, pub: StreamPublisher, relay, work, rate: int, se
 
     got: list[int] = []
     with Client(settings) as client:
-        sub = client.subscribe(feed.ticker, idle_timeout=60)
+        sub = client.subscribe(feed.ticker, idle_timeout=60, raw=True)
         threads: list[threading.Thread] = []
 
         def begin() -> None:
@@ -147,7 +147,7 @@ def latencies(settings: Settings, pub: StreamPublisher, sequenced: bool, n: int,
     def receive() -> None:
         if sequenced:
             with Client(settings) as client:
-                sub = client.subscribe(feed.ticker, idle_timeout=30)
+                sub = client.subscribe(feed.ticker, idle_timeout=30, raw=True)
                 for msg in sub:
                     out.append((time.time_ns() - msg.ingest_time_ns) / 1e9)
                     if msg.stream.source_offset == n - 1:

@@ -7,6 +7,7 @@ errors they raise, and :func:`condition` for CEP triggers.
 from candlewire.client import AsyncClient, Client
 from candlewire.config import Settings
 from candlewire.errors import (
+    BadTime,
     CandlewireError,
     FellBehind,
     HistoryFailed,
@@ -20,6 +21,7 @@ from candlewire.triggers import TriggerRejected, condition
 
 __all__ = [
     "AsyncClient",
+    "BadTime",
     "CandlewireError",
     "Client",
     "FellBehind",

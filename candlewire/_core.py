@@ -45,6 +45,7 @@ from candlewire.errors import (
     RequestTimeout,
     TriggerRefused,
 )
+from candlewire.market import Candle, Tick
 from candlewire.positions import describe
 from candlewire.topics import check_id, metadata_update_topic, response_topic
 from proto import cep_pb2 as cep
@@ -396,10 +397,12 @@ class ClientCore:
         sub.connect(self.settings.connect("market_data"))
         journal = JournalLink(self)
         try:
+            if isinstance(since, Tick | Candle):
+                since = since.stream  # resume right after a message received before
             if isinstance(since, StreamPosition):
                 seq.last = since
             elif since is not None:
-                seq.since_ms = to_ms(since)
+                seq.since_ms = to_ms(since, "since")
             if since is not None:
                 yield from self.fill(journal, seq, None)
             quiet_until = None if idle_timeout is None else time.monotonic() + idle_timeout

@@ -10,7 +10,6 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import Enum
 from typing import Literal
 
@@ -19,6 +18,7 @@ from google.protobuf.message import Message
 
 from candlewire.errors import HistoryFailed, ProtocolError, RequestRejected, SubscriptionFailed
 from candlewire.positions import is_after, is_next
+from candlewire.times import TimeLike, to_ms
 from candlewire.topics import (
     check_id,
     history_ready_topic,
@@ -35,22 +35,12 @@ from proto.envelope import EnvelopeError, decode, decode_sub, encode, expect
 from proto.market_pb2 import StreamPosition
 
 Notify = Literal["client", "request"]
-TimeLike = int | datetime
 Since = TimeLike | StreamPosition | None  # where a subscription starts: a time or a position
 
 FIRINGS_REMEMBERED = 100_000  # (trigger_id, firing) pairs kept to drop repeats
 MAX_QUEUED_FIRINGS = 100_000  # firings not yet taken; beyond, new ones are dropped
 # Monitor events that change whether a SUB socket can receive.
 MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
-
-
-def to_ms(value: TimeLike) -> int:
-    """Milliseconds since the epoch; naive datetimes are taken as UTC."""
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            return int((value - datetime(1970, 1, 1)).total_seconds() * 1000)
-        return int(value.timestamp() * 1000)
-    return int(value)
 
 
 def new_id(prefix: str) -> str:
@@ -93,8 +83,8 @@ class HistoryCall:
             client_id=client_id,
             ticker=ticker,
             period_s=int(period),
-            start_ms=to_ms(start),
-            end_ms=to_ms(end),
+            start_ms=to_ms(start, "start"),
+            end_ms=to_ms(end, "end"),
             notify=rq.NOTIFY_CLIENT if notify == "client" else rq.NOTIFY_REQUEST,
         )
         topic = (
@@ -274,6 +264,7 @@ class SubscriptionStats:
     heads: int = 0
     epochs: int = 0
     archived: int = 0  # older than the journal, read from Iceberg
+    malformed: int = 0  # dropped by a typed subscription: a price or size not a decimal
 
 
 @dataclass

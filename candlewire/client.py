@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from decimal import InvalidOperation
 
 import pyarrow as pa
 import zmq
@@ -42,12 +43,15 @@ from candlewire._protocol import (
     new_id,
 )
 from candlewire.config import Settings
-from candlewire.history import read_history
+from candlewire.history import Decimals, read_history
+from candlewire.market import Candle, Tick, typed
 from candlewire.topics import market_data_topic
 from candlewire.triggers import Condition, add_request
 from proto import cep_pb2 as cep
 from proto import market_pb2
 from proto import requests_pb2 as rq
+
+Item = Tick | Candle | Message  # what a subscription yields (Message: with raw=True)
 
 
 class Client:
@@ -103,6 +107,7 @@ class Client:
         timeout: float = HISTORY_TIMEOUT_S,
         request_id: str | None = None,
         read: bool = False,
+        decimals: Decimals = "decimal",
     ) -> rq.HistoryReadyNotification | pa.Table:
         """Submit and wait until the rows are in Iceberg; raise HistoryFailed on ERROR.
 
@@ -110,11 +115,21 @@ class Client:
         """
         call = HistoryCall.build(self.client_id, ticker, period, start, end, notify, request_id)
         note = drive(self._core.request_history(call, timeout))
-        return self.history(ticker, period, start, end) if read else note
+        return self.history(ticker, period, start, end, decimals=decimals) if read else note
 
-    def history(self, ticker: str, period: int, start: TimeLike, end: TimeLike) -> pa.Table:
-        """Candles already in Iceberg, read with pyiceberg (partition-pruned)."""
-        return read_history(self.settings, ticker, period, start, end)
+    def history(
+        self,
+        ticker: str,
+        period: int,
+        start: TimeLike,
+        end: TimeLike,
+        *,
+        decimals: Decimals = "decimal",
+    ) -> pa.Table:
+        """Candles already in Iceberg, read with pyiceberg (partition-pruned). Times are
+        ISO text, epoch ms, dates or datetimes (no zone: UTC). Prices are exact decimals at
+        the smallest scale that holds them, or ``decimals="float"``."""
+        return read_history(self.settings, ticker, period, start, end, decimals)
 
     def wait_ready(
         self, request_id: str, timeout: float = HISTORY_TIMEOUT_S
@@ -179,11 +194,14 @@ class Client:
         *,
         since: Since = None,
         idle_timeout: float | None = None,
+        raw: bool = False,
     ) -> Subscription:
-        """Yield every Tick/OHLC message of one topic once, in order, until closed.
+        """Yield every tick or candle of one topic once, in order, until closed: as
+        :class:`~candlewire.market.Tick` and :class:`~candlewire.market.Candle` (Decimal
+        prices, UTC datetimes), or with ``raw=True`` as the protobuf messages.
 
         Subscribing is enough: an ingestor starts streaming the ticker for its first
-        subscriber. ``since`` (a datetime, ms since the epoch, or a message's ``stream``
+        subscriber. ``since`` (a time, or a message received before, or its ``stream``
         position) replays the journal from there and then goes on live with no gap and no
         repeat. Messages lost on the way (a full queue, a relay restart) are fetched from
         the journal before anything newer is yielded; ``.stats`` counts them.
@@ -194,41 +212,65 @@ class Client:
         """
         seq = Sequence(market_data_topic(ticker, data_type))
         steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq)
-        return Subscription(drive_iter(steps), seq.stats)
+        return Subscription(drive_iter(steps), seq.stats, raw)
 
 
 class Subscription:
     """The messages of one subscription, and what it had to repair (``stats``)."""
 
-    def __init__(self, messages: Iterator[Message], stats: SubscriptionStats) -> None:
-        self._messages = messages
+    def __init__(
+        self, messages: Iterator[Message], stats: SubscriptionStats, raw: bool = False
+    ) -> None:
+        self._source = messages
+        self._messages: Iterator[Item] = messages if raw else _typed(messages, stats)
         self.stats = stats
 
-    def __iter__(self) -> Iterator[Message]:
+    def __iter__(self) -> Iterator[Item]:
         return self._messages  # a for loop runs the messages themselves, no wrapper call each
 
-    def __next__(self) -> Message:
+    def __next__(self) -> Item:
         return next(self._messages)
 
     def close(self) -> None:
-        self._messages.close()  # type: ignore[attr-defined]
+        self._source.close()  # type: ignore[attr-defined]
 
 
 class AsyncSubscription:
     """Like :class:`Subscription`, as an async iterator."""
 
-    def __init__(self, messages: AsyncIterator[Message], stats: SubscriptionStats) -> None:
-        self._messages = messages
+    def __init__(
+        self, messages: AsyncIterator[Message], stats: SubscriptionStats, raw: bool = False
+    ) -> None:
+        self._source = messages
+        self._messages: AsyncIterator[Item] = messages if raw else _typed_async(messages, stats)
         self.stats = stats
 
-    def __aiter__(self) -> AsyncIterator[Message]:
+    def __aiter__(self) -> AsyncIterator[Item]:
         return self._messages
 
-    async def __anext__(self) -> Message:
+    async def __anext__(self) -> Item:
         return await anext(self._messages)
 
     async def aclose(self) -> None:
-        await self._messages.aclose()  # type: ignore[attr-defined]
+        await self._source.aclose()  # type: ignore[attr-defined]
+
+
+def _typed(messages: Iterator[Message], stats: SubscriptionStats) -> Iterator[Item]:
+    for msg in messages:
+        try:
+            yield typed(msg)
+        except InvalidOperation:
+            stats.malformed += 1
+
+
+async def _typed_async(
+    messages: AsyncIterator[Message], stats: SubscriptionStats
+) -> AsyncIterator[Item]:
+    async for msg in messages:
+        try:
+            yield typed(msg)
+        except InvalidOperation:
+            stats.malformed += 1
 
 
 class AsyncClient:
@@ -284,15 +326,28 @@ class AsyncClient:
         timeout: float = HISTORY_TIMEOUT_S,
         request_id: str | None = None,
         read: bool = False,
+        decimals: Decimals = "decimal",
     ) -> rq.HistoryReadyNotification | pa.Table:
         """Like :meth:`Client.request_history`."""
         call = HistoryCall.build(self.client_id, ticker, period, start, end, notify, request_id)
         note = await async_drive(self._core.request_history(call, timeout))
-        return await self.history(ticker, period, start, end) if read else note
+        if not read:
+            return note
+        return await self.history(ticker, period, start, end, decimals=decimals)
 
-    async def history(self, ticker: str, period: int, start: TimeLike, end: TimeLike) -> pa.Table:
+    async def history(
+        self,
+        ticker: str,
+        period: int,
+        start: TimeLike,
+        end: TimeLike,
+        *,
+        decimals: Decimals = "decimal",
+    ) -> pa.Table:
         """Like :meth:`Client.history`, in a worker thread so the event loop stays free."""
-        return await asyncio.to_thread(read_history, self.settings, ticker, period, start, end)
+        return await asyncio.to_thread(
+            read_history, self.settings, ticker, period, start, end, decimals
+        )
 
     async def wait_ready(
         self, request_id: str, timeout: float = HISTORY_TIMEOUT_S
@@ -358,8 +413,9 @@ class AsyncClient:
         *,
         since: Since = None,
         idle_timeout: float | None = None,
+        raw: bool = False,
     ) -> AsyncSubscription:
         """Like :meth:`Client.subscribe`, as an async iterator."""
         seq = Sequence(market_data_topic(ticker, data_type))
         steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq)
-        return AsyncSubscription(async_drive_iter(steps), seq.stats)
+        return AsyncSubscription(async_drive_iter(steps), seq.stats, raw)

@@ -1,4 +1,10 @@
-"""Runtime configuration: one settings object, read from ``CANDLEWIRE_*`` variables.
+"""Runtime configuration: one settings object, read from ``CANDLEWIRE_*`` variables and a
+TOML file.
+
+The file is ``candlewire.toml`` in the working directory, or the one ``CANDLEWIRE_CONFIG``
+names; its keys are the settings' names (``stream_watermark_s = 5``) and its tables the
+nested ones (``[ingest.replay] root = "/data/binance-vision"``). A variable overrides the
+file (``CANDLEWIRE_INGEST__REPLAY__ROOT``), and arguments override both.
 
 Ports come from :mod:`candlewire.endpoints`; ``ports`` only overrides them (tests use free
 ports so they can run beside ``make up``).
@@ -7,11 +13,17 @@ ports so they can run beside ``make up``).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from candlewire.endpoints import ENDPOINTS
 
@@ -24,10 +36,45 @@ PERIODS_S: tuple[int, ...] = (60, 300, 900, 3600, 14400, 86400)
 DEDUP_MARGIN_S = 60.0  # a dedup horizon covers the lateness allowance and this much more
 
 
+def config_file() -> Path:
+    return Path(os.environ.get("CANDLEWIRE_CONFIG", "candlewire.toml"))
+
+
+class ReplaySettings(BaseModel):
+    """``[ingest.replay]``: the REPLAY exchange's Binance Vision downloads."""
+
+    root: Path | None = None
+    """A directory laid out as Binance Vision publishes (``spot/daily/...``,
+    ``spot/monthly/...``); unset: the small sample in ``ingest/samples``."""
+    clock: Literal["original", "live"] = "original"
+    """Trade times as recorded, or shifted to now (demos, load)."""
+    speed: float = Field(default=1.0, gt=0)
+    """Trades come at this many times the recorded pace (``inf``: as fast as they go)."""
+
+
+class IngestSettings(BaseModel):
+    replay: ReplaySettings = Field(default_factory=ReplaySettings)
+
+
 class Settings(BaseSettings):
     """Where things are. Defaults are safe: everything on 127.0.0.1."""
 
     model_config = SettingsConfigDict(env_prefix="CANDLEWIRE_", env_nested_delimiter="__")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=config_file())
+        return init_settings, env_settings, toml, file_secret_settings
+
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
+    """``[ingest]``: the ingestors' exchange adapters."""
 
     host: str = "127.0.0.1"
     """Address clients and services connect to."""
@@ -75,7 +122,10 @@ class Settings(BaseSettings):
     by the JVM side of the job as it is read (``jvm/decoder``'s ``Live``; a local master
     only), or as Python micro-batches every ``stream_live_trigger_s`` (any master)."""
     stream_cep_trigger_s: float = 0.2
-    """Micro-batch interval of the CEP query, which sends firings ahead of the commits."""
+    """Micro-batch interval of the CEP query, which evaluates the triggers and sends firings."""
+    stream_cep_record_s: float = Field(default=5.0, gt=0)
+    """How often the CEP query records its state: a restart evaluates again (and clients
+    ignore again) at most this much of the ticks topic."""
     cep_max_triggers_per_owner: int = Field(default=1_000, ge=1)
     """CEP triggers one owner (a user, or a client without one) may have registered."""
     stream_live_trigger_s: float = 0.1
@@ -165,6 +215,7 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_STREAM_TICKS_BATCH_MAX"] = str(self.stream_ticks_batch_max)
         env["CANDLEWIRE_STREAM_LIVE_ENGINE"] = self.stream_live_engine
         env["CANDLEWIRE_STREAM_CEP_TRIGGER_S"] = str(self.stream_cep_trigger_s)
+        env["CANDLEWIRE_STREAM_CEP_RECORD_S"] = str(self.stream_cep_record_s)
         env["CANDLEWIRE_CEP_MAX_TRIGGERS_PER_OWNER"] = str(self.cep_max_triggers_per_owner)
         env["CANDLEWIRE_STREAM_LIVE_TRIGGER_S"] = str(self.stream_live_trigger_s)
         env["CANDLEWIRE_STREAM_DECODER"] = self.stream_decoder
@@ -175,6 +226,11 @@ class Settings(BaseSettings):
             env["CANDLEWIRE_CHECKPOINT_DIR"] = self.checkpoint_dir
         env["CANDLEWIRE_JVM_DIR"] = str(self.jvm_dir)
         env["CANDLEWIRE_DEMAND_GRACE_S"] = str(self.demand_grace_s)
+        replay = self.ingest.replay
+        if replay.root is not None:
+            env["CANDLEWIRE_INGEST__REPLAY__ROOT"] = str(replay.root)
+        env["CANDLEWIRE_INGEST__REPLAY__CLOCK"] = replay.clock
+        env["CANDLEWIRE_INGEST__REPLAY__SPEED"] = str(replay.speed)
         for name in ("extra_publishers", "extra_relays"):
             if getattr(self, name):
                 env[f"CANDLEWIRE_{name.upper()}"] = json.dumps(getattr(self, name))

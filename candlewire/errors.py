@@ -20,6 +20,14 @@ class RequestRejected(CandlewireError):
         super().__init__(f"request rejected ({self.reason}): {response.error_message}")
 
 
+class BadTime(CandlewireError, ValueError):
+    """An argument that should be a time is not one; ``argument`` names it."""
+
+    def __init__(self, argument: str, value: object, why: str) -> None:
+        self.argument, self.value = argument, value
+        super().__init__(f"{argument}={value!r} is not a time: {why}")
+
+
 class RequestTimeout(CandlewireError, TimeoutError):
     """No answer in time; the relay or the pipeline behind it may be down."""
 

@@ -6,13 +6,15 @@ predicates prune to the files of one ticker's months before anything is read.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
 
-from candlewire._protocol import TimeLike, to_ms
 from candlewire.config import Settings
 from candlewire.lake import NAMESPACE, catalog
+from candlewire.times import TimeLike, to_ms
 
 COLUMNS = (
     "ticker",
@@ -34,30 +36,69 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
 
 
-def read_ticks(settings: Settings, ticker: str, start: TimeLike, end: TimeLike) -> pa.Table:
+Decimals = Literal["decimal", "float"]
+SCALE = 18  # the tables' DECIMAL(38,18)
+
+
+def with_decimals(table: pa.Table, decimals: Decimals) -> pa.Table:
+    """The tables' DECIMAL(38,18) columns as the reader asks: ``"decimal"`` keeps them exact
+    at the smallest scale that holds every value (pandas then shows ``12972.75``, not 18
+    digits), ``"float"`` as float64 (fast, rounded)."""
+    if decimals not in ("decimal", "float"):
+        raise ValueError(f"decimals must be 'decimal' or 'float', not {decimals!r}")
+    for i, field in enumerate(table.schema):
+        if not pa.types.is_decimal(field.type):
+            continue
+        column = table.column(i)
+        column = column.cast(pa.float64()) if decimals == "float" else _narrowest(column)
+        table = table.set_column(i, field.with_type(column.type), column)
+    return table
+
+
+def _narrowest(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The same values at the smallest scale that loses none (Arrow refuses a lossy cast)."""
+    t = column.type
+    for scale in range(t.scale):
+        try:
+            return column.cast(pa.decimal128(t.precision - t.scale + scale, scale))
+        except pa.ArrowInvalid:
+            continue
+    return column
+
+
+def read_ticks(
+    settings: Settings, ticker: str, start: TimeLike, end: TimeLike, decimals: Decimals = "decimal"
+) -> pa.Table:
     """Trades with exchange_time in [start, end), in time order (ties by trade id)."""
     table = catalog(settings).load_table(f"{NAMESPACE}.ticks")
     row_filter = And(
         EqualTo("ticker", ticker),
-        GreaterThanOrEqual("exchange_time", _iso(to_ms(start))),
-        LessThan("exchange_time", _iso(to_ms(end))),
+        GreaterThanOrEqual("exchange_time", _iso(to_ms(start, "start"))),
+        LessThan("exchange_time", _iso(to_ms(end, "end"))),
     )
     rows = table.scan(row_filter=row_filter).to_arrow()
-    return rows.sort_by([("exchange_time_ns", "ascending"), ("trade_id", "ascending")])
+    rows = rows.sort_by([("exchange_time_ns", "ascending"), ("trade_id", "ascending")])
+    return with_decimals(rows, decimals)
 
 
 def read_history(
-    settings: Settings, ticker: str, period: int, start: TimeLike, end: TimeLike
+    settings: Settings,
+    ticker: str,
+    period: int,
+    start: TimeLike,
+    end: TimeLike,
+    decimals: Decimals = "decimal",
 ) -> pa.Table:
     """Candles with open_time in [start, end), sorted by open_time."""
     table = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
     row_filter = And(
         EqualTo("ticker", ticker),
         EqualTo("period_s", int(period)),
-        GreaterThanOrEqual("open_time", _iso(to_ms(start))),
-        LessThan("open_time", _iso(to_ms(end))),
+        GreaterThanOrEqual("open_time", _iso(to_ms(start, "start"))),
+        LessThan("open_time", _iso(to_ms(end, "end"))),
     )
-    return _by_open_time(table.scan(row_filter=row_filter, selected_fields=COLUMNS).to_arrow())
+    rows = _by_open_time(table.scan(row_filter=row_filter, selected_fields=COLUMNS).to_arrow())
+    return with_decimals(rows, decimals)
 
 
 def _by_open_time(table: pa.Table) -> pa.Table:

@@ -12,9 +12,12 @@ import logging
 import re
 import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from candlewire.config import Settings
+from candlewire.times import to_ms
 from candlewire.triggers import KINDS
+from launcher.render import FORMATS
 
 # Third-party packages only the platform extra installs.
 PLATFORM_MODULES = frozenset(
@@ -34,7 +37,14 @@ def _ingest(args: argparse.Namespace, settings: Settings) -> int:
     from ingest.exchanges import make_exchange
     from ingest.service import Ingestor
 
-    exchanges = [make_exchange(spec) for spec in args.exchange.split(",") if spec]
+    replay = settings.ingest.replay.model_copy(
+        update={
+            k: v
+            for k, v in (("root", args.replay_root), ("speed", args.speed), ("clock", args.clock))
+            if v is not None
+        }
+    )
+    exchanges = [make_exchange(spec, replay) for spec in args.exchange.split(",") if spec]
     always_on = [t for t in args.stream.split(",") if t]
     Ingestor(
         settings, exchanges, ingestor_id=args.id, always_on=always_on, on_demand=args.on_demand
@@ -71,37 +81,42 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
+def speed_arg(text: str) -> float:
+    from ingest.exchanges.replay import parse_speed
+
+    try:
+        return parse_speed(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def time_arg(text: str) -> int:
+    """``--start``/``--end``: epoch milliseconds or ISO 8601 (UTC if no zone)."""
+    from candlewire.errors import BadTime
+
+    try:
+        return int(text) if text.strip().isdigit() else to_ms(text, "time")
+    except BadTime as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("time=")) from None
+
+
 def _history(args: argparse.Namespace, settings: Settings) -> int:
-    from datetime import datetime
-
     from candlewire.client import Client
+    from launcher.render import print_table, to_file
 
-    start, end = (datetime.fromisoformat(v) for v in (args.start, args.end))
     with Client(settings) as client:
         if args.fetch:
             table = client.request_history(
-                args.ticker, args.period, start, end, read=True, timeout=args.timeout
+                args.ticker, args.period, args.start, args.end, read=True, timeout=args.timeout
             )
         else:
-            table = client.history(args.ticker, args.period, start, end)
-    if args.output:
-        if args.output.endswith(".csv"):
-            import pyarrow.csv as pacsv
-
-            pacsv.write_csv(table, args.output)
-        else:
-            import pyarrow.parquet as pq
-
-            pq.write_table(table, args.output)
-        print(f"{table.num_rows} rows written to {args.output}")
+            table = client.history(args.ticker, args.period, args.start, args.end)
+    if args.output or args.format not in (None, "table"):
+        fmt = to_file(table, args.output, args.format)
+        if args.output not in (None, "-"):
+            print(f"{table.num_rows} rows written to {args.output} ({fmt})", file=sys.stderr)
     else:
-        from rich.console import Console
-        from rich.table import Table
-
-        view = Table(*table.column_names)
-        for row in table.to_pylist():
-            view.add_row(*(str(v) for v in row.values()))
-        Console().print(view)
+        print_table(table)
     return 0
 
 
@@ -150,7 +165,7 @@ def _watch(args: argparse.Namespace, settings: Settings) -> int:
     from candlewire.client import Client
 
     with Client(settings) as client:
-        messages = client.subscribe(args.ticker, args.type, since=args.since)
+        messages = client.subscribe(args.ticker, args.type, since=args.since, raw=True)
         for i, msg in enumerate(messages, start=1):
             print(type(msg).__name__, json_format.MessageToJson(msg, indent=None), flush=True)
             if args.count and i >= args.count:
@@ -240,6 +255,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated: SIM, REPLAY, a ccxt id, or NAME=adapter (BINANCE=sim)",
     )
     ingest.add_argument("--id", default=None, help="ingestor id (default: random)")
+    ingest.add_argument(
+        "--replay-root",
+        type=Path,
+        help="REPLAY: a Binance Vision download directory (spot/daily, spot/monthly)",
+    )
+    ingest.add_argument(
+        "--speed", type=speed_arg, help="REPLAY: trades at this pace, e.g. 10x, or max"
+    )
+    ingest.add_argument(
+        "--clock",
+        choices=("original", "live"),
+        help="REPLAY: trade times as recorded (default) or shifted to now",
+    )
     ingest.add_argument("--stream", default="", help="comma-separated tickers to stream always")
     ingest.add_argument(
         "--on-demand",
@@ -260,11 +288,20 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument(
         "--period", type=int, default=60, help="seconds: 60, 300, 900, 3600, 14400, 86400"
     )
-    hist.add_argument("--start", required=True, help="ISO time, UTC if naive")
-    hist.add_argument("--end", required=True, help="ISO time, exclusive")
+    hist.add_argument(
+        "--start", required=True, type=time_arg, help="ISO time or epoch ms, UTC if no zone"
+    )
+    hist.add_argument("--end", required=True, type=time_arg, help="ISO time or epoch ms, exclusive")
     hist.add_argument("--fetch", action="store_true", help="request it through the relay first")
     hist.add_argument("--timeout", type=float, default=300.0)
-    hist.add_argument("--output", help="write .parquet or .csv instead of printing")
+    hist.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="table (the default on a terminal), or csv, json, parquet: every column",
+    )
+    hist.add_argument(
+        "--output", help="write to this file (format from --format or its extension; - stdout)"
+    )
     hist.set_defaults(fn=_history)
     gw = sub.add_parser("gateway", help="run the user-event gateway, or manage its users")
     gw.set_defaults(fn=_gateway, action="run")

@@ -100,7 +100,12 @@ class FeedTriggers:
     ups: list[tuple[Decimal, str]] = field(default_factory=list)
     downs: list[tuple[Decimal, str]] = field(default_factory=list)
     windowed: dict[str, None] = field(default_factory=dict)  # percent_move, window_volume
+    on_candles: dict[str, None] = field(default_factory=dict)  # candle_close, range_breakout
     last_price: Decimal | None = None  # of the last trade judged
+    # What the triggers look back on, kept as they change rather than asked of every
+    # trigger per trade: the longest window (s) and the most closed candles one needs.
+    longest_s: int = 0
+    most_candles: int = 0
 
     # -- registrations ---------------------------------------------------------------------
 
@@ -114,8 +119,10 @@ class FeedTriggers:
         elif trigger.window_s:
             self.windowed[trigger.trigger_id] = None
         if trigger.on_candles:
+            self.on_candles[trigger.trigger_id] = None
             self.forming.setdefault(trigger.period_s, {})
             self.closed.setdefault(trigger.period_s, deque())
+        self._measure()
 
     def remove(self, trigger_id: str) -> bool:
         armed = self.triggers.pop(trigger_id, None)
@@ -126,7 +133,14 @@ class FeedTriggers:
             levels = self.ups if t.direction == cep.UP else self.downs
             levels.pop(bisect.bisect_left(levels, (t.level, t.trigger_id)))
         self.windowed.pop(trigger_id, None)
+        self.on_candles.pop(trigger_id, None)
+        self._measure()
         return True
+
+    def _measure(self) -> None:
+        armed = [self.triggers[t].trigger for t in (*self.windowed, *self.on_candles)]
+        self.longest_s = max((t.window_s for t in armed), default=0)
+        self.most_candles = max((t.candles for t in armed), default=0)
 
     def __len__(self) -> int:
         return len(self.triggers)
@@ -237,7 +251,7 @@ class FeedTriggers:
         history = self.closed[period]
         end_ns = (candle.open_ms + period * 1000) * 1_000_000
         fired: list[Firing] = []
-        for armed in list(self.triggers.values()):
+        for armed in [self.triggers[t] for t in self.on_candles]:
             t = armed.trigger
             if t.period_s != period:
                 continue
@@ -256,8 +270,7 @@ class FeedTriggers:
             if hit is not None:
                 fired.extend(self._fire(armed, end_ns, *hit))
         history.append(candle)
-        keep = max((a.trigger.candles for a in self.triggers.values()), default=0)
-        while len(history) > keep:
+        while len(history) > self.most_candles:
             history.popleft()
         return fired
 
@@ -276,8 +289,9 @@ class FeedTriggers:
     def _forget(self) -> None:
         """Trades no window can reach: a timely trade is at most the allowance behind the
         clock, so its window starts after clock - allowance - the longest window."""
-        longest = max((a.trigger.window_s for a in self.triggers.values()), default=0)
-        start = self.clock_ns - self.allowance_ns - longest * NS
+        if not self.window:
+            return
+        start = self.clock_ns - self.allowance_ns - self.longest_s * NS
         cut = bisect.bisect_right(self.window, (start, float("inf")))
         if cut:
             del self.window[:cut]

@@ -3,7 +3,8 @@ PostgreSQL progress record and the metrics."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -22,6 +23,9 @@ class JobContext:
     publisher: StreamPublisher
     progress: Progress
     metrics: StreamMetrics
+    # Set by the metadata query once a new snapshot of symbol metadata is in, before it
+    # says so on METADATA_UPDATE: the trigger desk then reloads before judging a ticker.
+    symbols_changed: threading.Event = field(default_factory=threading.Event)
 
     def kafka(self, topic: str, max_per_trigger: int | None = 500_000, **options: str) -> DataFrame:
         """A streaming read of one Kafka topic from the earliest offset (or ``options``);

@@ -75,6 +75,17 @@ def registry_records(
         consumer.close()
 
 
+def apply_records(
+    registry: dict[str, cep.CEPTriggerRequest], records: list[cep.CEPTriggerRequest]
+) -> None:
+    """The registry's records onto its triggers by id: an ADD holds, a REMOVE takes away."""
+    for req in records:
+        if req.action == cep.ADD:
+            registry[req.trigger_id] = req
+        else:
+            registry.pop(req.trigger_id, None)
+
+
 def same_trigger(a: cep.CEPTriggerRequest, b: cep.CEPTriggerRequest) -> bool:
     """The same registration sent again: everything but the fields the path fills in."""
     strip = ("request_id", "registered_ms", "notification_topic")
@@ -95,7 +106,7 @@ class TriggerDesk(threading.Thread):
         self.symbols = SymbolCatalog(ctx.settings)
         records, self._offset = registry_records(ctx.settings)
         self.registry: dict[str, cep.CEPTriggerRequest] = {}
-        self._apply(records)
+        apply_records(self.registry, records)
         self._caught_up = time.monotonic()
         self._producer = Producer(producer_config(ctx.settings))
         self._stopping = threading.Event()
@@ -131,23 +142,16 @@ class TriggerDesk(threading.Thread):
             ).inc()
             self.ctx.publisher.notify(req.notification_topic, ack)
 
-    def _apply(self, records: list[cep.CEPTriggerRequest]) -> None:
-        for req in records:
-            if req.action == cep.ADD:
-                self.registry[req.trigger_id] = req
-            else:
-                self.registry.pop(req.trigger_id, None)
-
     def _catch_up(self) -> None:
-        """Changes others wrote (the committing query removes a one-shot trigger that
-        fired), and our own, in the topic's order."""
+        """Changes others wrote (the CEP query removes a one-shot trigger that fired), and
+        our own, in the topic's order."""
         self._caught_up = time.monotonic()
         try:
             records, self._offset = registry_records(self.settings, self._offset, timeout=5.0)
         except Exception as exc:  # Kafka away for a moment: try again later
             log.warning("trigger registry not read: %s", exc)
             return
-        self._apply(records)
+        apply_records(self.registry, records)
 
     def handle(self, req: cep.CEPTriggerRequest) -> cep.CEPTriggerAck:
         ack = cep.CEPTriggerAck(trigger_id=req.trigger_id, request_id=req.request_id)
@@ -210,7 +214,9 @@ class TriggerDesk(threading.Thread):
 
     def _check_listed(self, ticker: str) -> None:
         _, symbol = self.symbols.listed(ticker)
-        if symbol is None and time.monotonic() - self._reloaded >= RELOAD_SYMBOLS_S:
+        stale = symbol is None and time.monotonic() - self._reloaded >= RELOAD_SYMBOLS_S
+        if self.ctx.symbols_changed.is_set() or stale:
+            self.ctx.symbols_changed.clear()
             self.symbols.reload()
             self._reloaded = time.monotonic()
             _, symbol = self.symbols.listed(ticker)

@@ -1,19 +1,17 @@
-"""CEP firings, exactly once: recorded with the committing query's commit (#19).
+"""CEP firings, sent as they are made, each (trigger_id, firing) exactly once (#19).
 
-Each batch the committing query (:mod:`streaming.queries.ticks`) takes the batch's trigger
-registrations (carried beside the decoded trades, :data:`streaming.decode.CONTROL`) and the
-trades and idle marks of the feeds with triggers, in Kafka order, into
-:class:`streaming.cep.Triggers` (:meth:`FiringDesk.evaluate`), and records the triggers'
-state and the batch's firings in the same PostgreSQL row as the rest of the batch
-(:class:`streaming.recovery.Ledger`). Only then are the firings sent, and marked sent. The
-fast path (:mod:`streaming.queries.cep`) has usually sent them already, within a second of
-the trade, from the same state and the same records: the same (trigger_id, firing).
+The CEP query (:mod:`streaming.queries.cep`) evaluates the ticks topic's records in Kafka
+order (:class:`streaming.cep.Triggers`) and hands each batch's firings here at once: onto
+the owner's notification topic, and as the user's alert. Every ``stream_cep_record_s`` it
+records the triggers' state with the Kafka offsets it has read up to (:meth:`record`, one
+PostgreSQL row per run).
 
-- A crash before the record: the batch is replayed from the state before it, and makes
-  the same firings, which nobody has seen yet.
-- A crash after the record and before "sent": the restart sends the recorded firings. A
-  client may then get a firing twice, with the same (trigger_id, firing): it keeps the first
-  (:class:`candlewire._protocol.NotificationInbox`).
+Evaluation reads no wall clock, so a restart, which evaluates the records after the last
+record again from the state recorded with it, makes the same firings with the same
+numbers. A firing sent before a crash may so arrive twice, with the same (trigger_id,
+firing): clients keep the first (:class:`candlewire._protocol.NotificationInbox`), and the
+gateways deliver a critical alert's event id once. A firing not sent before the crash is
+made after it: none is lost.
 
 A one-shot trigger that fired is removed from the registry, so the desk's list forgets it.
 A firing of a trigger with a user is also that user's ``ALERT_TRIGGERED`` UserEvent (see
@@ -26,29 +24,23 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import time
-from decimal import Decimal
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from confluent_kafka import Producer
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
+from candlewire.config import Settings
 from candlewire.events import EventPublisher
 from candlewire.kafka import TRIGGERS, producer_config
 from proto import cep_pb2 as cep
 from proto import events_pb2 as ev
-from proto.envelope import EnvelopeError, from_record, to_record
-from streaming.cep import Event, Firing, Triggers
+from proto.envelope import to_record
+from streaming.cep import Firing, Triggers
 from streaming.context import JobContext
+from streaming.desk import apply_records, registry_records
+from streaming.progress import CepCommit
 from streaming.recovery import Restored
 
 log = logging.getLogger("candlewire.stream.firings")
-# What one recorded firing needs to be sent: its topic, the event, whether its trigger was
-# one-shot (then its registration is removed), and whether its alert is critical.
-Pending = list[tuple[str, bytes, bool, bool]]
 # An alert tries the user's open session first, then the channels that reach them offline.
 ALERT_CHANNELS = [
     ev.ChannelPreference(channel=ev.ACTIVE_SESSION, only_if_active=True),
@@ -92,147 +84,62 @@ class FiringDesk:
             endpoint="stream_events",
         ).start()
 
-    def restored_state(self, restored: Restored) -> Triggers:
-        """The triggers as of the last commit: each evaluating query starts from its own
-        copy."""
-        if restored.cep_state:
-            try:
-                return Triggers.loads(restored.cep_state)
-            except Exception as exc:  # a record of another release: start from the registry
-                log.warning("recorded trigger state not readable (%s): starting empty", exc)
+    def restore(self, restored: Restored) -> tuple[Triggers, dict[int, int]]:
+        """The triggers as last recorded, and the offsets to read on from. Without a readable
+        record (a new run, or one of another release): the registered triggers, from where
+        the commits stand."""
         settings = self.ctx.settings
-        return Triggers(settings.stream_watermark_s, settings.stream_dedup_horizon_s)
-
-    def restore(self, restored: Restored) -> Triggers:
-        """The committing query's state; the last commit's firings sent if they may not
-        have been."""
-        triggers = self.restored_state(restored)
-        if restored.cep_pending:
-            self.send(restored.cep_pending, restored.candles_batch)
-        log.info("%d feeds with CEP triggers restored", len(triggers.tickers()))
-        return triggers
+        record = self.ctx.progress.last_cep(self.run_id)
+        if record is not None:
+            try:
+                triggers = Triggers.loads(record.state)
+                log.info("%d feeds with CEP triggers restored", len(triggers.tickers()))
+                return triggers, record.offsets
+            except Exception as exc:
+                log.warning("recorded trigger state not readable (%s): from the registry", exc)
+        triggers = Triggers(settings.stream_watermark_s, settings.stream_dedup_horizon_s)
+        for req in registered(settings).values():
+            triggers.apply(req)
+        log.info("%d feeds with CEP triggers from the registry", len(triggers.tickers()))
+        return triggers, dict(restored.offsets)
 
     def emit(self, fired: list[Firing]) -> None:
-        """The fast path's firings: on the owners' topics, and as alerts."""
+        """On the owners' topics, and as alerts; a one-shot trigger leaves the registry."""
         now_ms = int(time.time() * 1000)
         for f in fired:
-            self._deliver(f.trigger.notification_topic, f.event(now_ms), f.trigger.critical)
-
-    def evaluate(
-        self,
-        triggers: Triggers,
-        df: DataFrame,
-        registrations: list[tuple[int, int, cep.CEPTriggerRequest]],
-    ) -> list[Firing]:
-        """The batch's registrations and the trades and idle marks of the feeds with
-        triggers, in Kafka order."""
-        tickers = triggers.tickers() | {r.ticker for _, _, r in registrations}
-        if not tickers:
-            return []
-        rows = (
-            df.where(F.col("ticker").isin(sorted(tickers)) & (F.col("valid") | F.col("idle")))
-            .select(*EVALUATED)
-            .toArrow()
-        )
-        fired = triggers.judge(in_order(registrations, rows.to_pylist()))
-        self.ctx.metrics.trigger_firings.inc(len(fired))
-        return fired
-
-    def pending(self, fired: list[Firing]) -> bytes | None:
-        if not fired:
-            return None
-        now_ms = int(time.time() * 1000)
-        items: Pending = [
-            (
-                f.trigger.notification_topic,
-                f.event(now_ms).SerializeToString(),
-                f.trigger.once,
-                f.trigger.critical,
-            )
-            for f in fired
-        ]
-        return pickle.dumps(items)
-
-    def send(self, pending: bytes, batch_id: int) -> None:
-        items: Pending = pickle.loads(pending)
-        for topic, data, once, critical in items:
-            event = cep.CEPTriggerEvent.FromString(data)
-            # Informational alerts went with the fast path: the gateways deduplicate only
-            # the acked ones.
-            self._deliver(topic, event, critical, informational=False)
-            if once:
+            t = f.trigger
+            event = f.event(now_ms)
+            self.ctx.publisher.notify(t.notification_topic, event)
+            if event.user_id:
+                self.alerts.publish(alert(event, t.critical))
+            if t.once:
                 done = cep.CEPTriggerRequest(
-                    trigger_id=event.trigger_id,
-                    client_id=event.client_id,
-                    user_id=event.user_id,
-                    ticker=event.ticker,
+                    trigger_id=t.trigger_id,
+                    client_id=t.client_id,
+                    user_id=t.user_id,
+                    ticker=t.ticker,
                     action=cep.REMOVE,
                 )
                 self._producer.produce(
-                    TRIGGERS.name, key=event.trigger_id.encode(), value=to_record(done)
+                    TRIGGERS.name, key=t.trigger_id.encode(), value=to_record(done)
                 )
-            log.info("trigger %s fired (%d): %s", event.trigger_id, event.firing, event.value)
-        self._producer.flush(10)
-        self.ctx.progress.sent_pending(self.run_id, batch_id)
+            log.debug("trigger %s fired (%d): %s", t.trigger_id, f.firing, event.value)
+        self._producer.poll(0)
+        self.ctx.metrics.notifications.labels("cep_trigger_event").inc(len(fired))
+        self.ctx.metrics.trigger_firings.inc(len(fired))
 
-    def _deliver(
-        self, topic: str, event: cep.CEPTriggerEvent, critical: bool, informational: bool = True
-    ) -> None:
-        """On the owner's topic, and as the user's alert."""
-        self.ctx.publisher.notify(topic, event)
-        self.ctx.metrics.notifications.labels("cep_trigger_event").inc()
-        if event.user_id and (critical or informational):
-            self.alerts.publish(alert(event, critical))
+    def record(self, triggers: Triggers, offsets: dict[int, int]) -> None:
+        """Where a restart evaluates on from; the one-shot removals sent before it."""
+        self._producer.flush(10)
+        self.ctx.progress.record_cep(self.run_id, CepCommit(dict(offsets), triggers.dumps()))
 
     def close(self) -> None:
         self.alerts.close()
         self._producer.flush(10)
 
 
-EVALUATED = (
-    "ticker",
-    "idle",
-    "exchange_time_ns",
-    "price",
-    "size",
-    "trade_id",
-    "partition",
-    "offset",
-)
-
-
-def in_order(
-    registrations: list[tuple[int, int, cep.CEPTriggerRequest]], rows: list[dict]
-) -> list[Event]:
-    """Registrations and decoded rows (:data:`EVALUATED`) as one sequence in Kafka order."""
-    events: list[tuple[int, int, Event]] = list(registrations)
-    for r in rows:
-        t = r["exchange_time_ns"]
-        item: Event = (
-            (r["ticker"], t)
-            if r["idle"]
-            else (r["ticker"], t, Decimal(r["price"]), Decimal(r["size"]), r["trade_id"] or "")
-        )
-        events.append((r["partition"], r["offset"], item))
-    events.sort(key=lambda e: (e[0], e[1]))
-    return [e for _, _, e in events]
-
-
-def registrations_in(rows: pa.Table) -> list[tuple[int, int, cep.CEPTriggerRequest]]:
-    """(partition, offset, request) of the trigger registrations among decoded rows that
-    carry the ``control`` column (:data:`streaming.decode.CONTROL`)."""
-    out = []
-    mask = pc.is_valid(rows["control"])
-    if not pc.any(mask).as_py():
-        return out
-    hits = rows.filter(mask)
-    for value, partition, offset in zip(
-        *(hits[c].to_pylist() for c in ("control", "partition", "offset")), strict=True
-    ):
-        try:
-            msg = from_record(value)
-        except EnvelopeError:
-            continue
-        if isinstance(msg, cep.CEPTriggerRequest):
-            out.append((partition, offset, msg))
+def registered(settings: Settings) -> dict[str, cep.CEPTriggerRequest]:
+    """The registry's triggers now."""
+    out: dict[str, cep.CEPTriggerRequest] = {}
+    apply_records(out, registry_records(settings)[0])
     return out

@@ -77,7 +77,7 @@ class StreamingJob:
         self.firings = FiringDesk(self.ctx, ledger.run_id)
         self.queries: list[Query] = [
             live,
-            TicksQuery(self.ctx, ledger, restored, self.firings),
+            TicksQuery(self.ctx, ledger, restored),
             CepQuery(self.ctx, restored, self.firings),
             HistoryQuery(self.ctx),
             MetadataQuery(self.ctx),

@@ -5,6 +5,7 @@ One registry per job, so tests and embedders can run several in one process.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -102,3 +103,47 @@ class Laps:
 
     def __str__(self) -> str:
         return ", ".join(self._laps)
+
+
+class LapTotals:
+    """Seconds per step summed over a frequent query's batches, logged every ``every_s``:
+    where its time goes, without a line per batch (and the wait between batches, which is
+    Spark's: planning, scheduling, the Kafka offsets)."""
+
+    def __init__(self, log: logging.Logger, query: str, every_s: float = 30.0) -> None:
+        self.log, self.query, self.every_s = log, query, every_s
+        self._reset(time.perf_counter())
+
+    def _reset(self, now: float) -> None:
+        self._since = self._last = now
+        self._steps: dict[str, float] = {}
+        self._batches = self._rows = self._events = 0
+
+    def __call__(self, step: str) -> None:
+        now = time.perf_counter()
+        self._steps[step] = self._steps.get(step, 0.0) + now - self._last
+        self._last = now
+
+    def batch(self, rows: int, events: int) -> None:
+        """The end of a batch; the next one's first step counts from the start of that."""
+        self._batches, self._rows, self._events = (
+            self._batches + 1,
+            self._rows + rows,
+            self._events + events,
+        )
+        now = time.perf_counter()
+        if now - self._since >= self.every_s:
+            wall = now - self._since
+            spent = ", ".join(f"{k} {v / self._batches * 1000:.0f}" for k, v in self._steps.items())
+            self.log.info(
+                "%s: %d batches in %.0f s (%d rows, %d out); ms per batch: %s",
+                self.query,
+                self._batches,
+                wall,
+                self._rows,
+                self._events,
+                spent,
+            )
+            self._reset(now)
+        else:
+            self._last = now

@@ -50,8 +50,11 @@ CREATE TABLE IF NOT EXISTS cw_candle_commits (
 );
 ALTER TABLE cw_candle_commits ADD COLUMN IF NOT EXISTS clocks text;
 ALTER TABLE cw_candle_commits ADD COLUMN IF NOT EXISTS ticks_snapshot_id bigint;
-ALTER TABLE cw_candle_commits ADD COLUMN IF NOT EXISTS cep_state bytea;
-ALTER TABLE cw_candle_commits ADD COLUMN IF NOT EXISTS cep_pending bytea;
+CREATE TABLE IF NOT EXISTS cw_cep_commits (
+    run text PRIMARY KEY,
+    offsets text NOT NULL,
+    state bytea NOT NULL
+);
 """
 
 
@@ -66,10 +69,15 @@ class CandleCommit:
     """Each feed's event clock (ns); None in a record of a release before per-feed time."""
     ticks_snapshot_id: int = 0
     """The ``ticks`` snapshot holding the batch: where the trade ids to dedup against are."""
-    cep_state: bytes | None = None
-    """The CEP triggers' state after the batch (:class:`streaming.cep.Triggers`)."""
-    cep_pending: bytes | None = None
-    """Firings the batch made and that are not known to be sent yet."""
+
+
+@dataclass
+class CepCommit:
+    """Where the CEP query stands: the next ticks offset per partition, and the triggers'
+    state after the records before it (:class:`streaming.cep.Triggers`)."""
+
+    offsets: dict[int, int]
+    state: bytes
 
 
 @dataclass
@@ -92,10 +100,10 @@ class Progress:
             conn.execute(
                 sa.text(
                     "INSERT INTO cw_candle_commits (run, batch, watermark_ms, snapshot_id, "
-                    "offsets, clocks, ticks_snapshot_id, cep_state, cep_pending) "
-                    "VALUES (:r, :b, :w, :s, :o, :c, :t, :cs, :cp) ON CONFLICT (run) DO UPDATE "
+                    "offsets, clocks, ticks_snapshot_id) "
+                    "VALUES (:r, :b, :w, :s, :o, :c, :t) ON CONFLICT (run) DO UPDATE "
                     "SET batch = :b, watermark_ms = :w, snapshot_id = :s, offsets = :o, "
-                    "clocks = :c, ticks_snapshot_id = :t, cep_state = :cs, cep_pending = :cp"
+                    "clocks = :c, ticks_snapshot_id = :t"
                 ),
                 {
                     "r": run,
@@ -105,27 +113,35 @@ class Progress:
                     "o": json.dumps(commit.offsets),
                     "c": None if commit.clocks is None else json.dumps(commit.clocks),
                     "t": commit.ticks_snapshot_id,
-                    "cs": commit.cep_state,
-                    "cp": commit.cep_pending,
                 },
             )
 
-    def sent_pending(self, run: str, batch: int) -> None:
-        """The firings recorded with ``batch`` are sent: a restart does not send them again."""
+    def record_cep(self, run: str, commit: CepCommit) -> None:
         with self.engine.begin() as conn:
             conn.execute(
                 sa.text(
-                    "UPDATE cw_candle_commits SET cep_pending = NULL WHERE run = :r AND batch = :b"
+                    "INSERT INTO cw_cep_commits (run, offsets, state) VALUES (:r, :o, :s) "
+                    "ON CONFLICT (run) DO UPDATE SET offsets = :o, state = :s"
                 ),
-                {"r": run, "b": batch},
+                {"r": run, "o": json.dumps(commit.offsets), "s": commit.state},
             )
+
+    def last_cep(self, run: str) -> CepCommit | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.text("SELECT offsets, state FROM cw_cep_commits WHERE run = :r"), {"r": run}
+            ).first()
+        if row is None:
+            return None
+        offsets = {int(p): int(o) for p, o in json.loads(row.offsets).items()}
+        return CepCommit(offsets, bytes(row.state))
 
     def last_candles(self, run: str) -> CandleCommit | None:
         with self.engine.connect() as conn:
             row = conn.execute(
                 sa.text(
-                    "SELECT batch, watermark_ms, snapshot_id, offsets, clocks, ticks_snapshot_id, "
-                    "cep_state, cep_pending FROM cw_candle_commits WHERE run = :r"
+                    "SELECT batch, watermark_ms, snapshot_id, offsets, clocks, ticks_snapshot_id "
+                    "FROM cw_candle_commits WHERE run = :r"
                 ),
                 {"r": run},
             ).first()
@@ -140,8 +156,6 @@ class Progress:
             offsets,
             clocks,
             row.ticks_snapshot_id or 0,
-            None if row.cep_state is None else bytes(row.cep_state),
-            None if row.cep_pending is None else bytes(row.cep_pending),
         )
 
     def record_history(

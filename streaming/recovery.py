@@ -62,8 +62,6 @@ class Restored:
     # ``candles_batch``; each query builds its own state from them
     rows: list[dict] = field(default_factory=list)
     trades: list[tuple[str, str, int]] = field(default_factory=list)
-    cep_state: bytes | None = None  # the CEP triggers as of ``candles_batch``
-    cep_pending: bytes | None = None  # that batch's firings, if not known to be sent
 
     def feeds(self, settings: Settings) -> Feeds:
         feeds = new_feeds(settings)
@@ -91,8 +89,6 @@ class Ledger:
         batch_id: int,
         feeds: Feeds,
         offsets: dict[int, int],
-        cep_state: bytes | None = None,
-        cep_pending: bytes | None = None,
     ) -> None:
         """After a candle MERGE: the state a restart restores."""
         tables = self.ctx.tables
@@ -104,8 +100,6 @@ class Ledger:
             offsets=dict(offsets),
             clocks=clocks,
             ticks_snapshot_id=tables.snapshot_id("ticks"),
-            cep_state=cep_state,
-            cep_pending=cep_pending,
         )
         self.ctx.progress.record_candles(self.run_id, commit)
 
@@ -151,16 +145,7 @@ class Ledger:
             len(trades),
             last.batch,
         )
-        return Restored(
-            ticks_batch,
-            last.batch,
-            last.offsets,
-            clocks,
-            rows,
-            trades,
-            last.cep_state,
-            last.cep_pending,
-        )
+        return Restored(ticks_batch, last.batch, last.offsets, clocks, rows, trades)
 
     def _as_of(self, table: str, snapshot_id: int, query: str) -> pa.Table:
         """A query on ``{table}`` as of a recorded snapshot. If maintenance expired it (it

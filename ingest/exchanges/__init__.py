@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from candlewire.config import ReplaySettings
 from ingest.exchanges.base import Exchange
 
 
-def make_exchange(spec: str) -> Exchange:
+def make_exchange(spec: str, replay: ReplaySettings | None = None) -> Exchange:
     """``SIM``, ``REPLAY``, a ccxt id (``BINANCE`` → ccxt.binance), or ``NAME=adapter``.
 
-    ``BINANCE=sim`` runs the simulator under the BINANCE label (tickers BINANCE:BTC/USDT).
+    ``BINANCE=sim`` runs the simulator under the BINANCE label (tickers BINANCE:BTC/USDT);
+    ``replay`` says where REPLAY reads (``[ingest.replay]``).
     """
     name, _, adapter = spec.partition("=")
     name, adapter = name.upper(), (adapter or name).lower()
@@ -19,7 +21,10 @@ def make_exchange(spec: str) -> Exchange:
     if adapter == "replay":
         from ingest.exchanges.replay import ReplayExchange
 
-        return ReplayExchange(name=name)
+        replay = replay or ReplaySettings()
+        if replay.root is None:
+            return ReplayExchange(name=name, speed=replay.speed, clock=replay.clock)
+        return ReplayExchange(name, replay.root, replay.speed, replay.clock)
     from ingest.exchanges.ccxt_exchange import CcxtExchange
 
     return CcxtExchange(adapter, name=name)

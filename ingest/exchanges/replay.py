@@ -1,43 +1,75 @@
-"""REPLAY: recorded files in the public Binance-Vision CSV layouts.
+"""REPLAY: Binance Vision downloads, read as Binance publishes them.
 
-    <root>/spot/daily/klines/<SYMBOL>/<interval>/<SYMBOL>-<interval>-<YYYY-MM-DD>.csv
-    <root>/spot/daily/trades/<SYMBOL>/<SYMBOL>-trades-<YYYY-MM-DD>.csv
+    <root>/spot/{daily,monthly}/klines/<SYMBOL>/<interval>/<SYMBOL>-<interval>-<date>.zip
+    <root>/spot/{daily,monthly}/trades/<SYMBOL>/<SYMBOL>-trades-<date>.zip
+    <root>/spot/{daily,monthly}/aggTrades/<SYMBOL>/<SYMBOL>-aggTrades-<date>.zip
 
-klines: open_time, open, high, low, close, volume, close_time, quote_volume, count,
-taker_buy_volume, taker_buy_quote_volume, ignore. trades: id, price, qty, quote_qty, time,
-is_buyer_maker, is_best_match. Times are ms, or µs in files from 2025 on; both are read.
-History comes from klines; the live stream replays trades at ``speed`` times real time, with
-exchange times shifted to now (the recorded time of the first trade becomes the start).
+``<date>`` is ``YYYY-MM-DD`` (daily) or ``YYYY-MM`` (monthly); an archive may have its
+``<name>.zip.CHECKSUM`` (sha256) beside it, and ``.csv`` files (unpacked) are read too.
+
+- **One index, no full scans.** The file names say what each file covers, so one walk of the
+  root builds the index (file → time range), and a page opens only the files it overlaps.
+  The last files read are kept parsed, so consecutive pages of a monthly file parse it once.
+- **Nothing twice.** A daily file whose day a monthly file of the same series covers is left
+  out, and so is a ``.csv`` beside its own ``.zip``.
+- **Checked.** A CHECKSUM that does not match, a corrupt archive or a malformed row is a
+  :class:`ReplayFileError` naming the file (and line): a history page that needs that file
+  fails with it, the trade stream skips that file; no other file's rows are lost.
+- **Both timestamp units**: milliseconds, and the microseconds of files from 2025 on.
+
+klines: open_time, open, high, low, close, volume, close_time, quote_volume, count, ...
+trades: id, price, qty, quote_qty, time, is_buyer_maker, is_best_match.
+aggTrades: id, price, qty, first_id, last_id, time, is_buyer_maker, is_best_match.
+
+History always keeps the recorded times. The trade stream has two clocks: ``original``
+keeps them (a replayed day lands in Iceberg exactly as it happened); ``live`` shifts them
+to now (the first trade's time becomes the start). Either way trades come at ``speed``
+times the recorded pace (``inf``: as fast as they can be sent).
 ``python -m ingest.exchanges.replay OUT_DIR`` writes a small sample recorded from SIM.
 """
 
 from __future__ import annotations
 
+import bisect
+import calendar
 import csv
+import hashlib
+import io
+import logging
+import re
 import sys
 import threading
 import time
+import zipfile
+from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from ingest.exchanges.base import Exchange, Page, RangeUnavailable
 from proto import market_pb2
 
+log = logging.getLogger("candlewire.ingest.replay")
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "binance-vision"
 INTERVALS = {60: "1m", 300: "5m", 900: "15m", 3600: "1h", 14400: "4h", 86400: "1d"}
 QUOTES = ("USDT", "USDC", "FDUSD", "BUSD", "BTC", "ETH", "EUR", "TRY")
+KINDS = ("klines", "trades", "aggTrades")
+Clock = Literal["original", "live"]
+NAME = re.compile(r"(?P<symbol>[A-Z0-9]+)-(?P<what>[A-Za-z0-9]+)-(?P<date>\d{4}-\d{2}(?:-\d{2})?)")
+NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?")
+PARSED_FILES_KEPT = 4
+DAY_MS = 86_400_000
+
+
+class ReplayFileError(RangeUnavailable):
+    """A file that cannot be read as Binance Vision publishes it. Final: retrying reads the
+    same bytes."""
 
 
 def _ms(value: str) -> int:
     t = int(value)
     return t // 1000 if t > 10**14 else t  # µs since 2025
-
-
-def _rows(path: Path) -> Iterator[list[str]]:
-    with path.open(newline="") as f:
-        for row in csv.reader(f):
-            if row and row[0][:1].isdigit():  # skip the header newer files carry
-                yield row
 
 
 def split_symbol(symbol: str) -> tuple[str, str]:
@@ -47,92 +79,245 @@ def split_symbol(symbol: str) -> tuple[str, str]:
     raise ValueError(f"cannot split {symbol} into base and quote")
 
 
+def parse_speed(text: str) -> float:
+    """``10x``, ``10``, ``0.5x`` or ``max`` (as fast as trades can be sent)."""
+    if text.strip().lower() in ("max", "inf"):
+        return float("inf")
+    value = float(text.strip().lower().removesuffix("x"))
+    if value <= 0:
+        raise ValueError(f"speed {text!r} must be above 0")
+    return value
+
+
+@dataclass(frozen=True, order=True)
+class Recorded:
+    """One downloaded file and the time it covers, from its name."""
+
+    start_ms: int
+    end_ms: int
+    path: Path = field(compare=False)
+    monthly: bool = field(compare=False)
+
+
+def _span(date: str) -> tuple[int, int, bool]:
+    parts = [int(p) for p in date.split("-")]
+    if len(parts) == 3:
+        start = calendar.timegm((*parts, 0, 0, 0)) * 1000
+        return start, start + DAY_MS, False
+    year, month = parts
+    start = calendar.timegm((year, month, 1, 0, 0, 0)) * 1000
+    end = calendar.timegm((year + month // 12, month % 12 + 1, 1, 0, 0, 0)) * 1000
+    return start, end, True
+
+
+def build_index(root: Path) -> dict[tuple[str, str, str], list[Recorded]]:
+    """(kind, SYMBOL, interval or "") → its files in time order, without overlaps."""
+    found: dict[tuple[str, str, str], dict[str, Recorded]] = {}
+    for granularity in ("daily", "monthly"):
+        for kind in KINDS:
+            folder = root / "spot" / granularity / kind
+            if not folder.is_dir():
+                continue
+            for path in sorted(folder.rglob("*")):
+                if path.suffix not in (".zip", ".csv"):
+                    continue
+                m = NAME.fullmatch(path.stem)
+                if m is None:
+                    log.warning("replay: %s is not named as Binance Vision names files", path)
+                    continue
+                interval = m["what"] if kind == "klines" else ""
+                start, end, monthly = _span(m["date"])
+                series = found.setdefault((kind, m["symbol"], interval), {})
+                held = series.get(path.stem)
+                if held is None or path.suffix == ".zip":  # a .csv beside its .zip: once
+                    series[path.stem] = Recorded(start, end, path, monthly)
+    index = {}
+    for key, files in found.items():
+        months = [f for f in files.values() if f.monthly]
+        kept = [
+            f
+            for f in files.values()
+            if f.monthly or not any(m.start_ms <= f.start_ms < m.end_ms for m in months)
+        ]
+        index[key] = sorted(kept)
+    return index
+
+
+class RecordedRows:
+    """A file's rows, checked: the CHECKSUM beside it, the archive, each row's shape."""
+
+    def __init__(self) -> None:
+        self._verified: set[tuple[Path, int, int]] = set()
+        self._parsed: OrderedDict[Path, list[list[str]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def rows(self, path: Path, columns: int) -> list[list[str]]:
+        """Every data row (the header newer files carry is skipped), cached for the next
+        pages."""
+        with self._lock:
+            if path in self._parsed:
+                self._parsed.move_to_end(path)
+                return self._parsed[path]
+        rows = self._read(path, columns)
+        with self._lock:
+            self._parsed[path] = rows
+            while len(self._parsed) > PARSED_FILES_KEPT:
+                self._parsed.popitem(last=False)
+        return rows
+
+    def _read(self, path: Path, columns: int) -> list[list[str]]:
+        self._verify(path)
+        try:
+            if path.suffix == ".zip":
+                with zipfile.ZipFile(path) as archive:
+                    members = [n for n in archive.namelist() if n.endswith(".csv")]
+                    if len(members) != 1:
+                        raise ReplayFileError(f"{path}: holds {len(members)} .csv files, not 1")
+                    with archive.open(members[0]) as raw:
+                        return _checked(csv.reader(io.TextIOWrapper(raw, "utf-8")), path, columns)
+            with path.open(newline="", encoding="utf-8") as f:
+                return _checked(csv.reader(f), path, columns)
+        except (zipfile.BadZipFile, EOFError, UnicodeDecodeError, OSError) as exc:
+            raise ReplayFileError(f"{path}: not readable ({exc})") from None
+
+    def _verify(self, path: Path) -> None:
+        check = path.with_name(path.name + ".CHECKSUM")
+        if not check.exists():
+            return
+        stat = path.stat()
+        key = (path, stat.st_size, stat.st_mtime_ns)
+        if key in self._verified:
+            return
+        expected = check.read_text().split()[0].lower() if check.read_text().strip() else ""
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        if digest.hexdigest() != expected:
+            raise ReplayFileError(
+                f"{path}: sha256 {digest.hexdigest()} does not match its CHECKSUM {expected}"
+            )
+        self._verified.add(key)
+
+
+def _checked(reader: Iterator[list[str]], path: Path, columns: int) -> list[list[str]]:
+    """Rows with a numeric time and decimal numbers where the layout has them."""
+    out = []
+    for line, row in enumerate(reader, start=1):
+        if not row or (line == 1 and not row[0][:1].isdigit()):
+            continue  # a blank line; the header of newer files
+        if len(row) < columns or not all(NUMBER.fullmatch(v) for v in row[:columns]):
+            raise ReplayFileError(f"{path}:{line}: malformed row {row[: columns + 1]!r}")
+        out.append(row)
+    return out
+
+
 class ReplayExchange(Exchange):
-    def __init__(self, name: str = "REPLAY", root: Path = SAMPLE, speed: float = 1.0) -> None:
-        self.name = name
-        self.root = Path(root)
-        self.speed = speed
+    def __init__(
+        self,
+        name: str = "REPLAY",
+        root: Path = SAMPLE,
+        speed: float = 1.0,
+        clock: Clock = "original",
+    ) -> None:
+        if clock not in ("original", "live"):
+            raise ValueError(f"clock must be 'original' or 'live', not {clock!r}")
+        self.name, self.root, self.speed, self.clock = name, Path(root), speed, clock
+        if not (self.root / "spot").is_dir():
+            raise ValueError(f"replay root {self.root} has no spot/ folder (Binance Vision layout)")
+        self.files = RecordedRows()
+        self.index = build_index(self.root)
         self._symbols = {}
-        for d in sorted((self.root / "spot" / "daily").glob("*/*")):
-            if d.is_dir():
-                base, quote = split_symbol(d.name)
-                self._symbols[f"{name}:{base}/{quote}"] = d.name
+        for _kind, symbol, _interval in self.index:
+            base, quote = split_symbol(symbol)
+            self._symbols[f"{name}:{base}/{quote}"] = symbol
+        self.errors = 0  # files the trade stream skipped
 
     def markets(self) -> list[market_pb2.Market]:
-        out = []
-        for ticker, symbol in self._symbols.items():
-            base, quote = split_symbol(symbol)
-            out.append(
-                market_pb2.Market(
-                    ticker=ticker,
-                    exchange=self.name,
-                    base=base,
-                    quote=quote,
-                    status=market_pb2.TRADING,
-                    exchange_symbol=symbol,
-                    update_time_ms=int(time.time() * 1000),
-                )
+        now_ms = int(time.time() * 1000)
+        return [
+            market_pb2.Market(
+                ticker=ticker,
+                exchange=self.name,
+                base=split_symbol(symbol)[0],
+                quote=split_symbol(symbol)[1],
+                status=market_pb2.TRADING,
+                exchange_symbol=symbol,
+                update_time_ms=now_ms,
             )
-        return out
+            for ticker, symbol in sorted(self._symbols.items())
+        ]
+
+    def _klines(self, ticker: str, period_s: int) -> list[Recorded]:
+        interval = INTERVALS.get(period_s, "")
+        files = self.index.get(("klines", self.symbol(ticker), interval))
+        if not files:
+            raise RangeUnavailable(f"no {interval or period_s}s klines recorded for {ticker}")
+        return files
 
     def ohlc_page(self, ticker: str, period_s: int, page: Page) -> list[market_pb2.OHLC]:
-        symbol = self.symbol(ticker)
-        interval = INTERVALS.get(period_s)
-        files = sorted(
-            (self.root / "spot" / "daily" / "klines" / symbol / str(interval)).glob("*.csv")
-        )
-        if interval is None or not files:
-            raise RangeUnavailable(f"no {interval or period_s}s klines recorded for {ticker}")
-        out = []
-        for path in files:
-            for r in _rows(path):
+        files = self._klines(ticker, period_s)
+        first = bisect.bisect_right([f.end_ms for f in files], page.start_ms)
+        candles: dict[int, market_pb2.OHLC] = {}
+        for f in files[first:]:
+            if f.start_ms >= page.end_ms:
+                break
+            for r in self.files.rows(f.path, 9):
                 t = _ms(r[0])
                 if page.start_ms <= t < page.end_ms:
-                    out.append(
-                        market_pb2.OHLC(
-                            ticker=ticker,
-                            period_s=period_s,
-                            open_time_ms=t,
-                            open=r[1],
-                            high=r[2],
-                            low=r[3],
-                            close=r[4],
-                            volume=r[5],
-                            trade_count=int(r[8]),
-                            closed=True,
-                        )
+                    candles[t] = market_pb2.OHLC(
+                        ticker=ticker,
+                        period_s=period_s,
+                        open_time_ms=t,
+                        open=r[1],
+                        high=r[2],
+                        low=r[3],
+                        close=r[4],
+                        volume=r[5],
+                        trade_count=int(r[8]),
+                        closed=True,
                     )
-        return sorted(out, key=lambda c: c.open_time_ms)
+        return [candles[t] for t in sorted(candles)]
 
     def recorded_range(self, ticker: str, period_s: int) -> tuple[int, int]:
         """First open time and end of the recorded klines, for tests and demos."""
-        symbol = self.symbol(ticker)
-        folder = self.root / "spot" / "daily" / "klines" / symbol / INTERVALS[period_s]
-        times = [_ms(r[0]) for p in sorted(folder.glob("*.csv")) for r in _rows(p)]
-        return min(times), max(times) + period_s * 1000
+        files = self._klines(ticker, period_s)
+        first = [_ms(r[0]) for r in self.files.rows(files[0].path, 9)]
+        last = [_ms(r[0]) for r in self.files.rows(files[-1].path, 9)]
+        return min(first), max(last) + period_s * 1000
 
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
+        """Trades (aggTrades where no trades were downloaded), file by file in time order."""
         symbol = self.symbol(ticker)
-        files = sorted((self.root / "spot" / "daily" / "trades" / symbol).glob("*.csv"))
+        kind = "trades" if ("trades", symbol, "") in self.index else "aggTrades"
+        time_col = 4 if kind == "trades" else 5
+        prefix = "" if kind == "trades" else "a"
         t0_rec: int | None = None
         t0_wall = time.time()
-        for path in files:
-            for r in _rows(path):
-                rec_ms = _ms(r[4])
-                t0_rec = rec_ms if t0_rec is None else t0_rec
-                due = t0_wall + (rec_ms - t0_rec) / 1000 / self.speed
+        for f in self.index.get((kind, symbol, ""), []):
+            try:
+                rows = self.files.rows(f.path, time_col + 1)
+            except ReplayFileError as exc:
+                self.errors += 1
+                log.error("replay: %s skipped: %s", ticker, exc)
+                continue
+            for r in rows:
+                rec_us = int(r[time_col]) if int(r[time_col]) > 10**14 else int(r[time_col]) * 1000
+                t0_rec = rec_us if t0_rec is None else t0_rec
+                due = t0_wall + (rec_us - t0_rec) / 1e6 / self.speed
                 while (wait := due - time.time()) > 0:
                     if stop.wait(min(wait, 0.5)):
                         return
                 if stop.is_set():
                     return
+                shown_ns = rec_us * 1000 if self.clock == "original" else int(due * 1e9)
                 yield market_pb2.Tick(
                     ticker=ticker,
-                    trade_id=r[0],
+                    trade_id=prefix + r[0],
                     price=r[1],
                     size=r[2],
-                    side=market_pb2.SELL if r[5].lower() == "true" else market_pb2.BUY,
-                    exchange_time_ns=int(due * 1e9),
+                    side=market_pb2.SELL if r[time_col + 1].lower() == "true" else market_pb2.BUY,
+                    exchange_time_ns=shown_ns,
                     ingest_time_ns=time.time_ns(),
                 )
 

@@ -81,6 +81,7 @@ class MetadataQuery(TopicQuery):
             request_id=request_id,
             added_tickers=added,
         )
+        self.ctx.symbols_changed.set()
         self.ctx.publisher.notify(metadata_update_topic(), note)
         self.ctx.metrics.notifications.labels("metadata").inc()
 

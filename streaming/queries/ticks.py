@@ -14,27 +14,16 @@ from __future__ import annotations
 import logging
 import time
 
-import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema
 
 from candlewire.config import PERIODS_S
 from candlewire.kafka import TICKS
 from candlewire.lake import TICKS_SCHEMA
 from streaming.candles import Candle, candle_from_row, changed
 from streaming.context import JobContext
-from streaming.decode import (
-    CONTROL,
-    CONTROL_SQL,
-    KAFKA_POSITION,
-    TICK_ROWS,
-    decode_ticks,
-    decode_ticks_in_jvm,
-    ohlc_rows,
-)
+from streaming.decode import CONTROL, CONTROL_SQL, decoded_ticks, ohlc_rows, registrations_in
 from streaming.feeds import judge
-from streaming.firings import FiringDesk, registrations_in
 from streaming.metrics import Laps
 from streaming.queries import TopicQuery
 from streaming.recovery import Ledger, Restored
@@ -44,16 +33,13 @@ log = logging.getLogger("candlewire.stream")
 TRADE_TIMES = ("first_trade_ns", "last_trade_ns")  # live candles only
 CANDLE_FIELDS = ("ticker", "period_s", "open", "high", "low", "close", "volume", "trade_count")
 JUDGED = ("valid", "idle", "ticker", "trade_id", "exchange_time_ns", "partition", "offset")
-WITH_CONTROL = from_arrow_schema(pa.schema([*TICK_ROWS, *KAFKA_POSITION, CONTROL]))
 
 
 class TicksQuery(TopicQuery):
     name = "ticks"
     topic = TICKS.name
 
-    def __init__(
-        self, ctx: JobContext, ledger: Ledger, restored: Restored, firings: FiringDesk
-    ) -> None:
+    def __init__(self, ctx: JobContext, ledger: Ledger, restored: Restored) -> None:
         super().__init__(ctx)
         self.ledger = ledger
         self.trigger_s = ctx.settings.stream_ticks_trigger_s
@@ -62,16 +48,12 @@ class TicksQuery(TopicQuery):
         self.offsets = dict(restored.offsets)
         self.committed_ticks = restored.ticks_batch
         self.committed_candles = restored.candles_batch
-        self.firings = firings
-        self.triggers = firings.restore(restored)
 
     def source(self) -> DataFrame:
         records = self.ctx.kafka(self.topic, self.ctx.settings.stream_ticks_batch_max).select(
             "value", "partition", "offset", F.expr(CONTROL_SQL).alias(CONTROL.name)
         )
-        if self.ctx.settings.stream_decoder == "jvm":
-            return decode_ticks_in_jvm(self.ctx.spark, records)
-        return records.mapInArrow(decode_ticks, WITH_CONTROL)
+        return decoded_ticks(self.ctx.spark, self.ctx.settings.stream_decoder, records)
 
     def batch(self, df: DataFrame, batch_id: int) -> None:
         if batch_id <= min(self.committed_ticks, self.committed_candles):
@@ -86,16 +68,10 @@ class TicksQuery(TopicQuery):
 
     def _commit(self, df: DataFrame, batch_id: int) -> None:
         metrics, lap = self.ctx.metrics, Laps()
-        evaluate = batch_id > self.committed_candles
         judged = df.select(*JUDGED, CONTROL.name).toArrow()
         verdicts = judge(self.feeds, judged)
+        verdicts.bad -= len(registrations_in(judged))  # CEP triggers: not ticks, not malformed
         lap("judge")
-        registrations = registrations_in(judged)
-        verdicts.bad -= len(registrations)  # not ticks, but not malformed either
-        fired = []
-        if evaluate:
-            fired = self.firings.evaluate(self.triggers, df, registrations)
-        lap("triggers")
         for partition, offset in verdicts.next_offsets.items():
             self.offsets[partition] = max(self.offsets.get(partition, 0), offset)
         stored = self._without(df.where("valid"), verdicts.duplicates)
@@ -127,12 +103,9 @@ class TicksQuery(TopicQuery):
                 self._merge_candles(updated, closed)
             # Every batch is recorded, even one that changed no candle: its trade ids and
             # the clocks it moved are state a restart must not lose.
-            pending = self.firings.pending(fired)
-            self.ledger.record(batch_id, self.feeds, self.offsets, self.triggers.dumps(), pending)
+            self.ledger.record(batch_id, self.feeds, self.offsets)
             self.committed_candles = batch_id
             lap("candles_commit")
-            if pending is not None:
-                self.firings.send(pending, batch_id)
         metrics.batches.labels(self.name).inc()
         log.info(
             "ticks batch %d: %d ticks (%d late, %d resent, %d idle marks), %d candles "

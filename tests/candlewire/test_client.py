@@ -4,11 +4,13 @@ import asyncio
 import subprocess
 import threading
 import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 
 from candlewire import AsyncClient, Client, RequestRejected, RequestTimeout
-from candlewire._protocol import to_ms
+from candlewire.market import Tick
 from candlewire.testing import candlewire_command
 from proto import market_pb2
 from proto import requests_pb2 as rq
@@ -23,21 +25,23 @@ def feed(publisher, topic: str, stop: threading.Event, junk: bool = False) -> th
         while not stop.is_set():
             if junk:
                 publisher.sock.send_multipart([topic.encode(), b"\x01", b"\x04\xff\xff"])
-            publisher.publish(topic, market_pb2.Tick(ticker=topic.split("|")[0], trade_id=str(i)))
+                bad = market_pb2.Tick(ticker=topic.split("|")[0], price="1,5", size="1")
+                publisher.publish(topic, bad)  # a good envelope, a price that is not a number
+            tick = market_pb2.Tick(
+                ticker=topic.split("|")[0],
+                trade_id=str(i),
+                price=f"{100 + i}.50",
+                size="0.0100",
+                side=market_pb2.SELL,
+                exchange_time_ns=START * 1_000_000 + i * 1_500,
+            )
+            publisher.publish(topic, tick)
             i += 1
             time.sleep(0.02)
 
     t = threading.Thread(target=run)
     t.start()
     return t
-
-
-def test_to_ms_accepts_datetimes_and_ints() -> None:
-    from datetime import UTC, datetime
-
-    assert to_ms(datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)) == START
-    assert to_ms(datetime(2023, 11, 14, 22, 13, 20)) == START
-    assert to_ms(START) == START
 
 
 def test_async_history_both_patterns(settings, pipeline) -> None:
@@ -79,16 +83,32 @@ def test_subscribe_yields_only_its_topic_and_skips_malformed(
     ]
     try:
         with Client(settings) as client:
-            got = []
-            for msg in client.subscribe("BINANCE:BTC/USDT", "tick", idle_timeout=10):
+            got, raw = [], []
+            sub = client.subscribe("BINANCE:BTC/USDT", "tick", idle_timeout=10)
+            for msg in sub:
                 got.append(msg)
                 if len(got) == 5:
+                    break
+            for msg in client.subscribe("BINANCE:BTC/USDT", "tick", idle_timeout=10, raw=True):
+                raw.append(msg)
+                if len(raw) == 5:
                     break
     finally:
         stop.set()
         for f in feeders:
             f.join()
-    assert all(isinstance(m, market_pb2.Tick) and m.ticker == "BINANCE:BTC/USDT" for m in got)
+    assert all(isinstance(m, Tick) and m.ticker == "BINANCE:BTC/USDT" for m in got)
+    assert sub.stats.malformed >= 4  # each bad price dropped and counted, not raised
+    for m in got:
+        i = int(m.trade_id)
+        assert (m.price, m.size, m.side) == (Decimal(f"{100 + i}.50"), Decimal("0.01"), "sell")
+        start = datetime.fromtimestamp(START / 1000, UTC)
+        assert m.time == start + timedelta(microseconds=i * 1_500 // 1_000)
+        assert m.time.tzinfo is not None
+        assert m.time_ns == START * 1_000_000 + i * 1_500
+        with pytest.raises(AttributeError):
+            m.price = Decimal(0)  # type: ignore[misc]  # frozen
+    assert all(isinstance(m, market_pb2.Tick) for m in raw)
 
 
 def test_async_subscribe(settings, relay, publisher, served) -> None:
@@ -99,6 +119,7 @@ def test_async_subscribe(settings, relay, publisher, served) -> None:
         async with AsyncClient(settings) as client:
             out = []
             async for msg in client.subscribe("COINBASE:ETH/USD", idle_timeout=10):
+                assert isinstance(msg, Tick) and isinstance(msg.price, Decimal)
                 out.append(msg.ticker)
                 if len(out) == 3:
                     break

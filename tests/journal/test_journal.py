@@ -286,7 +286,7 @@ def test_what_the_journal_no_longer_holds_comes_from_iceberg(
     feed.publish(4)
     stream_pub._journal.flush(10)
     with Client(journal_settings) as client:
-        sub = client.subscribe(feed.ticker, since=three_days_ago - 86_400_000)
+        sub = client.subscribe(feed.ticker, since=three_days_ago - 86_400_000, raw=True)
         got = [next(sub) for _ in range(7)]
         sub.close()
     assert [t.trade_id for t in got] == ["old-0", "old-1", "old-2", "1", "2", "3", "4"]
@@ -413,7 +413,7 @@ def test_candles_older_than_the_journal_come_from_iceberg(
     stream_pub._journal.flush(10)
     trim_journal(journal_settings, journal, topic)
     with Client(journal_settings) as client:
-        sub = client.subscribe(feed.ticker, "ohlc:60", since=hour)
+        sub = client.subscribe(feed.ticker, "ohlc:60", since=hour, raw=True)
         got = [next(sub) for _ in range(3)]
         sub.close()
     assert [c.open_time_ms for c in got] == [hour, hour + 60_000, hour + 120_000]

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 import uuid
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,11 @@ from confluent_kafka import Producer
 
 from candlewire import Client, TriggerRefused, condition
 from candlewire.kafka import TICKS, producer_config
-from candlewire.lake import NAMESPACE, catalog
 from candlewire.testing import list_symbols, new_user
 from gateway import Gateway
 from proto import market_pb2
 from proto.envelope import to_record
+from streaming.cep import Triggers
 from streaming.progress import Progress
 from tests.gateway.conftest import gw_config, next_of, sign_in
 from tests.gateway.test_channels import Inbox
@@ -134,18 +135,13 @@ def test_each_kind_fires_and_its_near_miss_does_not(live_pipeline, tickers) -> N
     assert all(e.firing == 1 and e.ticker == ticker for e in got)
 
 
-def committed(settings, ticker: str) -> bool:
-    """The ticker's candles are in ``ohlc`` and that commit is the one recorded: the state
-    a restart restores holds the ticker's trades so far."""
+def recorded(settings, ticker: str, price: str) -> bool:
+    """The CEP query's last record has the ticker's last trade at ``price``: the state a
+    restart restores holds the ticker's trades so far."""
     run_id = (Path(settings.checkpoints()) / "ticks.run-id").read_text().strip()
-    last = Progress(settings).last_candles(run_id)
-    ohlc = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
-    rows = ohlc.scan(row_filter=f"ticker = '{ticker}'").to_arrow()
-    return (
-        last is not None
-        and rows.num_rows > 0
-        and last.snapshot_id == ohlc.current_snapshot().snapshot_id
-    )
+    record = Progress(settings).last_cep(run_id)
+    feed = None if record is None else Triggers.loads(record.state).feeds.get(ticker)
+    return feed is not None and feed.last_price == Decimal(price)
 
 
 def zigzag(t0: int, n: int) -> list[tuple[int, str, str]]:
@@ -177,7 +173,7 @@ def test_once_cooldown_and_removal(live_pipeline, tickers) -> None:
 
 
 def test_a_firing_crosses_a_kill_9_exactly_once(live_pipeline, tickers) -> None:
-    """The crossing reaches Kafka, the job dies before it can commit it; the restarted job
+    """The crossing reaches Kafka, the job dies before it can evaluate it; the restarted job
     restores the state before it (the trade below the level) and the firing arrives once."""
     ticker, t0 = tickers[2], minute_aligned_past()
     with Client(live_pipeline, client_id=f"x-{uuid.uuid4().hex[:6]}") as client:
@@ -185,7 +181,7 @@ def test_a_firing_crosses_a_kill_9_exactly_once(live_pipeline, tickers) -> None:
             client, ticker, "x", condition("price_cross", level="100", direction="up"), once=False
         )
         produce(live_pipeline, ticker, [(t0, "99", "1")])
-        wait_for(lambda: committed(live_pipeline, ticker), timeout=90, interval=0.5)
+        wait_for(lambda: recorded(live_pipeline, ticker, "99"), timeout=90, interval=0.5)
         job = RUNNING.pop()
         os.kill(job.pid, signal.SIGSTOP)  # the driver cannot commit what comes next
         produce(live_pipeline, ticker, [(t0 + S, "101", "1")])

@@ -1,0 +1,57 @@
+"""Settings from a TOML file, a variable over the file, an argument over both; and the
+nested ``[ingest.replay]`` reaching the services a launcher starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from candlewire.config import Settings
+
+
+@pytest.fixture
+def toml(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "candlewire.toml"
+    path.write_text(
+        'stream_watermark_s = 5.0\n\n[ingest.replay]\nroot = "/data/vision"\nclock = "live"\n'
+    )
+    monkeypatch.setenv("CANDLEWIRE_CONFIG", str(path))
+    for name in ("CANDLEWIRE_INGEST__REPLAY__ROOT", "CANDLEWIRE_STREAM_WATERMARK_S"):
+        monkeypatch.delenv(name, raising=False)
+    return path
+
+
+def test_the_file_sets_flat_and_nested_settings(toml) -> None:
+    s = Settings()
+    assert s.stream_watermark_s == 5.0
+    assert (s.ingest.replay.root, s.ingest.replay.clock) == (Path("/data/vision"), "live")
+    assert s.ingest.replay.speed == 1.0  # not in the file: the default
+
+
+def test_a_variable_overrides_the_file_and_an_argument_both(toml, monkeypatch) -> None:
+    monkeypatch.setenv("CANDLEWIRE_INGEST__REPLAY__ROOT", "/elsewhere")
+    assert Settings().ingest.replay.root == Path("/elsewhere")
+    assert Settings(stream_watermark_s=7.0).stream_watermark_s == 7.0
+
+
+def test_child_processes_get_the_replay_settings(toml, monkeypatch) -> None:
+    env = Settings().to_env()
+    assert env["CANDLEWIRE_INGEST__REPLAY__ROOT"] == "/data/vision"
+    assert env["CANDLEWIRE_INGEST__REPLAY__CLOCK"] == "live"
+    monkeypatch.delenv("CANDLEWIRE_CONFIG")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert Settings().ingest.replay.root == Path("/data/vision")
+
+
+def test_a_bad_value_in_the_file_is_a_clear_error(toml) -> None:
+    toml.write_text('[ingest.replay]\nclock = "yesterday"\n')
+    with pytest.raises(ValidationError, match=r"ingest\.replay\.clock"):
+        Settings()
+
+
+def test_no_file_means_the_defaults(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CANDLEWIRE_CONFIG", str(tmp_path / "absent.toml"))
+    assert Settings().ingest.replay.root is None

@@ -1,0 +1,256 @@
+"""REPLAY of Binance Vision downloads: zips and csvs, daily and monthly, checksums, both
+timestamp units, indexed pages; and a replayed download lands in Iceberg row for row.
+
+The files are generated here in Binance Vision's layout, so the rows written are the oracle.
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import random
+import threading
+import zipfile
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from candlewire import Client
+from candlewire.lake import NAMESPACE, catalog
+from ingest.exchanges.base import Page
+from ingest.exchanges.replay import ReplayExchange, ReplayFileError, build_index, parse_speed
+from tests.ingest.test_service import start_ingestor
+from tests.support import wait_for
+
+HOUR_MS = 3_600_000
+DAY_MS = 86_400_000
+
+
+def utc_ms(*ymd: int) -> int:
+    return calendar.timegm((*ymd, 0, 0, 0)) * 1000
+
+
+def klines(start_ms: int, n: int, seed: int, micros: bool = False) -> list[list[str]]:
+    """n hourly klines in Binance's 12 columns; times in µs as in files from 2025 on."""
+    rng, price, rows = random.Random(seed), Decimal("100.00"), []
+    for i in range(n):
+        t = start_ms + i * HOUR_MS
+        o = price
+        price += Decimal(rng.randint(-300, 300)) / 100
+        hi, lo = max(o, price) + Decimal("0.5"), min(o, price) - Decimal("0.25")
+        unit = 1000 if micros else 1
+        close_time = (t + HOUR_MS - 1) * unit
+        vol = f"{rng.randint(1, 10**6) / 1000:.3f}"
+        row = [t * unit, o, hi, lo, price, vol, close_time, "0", rng.randint(1, 99), "0", "0", "0"]
+        rows.append([str(v) for v in row])
+    return rows
+
+
+def trades(start_ms: int, n: int, first_id: int, micros: bool) -> list[list[str]]:
+    rng = random.Random(first_id)
+    rows = []
+    for i in range(n):
+        t = start_ms + i * 997
+        price = f"{100 + rng.randint(0, 5000) / 100:.2f}"
+        rows.append(
+            [
+                str(first_id + i),
+                price,
+                f"{rng.randint(1, 9999) / 1000:.3f}",
+                "0",
+                str(t * 1000 if micros else t),
+                "True" if rng.random() < 0.5 else "False",
+                "True",
+            ]
+        )
+    return rows
+
+
+def write(folder: Path, name: str, rows: list[list[str]], packed: bool = True) -> Path:
+    """``name``.zip holding ``name``.csv, with its CHECKSUM (or ``name``.csv)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    text = "".join(",".join(r) + "\n" for r in rows)
+    if not packed:
+        path = folder / f"{name}.csv"
+        path.write_text(text)
+        return path
+    path = folder / f"{name}.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(f"{name}.csv", text)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    (folder / f"{name}.zip.CHECKSUM").write_text(f"{digest}  {name}.zip\n")
+    return path
+
+
+def vision_root(root: Path, symbol: str = "ABCUSDT") -> dict:
+    """February 2024 monthly, Feb 28 and 29 daily (covered by the month: left out), March 1
+    daily in µs; trades of March 1 (zip, µs) and March 3 (csv, ms)."""
+    spot = root / "spot"
+    month = klines(utc_ms(2024, 2, 1), 29 * 24, seed=1)
+    write(spot / "monthly/klines" / symbol / "1h", f"{symbol}-1h-2024-02", month)
+    for day in (28, 29):
+        # Different numbers than the month holds: read, they would show up.
+        rows = klines(utc_ms(2024, 2, day), 24, seed=day)
+        write(spot / "daily/klines" / symbol / "1h", f"{symbol}-1h-2024-02-{day:02d}", rows)
+    march = klines(utc_ms(2024, 3, 1), 24, seed=3, micros=True)
+    write(spot / "daily/klines" / symbol / "1h", f"{symbol}-1h-2024-03-01", march)
+    first = trades(utc_ms(2024, 3, 1), 400, 1_000, micros=True)
+    third = trades(utc_ms(2024, 3, 3), 150, 5_000, micros=False)
+    write(spot / "daily/trades" / symbol, f"{symbol}-trades-2024-03-01", first)
+    write(spot / "daily/trades" / symbol, f"{symbol}-trades-2024-03-03", third, packed=False)
+    by_time = {int(r[0]): r for r in month}
+    by_time.update({int(r[0]) // 1000: r for r in march})
+    return {"klines": by_time, "trades": first + third}
+
+
+def fields(c) -> tuple:
+    prices = (c.open, c.high, c.low, c.close, c.volume)
+    return (c.open_time_ms, *(Decimal(p) for p in prices), c.trade_count)
+
+
+def expected(rows: dict, start: int, end: int) -> list[tuple]:
+    return [
+        (t, *(Decimal(v) for v in r[1:6]), int(r[8]))
+        for t, r in sorted(rows.items())
+        if start <= t < end
+    ]
+
+
+def test_monthly_and_daily_zips_and_csvs_each_row_once(tmp_path) -> None:
+    want = vision_root(tmp_path)
+    replay = ReplayExchange("VISION", tmp_path)
+    assert [m.ticker for m in replay.markets()] == ["VISION:ABC/USDT"]
+    start, end = utc_ms(2024, 2, 27), utc_ms(2024, 3, 2)
+    got = replay.ohlc_page("VISION:ABC/USDT", 3600, Page(0, start, end))
+    assert [fields(c) for c in got] == expected(want["klines"], start, end)
+    assert len(got) == 4 * 24
+    assert replay.recorded_range("VISION:ABC/USDT", 3600) == (
+        utc_ms(2024, 2, 1),
+        utc_ms(2024, 3, 2),
+    )
+    stop = threading.Event()
+    ticks = list(
+        ReplayExchange("VISION", tmp_path, speed=float("inf")).trades("VISION:ABC/USDT", stop)
+    )
+    assert [(t.trade_id, t.price, t.size, t.exchange_time_ns) for t in ticks] == [
+        (r[0], r[1], r[2], (int(r[4]) if int(r[4]) > 10**14 else int(r[4]) * 1000) * 1000)
+        for r in want["trades"]
+    ]
+
+
+def test_the_index_leaves_out_covered_days_and_a_page_opens_only_its_files(tmp_path) -> None:
+    vision_root(tmp_path)
+    index = build_index(tmp_path)
+    names = [f.path.name for f in index[("klines", "ABCUSDT", "1h")]]
+    assert names == ["ABCUSDT-1h-2024-02.zip", "ABCUSDT-1h-2024-03-01.zip"]
+    replay = ReplayExchange("VISION", tmp_path)
+    opened: list[str] = []
+    read = replay.files._read
+    replay.files._read = lambda path, columns: opened.append(path.name) or read(path, columns)
+    replay.ohlc_page("VISION:ABC/USDT", 3600, Page(0, utc_ms(2024, 3, 1), utc_ms(2024, 3, 2)))
+    assert opened == ["ABCUSDT-1h-2024-03-01.zip"]
+    for day in range(1, 29, 7):  # consecutive pages of the month parse it once
+        page = Page(0, utc_ms(2024, 2, day), utc_ms(2024, 2, day) + 7 * DAY_MS)
+        replay.ohlc_page("VISION:ABC/USDT", 3600, page)
+    assert opened == ["ABCUSDT-1h-2024-03-01.zip", "ABCUSDT-1h-2024-02.zip"]
+
+
+def test_a_bad_checksum_a_corrupt_zip_and_a_malformed_row_are_named(tmp_path) -> None:
+    vision_root(tmp_path)
+    folder = tmp_path / "spot/daily/klines/ABCUSDT/1h"
+    march = folder / "ABCUSDT-1h-2024-03-01.zip"
+    (folder / "ABCUSDT-1h-2024-03-01.zip.CHECKSUM").write_text("0" * 64 + "  x.zip\n")
+    replay = ReplayExchange("VISION", tmp_path)
+    page = Page(0, utc_ms(2024, 3, 1), utc_ms(2024, 3, 2))
+    with pytest.raises(
+        ReplayFileError, match=r"ABCUSDT-1h-2024-03-01.zip: sha256 .* does not match"
+    ):
+        replay.ohlc_page("VISION:ABC/USDT", 3600, page)
+    # Another file's rows are still there.
+    february = Page(0, utc_ms(2024, 2, 1), utc_ms(2024, 2, 2))
+    assert len(replay.ohlc_page("VISION:ABC/USDT", 3600, february)) == 24
+    (folder / "ABCUSDT-1h-2024-03-01.zip.CHECKSUM").unlink()
+    march.write_bytes(march.read_bytes()[:100])
+    with pytest.raises(ReplayFileError, match="not readable"):
+        ReplayExchange("VISION", tmp_path).ohlc_page("VISION:ABC/USDT", 3600, page)
+    rows = klines(utc_ms(2024, 3, 1), 24, seed=3)
+    rows[7][4] = "NaN"
+    write(folder, "ABCUSDT-1h-2024-03-01", rows)
+    with pytest.raises(ReplayFileError, match=r"ABCUSDT-1h-2024-03-01.zip:8: malformed row"):
+        ReplayExchange("VISION", tmp_path).ohlc_page("VISION:ABC/USDT", 3600, page)
+
+
+def test_the_trade_stream_skips_a_bad_file_and_keeps_the_others(tmp_path) -> None:
+    want = vision_root(tmp_path)
+    bad = tmp_path / "spot/daily/trades/ABCUSDT/ABCUSDT-trades-2024-03-01.zip"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    (bad.parent / (bad.name + ".CHECKSUM")).unlink()
+    replay = ReplayExchange("VISION", tmp_path, speed=float("inf"))
+    ticks = list(replay.trades("VISION:ABC/USDT", threading.Event()))
+    assert [t.trade_id for t in ticks] == [r[0] for r in want["trades"][400:]]
+    assert replay.errors == 1
+
+
+def test_the_live_clock_shifts_trades_to_now_at_the_asked_speed(tmp_path) -> None:
+    import time
+
+    vision_root(tmp_path)
+    replay = ReplayExchange("VISION", tmp_path, speed=parse_speed("100x"), clock="live")
+    stop, got = threading.Event(), []
+    started = time.time()
+    for tick in replay.trades("VISION:ABC/USDT", stop):
+        got.append(tick)
+        if len(got) == 101:
+            break
+    took = time.time() - started
+    # 100 gaps of 0.997 s recorded, at 100x: about a second, and stamped now.
+    assert 0.9 < took < 5.0
+    assert abs(got[0].exchange_time_ns / 1e9 - started) < 1.0
+    span = (got[-1].exchange_time_ns - got[0].exchange_time_ns) / 1e9
+    assert span == pytest.approx(0.997, rel=0.05)
+    assert parse_speed("max") == float("inf")
+    with pytest.raises(ValueError):
+        parse_speed("0x")
+
+
+def test_a_replayed_download_lands_in_iceberg_row_for_row(live_pipeline, tmp_path) -> None:
+    """History pages from the zips into ``ohlc``, and the trades with their original times
+    into ``ticks``: equal to the files, a file with a bad checksum left out."""
+    want = vision_root(tmp_path, symbol="VIZUSDT")
+    folder = tmp_path / "spot/daily/trades/VIZUSDT"
+    write(folder, "VIZUSDT-trades-2024-03-02", trades(utc_ms(2024, 3, 2), 50, 3_000, True))
+    (folder / "VIZUSDT-trades-2024-03-02.zip.CHECKSUM").write_text("f" * 64 + "  x\n")
+    ticker = "VISION:VIZ/USDT"
+    replay = ReplayExchange("VISION", tmp_path, speed=float("inf"))
+    ingestor = start_ingestor(live_pipeline, replay, always_on=[ticker])
+    start, end = utc_ms(2024, 2, 20), utc_ms(2024, 3, 2)
+    try:
+        with Client(live_pipeline) as client:
+            table = client.request_history(ticker, 3600, start, end, read=True, timeout=180)
+        ticks = catalog(live_pipeline).load_table(f"{NAMESPACE}.ticks")
+
+        def stored() -> list[dict]:
+            ticks.refresh()
+            return ticks.scan(row_filter=f"ticker = '{ticker}'").to_arrow().to_pylist()
+
+        wait_for(lambda: len(stored()) >= len(want["trades"]), timeout=120, interval=1.0)
+    finally:
+        ingestor.stop()
+    prices = ("open", "high", "low", "close", "volume")
+    got = [
+        (int(r["open_time"].timestamp() * 1000), *(r[f] for f in prices), r["trade_count"])
+        for r in table.to_pylist()
+    ]
+    assert got == expected(want["klines"], start, end)
+    rows = sorted(stored(), key=lambda r: int(r["trade_id"]))
+    assert [(r["trade_id"], r["price"], r["size"], r["exchange_time_ns"]) for r in rows] == [
+        (
+            t[0],
+            Decimal(t[1]),
+            Decimal(t[2]),
+            (int(t[4]) if int(t[4]) > 10**14 else int(t[4]) * 1000) * 1000,
+        )
+        for t in want["trades"]
+    ]
+    assert replay.errors == 1
