@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 JARS   := .cache/jvm
 MVN    := mvn -q -B -s jvm/maven-settings.xml
 
-.PHONY: install jvm system-packages test fuzz up down status bench lint proto clean
+.PHONY: install jvm web system-packages test fuzz up down status bench lint proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,18 @@ $(DECODER): $(JARS)/.fetched jvm/decoder/pom.xml $(wildcard jvm/decoder/src/main
 
 jvm: $(JARS)/.fetched $(DECODER)
 
+# The live page's chart (lightweight-charts, Apache-2.0), from npm by the lockfile, so the
+# gateway serves it itself and the page needs no internet.
+CHART_JS := gateway/static/vendor/lightweight-charts.js
+$(CHART_JS): gateway/web/package.json gateway/web/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: apt-get install npm"; exit 1; }
+	npm ci --prefix gateway/web --ignore-scripts --no-audit --no-fund
+	mkdir -p $(@D)
+	cp gateway/web/node_modules/lightweight-charts/LICENSE $(@D)/lightweight-charts.LICENSE
+	cp gateway/web/node_modules/lightweight-charts/dist/lightweight-charts.standalone.production.js $@
+
+web: $(CHART_JS)
+
 # From Debian's packages, whatever the machine lacks: the PostgreSQL server (Iceberg catalog,
 # Dagster, user directory), and Chromium with its driver for the live page's browser test.
 system-packages:
@@ -43,7 +55,7 @@ system-packages:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-install: $(STAMP) jvm system-packages
+install: $(STAMP) jvm web system-packages
 
 test: install
 	$(PY) -m pytest
@@ -81,4 +93,4 @@ proto: install
 	$(PY) -m proto.generate
 
 clean: down
-	rm -rf $(VENV) .candlewire .cache jvm/target
+	rm -rf $(VENV) .candlewire .cache jvm/target gateway/web/node_modules gateway/static/vendor

@@ -46,6 +46,27 @@ class Flood(SimExchange):
             m0 += 10
 
 
+def sim_ticks_per_s(settings, seconds: float) -> float:
+    """SIM ticks/s one ingestor's stream writes into the ticks topic, over ``seconds``."""
+    sink = KafkaSink(settings)
+    stop = threading.Event()
+    worker = threading.Thread(
+        target=run_stream, args=("SIM:BTC/USDT", Flood(rate=60.0), sink, stop)
+    )
+    before = topic_size(settings)
+    worker.start()
+    time.sleep(1.0)  # warm-up
+    t0, n0 = time.perf_counter(), topic_size(settings)
+    time.sleep(seconds)
+    t1, n1 = time.perf_counter(), topic_size(settings)
+    stop.set()
+    worker.join()
+    sink.flush()
+    rate = (n1 - n0) / (t1 - t0)
+    print(f"ingestor wrote {n1 - before:,} ticks; {rate:,.0f} ticks/s over {t1 - t0:.1f}s")
+    return rate
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -56,21 +77,7 @@ def main() -> None:
         try:
             ensure_topics(settings)
             baseline = perf_test_records_per_s(settings, args.records)
-            sink = KafkaSink(settings)
-            stop = threading.Event()
-            sim = Flood(rate=60.0)
-            worker = threading.Thread(target=run_stream, args=("SIM:BTC/USDT", sim, sink, stop))
-            before = topic_size(settings)
-            worker.start()
-            time.sleep(1.0)  # warm-up
-            t0, n0 = time.perf_counter(), topic_size(settings)
-            time.sleep(args.seconds)
-            t1, n1 = time.perf_counter(), topic_size(settings)
-            stop.set()
-            worker.join()
-            sink.flush()
-            rate = (n1 - n0) / (t1 - t0)
-            print(f"ingestor wrote {n1 - before:,} ticks; {rate:,.0f} ticks/s over {t1 - t0:.1f}s")
+            rate = sim_ticks_per_s(settings, args.seconds)
         finally:
             broker.stop()
     print(

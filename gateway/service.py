@@ -450,17 +450,28 @@ class Gateway:
         if path in ("/", "/index.html"):
             page = resources.files("gateway").joinpath("static/index.html").read_text()
             return _typed(connection.respond(HTTPStatus.OK, page), "text/html; charset=utf-8")
+        if path.removeprefix("/vendor/") in VENDOR:
+            script = resources.files("gateway").joinpath("static" + path)
+            if not script.is_file():
+                missing = f"{path} is built by `make install` (npm ci in gateway/web)\n"
+                return connection.respond(HTTPStatus.NOT_FOUND, missing)
+            response = connection.respond(HTTPStatus.OK, script.read_text())
+            return _typed(response, "text/javascript; charset=utf-8", "max-age=86400")
         return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
 
 
-def _typed(response: Response, content_type: str) -> Response:
+def _typed(response: Response, content_type: str, cache: str = "no-store") -> Response:
     headers = Headers(
         (k, v) for k, v in response.headers.raw_items() if k.lower() != "content-type"
     )
     headers["Content-Type"] = content_type
-    headers["Cache-Control"] = "no-store"
+    headers["Cache-Control"] = cache
     headers["Content-Security-Policy"] = "default-src 'self' 'unsafe-inline'; connect-src 'self'"
     return Response(response.status_code, response.reason_phrase, headers, response.body)
+
+
+# What the page loads besides itself, bundled by `make install` (gateway/web's lockfile).
+VENDOR = frozenset({"lightweight-charts.js"})
 
 
 def _error_topic(chart_topic: str) -> str:

@@ -77,13 +77,17 @@ def run_metadata(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink) -> in
 
 
 def run_stream(ticker: str, exchange: Exchange, sink: KafkaSink, stop: threading.Event) -> int:
-    """Produce live trades keyed by ticker until ``stop``; reconnect on exchange errors."""
+    """Produce live trades keyed by ticker until ``stop``, or until the exchange has no more
+    (a replay at its end); reconnect on exchange errors."""
     sent = 0
     while not stop.is_set():
         try:
             for tick in exchange.trades(ticker, stop):
                 sink.send(TICKS.name, ticker, tick)
                 sent += 1
+            if not stop.is_set():
+                log.info("stream %s ended after %d trades: the exchange has no more", ticker, sent)
+                break
         except UnknownSymbol:
             raise
         except ExchangeError as exc:

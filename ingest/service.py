@@ -354,6 +354,8 @@ class Ingestor:
                 self.pending.pop(key, None)  # unknown symbol: do not restart
                 if isinstance(exc, UnknownSymbol):
                     self.failed[key.removeprefix("stream:")] = (rq.UNKNOWN_SYMBOL, str(exc), now)
+            elif not job.stop.is_set():  # it ended by itself: a replay reached its end
+                self.pending.pop(key, None)
 
     def _heartbeat(self, beat: zmq.Socket, now: float, final: bool = False) -> None:
         state = rq.DONE if final else self.state(now)

@@ -1,6 +1,6 @@
 """The ``candlewire`` command.
 
-Client verbs (``watch``, ``history``, ``trigger``, ``endpoints``) need only the plain install; service
+Client verbs (``watch``, ``history``, ``chart``, ``trigger``, ``endpoints``) need only the plain install; service
 verbs import their service when run, and say which install they need when it is missing.
 """
 
@@ -117,6 +117,22 @@ def _history(args: argparse.Namespace, settings: Settings) -> int:
             print(f"{table.num_rows} rows written to {args.output} ({fmt})", file=sys.stderr)
     else:
         print_table(table)
+    return 0
+
+
+def _chart(args: argparse.Namespace, settings: Settings) -> int:
+    from candlewire.client import Client
+    from launcher.chart import html_chart
+
+    with Client(settings) as client:
+        table = client.history(args.ticker, args.period, args.start, args.end)
+    if not table.num_rows:
+        print(f"no {args.period} s candles of {args.ticker} in that range", file=sys.stderr)
+        return 1
+    output = args.output or f"{args.ticker.replace(':', '_').replace('/', '')}-{args.period}.html"
+    with open(output, "w", encoding="utf-8") as f:
+        f.write(html_chart(table, args.ticker, args.period))
+    print(f"{table.num_rows} candles charted in {output}", file=sys.stderr)
     return 0
 
 
@@ -303,6 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", help="write to this file (format from --format or its extension; - stdout)"
     )
     hist.set_defaults(fn=_history)
+    chart = sub.add_parser("chart", help="write an HTML chart of candles from Iceberg")
+    chart.add_argument("ticker")
+    chart.add_argument("--period", type=int, default=3600, help="seconds (default 3600)")
+    chart.add_argument("--start", required=True, type=time_arg, help="ISO time or epoch ms")
+    chart.add_argument("--end", required=True, type=time_arg, help="ISO time or epoch ms")
+    chart.add_argument("--output", help="the .html file (default: TICKER-PERIOD.html)")
+    chart.set_defaults(fn=_chart)
     gw = sub.add_parser("gateway", help="run the user-event gateway, or manage its users")
     gw.set_defaults(fn=_gateway, action="run")
     gw_sub = gw.add_subparsers(dest="action")

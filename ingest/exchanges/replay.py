@@ -33,8 +33,10 @@ from __future__ import annotations
 import bisect
 import calendar
 import csv
+import functools
 import hashlib
 import io
+import itertools
 import logging
 import re
 import sys
@@ -65,11 +67,6 @@ DAY_MS = 86_400_000
 class ReplayFileError(RangeUnavailable):
     """A file that cannot be read as Binance Vision publishes it. Final: retrying reads the
     same bytes."""
-
-
-def _ms(value: str) -> int:
-    t = int(value)
-    return t // 1000 if t > 10**14 else t  # µs since 2025
 
 
 def split_symbol(symbol: str) -> tuple[str, str]:
@@ -143,29 +140,42 @@ def build_index(root: Path) -> dict[tuple[str, str, str], list[Recorded]]:
     return index
 
 
+@dataclass(frozen=True)
+class Recording:
+    """A file's data rows in time order, and their times in microseconds."""
+
+    rows: list[list[str]]
+    times: list[int]
+
+    def between(self, start_ms: int, end_ms: int) -> tuple[list[int], list[list[str]]]:
+        lo = bisect.bisect_left(self.times, start_ms * 1000)
+        hi = bisect.bisect_left(self.times, end_ms * 1000)
+        return self.times[lo:hi], self.rows[lo:hi]
+
+
 class RecordedRows:
-    """A file's rows, checked: the CHECKSUM beside it, the archive, each row's shape."""
+    """Files' rows, checked: the CHECKSUM beside each, the archive, each row's shape."""
 
     def __init__(self) -> None:
         self._verified: set[tuple[Path, int, int]] = set()
-        self._parsed: OrderedDict[Path, list[list[str]]] = OrderedDict()
+        self._parsed: OrderedDict[Path, Recording] = OrderedDict()
         self._lock = threading.Lock()
 
-    def rows(self, path: Path, columns: int) -> list[list[str]]:
-        """Every data row (the header newer files carry is skipped), cached for the next
-        pages."""
+    def rows(self, path: Path, columns: int, time_col: int) -> Recording:
+        """Every data row (the header newer files carry is skipped), kept parsed for the
+        next pages."""
         with self._lock:
             if path in self._parsed:
                 self._parsed.move_to_end(path)
                 return self._parsed[path]
-        rows = self._read(path, columns)
+        recording = self._read(path, columns, time_col)
         with self._lock:
-            self._parsed[path] = rows
+            self._parsed[path] = recording
             while len(self._parsed) > PARSED_FILES_KEPT:
                 self._parsed.popitem(last=False)
-        return rows
+        return recording
 
-    def _read(self, path: Path, columns: int) -> list[list[str]]:
+    def _read(self, path: Path, columns: int, time_col: int) -> Recording:
         self._verify(path)
         try:
             if path.suffix == ".zip":
@@ -174,9 +184,10 @@ class RecordedRows:
                     if len(members) != 1:
                         raise ReplayFileError(f"{path}: holds {len(members)} .csv files, not 1")
                     with archive.open(members[0]) as raw:
-                        return _checked(csv.reader(io.TextIOWrapper(raw, "utf-8")), path, columns)
+                        text = io.TextIOWrapper(raw, "utf-8", newline="")
+                        return _checked(text, path, columns, time_col)
             with path.open(newline="", encoding="utf-8") as f:
-                return _checked(csv.reader(f), path, columns)
+                return _checked(f, path, columns, time_col)
         except (zipfile.BadZipFile, EOFError, UnicodeDecodeError, OSError) as exc:
             raise ReplayFileError(f"{path}: not readable ({exc})") from None
 
@@ -188,7 +199,8 @@ class RecordedRows:
         key = (path, stat.st_size, stat.st_mtime_ns)
         if key in self._verified:
             return
-        expected = check.read_text().split()[0].lower() if check.read_text().strip() else ""
+        words = check.read_text().split()
+        expected = words[0].lower() if words else ""
         digest = hashlib.sha256()
         with path.open("rb") as f:
             while chunk := f.read(1 << 20):
@@ -200,16 +212,33 @@ class RecordedRows:
         self._verified.add(key)
 
 
-def _checked(reader: Iterator[list[str]], path: Path, columns: int) -> list[list[str]]:
-    """Rows with a numeric time and decimal numbers where the layout has them."""
-    out = []
-    for line, row in enumerate(reader, start=1):
-        if not row or (line == 1 and not row[0][:1].isdigit()):
+@functools.cache
+def _row_pattern(columns: int) -> re.Pattern[str]:
+    """A data line whose first ``columns`` fields are numbers (one match per line, not one
+    per field: most of a page's time was the check)."""
+    return re.compile(",".join([NUMBER.pattern] * columns) + r"(?:,[^\r\n]*)?")
+
+
+def _checked(lines: Iterator[str], path: Path, columns: int, time_col: int) -> Recording:
+    """Rows with a numeric time and decimal numbers where the layout has them, in time
+    order (files are; a stable sort otherwise). Binance's files quote nothing, so a line
+    splits on commas."""
+    pattern = _row_pattern(columns)
+    rows, times = [], []
+    for line_no, raw in enumerate(lines, start=1):
+        line = raw.rstrip("\r\n")
+        if not line or (line_no == 1 and not line[:1].isdigit()):
             continue  # a blank line; the header of newer files
-        if len(row) < columns or not all(NUMBER.fullmatch(v) for v in row[:columns]):
-            raise ReplayFileError(f"{path}:{line}: malformed row {row[: columns + 1]!r}")
-        out.append(row)
-    return out
+        if pattern.fullmatch(line) is None:
+            raise ReplayFileError(f"{path}:{line_no}: malformed row {line[:200]!r}")
+        row = line.split(",")
+        t = int(row[time_col])
+        times.append(t if t > 10**14 else t * 1000)  # µs in files from 2025 on, else ms
+        rows.append(row)
+    if any(a > b for a, b in itertools.pairwise(times)):
+        order = sorted(range(len(times)), key=times.__getitem__)
+        rows, times = [rows[i] for i in order], [times[i] for i in order]
+    return Recording(rows, times)
 
 
 class ReplayExchange(Exchange):
@@ -262,29 +291,29 @@ class ReplayExchange(Exchange):
         for f in files[first:]:
             if f.start_ms >= page.end_ms:
                 break
-            for r in self.files.rows(f.path, 9):
-                t = _ms(r[0])
-                if page.start_ms <= t < page.end_ms:
-                    candles[t] = market_pb2.OHLC(
-                        ticker=ticker,
-                        period_s=period_s,
-                        open_time_ms=t,
-                        open=r[1],
-                        high=r[2],
-                        low=r[3],
-                        close=r[4],
-                        volume=r[5],
-                        trade_count=int(r[8]),
-                        closed=True,
-                    )
+            times, rows = self.files.rows(f.path, 9, 0).between(page.start_ms, page.end_ms)
+            for t_us, r in zip(times, rows, strict=True):
+                t = t_us // 1000
+                candles[t] = market_pb2.OHLC(
+                    ticker=ticker,
+                    period_s=period_s,
+                    open_time_ms=t,
+                    open=r[1],
+                    high=r[2],
+                    low=r[3],
+                    close=r[4],
+                    volume=r[5],
+                    trade_count=int(r[8]),
+                    closed=True,
+                )
         return [candles[t] for t in sorted(candles)]
 
     def recorded_range(self, ticker: str, period_s: int) -> tuple[int, int]:
         """First open time and end of the recorded klines, for tests and demos."""
         files = self._klines(ticker, period_s)
-        first = [_ms(r[0]) for r in self.files.rows(files[0].path, 9)]
-        last = [_ms(r[0]) for r in self.files.rows(files[-1].path, 9)]
-        return min(first), max(last) + period_s * 1000
+        first = self.files.rows(files[0].path, 9, 0).times[0] // 1000
+        last = self.files.rows(files[-1].path, 9, 0).times[-1] // 1000
+        return first, last + period_s * 1000
 
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
         """Trades (aggTrades where no trades were downloaded), file by file in time order."""
@@ -296,13 +325,12 @@ class ReplayExchange(Exchange):
         t0_wall = time.time()
         for f in self.index.get((kind, symbol, ""), []):
             try:
-                rows = self.files.rows(f.path, time_col + 1)
+                recording = self.files.rows(f.path, time_col + 1, time_col)
             except ReplayFileError as exc:
                 self.errors += 1
                 log.error("replay: %s skipped: %s", ticker, exc)
                 continue
-            for r in rows:
-                rec_us = int(r[time_col]) if int(r[time_col]) > 10**14 else int(r[time_col]) * 1000
+            for rec_us, r in zip(recording.times, recording.rows, strict=True):
                 t0_rec = rec_us if t0_rec is None else t0_rec
                 due = t0_wall + (rec_us - t0_rec) / 1e6 / self.speed
                 while (wait := due - time.time()) > 0:
@@ -311,12 +339,13 @@ class ReplayExchange(Exchange):
                 if stop.is_set():
                     return
                 shown_ns = rec_us * 1000 if self.clock == "original" else int(due * 1e9)
+                side = r[time_col + 1].lower() if len(r) > time_col + 1 else ""
                 yield market_pb2.Tick(
                     ticker=ticker,
                     trade_id=prefix + r[0],
                     price=r[1],
                     size=r[2],
-                    side=market_pb2.SELL if r[time_col + 1].lower() == "true" else market_pb2.BUY,
+                    side=market_pb2.SELL if side == "true" else market_pb2.BUY,
                     exchange_time_ns=shown_ns,
                     ingest_time_ns=time.time_ns(),
                 )

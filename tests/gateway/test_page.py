@@ -1,10 +1,12 @@
 """The live page in headless Chromium (Debian's chromium and chromedriver, via selenium):
-sign in with a token, see an event arrive, see the chart draw candles from the relay."""
+sign in with a token, see an event arrive, see the chart draw history and live candles."""
 
 from __future__ import annotations
 
 import shutil
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from selenium import webdriver
@@ -17,6 +19,7 @@ from gateway import issue_token
 from proto import events_pb2 as ev
 from proto import market_pb2
 from tests.gateway.conftest import SECRET, gw_config
+from tests.gateway.test_metadata import write_candles
 from tests.support import wait_for
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -31,23 +34,37 @@ def browser():
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
         opts.add_argument(arg)
     driver = webdriver.Chrome(options=opts, service=webdriver.ChromeService(CHROMEDRIVER))
+    driver.set_window_size(1400, 900)
     yield driver
     driver.quit()
 
 
 def test_sign_in_see_an_event_and_a_live_chart(
-    gw_env, market, make_gateway, make_publisher, browser
+    gw_env, market, make_gateway, make_publisher, browser, tmp_path
 ) -> None:
+    """History from Iceberg first, then live candles on a lightweight-charts chart with
+    axes and a volume pane; a live update moves the last candle; an alert is a marker; the
+    period switch asks for another chart. A screenshot is left in the test's directory."""
+    ticker = "SIM:BTC/USDT"  # the page's default chart, requested on sign-in
+    minute = int(time.time()) // 60 * 60
+    write_candles(gw_env, ticker, [minute - 180, minute - 120])  # the chart's recent past
     make_gateway(gw_env, gw_config())
     events = make_publisher(gw_env)
     user = new_user()
-    wait = WebDriverWait(browser, 15)
+    wait = WebDriverWait(browser, 20)
     browser.get(f"http://127.0.0.1:{gw_env.port('gateway_http')}/")
     assert browser.title == "candlewire"
+    assert browser.execute_script("return typeof window.LightweightCharts") == "object"
 
     browser.find_element(By.ID, "token").send_keys(issue_token(SECRET, user))
     browser.find_element(By.ID, "signin-button").click()
     wait.until(lambda b: b.find_element(By.ID, "status").text == f"signed in as {user}")
+
+    def bars() -> list[dict]:
+        return browser.execute_script("return window.cwChart.prices.data()")
+
+    # History first: the two candles written to Iceberg, before anything live.
+    wait.until(lambda b: {minute - 180, minute - 120} <= {bar["time"] for bar in bars()})
 
     wait_for(lambda: events.watched(user))
     event = user_event(user, ev.INFORMATIONAL, None, {"level": "42"}, ev.ALERT_TRIGGERED)
@@ -57,26 +74,72 @@ def test_sign_in_see_an_event_and_a_live_chart(
     )
     assert "Alert triggered" in item.text and "level: 42" in item.text
 
-    ticker = "SIM:BTC/USDT"  # the page's default chart, requested on sign-in
-    canvas = browser.find_element(By.ID, "chart")
     topic = market_data_topic(ticker, ohlc_type(60))
-    start = 1_700_000_000_000
-    for i in range(40):
-        close = str(100 + i)
-        candle = market_pb2.OHLC(ticker=ticker, period_s=60, open_time_ms=start + 60_000 * (i // 4))
-        candle.open, candle.high, candle.low, candle.close = "100", str(101 + i), "99", close
-        candle.volume, candle.closed = "1", False
+
+    def live(open_s: int, close: str, volume: str = "3") -> None:
+        candle = market_pb2.OHLC(ticker=ticker, period_s=60, open_time_ms=open_s * 1000)
+        candle.open, candle.high, candle.low, candle.close = "100", "120.25", "95", close
+        candle.volume, candle.closed = volume, False
         market.publish(topic, candle)
-        time.sleep(0.05)
-        if int(canvas.get_attribute("data-updates")) >= 8:
-            break
-    wait.until(lambda b: int(canvas.get_attribute("data-candles")) >= 2)
-    text = browser.find_element(By.ID, "last-candle").text
-    assert text.startswith(f"{ticker} ") and "(forming)" in text
-    # The canvas was drawn on: some pixel is not the background.
-    painted = browser.execute_script(
-        "const c = document.getElementById('chart');"
-        "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
-        "let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n;"
+
+    def last() -> dict | None:
+        data = bars()
+        return data[-1] if data else None
+
+    # The relay passes our subscription on a moment after the chart request: publish until
+    # the forming candle shows.
+    wait.until(lambda b: live(minute, "101.5") or (last() or {}).get("time") == minute)
+    assert last()["close"] == 101.5
+    live(minute, "117.75", volume="5")  # a live update moves the last candle
+    wait.until(lambda b: last()["close"] == 117.75)
+    assert [b["time"] for b in bars()][-3:] == [minute - 180, minute - 120, minute]
+    volumes = browser.execute_script("return window.cwChart.volume.data()")
+    assert volumes[-1]["value"] == 5 and len(volumes) >= 3
+
+    # Axes and the volume pane, as the library lays them out.
+    axes = browser.execute_script(
+        "const c = window.cwChart.chart;"
+        "return [c.priceScale('right').width(), c.timeScale().height(), c.panes().length,"
+        "        c.options().crosshair.mode];"
     )
-    assert painted > 100
+    assert axes[0] > 20 and axes[1] > 10 and axes[2] == 2 and axes[3] == 0  # 0: Normal
+    assert browser.find_element(By.ID, "last-candle").text.startswith(f"{ticker} ")
+
+    # A CEP alert on this ticker is a marker on the candle it fell in.
+    alert = user_event(
+        user,
+        ev.INFORMATIONAL,
+        None,
+        {
+            "ticker": ticker,
+            "trigger_id": "t1",
+            "value": "117.75",
+            "event_time_ms": (minute + 30) * 1000,
+        },
+        ev.ALERT_TRIGGERED,
+    )
+    events.publish(alert)
+    wait.until(
+        lambda b: (
+            b.execute_script("return window.cwChart.markers.markers()")
+            and b.execute_script("return window.cwChart.markers.markers()[0].time") == minute
+        )
+    )
+    shot = tmp_path / "live-page.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+    # The period switch asks for the hourly chart: the minute candles go.
+    browser.find_element(By.CSS_SELECTOR, '#periods button[data-period="3600"]').click()
+    wait.until(lambda b: all(bar["time"] % 3600 == 0 for bar in bars()))
+
+
+def test_the_gateway_serves_the_chart_library_itself(gw_env, make_gateway) -> None:
+    make_gateway(gw_env, gw_config())
+    base = f"http://127.0.0.1:{gw_env.port('gateway_http')}"
+    with urllib.request.urlopen(f"{base}/vendor/lightweight-charts.js", timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/javascript")
+        assert b"LightweightCharts" in r.read()
+    for path in ("/vendor/../service.py", "/vendor/other.js"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{base}{path}", timeout=10)
+        assert err.value.code == 404

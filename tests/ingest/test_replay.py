@@ -1,5 +1,6 @@
 """REPLAY of Binance Vision downloads: zips and csvs, daily and monthly, checksums, both
-timestamp units, indexed pages; and a replayed download lands in Iceberg row for row.
+timestamp units, indexed pages, the two clocks (end to end into Iceberg:
+``tests/streaming/test_replay_files.py``).
 
 The files are generated here in Binance Vision's layout, so the rows written are the oracle.
 """
@@ -16,12 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from candlewire import Client
-from candlewire.lake import NAMESPACE, catalog
 from ingest.exchanges.base import Page
 from ingest.exchanges.replay import ReplayExchange, ReplayFileError, build_index, parse_speed
-from tests.ingest.test_service import start_ingestor
-from tests.support import wait_for
 
 HOUR_MS = 3_600_000
 DAY_MS = 86_400_000
@@ -147,7 +144,7 @@ def test_the_index_leaves_out_covered_days_and_a_page_opens_only_its_files(tmp_p
     replay = ReplayExchange("VISION", tmp_path)
     opened: list[str] = []
     read = replay.files._read
-    replay.files._read = lambda path, columns: opened.append(path.name) or read(path, columns)
+    replay.files._read = lambda path, *a: opened.append(path.name) or read(path, *a)
     replay.ohlc_page("VISION:ABC/USDT", 3600, Page(0, utc_ms(2024, 3, 1), utc_ms(2024, 3, 2)))
     assert opened == ["ABCUSDT-1h-2024-03-01.zip"]
     for day in range(1, 29, 7):  # consecutive pages of the month parse it once
@@ -212,45 +209,3 @@ def test_the_live_clock_shifts_trades_to_now_at_the_asked_speed(tmp_path) -> Non
     assert parse_speed("max") == float("inf")
     with pytest.raises(ValueError):
         parse_speed("0x")
-
-
-def test_a_replayed_download_lands_in_iceberg_row_for_row(live_pipeline, tmp_path) -> None:
-    """History pages from the zips into ``ohlc``, and the trades with their original times
-    into ``ticks``: equal to the files, a file with a bad checksum left out."""
-    want = vision_root(tmp_path, symbol="VIZUSDT")
-    folder = tmp_path / "spot/daily/trades/VIZUSDT"
-    write(folder, "VIZUSDT-trades-2024-03-02", trades(utc_ms(2024, 3, 2), 50, 3_000, True))
-    (folder / "VIZUSDT-trades-2024-03-02.zip.CHECKSUM").write_text("f" * 64 + "  x\n")
-    ticker = "VISION:VIZ/USDT"
-    replay = ReplayExchange("VISION", tmp_path, speed=float("inf"))
-    ingestor = start_ingestor(live_pipeline, replay, always_on=[ticker])
-    start, end = utc_ms(2024, 2, 20), utc_ms(2024, 3, 2)
-    try:
-        with Client(live_pipeline) as client:
-            table = client.request_history(ticker, 3600, start, end, read=True, timeout=180)
-        ticks = catalog(live_pipeline).load_table(f"{NAMESPACE}.ticks")
-
-        def stored() -> list[dict]:
-            ticks.refresh()
-            return ticks.scan(row_filter=f"ticker = '{ticker}'").to_arrow().to_pylist()
-
-        wait_for(lambda: len(stored()) >= len(want["trades"]), timeout=120, interval=1.0)
-    finally:
-        ingestor.stop()
-    prices = ("open", "high", "low", "close", "volume")
-    got = [
-        (int(r["open_time"].timestamp() * 1000), *(r[f] for f in prices), r["trade_count"])
-        for r in table.to_pylist()
-    ]
-    assert got == expected(want["klines"], start, end)
-    rows = sorted(stored(), key=lambda r: int(r["trade_id"]))
-    assert [(r["trade_id"], r["price"], r["size"], r["exchange_time_ns"]) for r in rows] == [
-        (
-            t[0],
-            Decimal(t[1]),
-            Decimal(t[2]),
-            (int(t[4]) if int(t[4]) > 10**14 else int(t[4]) * 1000) * 1000,
-        )
-        for t in want["trades"]
-    ]
-    assert replay.errors == 1
