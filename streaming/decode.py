@@ -61,6 +61,8 @@ SIDES = {market_pb2.BUY: "BUY", market_pb2.SELL: "SELL"}
 # same in DecodeTick.java. Stricter than Python's Decimal, which also takes "1_000", " 1"
 # and non-ASCII digits: no feed sends those, and one grammar lets both decoders agree.
 DECIMAL_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# A price is above zero (a non-zero digit before any exponent, no minus); a size is not below.
+POSITIVE_TEXT = re.compile(r"\+?[^eE-]*[1-9].*")
 JVM_DECODER = "io.candlewire.spark.DecodeTick"
 # The ``ohlc`` table's schema as Arrow, with the plain strings Spark reads from Arrow.
 OHLC_ROWS = pa.schema(
@@ -122,16 +124,24 @@ def decode_ticks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 def _decimals(t: market_pb2.Tick) -> bool:
-    """Price and size are decimal strings: anything else is a malformed tick."""
-    return bool(DECIMAL_TEXT.fullmatch(t.price) and DECIMAL_TEXT.fullmatch(t.size))
+    """Price and size are decimal strings, the price above zero and the size not below:
+    anything else is a malformed tick."""
+    return bool(
+        DECIMAL_TEXT.fullmatch(t.price)
+        and POSITIVE_TEXT.fullmatch(t.price)
+        and DECIMAL_TEXT.fullmatch(t.size)
+        and not t.size.startswith("-")
+    )
 
 
 def decode_ticks_in_jvm(spark: SparkSession, records: DataFrame) -> DataFrame:
     """``records`` (Kafka ``value``, ``partition``, ``offset``...) as TICK_ROWS plus the other
     columns, decoded by the JVM UDF: rows equal to :func:`decode_ticks`' for every value."""
-    spark.udf.registerJavaFunction(
-        "candlewire_decode_tick", JVM_DECODER, from_arrow_schema(TICK_ROWS)
-    )
+    if not getattr(spark, "_candlewire_decoder", False):  # once: each time logs a warning
+        spark.udf.registerJavaFunction(
+            "candlewire_decode_tick", JVM_DECODER, from_arrow_schema(TICK_ROWS)
+        )
+        spark._candlewire_decoder = True  # type: ignore[attr-defined]
     carried = [c for c in records.columns if c != "value"]
     return records.select(
         F.call_function("candlewire_decode_tick", "value").alias("t"), *carried

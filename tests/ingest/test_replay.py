@@ -209,3 +209,20 @@ def test_the_live_clock_shifts_trades_to_now_at_the_asked_speed(tmp_path) -> Non
     assert parse_speed("max") == float("inf")
     with pytest.raises(ValueError):
         parse_speed("0x")
+
+
+def test_agg_trades_stand_in_where_no_trades_were_downloaded(tmp_path) -> None:
+    # aggTrades: id, price, qty, first_id, last_id, time, is_buyer_maker, is_best_match
+    rows = [
+        ["17", "100.5", "0.25", "40", "42", str(utc_ms(2024, 3, 1) * 1000 + 5), "True", "True"],
+        ["18", "100.75", "1.5", "43", "43", str(utc_ms(2024, 3, 1) * 1000 + 9), "False", "True"],
+    ]
+    write(tmp_path / "spot/daily/aggTrades/AGGUSDT", "AGGUSDT-aggTrades-2024-03-01", rows)
+    replay = ReplayExchange("VISION", tmp_path, speed=float("inf"))
+    assert [m.ticker for m in replay.markets()] == ["VISION:AGG/USDT"]
+    ticks = list(replay.trades("VISION:AGG/USDT", threading.Event()))
+    assert [(t.trade_id, t.price, t.size, t.side) for t in ticks] == [
+        ("a17", "100.5", "0.25", 2),  # the buyer was the maker: a sell
+        ("a18", "100.75", "1.5", 1),
+    ]
+    assert ticks[1].exchange_time_ns == (utc_ms(2024, 3, 1) * 1000 + 9) * 1000

@@ -17,7 +17,10 @@ def test_malformed_prices_and_sizes_are_invalid_ticks() -> None:
     good = market_pb2.Tick(ticker="X:A/B", trade_id="1", price="1.5", size="2", exchange_time_ns=1)
     bad = [
         market_pb2.Tick(ticker="X:A/B", trade_id="2", price=p, size=z, exchange_time_ns=1)
-        for p, z in (("abc", "1"), ("NaN", "1"), ("1", "Infinity"), ("", "1"), ("1", ""))
+        for p, z in (
+            *(("abc", "1"), ("NaN", "1"), ("1", "Infinity"), ("", "1"), ("1", "")),
+            *(("-1", "1"), ("0", "1"), ("0.00", "1"), ("1", "-0.5")),  # price > 0, size >= 0
+        )
     ]
     batch = pa.RecordBatch.from_pydict({"value": [to_record(t) for t in [good, *bad]]})
     (out,) = decode_ticks(iter([batch]))

@@ -35,7 +35,10 @@ def tick(**fields: object) -> bytes:
     return to_record(market_pb2.Tick(**{**base, **fields}))
 
 
-GOOD_DECIMALS = ["1", "1.", ".5", "+1.5e-3", "-2E+5", "0.00000001", "65000.10"]
+GOOD_DECIMALS = ["1", "1.", ".5", "+1.5e-3", "2E+5", "0.00000001", "65000.10"]
+# Decimals, but no price (not above zero) or no size (below zero): invalid ticks too.
+NOT_PRICES = ["0", "0.000", "+0e5", "-1", "-0.5", "-2E+5", ".0"]
+NOT_SIZES = ["-1", "-0.001", "-2E+5"]
 BAD_DECIMALS = ["", "abc", "NaN", "Infinity", "-inf", "1_000", " 1", "1 ", "\u0661", "1e", "e5"]
 BAD_DECIMALS += [".", "1.2.3", "+", "1e+", "0x10"]
 
@@ -53,6 +56,9 @@ def crafted() -> list[bytes | None]:
         *(tick(price=d, size=d) for d in GOOD_DECIMALS),
         *(tick(price=d) for d in BAD_DECIMALS),
         *(tick(size=d) for d in BAD_DECIMALS),
+        *(tick(price=d) for d in NOT_PRICES),
+        *(tick(size=d) for d in NOT_SIZES),
+        tick(size="0"),  # a size of zero is a size
         to_record(market_pb2.FeedIdle(ticker="SIM:A/B", event_time_ns=5, last_trade_ns=3)),
         to_record(market_pb2.FeedIdle(event_time_ns=5)),
         to_record(ohlc),
@@ -110,7 +116,7 @@ def test_both_decoders_give_the_same_rows_for_crafted_records(spark) -> None:
     assert jvm_rows(spark, values) == expected
     # The cases mean something: the reference finds valid ticks, idle marks and rejects.
     valid = [r["valid"] for r in expected]
-    assert valid[:4] == [True] * 4 and valid.count(True) == 6 + len(GOOD_DECIMALS)
+    assert valid[:4] == [True] * 4 and valid.count(True) == 7 + len(GOOD_DECIMALS)
     assert [r["idle"] for r in expected].count(True) == 1
     assert expected[3]["side"] is None and expected[1]["ingest_time_ns"] is None
 

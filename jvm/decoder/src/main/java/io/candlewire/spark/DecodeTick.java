@@ -29,6 +29,8 @@ public final class DecodeTick implements UDF1<byte[], Row> {
   /** The wire's decimal strings, as {@code streaming.decode.DECIMAL_TEXT} spells them. */
   private static final Pattern DECIMAL =
       Pattern.compile("[+-]?(?:[0-9]+(?:\\.[0-9]*)?|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?");
+  /** A price above zero, as {@code streaming.decode.POSITIVE_TEXT} spells it. */
+  private static final Pattern POSITIVE = Pattern.compile("\\+?[^eE-]*[1-9].*");
 
   /** upb's limits, which Python's protobuf applies and protobuf-java does not. */
   private static final int MAX_TAG_BYTES = 5;
@@ -145,7 +147,11 @@ public final class DecodeTick implements UDF1<byte[], Row> {
   }
 
   private static Row tick(Tick t) {
-    if (t.getTicker().isEmpty() || !isDecimal(t.getPrice()) || !isDecimal(t.getSize())) {
+    if (t.getTicker().isEmpty()
+        || !isDecimal(t.getPrice())
+        || !POSITIVE.matcher(t.getPrice()).matches()
+        || !isDecimal(t.getSize())
+        || t.getSize().startsWith("-")) {
       return INVALID;
     }
     return row(

@@ -1,0 +1,53 @@
+"""The live page against the real stack in headless Chromium: the SIM ingestor streams on
+demand, the Spark job makes the candles, the relay and the gateway carry them, and the
+chart (lightweight-charts) draws them on its axes and moves its last candle as trades come."""
+
+from __future__ import annotations
+
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from candlewire.testing import new_user
+from gateway import Gateway, issue_token
+from tests.gateway.conftest import SECRET, gw_config
+from tests.gateway.test_page import browser  # noqa: F401  (the fixture)
+
+
+def test_the_live_page_charts_what_the_job_makes(
+    live_pipeline,
+    browser,  # noqa: F811
+    tmp_path,
+) -> None:
+    gateway = Gateway(live_pipeline, gw_config(), metrics=False).start()
+    try:
+        user = new_user()
+        browser.get(f"http://127.0.0.1:{live_pipeline.port('gateway_http')}/")
+        browser.find_element(By.ID, "token").send_keys(issue_token(SECRET, user))
+        browser.find_element(By.ID, "signin-button").click()  # charts SIM:BTC/USDT, 1m
+
+        def last() -> tuple | None:
+            bars = browser.execute_script("return window.cwChart.prices.data()")
+            volumes = browser.execute_script("return window.cwChart.volume.data()")
+            if not bars:
+                return None
+            return (bars[-1]["time"], bars[-1]["close"], volumes[-1]["value"])
+
+        wait = WebDriverWait(browser, 120, poll_frequency=0.5)
+        first = wait.until(lambda b: last())
+        updates = int(browser.find_element(By.ID, "chart").get_attribute("data-updates"))
+        # SIM trades about once a second: the job's next live update moves the last candle
+        # (a later close or a larger volume, or the next minute's candle).
+        moved = wait.until(lambda b: (now := last()) != first and now)
+        assert moved[0] >= first[0]
+        assert int(browser.find_element(By.ID, "chart").get_attribute("data-updates")) > updates
+        axes = browser.execute_script(
+            "const c = window.cwChart.chart;"
+            "return [c.priceScale('right').width(), c.timeScale().height()];"
+        )
+        assert axes[0] > 20 and axes[1] > 10
+        text = browser.find_element(By.ID, "last-candle").text
+        assert text.startswith("SIM:BTC/USDT ")
+        shot = tmp_path / "live-page.png"
+        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    finally:
+        gateway.stop()
