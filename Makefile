@@ -84,6 +84,9 @@ bench: install
 	$(PY) -m bench.subscribe
 	$(PY) -m bench.backfill
 	$(PY) -m bench.events
+	$(PY) -m bench.replay_files
+	$(PY) -m bench.cep
+	$(PY) -m bench.replay
 
 lint: install
 	$(VENV)/bin/ruff check .

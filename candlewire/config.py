@@ -33,7 +33,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PERIODS_S: tuple[int, ...] = (60, 300, 900, 3600, 14400, 86400)
 
 
-DEDUP_MARGIN_S = 60.0  # a dedup horizon covers the lateness allowance and this much more
+DEDUP_MARGIN_S = 60.0
+POSTGRES_PASSWORD = "postgres-password"  # the local PostgreSQL's, in the state dir's secrets  # a dedup horizon covers the lateness allowance and this much more
 
 
 def config_file() -> Path:
@@ -178,16 +179,26 @@ class Settings(BaseSettings):
         return self.kafka_bootstrap or f"{self.host}:{self.port('kafka')}"
 
     def catalog_db(self) -> str:
-        """The catalog database as postgresql://user@host:port/db."""
-        return (
-            self.catalog_url
-            or f"postgresql://candlewire@{self.host}:{self.port('postgres')}/candlewire"
-        )
+        """The catalog database as postgresql://user[:password]@host:port/db."""
+        return self.catalog_url or self._local_db("candlewire")
 
     def dagster_storage(self) -> str:
-        return self.dagster_db or (
-            f"postgresql://candlewire@{self.host}:{self.port('postgres')}/dagster"
-        )
+        return self.dagster_db or self._local_db("dagster")
+
+    def _local_db(self, db: str) -> str:
+        """The local PostgreSQL's database, with the password `candlewire up` generated."""
+        password = self.secret(POSTGRES_PASSWORD)
+        auth = f"candlewire:{password}" if password else "candlewire"
+        return f"postgresql://{auth}@{self.host}:{self.port('postgres')}/{db}"
+
+    def secret(self, name: str) -> str | None:
+        """A secret of the local stack: ``CANDLEWIRE_SECRET_<NAME>``, else the state dir's
+        ``secrets/<name>`` (0600), else None."""
+        env = os.environ.get(f"CANDLEWIRE_SECRET_{name.upper().replace('-', '_')}")
+        if env:
+            return env
+        path = self.state_dir / "secrets" / name
+        return path.read_text().strip() if path.exists() else None
 
     def warehouse_uri(self) -> str:
         return self.warehouse or (self.state_dir.resolve() / "warehouse").as_uri()

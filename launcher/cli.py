@@ -14,7 +14,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from candlewire.config import Settings
+from candlewire.config import POSTGRES_PASSWORD, Settings
 from candlewire.times import to_ms
 from candlewire.triggers import KINDS
 from launcher.render import FORMATS
@@ -245,6 +245,9 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
             for exchange, peers in sorted(ingestors.items()):
                 live.add_row(exchange, ", ".join(f"{i} {s}" for i, s in sorted(peers.items())))
             console.print(live if ingestors else "no live ingestor heard")
+            # Whether auth is on, never the secret itself.
+            login = "password (scram-sha-256)" if settings.secret(POSTGRES_PASSWORD) else "none"
+            console.print(f"PostgreSQL login: {login}")
             return 0 if all(h == "healthy" for *_, h in rows) else 1
     except (StackError, OSError) as exc:
         console.print(f"[red]error:[/red] {exc}")

@@ -23,7 +23,10 @@ def sqlalchemy_url(settings: Settings) -> str:
 def dagster_home(settings: Settings) -> Path:
     home = (settings.state_dir / "dagster").resolve()
     home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text(
+    instance = home / "dagster.yaml"  # it holds the storage URL's password: owner only
+    instance.touch(mode=0o600)
+    instance.chmod(0o600)
+    instance.write_text(
         json.dumps(  # JSON is YAML; no templating of quotes
             {
                 "telemetry": {"enabled": False},

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from candlewire.config import Settings
+from candlewire.config import POSTGRES_PASSWORD, Settings
+from candlewire.secrets import ensure_secret
 
 Echo = Callable[[str], None]
 
@@ -189,7 +190,8 @@ class PostgresService(Service):
         from launcher.local.postgres import LocalPostgres, PostgresSetupError
 
         try:
-            return LocalPostgres(self.settings.state_dir / "postgres", self.port)
+            password = ensure_secret(self.settings, POSTGRES_PASSWORD)
+            return LocalPostgres(self.settings.state_dir / "postgres", self.port, password)
         except PostgresSetupError as exc:
             raise StackError(str(exc)) from None
 

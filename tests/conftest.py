@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from candlewire.config import Settings
+from candlewire.config import POSTGRES_PASSWORD, Settings
 from candlewire.lake import ensure_tables
+from candlewire.secrets import ensure_secret
 from candlewire.topics import work_prefix
 from journal.service import JournalService
 from launcher.local.postgres import LocalPostgres
@@ -98,7 +99,10 @@ def platform_settings(platform_dir: Path) -> Settings:
 
 @pytest.fixture(scope="session")
 def postgres(platform_settings: Settings) -> Iterator[LocalPostgres]:
-    pg = LocalPostgres(platform_settings.state_dir / "postgres", platform_settings.port("postgres"))
+    password = ensure_secret(platform_settings, POSTGRES_PASSWORD)
+    pg = LocalPostgres(
+        platform_settings.state_dir / "postgres", platform_settings.port("postgres"), password
+    )
     pg.init_once()
     pg.start(platform_settings.state_dir / "postgres.log")
     yield pg

@@ -1,8 +1,10 @@
 """A private PostgreSQL instance: initdb into the state dir, its own port, pg_ctl.
 
 PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`` user that
-Debian's package creates. Authentication is ``trust`` for the ``candlewire`` role, and the
-server listens on 127.0.0.1 and a socket in its data dir only.
+Debian's package creates. The server listens on 127.0.0.1 and a socket in its data dir only.
+Given a password (the stack's generated one, :mod:`candlewire.secrets`), the ``candlewire``
+role logs in with it, by scram-sha-256, on both; a cluster an older release made with
+``trust`` is moved to it on its next start. Without one it is ``trust`` (throwaway clusters).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 USER = "candlewire"
@@ -44,10 +47,17 @@ def reachable(path: Path) -> bool:
     return all(p.stat().st_mode & 0o001 for p in (path, *path.parents) if p.exists())
 
 
+def _method(line: str) -> str | None:
+    """A pg_hba.conf rule's authentication method (its last word); None for comments."""
+    words = line.split("#", 1)[0].split()
+    return words[-1] if len(words) >= 4 else None
+
+
 class LocalPostgres:
-    def __init__(self, data: Path, port: int) -> None:
+    def __init__(self, data: Path, port: int, password: str | None = None) -> None:
         self.data = data.resolve()
         self.port = port
+        self.password = password
         self.bin = bindir()
 
     def _as_owner(self, argv: list[str]) -> list[str]:
@@ -76,18 +86,17 @@ class LocalPostgres:
         if os.geteuid() == 0:
             shutil.chown(self.data, "postgres", "postgres")
         self.data.chmod(0o700)
-        self._run(
-            [
-                str(self.bin / "initdb"),
-                "-D",
-                str(self.data),
-                "-U",
-                USER,
-                "--auth=trust",
-                "-E",
-                "UTF8",
-            ]
-        )
+        argv = [str(self.bin / "initdb"), "-D", str(self.data), "-U", USER, "-E", "UTF8"]
+        if self.password is None:
+            self._run([*argv, "--auth=trust"])
+            return
+        # initdb reads the password from a file the server's user can read; gone right after.
+        with tempfile.NamedTemporaryFile("w", prefix="pw-", dir=self.data.parent) as pw:
+            pw.write(self.password + "\n")
+            pw.flush()
+            if os.geteuid() == 0:
+                shutil.chown(pw.name, "postgres")
+            self._run([*argv, "--auth=scram-sha-256", f"--pwfile={pw.name}"])
 
     def _relocate(self) -> None:
         """The state dir is private (e.g. under /root): the postgres user cannot enter it.
@@ -132,17 +141,37 @@ class LocalPostgres:
                 "start",
             ]
         )
+        self._require_password()
         for db in DATABASES:
             self.create_database(db)
+
+    def _require_password(self) -> None:
+        """A cluster made with ``trust`` (an older release): set the password, then ask
+        for it from every connection."""
+        hba = self.data / "pg_hba.conf"
+        lines = hba.read_text().splitlines()
+        trusting = [i for i, line in enumerate(lines) if _method(line) == "trust"]
+        if self.password is None or not trusting:
+            return
+        self.psql(f"ALTER ROLE {USER} PASSWORD '{self.password}'", "postgres", password=False)
+        for i in trusting:
+            lines[i] = lines[i].rstrip().removesuffix("trust") + "scram-sha-256"
+        hba.write_text("\n".join(lines) + "\n")
+        self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "reload"])
 
     def create_database(self, name: str) -> None:
         exists = self.psql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'", "postgres")
         if exists.strip() != "1":
             self.psql(f'CREATE DATABASE "{name}"', "postgres")
 
-    def psql(self, sql: str, db: str = "candlewire") -> str:
+    def psql(self, sql: str, db: str = "candlewire", password: bool = True) -> str:
         argv = [str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", USER]
-        out = subprocess.run([*argv, "-d", db, "-tAc", sql], capture_output=True, text=True)
+        env = {k: v for k, v in os.environ.items() if k != "PGPASSWORD"}
+        if password and self.password is not None:
+            env["PGPASSWORD"] = self.password  # never on the command line (ps shows it)
+        out = subprocess.run(
+            [*argv, "-w", "-d", db, "-tAc", sql], capture_output=True, text=True, env=env
+        )
         if out.returncode != 0:
             raise PostgresSetupError(f"psql: {out.stderr.strip()}")
         return out.stdout
@@ -161,4 +190,5 @@ class LocalPostgres:
         return pid
 
     def url(self, db: str = "candlewire") -> str:
-        return f"postgresql://{USER}@127.0.0.1:{self.port}/{db}"
+        auth = USER if self.password is None else f"{USER}:{self.password}"
+        return f"postgresql://{auth}@127.0.0.1:{self.port}/{db}"

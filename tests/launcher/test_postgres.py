@@ -41,3 +41,63 @@ def test_private_state_dir_relocates_and_keeps_data(monkeypatch) -> None:
         LocalPostgres(data, port).stop()
         shutil.rmtree(data.resolve().parent, ignore_errors=True)
         shutil.rmtree(private, ignore_errors=True)
+
+
+def connects(url: str) -> bool:
+    import psycopg2
+
+    try:
+        psycopg2.connect(url, connect_timeout=5).close()
+    except psycopg2.OperationalError:
+        return False
+    return True
+
+
+def test_the_stack_s_cluster_asks_for_its_generated_password(tmp_path) -> None:
+    from candlewire.config import POSTGRES_PASSWORD
+    from candlewire.secrets import ensure_secret
+    from candlewire.testing import free_settings
+
+    tmp_path.chmod(0o755)
+    settings = free_settings(tmp_path)
+    password = ensure_secret(settings, POSTGRES_PASSWORD)
+    secret = settings.state_dir / "secrets" / POSTGRES_PASSWORD
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert ensure_secret(settings, POSTGRES_PASSWORD) == password  # made once
+    port = settings.port("postgres")
+    pg = LocalPostgres(settings.state_dir / "postgres", port, password)
+    try:
+        pg.init_once()
+        pg.start(tmp_path / "postgres.log")
+        base = f"postgresql://candlewire@127.0.0.1:{port}/candlewire"
+        assert not connects(base)  # no password
+        assert not connects(base.replace("candlewire@", "candlewire:wrong@"))
+        assert connects(settings.catalog_db())  # the URL every component builds
+        assert password in settings.catalog_db() and password in settings.dagster_storage()
+        hba = (settings.state_dir / "postgres" / "pg_hba.conf").read_text()
+        rules = [line for line in hba.splitlines() if line.strip() and not line.startswith("#")]
+        assert rules and all(line.split()[-1] == "scram-sha-256" for line in rules)
+        assert password not in (tmp_path / "postgres.log").read_text()
+    finally:
+        pg.stop()
+        shutil.rmtree(settings.state_dir / "postgres", ignore_errors=True)
+
+
+def test_a_trusting_cluster_of_an_older_release_is_moved_to_the_password(tmp_path) -> None:
+    tmp_path.chmod(0o755)
+    data, port = tmp_path / "postgres", free_port()
+    old = LocalPostgres(data, port)  # as an older release made it: trust
+    old.init_once()
+    old.start(tmp_path / "postgres.log")
+    url = f"postgresql://candlewire@127.0.0.1:{port}/candlewire"
+    try:
+        assert connects(url)
+        old.stop()
+        new = LocalPostgres(data, port, "s3cr3t")
+        new.init_once()
+        new.start(tmp_path / "postgres.log")
+        assert not connects(url)
+        assert connects(url.replace("candlewire@", "candlewire:s3cr3t@"))
+        assert new.psql("SELECT 1").strip() == "1"
+    finally:
+        LocalPostgres(data, port).stop()
