@@ -34,6 +34,13 @@ class GatewaySettings(BaseSettings):
     disconnected rather than buffered without bound."""
     max_ws_message_bytes: int = 64 * 1024
     max_sessions_per_user: int = 16
+    allowed_origins: list[str] = Field(default_factory=list)
+    """Browser origins whose pages may open sessions, besides the gateway's own page
+    (http://host:port as clients reach it, 127.0.0.1 and localhost). A client that sends no
+    Origin (not a browser) is not a cross-site page and may connect."""
+    ws_messages_per_s: float = Field(default=20.0, gt=0)
+    """Messages a session may send a second, on average; twice that at once. Beyond, it is
+    closed (1008) and counted."""
     auth_timeout_s: float = 5.0
     dedup_window_s: float = 300.0
     """A critical event seen again within this window is acked again, not delivered again."""

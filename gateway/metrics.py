@@ -49,6 +49,16 @@ class GatewayMetrics:
         self.auth_failures = Counter(
             "candlewire_gateway_auth_failures", "Sessions refused at sign-in", registry=r
         )
+        self.origin_refused = Counter(
+            "candlewire_gateway_origin_refused",
+            "WebSocket handshakes refused: a browser page from another origin",
+            registry=r,
+        )
+        self.rate_limited = Counter(
+            "candlewire_gateway_rate_limited",
+            "Sessions closed for sending more messages than their rate allows",
+            registry=r,
+        )
         self.candles = Counter(
             "candlewire_gateway_candles", "Candle updates forwarded to sessions", registry=r
         )

@@ -25,6 +25,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from decimal import Decimal
 from http import HTTPStatus
 from importlib import resources
@@ -108,6 +109,9 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.symbols = SymbolCatalog(self.settings)
         self._serve_metrics = metrics
+        port = self.settings.port("gateway_http")
+        own = {f"http://{h}:{port}" for h in (self.settings.host, "127.0.0.1", "localhost")}
+        self._origins = frozenset(own | set(self.gw.allowed_origins))
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -247,8 +251,13 @@ class Gateway:
         self._count_sessions()
         session.offer({"type": "welcome", "user": user})
         writer = asyncio.create_task(session.write())
+        bucket = TokenBucket(self.gw.ws_messages_per_s, 2 * self.gw.ws_messages_per_s)
         try:
             async for raw in ws:
+                if not bucket.take(time.monotonic()):
+                    self.metrics.rate_limited.inc()
+                    await ws.close(1008, "too many messages")
+                    break
                 reply = self._command(session, raw)
                 if reply is not None:
                     session.offer(reply)
@@ -444,6 +453,12 @@ class Gateway:
     def _http(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == "/ws":
+            origin = request.headers.get("Origin")
+            if origin is not None and origin not in self._origins:
+                # Another site's page, in a browser that carries the user's token.
+                self.metrics.origin_refused.inc()
+                log.warning("refused a session opened by a page from %s", origin)
+                return connection.respond(HTTPStatus.FORBIDDEN, "origin not allowed\n")
             return None
         if path == "/healthz":
             return connection.respond(HTTPStatus.OK, "ok\n")
@@ -468,6 +483,26 @@ def _typed(response: Response, content_type: str, cache: str = "no-store") -> Re
     headers["Cache-Control"] = cache
     headers["Content-Security-Policy"] = "default-src 'self' 'unsafe-inline'; connect-src 'self'"
     return Response(response.status_code, response.reason_phrase, headers, response.body)
+
+
+@dataclass
+class TokenBucket:
+    """``rate`` a second on average, ``burst`` at once."""
+
+    rate: float
+    burst: float
+    tokens: float = -1.0
+    at: float = 0.0
+
+    def take(self, now: float) -> bool:
+        if self.tokens < 0:
+            self.tokens, self.at = self.burst, now
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 # What the page loads besides itself, bundled by `make install` (gateway/web's lockfile).

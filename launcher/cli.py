@@ -33,9 +33,9 @@ def _relay(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _ingest(args: argparse.Namespace, settings: Settings) -> int:
+def exchanges_of(args: argparse.Namespace, settings: Settings) -> list:
+    """``--exchange``'s adapters; REPLAY's options over ``[ingest.replay]``."""
     from ingest.exchanges import make_exchange
-    from ingest.service import Ingestor
 
     replay = settings.ingest.replay.model_copy(
         update={
@@ -44,7 +44,13 @@ def _ingest(args: argparse.Namespace, settings: Settings) -> int:
             if v is not None
         }
     )
-    exchanges = [make_exchange(spec, replay) for spec in args.exchange.split(",") if spec]
+    return [make_exchange(spec, replay) for spec in args.exchange.split(",") if spec]
+
+
+def _ingest(args: argparse.Namespace, settings: Settings) -> int:
+    from ingest.service import Ingestor
+
+    exchanges = exchanges_of(args, settings)
     always_on = [t for t in args.stream.split(",") if t]
     Ingestor(
         settings, exchanges, ingestor_id=args.id, always_on=always_on, on_demand=args.on_demand

@@ -318,6 +318,8 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
     env = settings.to_env()
     services: list[Service] = []
     if platform and settings.catalog_url is None:
+        # The password before anything that builds a database URL (dagster.yaml below).
+        ensure_secret(settings, POSTGRES_PASSWORD)
         services.append(PostgresService(settings, logs / "postgres.log"))
     if platform:
         services.append(CatalogService(settings))

@@ -106,6 +106,46 @@ def test_sign_in_needs_a_valid_token(gw_env, make_gateway) -> None:
     assert gw.sessions.users() == 0
 
 
+def test_a_page_from_another_origin_cannot_open_a_session(gw_env, make_gateway) -> None:
+    """A browser sends its page's Origin: another site's page, which could carry the user's
+    token, is refused at the handshake; the gateway's own page and non-browsers are not."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    from gateway import issue_token
+
+    gw = make_gateway(gw_env, gw_config(allowed_origins=["https://desk.example"]))
+    port = gw_env.port("gateway_http")
+    url, user = f"ws://127.0.0.1:{port}/ws", "alice"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, origin="https://evil.example")  # type: ignore[arg-type]
+    assert refused.value.response.status_code == 403
+    assert gw.metrics.origin_refused._value.get() == 1
+    for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}", "https://desk.example"):
+        sign_in(gw_env, user, origin=origin).close()
+    with connect(url) as ws:  # no Origin: not a browser page
+        ws.send(json.dumps({"op": "auth", "token": issue_token(SECRET, user)}))
+        assert json.loads(ws.recv(timeout=5))["type"] == "welcome"
+    assert gw.metrics.origin_refused._value.get() == 1
+
+
+def test_a_session_that_floods_the_gateway_is_closed(gw_env, make_gateway) -> None:
+    gw = make_gateway(gw_env, gw_config(ws_messages_per_s=5))
+    calm, flood = sign_in(gw_env, "calm"), sign_in(gw_env, "flood")
+    for _ in range(8):  # within the burst (twice the rate)
+        calm.send(json.dumps({"op": "unchart"}))
+    with pytest.raises(ConnectionClosed) as closed:
+        for _ in range(200):
+            flood.send(json.dumps({"op": "unchart"}))
+        while True:
+            flood.recv(timeout=5)
+    assert closed.value.rcvd.code == 1008 and closed.value.rcvd.reason == "too many messages"
+    assert gw.metrics.rate_limited._value.get() == 1
+    calm.send(json.dumps({"op": "unchart"}))
+    assert next_of(calm, "chart")["ticker"] is None  # the calm one goes on
+    calm.close()
+
+
 def stalled_client(port: int, token: str) -> socket.socket:
     """A client that signs in and then never reads: TCP fills, and the gateway must cope."""
     sock = socket.socket()

@@ -226,3 +226,30 @@ def test_agg_trades_stand_in_where_no_trades_were_downloaded(tmp_path) -> None:
         ("a18", "100.75", "1.5", 1),
     ]
     assert ticks[1].exchange_time_ns == (utc_ms(2024, 3, 1) * 1000 + 9) * 1000
+
+
+def test_the_command_line_and_the_config_file_point_replay_at_a_download(
+    tmp_path, monkeypatch
+) -> None:
+    from candlewire.config import Settings
+    from launcher.cli import build_parser, exchanges_of
+
+    vision_root(tmp_path / "vision")
+    (tmp_path / "candlewire.toml").write_text(
+        f'[ingest.replay]\nroot = "{tmp_path / "vision"}"\nspeed = 5\n'
+    )
+    monkeypatch.setenv("CANDLEWIRE_CONFIG", str(tmp_path / "candlewire.toml"))
+    args = build_parser().parse_args(["ingest", "--exchange", "REPLAY,SIM"])
+    replay, sim = exchanges_of(args, Settings())
+    assert (replay.root, replay.speed, replay.clock) == (tmp_path / "vision", 5.0, "original")
+    assert [m.ticker for m in replay.markets()] == ["REPLAY:ABC/USDT"] and sim.name == "SIM"
+    argv = ["ingest", "--exchange", "VISION=replay", "--replay-root", str(tmp_path / "vision")]
+    args = build_parser().parse_args([*argv, "--speed", "10x", "--clock", "live"])
+    (replay,) = exchanges_of(args, Settings())
+    assert (replay.name, replay.speed, replay.clock) == ("VISION", 10.0, "live")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--speed", "fast"])
+    with pytest.raises(ValueError, match="no spot/ folder"):
+        exchanges_of(
+            build_parser().parse_args([*argv[:3], "--replay-root", str(tmp_path)]), Settings()
+        )
