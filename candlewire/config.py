@@ -33,8 +33,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PERIODS_S: tuple[int, ...] = (60, 300, 900, 3600, 14400, 86400)
 
 
-DEDUP_MARGIN_S = 60.0
-POSTGRES_PASSWORD = "postgres-password"  # the local PostgreSQL's, in the state dir's secrets  # a dedup horizon covers the lateness allowance and this much more
+DEDUP_MARGIN_S = 60.0  # a dedup horizon covers the lateness allowance and this much more
+POSTGRES_PASSWORD = "postgres-password"  # the local PostgreSQL's, in the state dir's secrets
 
 
 def config_file() -> Path:

@@ -37,7 +37,6 @@ def _iso(ms: int) -> str:
 
 
 Decimals = Literal["decimal", "float"]
-SCALE = 18  # the tables' DECIMAL(38,18)
 
 
 def with_decimals(table: pa.Table, decimals: Decimals) -> pa.Table:

@@ -10,15 +10,21 @@ yields the protobuf messages instead.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from google.protobuf.message import Message
 
+from candlewire.times import EPOCH
 from proto import market_pb2
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 SIDES = {market_pb2.BUY: "buy", market_pb2.SELL: "sell"}
+
+
+def plain(value: Decimal) -> str:
+    """A decimal as people write it: no exponent, no trailing zeros, zero as ``0``."""
+    text = format(value.normalize(), "f")
+    return "0" if text in ("-0", "0") else text
 
 
 def utc(ns: int = 0, ms: int = 0) -> datetime:

@@ -26,7 +26,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from decimal import Decimal
 from http import HTTPStatus
 from importlib import resources
 from typing import Any
@@ -41,6 +40,7 @@ from websockets.http11 import Request, Response
 from candlewire.config import Settings
 from candlewire.history import read_history
 from candlewire.lake import sql_url
+from candlewire.market import plain
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import (
     market_data_topic,
@@ -513,11 +513,6 @@ def _error_topic(chart_topic: str) -> str:
     return subscription_error_topic(chart_topic.split("|", 1)[0])
 
 
-def _plain(value: Decimal) -> str:
-    """Iceberg's decimal(38, 18) without its trailing zeros or an exponent."""
-    return format(value.normalize(), "f")
-
-
 def _seed_candle(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "type": "candle",
@@ -525,11 +520,11 @@ def _seed_candle(row: dict[str, Any]) -> dict[str, Any]:
         "ticker": row["ticker"],
         "period": row["period_s"],
         "t": int(row["open_time"].timestamp() * 1000),
-        "o": _plain(row["open"]),
-        "h": _plain(row["high"]),
-        "l": _plain(row["low"]),
-        "c": _plain(row["close"]),
-        "v": _plain(row["volume"]),
+        "o": plain(row["open"]),
+        "h": plain(row["high"]),
+        "l": plain(row["low"]),
+        "c": plain(row["close"]),
+        "v": plain(row["volume"]),
         "closed": row["open_time"].timestamp() + row["period_s"] <= time.time(),
     }
 

@@ -14,10 +14,11 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import datetime
-from decimal import Decimal
 from typing import IO
 
 import pyarrow as pa
+
+from candlewire.market import plain
 
 # The columns a narrow terminal loses first, first to last: what repeats on every row or
 # is bookkeeping before the prices. ``open_time`` and ``close`` go last of all.
@@ -36,12 +37,6 @@ DROP_ORDER = (
     "low",
 )
 FORMATS = ("table", "csv", "json", "parquet")
-
-
-def plain(value: Decimal) -> str:
-    """A decimal as people write it: no exponent, no trailing zeros."""
-    text = format(value.normalize(), "f")
-    return "0" if text in ("-0", "0") else text
 
 
 def aligned(texts: Sequence[str | None]) -> list[str]:

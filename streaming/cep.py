@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from candlewire.market import plain
 from candlewire.triggers import Trigger
 from proto import cep_pb2 as cep
 from streaming.feeds import Feeds, Verdict
@@ -50,19 +51,14 @@ class Firing:
         return cep.CEPTriggerEvent(
             trigger_id=t.trigger_id,
             ticker=t.ticker,
-            value=_text(self.value),
+            value=plain(self.value),
             fired_time_ms=fired_time_ms,
             event_time_ms=self.event_time_ns // 1_000_000,
             firing=self.firing,
-            reference=_text(self.reference),
+            reference=plain(self.reference),
             client_id=t.client_id,
             user_id=t.user_id,
         )
-
-
-def _text(d: Decimal) -> str:
-    """A decimal as users write it: no exponent, no trailing zeros."""
-    return format(d.normalize(), "f") if d else "0"
 
 
 @dataclass

@@ -14,8 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from candlewire.lake import NAMESPACE, catalog, ensure_tables
+from candlewire.market import plain
 from launcher.cli import main
-from launcher.render import DROP_ORDER, aligned, fit, plain, print_table, to_file
+from launcher.render import DROP_ORDER, aligned, fit, print_table, to_file
 from streaming.decode import ohlc_rows
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
