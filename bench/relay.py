@@ -5,7 +5,12 @@ Publisher, subscribers and the relay are separate processes. Each case sends the
 message and the end marker. The last line is JSON: direct_msgs_per_s, relay_msgs_per_s, ratio
 (for 10 subscribers, the fanout case), with the 1-subscriber figures beside it.
 
-    python -m bench.relay [--messages N]
+    python -m bench.relay [--messages N] [--curve]
+
+With ``--curve`` it also runs the relay with CURVE on (keys from ``candlewire keys init``,
+every peer keyed) and reports ``curve_ratio``, the relay's forwarded msgs/s with CURVE ÷
+without for 10 subscribers, and ``handshake_1000_s``: how long 1,000 clients take to
+complete their CURVE handshakes with the relay at once.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import time
 
 import zmq
 
+from candlewire.config import Settings
+from candlewire.curve import Keyring, dial
 from candlewire.testing import candlewire_command, free_settings
 from candlewire.topics import market_data_topic, tick_type
 from proto import market_pb2
@@ -48,9 +55,13 @@ def tick_frames() -> list[bytes]:
     return frames
 
 
-def subscriber(endpoint: str, ready: mp.Event, out: mp.Queue) -> None:
+def subscriber(
+    endpoint: str, ready: mp.Event, out: mp.Queue, settings: Settings | None = None
+) -> None:
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
+    if settings is not None:
+        dial(sub, settings, "relay", "local")
     sub.setsockopt(zmq.RCVHWM, 0)
     sub.subscribe(TOPIC.encode())
     sub.subscribe(END)
@@ -73,9 +84,13 @@ def subscriber(endpoint: str, ready: mp.Event, out: mp.Queue) -> None:
     ctx.term()
 
 
-def publisher(endpoint: str, bind: bool, n: int, go: mp.Event) -> None:
+def publisher(
+    endpoint: str, bind: bool, n: int, go: mp.Event, settings: Settings | None = None
+) -> None:
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
+    if settings is not None:
+        dial(pub, settings, "relay", "stream")
     pub.setsockopt(zmq.SNDHWM, 0)
     pub.bind(endpoint) if bind else pub.connect(endpoint)
     frames = tick_frames()
@@ -89,15 +104,23 @@ def publisher(endpoint: str, bind: bool, n: int, go: mp.Event) -> None:
     for _ in range(50):
         pub.send(END)
         time.sleep(0.02)
-    pub.close(linger=5000)
+    pub.close(linger=-1)  # every message and END reach the relay, however slow it is
     ctx.term()
 
 
-def run_case(pub_endpoint: str, bind: bool, sub_endpoint: str, subs: int, n: int) -> float:
+def run_case(
+    pub_endpoint: str,
+    bind: bool,
+    sub_endpoint: str,
+    subs: int,
+    n: int,
+    settings: Settings | None = None,
+) -> float:
+    """Delivered msgs/s summed over subscribers; keyed peers when ``settings`` has CURVE."""
     ready = [mp.Event() for _ in range(subs)]
     go, out = mp.Event(), mp.Queue()
-    procs = [mp.Process(target=subscriber, args=(sub_endpoint, r, out)) for r in ready]
-    procs.append(mp.Process(target=publisher, args=(pub_endpoint, bind, n, go)))
+    procs = [mp.Process(target=subscriber, args=(sub_endpoint, r, out, settings)) for r in ready]
+    procs.append(mp.Process(target=publisher, args=(pub_endpoint, bind, n, go, settings)))
     for p in procs:
         p.start()
     for r in ready:
@@ -110,26 +133,101 @@ def run_case(pub_endpoint: str, bind: bool, sub_endpoint: str, subs: int, n: int
     return sum(count / max(elapsed, 1e-9) for count, elapsed in results)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--messages", type=int, default=200_000)
-    args = parser.parse_args()
-    settings = free_settings(tempfile.mkdtemp())
+def through_relay(settings: Settings, subs: int, n: int) -> float:
+    """Publisher into ``publisher_ingress``, subscribers on ``market_data``, of a relay
+    already running with ``settings``."""
+    keyed = settings if settings.security.curve else None
+    return run_case(
+        settings.connect("publisher_ingress"),
+        False,
+        settings.connect("market_data"),
+        subs,
+        n,
+        keyed,
+    )
+
+
+def handshakes(settings: Settings, clients: int = 1000) -> float:
+    """Seconds until ``clients`` keyed sockets, connecting at once, are all through CURVE."""
+    ctx = zmq.Context()
+    ctx.set(zmq.MAX_SOCKETS, 4 * clients + 16)
+    socks, monitors = [], []
+    for _ in range(clients):
+        sock = dial(ctx.socket(zmq.DEALER), settings, "relay", "local")
+        sock.setsockopt(zmq.LINGER, 0)
+        socks.append(sock)
+        monitors.append(sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED))
+    poller = zmq.Poller()
+    for mon in monitors:
+        poller.register(mon, zmq.POLLIN)
+    start = time.perf_counter()
+    for sock in socks:
+        sock.connect(settings.connect("client_requests"))
+    done: set[zmq.Socket] = set()
+    while len(done) < clients and time.perf_counter() - start < 120:
+        for mon, _ in poller.poll(1000):
+            mon.recv_multipart()
+            done.add(mon)
+            poller.unregister(mon)
+    elapsed = time.perf_counter() - start
+    if len(done) < clients:
+        raise RuntimeError(f"only {len(done)} of {clients} handshakes completed")
+    for sock in socks:
+        sock.disable_monitor()
+        sock.close()
+    for mon in monitors:
+        mon.close(linger=0)
+    ctx.term()
+    return elapsed
+
+
+def start_relay(settings: Settings) -> subprocess.Popen:
     env = {**os.environ, **settings.to_env()}
     relay = subprocess.Popen(candlewire_command("relay"), env=env)
     time.sleep(1.5)
+    return relay
+
+
+def curve_case(n: int) -> dict[str, float]:
+    """The relay's rate for 10 subscribers without and with CURVE, one after the other."""
+    rates: dict[str, float] = {}
+    for curve in (False, True):
+        settings = free_settings(tempfile.mkdtemp(), security={"curve": curve})
+        if curve:
+            Keyring(settings).init()
+        relay = start_relay(settings)
+        try:
+            rates["curve" if curve else "plain"] = through_relay(settings, 10, n)
+            if curve:
+                rates["handshake_1000_s"] = handshakes(settings)
+        finally:
+            relay.terminate()
+            relay.wait(10)
+    print(f"10 subscribers: plain {rates['plain']:,.0f} msg/s, CURVE {rates['curve']:,.0f} msg/s")
+    return {
+        "relay_plain_msgs_per_s": round(rates["plain"]),
+        "relay_curve_msgs_per_s": round(rates["curve"]),
+        "curve_ratio": round(rates["curve"] / rates["plain"], 3),
+        "handshake_1000_s": round(rates["handshake_1000_s"], 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--curve", action="store_true", help="also measure CURVE's cost")
+    args = parser.parse_args()
+    if args.curve:
+        print(json.dumps({**curve_case(args.messages), "cores": os.cpu_count()}))
+        return
+    settings = free_settings(tempfile.mkdtemp())
+    relay = start_relay(settings)
     results: dict[str, float] = {}
     try:
         for subs in (1, 10):
             direct_ep = f"tcp://127.0.0.1:{settings.port('stream_pub')}"
             d = run_case(direct_ep, True, direct_ep, subs, args.messages)
-            r = run_case(
-                settings.connect("publisher_ingress"),
-                False,
-                settings.connect("market_data"),
-                subs,
-                args.messages,
-            )
+            r = through_relay(settings, subs, args.messages)
             results[f"direct_{subs}"], results[f"relay_{subs}"] = d, r
             print(
                 f"{subs:>2} subscriber(s): direct {d:,.0f} msg/s, relay {r:,.0f} msg/s, ratio {r / d:.3f}"

@@ -38,6 +38,7 @@ from candlewire._protocol import (
     to_ms,
 )
 from candlewire.config import Settings
+from candlewire.curve import dial
 from candlewire.errors import (
     FellBehind,
     ProtocolError,
@@ -204,7 +205,9 @@ class ClientCore:
         socket: Callable[[int], zmq.Socket],
     ) -> None:
         self.settings = settings or Settings()
-        self.client_id = check_id(client_id or new_id("cl"), "client_id")
+        # With CURVE on, the relay lets a client hear only ``RESPONSE:{key}.…``.
+        own = f"{self.settings.security.key}." if self.settings.security.curve else ""
+        self.client_id = check_id(client_id or own + new_id("cl"), "client_id")
         self.submit_timeout = submit_timeout
         self.attempt_timeout = attempt_timeout
         self.inbox = NotificationInbox()
@@ -215,10 +218,14 @@ class ClientCore:
 
     # -- sockets (never block) ------------------------------------------------------------
 
+    def open(self, kind: int, server: str = "relay") -> zmq.Socket:
+        """A socket to ``server``, with this client's CURVE key when CURVE is on."""
+        return dial(self._socket(kind), self.settings, server)
+
     def notifications(self) -> zmq.Socket:
         """One SUB for all notifications, subscribed once to ``RESPONSE:{client_id}``."""
         if self._sub is None:
-            sub = self._socket(zmq.SUB)
+            sub = self.open(zmq.SUB)
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RECONNECT_IVL, 100)
             sub.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
@@ -297,7 +304,7 @@ class ClientCore:
     def lazy_pirate(self, frames: list[bytes], deadline: float) -> Steps[list[bytes]]:
         """Each attempt on a fresh REQ socket (the same request_id: idempotent)."""
         while remaining(deadline):
-            req = self._socket(zmq.REQ)
+            req = self.open(zmq.REQ)
             req.setsockopt(zmq.LINGER, 0)
             req.connect(self.settings.connect("client_requests"))
             try:
@@ -391,7 +398,7 @@ class ClientCore:
         why nothing will flow; ``idle_timeout`` raises RequestTimeout after that long
         without a message; FellBehind says that what is missing is held nowhere any more.
         """
-        sub = self._socket(zmq.SUB)
+        sub = self.open(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         filt = MarketFilter.open(sub, ticker, data_type)
         sub.connect(self.settings.connect("market_data"))
@@ -519,7 +526,7 @@ class JournalLink:
 
     def connected(self) -> zmq.Socket:
         if self.sock is None:
-            self.sock = self.core._socket(zmq.DEALER)
+            self.sock = self.core.open(zmq.DEALER, "journal")
             self.sock.setsockopt(zmq.LINGER, 0)
             self.sock.connect(self.core.settings.connect("journal"))
         return self.sock

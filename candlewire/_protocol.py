@@ -47,6 +47,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def owned_id(client_id: str, prefix: str) -> str:
+    """A new id under the client's key name (``key.…``), which CURVE's relay requires of a
+    ``HISTORY_READY:`` topic the client subscribes to."""
+    owner, dot, _ = client_id.partition(".")
+    return f"{owner}.{new_id(prefix)}" if dot else new_id(prefix)
+
+
 def accept_ack(reply: list[bytes]) -> rq.SubmitResponse:
     """Check the relay's ack; raise :class:`RequestRejected` on refusal."""
     try:
@@ -79,7 +86,7 @@ class HistoryCall:
         if notify not in ("client", "request"):
             raise ValueError(f"notify must be 'client' or 'request', not {notify!r}")
         req = rq.SubmitHistoricalRequest(
-            request_id=check_id(request_id or new_id("req"), "request_id"),
+            request_id=check_id(request_id or owned_id(client_id, "req"), "request_id"),
             client_id=client_id,
             ticker=ticker,
             period_s=int(period),

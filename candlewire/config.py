@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -55,12 +55,32 @@ class ReplaySettings(BaseModel):
 
 class IngestSettings(BaseModel):
     replay: ReplaySettings = Field(default_factory=ReplaySettings)
+    tick_ahead_s: float = Field(default=60.0, ge=0)
+    """A live trade stamped further ahead of the ingestor's clock is dropped and counted:
+    one far-future time would move its feed's clock on and close every open candle."""
+    tick_behind_s: float | None = Field(default=86_400.0, gt=0)
+    """A live trade stamped further behind is dropped too (None: no bound). Recordings
+    replayed on their original clock are exempt: their times are meant to be old."""
+
+
+class SecuritySettings(BaseModel):
+    """``[security]``: CURVE on every ZeroMQ TCP channel (:mod:`candlewire.curve`)."""
+
+    curve: bool | None = None
+    """Encrypt and authenticate every channel. Unset: on when the keys dir holds an
+    allow-list (``candlewire keys init``, which ``candlewire up`` runs)."""
+    key: str = "local"
+    """The client key pair this process uses (``keys add-client NAME``)."""
+    keys_dir: Path | None = None
+    """Where the key pairs and the allow-list are; default <state_dir>/keys."""
 
 
 class Settings(BaseSettings):
     """Where things are. Defaults are safe: everything on 127.0.0.1."""
 
-    model_config = SettingsConfigDict(env_prefix="CANDLEWIRE_", env_nested_delimiter="__")
+    model_config = SettingsConfigDict(
+        env_prefix="CANDLEWIRE_", env_nested_delimiter="__", env_parse_none_str="null"
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -74,8 +94,13 @@ class Settings(BaseSettings):
         toml = TomlConfigSettingsSource(settings_cls, toml_file=config_file())
         return init_settings, env_settings, toml, file_secret_settings
 
+    _curve_chosen: bool = PrivateAttr(default=False)
+
     ingest: IngestSettings = Field(default_factory=IngestSettings)
     """``[ingest]``: the ingestors' exchange adapters."""
+
+    security: SecuritySettings = Field(default_factory=SecuritySettings)
+    """``[security]``: authenticated, encrypted channels."""
 
     host: str = "127.0.0.1"
     """Address clients and services connect to."""
@@ -153,6 +178,13 @@ class Settings(BaseSettings):
     """Where `make jvm` put the fetched jars (kafka/ and spark/)."""
 
     @model_validator(mode="after")
+    def _curve_when_keyed(self) -> Settings:
+        self._curve_chosen = self.security.curve is not None
+        if self.security.curve is None:
+            self.security.curve = (self.keys_dir() / "allowed.json").exists()
+        return self
+
+    @model_validator(mode="after")
     def _horizon_covers_lateness(self) -> Settings:
         if self.stream_dedup_horizon_s < self.stream_watermark_s + DEDUP_MARGIN_S:
             raise ValueError(
@@ -200,6 +232,13 @@ class Settings(BaseSettings):
         path = self.state_dir / "secrets" / name
         return path.read_text().strip() if path.exists() else None
 
+    def curve_chosen(self) -> bool:
+        """Whether CURVE was set on or off, rather than left to the keys dir."""
+        return self._curve_chosen
+
+    def keys_dir(self) -> Path:
+        return self.security.keys_dir or self.state_dir / "keys"
+
     def warehouse_uri(self) -> str:
         return self.warehouse or (self.state_dir.resolve() / "warehouse").as_uri()
 
@@ -237,11 +276,18 @@ class Settings(BaseSettings):
             env["CANDLEWIRE_CHECKPOINT_DIR"] = self.checkpoint_dir
         env["CANDLEWIRE_JVM_DIR"] = str(self.jvm_dir)
         env["CANDLEWIRE_DEMAND_GRACE_S"] = str(self.demand_grace_s)
+        env["CANDLEWIRE_SECURITY__CURVE"] = str(self.security.curve).lower()
+        env["CANDLEWIRE_SECURITY__KEY"] = self.security.key
+        if self.security.keys_dir is not None:
+            env["CANDLEWIRE_SECURITY__KEYS_DIR"] = str(self.security.keys_dir)
         replay = self.ingest.replay
         if replay.root is not None:
             env["CANDLEWIRE_INGEST__REPLAY__ROOT"] = str(replay.root)
         env["CANDLEWIRE_INGEST__REPLAY__CLOCK"] = replay.clock
         env["CANDLEWIRE_INGEST__REPLAY__SPEED"] = str(replay.speed)
+        env["CANDLEWIRE_INGEST__TICK_AHEAD_S"] = str(self.ingest.tick_ahead_s)
+        behind = self.ingest.tick_behind_s
+        env["CANDLEWIRE_INGEST__TICK_BEHIND_S"] = "null" if behind is None else str(behind)
         for name in ("extra_publishers", "extra_relays"):
             if getattr(self, name):
                 env[f"CANDLEWIRE_{name.upper()}"] = json.dumps(getattr(self, name))

@@ -37,6 +37,7 @@ from pathlib import Path
 import zmq
 
 from candlewire.config import Settings
+from candlewire.curve import dial
 from candlewire.topics import user_topic
 from candlewire.zmqutil import harden, subscriptions
 from proto import events_pb2 as ev
@@ -107,9 +108,13 @@ class EventPublisher:
         journal: Path | None = None,
         ack_timeout: float = ACK_TIMEOUT_S,
         endpoint: str = "user_events",
+        key: str | None = None,
     ) -> None:
+        """``key``: the CURVE key proved to gateways (default the configured one): a
+        container's, bound to its user, or the stream job's publisher key."""
         self.settings = settings or Settings()
         self.endpoint = endpoint  # the XPUB's, by name: a user container's, or the job's
+        self.key = key
         self.gateways = gateways or [self.settings.connect("critical_events")]
         self.ack_timeout = ack_timeout
         self.journal = EventLog(journal or self.settings.state_dir / "events" / "pending.db")
@@ -131,8 +136,11 @@ class EventPublisher:
         size = self.settings.max_message_bytes
         self._xpub = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
         self._xpub.setsockopt(zmq.XPUB_VERBOSER, 1)
+        # Bound, yet a CURVE client: gateways dial it and authenticate this key.
+        dial(self._xpub, self.settings, "gateway", self.key)
         self._xpub.bind(self.settings.bind(self.endpoint))
         self._dealer = harden(self._ctx.socket(zmq.DEALER), max_message_bytes=size)
+        dial(self._dealer, self.settings, "gateway", self.key)
         for endpoint in self.gateways:
             self._dealer.connect(endpoint)
         self._wake_recv = self._ctx.socket(zmq.PAIR)

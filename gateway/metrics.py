@@ -41,6 +41,12 @@ class GatewayMetrics:
             ["socket", "reason"],
             registry=r,
         )
+        self.refused = Counter(
+            "candlewire_gateway_refused",
+            "Peers (CURVE keys) and events refused, by channel and reason",
+            ["channel", "reason"],
+            registry=r,
+        )
         self.slow_disconnects = Counter(
             "candlewire_gateway_slow_disconnects",
             "Sessions closed because their outbox filled",

@@ -37,7 +37,9 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from candlewire import curve
 from candlewire.config import Settings
+from candlewire.curve import GATEWAY_KEY, Guard, Peer, dial, peer_of
 from candlewire.history import read_history
 from candlewire.lake import sql_url
 from candlewire.market import plain
@@ -177,9 +179,14 @@ class Gateway:
         )
         ctx = zmq.asyncio.Context()
         size = s.max_message_bytes
+        guard = Guard.start(ctx, s, lambda c, r: self.metrics.refused.labels(c, r).inc())
         self._router = harden(ctx.socket(zmq.ROUTER), max_message_bytes=size)
+        curve.serve(self._router, s, "gateway", "critical")
+        # The SUB dials the containers, yet serves CURVE: they prove their keys to us.
         self._events = harden(ctx.socket(zmq.SUB), max_message_bytes=size)
+        curve.serve(self._events, s, "gateway", "events")
         self._market = harden(ctx.socket(zmq.SUB), max_message_bytes=size)
+        dial(self._market, s, "relay", GATEWAY_KEY)
         metrics_server: MetricsServer | None = None
         server: Server | None = None
         tasks: list[asyncio.Task[None]] = []
@@ -235,6 +242,8 @@ class Gateway:
             for channel in getattr(self, "channels", {}).values():
                 with contextlib.suppress(Exception):
                     await channel.close()
+            if guard is not None:
+                guard.stop()
             ctx.destroy(linger=0)
             self.directory.close()
 
@@ -369,12 +378,14 @@ class Gateway:
 
     async def _informational(self) -> None:
         while True:
-            frames = await self._events.recv_multipart()
+            frames = await self._events.recv_multipart(copy=False)
             try:
-                _, msg = decode_sub(frames)
+                _, msg = decode_sub([f.bytes for f in frames])
                 event = expect(msg, ev.UserEvent)
             except EnvelopeError as exc:
                 self.metrics.dropped.labels("user_events", exc.reason).inc()
+                continue
+            if not self._may_send(peer_of(frames[-1]), event, "events"):
                 continue
             message = event_message(event, self.symbols.render(event), "informational")
             sent = self.sessions.send(event.user_id, message)
@@ -385,7 +396,8 @@ class Gateway:
     async def _critical(self) -> None:
         slots = asyncio.Semaphore(self.gw.max_inflight)
         while True:
-            frames = await self._router.recv_multipart()
+            raw = await self._router.recv_multipart(copy=False)
+            peer, frames = peer_of(raw[-1]), [f.bytes for f in raw]
             identity, body = frames[0], frames[1:]
             if body and not body[0]:
                 body = body[1:]  # DEALER's empty delimiter
@@ -394,9 +406,25 @@ class Gateway:
             except EnvelopeError as exc:
                 self.metrics.dropped.labels("critical_events", exc.reason).inc()
                 continue
+            if not self._may_send(peer, event, "critical"):
+                ack = ev.EventAck(
+                    event_id=event.event_id,
+                    status=ev.ERROR,
+                    error_message=f"this key may send events of user {peer.user!r} only",
+                )
+                await self._router.send_multipart([identity, b"", *encode(ack)])
+                continue
             await slots.acquire()
             task = asyncio.create_task(self._answer(identity, event))
             task.add_done_callback(lambda _t: slots.release())
+
+    def _may_send(self, peer: Peer | None, event: ev.UserEvent, channel: str) -> bool:
+        """A container's key speaks for its own user only (None: CURVE is off)."""
+        if peer is None or peer.role != "container" or peer.user == event.user_id:
+            return True
+        self.metrics.refused.labels(channel, "other_user").inc()
+        log.warning("refused %s's event for user %s", peer.name, event.user_id)
+        return False
 
     async def _answer(self, identity: bytes, event: ev.UserEvent) -> None:
         try:

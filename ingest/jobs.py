@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 
 from candlewire.kafka import OHLC_BATCHES, SYMBOL_METADATA, TICKS
 from ingest.exchanges.base import Exchange, ExchangeError, RangeUnavailable, UnknownSymbol, pages
@@ -76,13 +78,48 @@ def run_metadata(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink) -> in
     return len(markets)
 
 
-def run_stream(ticker: str, exchange: Exchange, sink: KafkaSink, stop: threading.Event) -> int:
+def tick_problem(
+    tick: market_pb2.Tick, now_ns: int, ahead_s: float, behind_s: float | None
+) -> str | None:
+    """Why a trade from an exchange is not fit for the ticks topic, or None."""
+    try:
+        price, size = Decimal(tick.price), Decimal(tick.size)
+    except (InvalidOperation, ValueError):
+        return "not_decimal"
+    if not price.is_finite() or price <= 0:
+        return "price"
+    if not size.is_finite() or size < 0:
+        return "size"
+    if tick.exchange_time_ns > now_ns + ahead_s * 1e9:
+        return "ahead"
+    if behind_s is not None and tick.exchange_time_ns < now_ns - behind_s * 1e9:
+        return "behind"
+    return None
+
+
+def run_stream(
+    ticker: str,
+    exchange: Exchange,
+    sink: KafkaSink,
+    stop: threading.Event,
+    window: tuple[float, float | None] = (60.0, None),
+    dropped: Callable[[str], None] = lambda _reason: None,
+) -> int:
     """Produce live trades keyed by ticker until ``stop``, or until the exchange has no more
-    (a replay at its end); reconnect on exchange errors."""
+    (a replay at its end); reconnect on exchange errors. A trade with a price not above
+    zero, a negative size or a time outside ``window`` (seconds ahead of and behind now) is
+    dropped and ``dropped(reason)`` told."""
+    ahead_s, behind_s = window
+    if exchange.recorded:
+        behind_s = None
     sent = 0
     while not stop.is_set():
         try:
             for tick in exchange.trades(ticker, stop):
+                problem = tick_problem(tick, time.time_ns(), ahead_s, behind_s)
+                if problem is not None:
+                    dropped(problem)
+                    continue
                 sink.send(TICKS.name, ticker, tick)
                 sent += 1
             if not stop.is_set():

@@ -24,4 +24,10 @@ class IngestMetrics:
         self.dropped = Counter(
             "candlewire_ingest_dropped_frames", "Undecodable frames dropped", ["socket"], registry=r
         )
+        self.dropped_ticks = Counter(
+            "candlewire_ingest_dropped_ticks",
+            "Trades from exchanges not written, by reason (price, size, ahead, behind...)",
+            ["reason"],
+            registry=r,
+        )
         self.state = Gauge("candlewire_ingest_state", "1 READY, 2 AVAILABLE, 3 BUSY", registry=r)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from candlewire.config import Settings
+from candlewire.curve import INGESTOR_KEY, dial
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import ingestor_topic, parse_ticker, work_prefix
@@ -147,11 +148,15 @@ class Ingestor:
     def _loop(self) -> None:
         ctx = zmq.Context()
         size = self.settings.max_message_bytes
-        work = harden(ctx.socket(zmq.SUB), max_message_bytes=size)
-        control = harden(ctx.socket(zmq.SUB), max_message_bytes=size)
-        peers = harden(ctx.socket(zmq.SUB), max_message_bytes=size)
-        beat = harden(ctx.socket(zmq.XPUB), max_message_bytes=size, linger_ms=1000)
-        requests = harden(ctx.socket(zmq.DEALER), max_message_bytes=size, linger_ms=1000)
+        s = self.settings
+
+        def sock(kind: int, linger_ms: int = 500) -> zmq.Socket:
+            made = harden(ctx.socket(kind), max_message_bytes=size, linger_ms=linger_ms)
+            return dial(made, s, "relay", INGESTOR_KEY)
+
+        work, control, peers = sock(zmq.SUB), sock(zmq.SUB), sock(zmq.SUB)
+        beat = sock(zmq.XPUB, linger_ms=1000)
+        requests = sock(zmq.DEALER, linger_ms=1000)
         for name in self.exchanges:
             work.subscribe(work_prefix(name))
             control.subscribe(work_prefix(name))
@@ -330,7 +335,17 @@ class Ingestor:
 
     def _stream(self, ticker: str, exchange: Exchange, job: Job) -> None:
         try:
-            job.future.set_result(run_stream(ticker, exchange, self._sink, job.stop))  # type: ignore[union-attr]
+            conf = self.settings.ingest
+            count = self.metrics.dropped_ticks.labels
+            sent = run_stream(
+                ticker,
+                exchange,
+                self._sink,
+                job.stop,
+                (conf.tick_ahead_s, conf.tick_behind_s),
+                lambda reason: count(reason).inc(),
+            )
+            job.future.set_result(sent)  # type: ignore[union-attr]
         except Exception as exc:
             job.future.set_exception(exc)  # type: ignore[union-attr]
 

@@ -19,6 +19,7 @@ import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from candlewire.config import Settings
+from candlewire.curve import Guard, serve
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.zmqutil import harden
 from journal.reader import JournalReader
@@ -62,7 +63,9 @@ class JournalService:
         self.metrics = JournalMetrics()
         self._serve_metrics = metrics
         self._ctx = zmq.Context()
+        self._guard = Guard.start(self._ctx, settings)
         self._sock = harden(self._ctx.socket(zmq.ROUTER), max_message_bytes=64 << 10)
+        serve(self._sock, settings, "journal", "journal")
         self._sock.bind(settings.bind("journal"))
         self.reader = JournalReader(settings)
         self._http: MetricsServer | None = None
@@ -93,6 +96,8 @@ class JournalService:
         self.metrics.up.set(0)
         self._sock.close(linger=0)
         self.reader.close()
+        if self._guard is not None:
+            self._guard.stop()
         self._ctx.term()
         if self._http is not None:
             self._http.close()

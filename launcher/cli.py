@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from candlewire.config import POSTGRES_PASSWORD, Settings
+from candlewire.curve import ROLES
 from candlewire.times import to_ms
 from candlewire.triggers import KINDS
 from launcher.render import FORMATS
@@ -231,10 +232,17 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from candlewire.curve import Keyring
     from launcher.stack import Stack, StackError, default_services, live_ingestors
 
     console = Console()
     try:
+        if args.command == "up" and not settings.curve_chosen():
+            # The local stack runs with CURVE on unless told otherwise.
+            made = Keyring(settings).init()
+            settings.security.curve = True
+            if made:
+                console.print(f"keys: made {', '.join(made)} in {settings.keys_dir()}")
         stack = Stack(settings, default_services(settings))
         if args.command == "up":
             stack.up(console.print)
@@ -254,10 +262,34 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
             # Whether auth is on, never the secret itself.
             login = "password (scram-sha-256)" if settings.secret(POSTGRES_PASSWORD) else "none"
             console.print(f"PostgreSQL login: {login}")
+            curve = "on" if settings.security.curve else "off"
+            console.print(f"ZeroMQ CURVE: {curve}, {len(Keyring(settings).allowed())} keys allowed")
             return 0 if all(h == "healthy" for *_, h in rows) else 1
     except (StackError, OSError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
+    return 0
+
+
+def _keys(args: argparse.Namespace, settings: Settings) -> int:
+    from candlewire.curve import Keyring
+
+    ring = Keyring(settings)
+    if args.keys_command == "init":
+        made = ring.init()
+        print(
+            f"{len(made)} key pairs made in {ring.dir}" + (f": {', '.join(made)}" if made else "")
+        )
+    elif args.keys_command == "add-client":
+        try:
+            path = ring.add_client(args.name, args.role, args.user or "")
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"{args.name} ({args.role}{', user ' + args.user if args.user else ''}): {path}")
+    else:
+        for key, peer in sorted(ring.allowed().items(), key=lambda kv: kv[1].name):
+            print(f"{peer.name:<16} {peer.role:<10} {peer.user or '-':<12} {key}")
     return 0
 
 
@@ -382,6 +414,15 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("id")
     trig_sub.add_parser("ls", help="list the triggers")
     trig.set_defaults(fn=_trigger)
+    keys = sub.add_parser("keys", help="CURVE keys: make them, allow clients, list them")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    keys_sub.add_parser("init", help="make the server and service key pairs (0600)")
+    client = keys_sub.add_parser("add-client", help="make a client key pair and allow it")
+    client.add_argument("name")
+    client.add_argument("--role", required=True, choices=ROLES)
+    client.add_argument("--user", help="the one user a container key speaks for")
+    keys_sub.add_parser("ls", help="list the allowed keys (public halves)")
+    keys.set_defaults(fn=_keys)
     sub.add_parser("endpoints", help="print the endpoint table").set_defaults(fn=_endpoints)
     for name, text in (("up", "start the local stack"), ("down", "stop it"), ("status", "health")):
         sub.add_parser(name, help=text).set_defaults(fn=_stack)

@@ -420,12 +420,13 @@ def live_ingestors(settings: Settings, listen_s: float = 2.5) -> dict[str, dict[
     """Ingestors heard through the relay's fanout: {exchange: {ingestor_id: state}}."""
     import zmq
 
+    from candlewire.curve import dial
     from candlewire.topics import ingestor_topic
     from proto import requests_pb2 as rq
     from proto.envelope import EnvelopeError, decode_sub
 
     ctx = zmq.Context.instance()
-    sub = ctx.socket(zmq.SUB)
+    sub = dial(ctx.socket(zmq.SUB), settings, "relay")
     sub.setsockopt(zmq.LINGER, 0)
     sub.subscribe(ingestor_topic(""))
     sub.connect(settings.connect("market_data"))

@@ -55,6 +55,7 @@ class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNKNOWN_SYMBOL: _ClassVar[RejectReason]
     BAD_TRIGGER_REQUEST: _ClassVar[RejectReason]
     NO_TRIGGER_DESK: _ClassVar[RejectReason]
+    FORBIDDEN: _ClassVar[RejectReason]
 
 class HistoryStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -91,6 +92,7 @@ NO_INGESTOR: RejectReason
 UNKNOWN_SYMBOL: RejectReason
 BAD_TRIGGER_REQUEST: RejectReason
 NO_TRIGGER_DESK: RejectReason
+FORBIDDEN: RejectReason
 HISTORY_OK: HistoryStatus
 HISTORY_ERROR: HistoryStatus
 

@@ -57,4 +57,10 @@ class RelayMetrics:
             "SubscriptionError NO_INGESTOR messages published to subscribers",
             registry=self.registry,
         )
+        self.refused = Counter(
+            "candlewire_relay_refused",
+            "Peers (CURVE keys) and messages refused, by channel and reason",
+            ["channel", "reason"],
+            registry=self.registry,
+        )
         self.up = Gauge("candlewire_relay_up", "1 while serving", registry=self.registry)

@@ -6,6 +6,10 @@
   relay forwards them to ``work_queue`` or ``control`` unchanged.
 - ``market_data`` (XPUB) ← ``stream_pub``, ``stream_live`` and ``publisher_ingress`` (XSUB): forwarded by
   libzmq's steerable proxy in its own thread, with no Python per message.
+- With CURVE on (:mod:`candlewire.curve`), every socket is a CURVE server and each peer's
+  role is checked per message (:mod:`relay.policy`). The market-data XPUB then runs in
+  manual mode, in a Python loop instead of libzmq's proxy, so that each subscription is
+  applied only if its sender may hear that topic.
 - A watcher XPUB connected to that XSUB over inproc sees every topic's first subscription
   and last unsubscription (never data), so the relay can tell subscribers of a ticker whose
   exchange has no live ingestor, on the ticker's error topic.
@@ -30,6 +34,7 @@ import zmq
 from google.protobuf.message import Message
 
 from candlewire.config import Settings
+from candlewire.curve import Guard, Peer, peer_of, serve
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import (
@@ -41,7 +46,7 @@ from candlewire.topics import (
     work_prefix,
 )
 from candlewire.triggers import TriggerRejected, check_owner, parse_trigger
-from candlewire.zmqutil import harden, subscriptions
+from candlewire.zmqutil import HWM, harden, subscription, subscriptions
 from proto import cep_pb2 as cep
 from proto import requests_pb2 as rq
 from proto.envelope import (
@@ -55,6 +60,7 @@ from proto.envelope import (
     split_route,
 )
 from relay.metrics import RelayMetrics
+from relay.policy import Upstream, may_publish, may_request, may_subscribe
 from relay.validation import Rejected, validate
 
 log = logging.getLogger("candlewire.relay")
@@ -94,22 +100,31 @@ class Relay:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._http: MetricsServer | None = None
+        self._guard: Guard | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> Relay:
         s = self.settings
         size = s.max_message_bytes
-        self._router = harden(self._ctx.socket(zmq.ROUTER), max_message_bytes=size)
+        # The ZAP handler first: a CURVE socket without one would admit any key.
+        self._guard = Guard.start(self._ctx, s, self._count_refused)
+
+        def bound(kind: int, channel: str, hwm: int = HWM) -> zmq.Socket:
+            sock = harden(self._ctx.socket(kind), max_message_bytes=size, hwm=hwm)
+            return serve(sock, s, "relay", channel)
+
+        self._router = bound(zmq.ROUTER, "requests")
         # XPUB, not PUB: libzmq then tells us which exchange prefixes have a live ingestor
         # (first subscribe / last unsubscribe), state that rebuilds itself after a restart.
-        self._work = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
+        self._work = bound(zmq.XPUB, "work")
         self._served: set[str] = set()
-        self._control = harden(self._ctx.socket(zmq.PUB), max_message_bytes=size)
-        self._xpub = harden(
-            self._ctx.socket(zmq.XPUB), max_message_bytes=size, hwm=self.settings.market_data_hwm
-        )
-        self._xsub = harden(self._ctx.socket(zmq.XSUB), max_message_bytes=size)
+        self._control = bound(zmq.PUB, "control")
+        self._xpub = bound(zmq.XPUB, "market", self.settings.market_data_hwm)
+        if s.security.curve:
+            self._xpub.setsockopt(zmq.XPUB_MANUAL, 1)
+        # Serves its dialled publishers too: they prove publisher keys to the relay.
+        self._xsub = bound(zmq.XSUB, "ingress")
         self._watch = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
         self._watched = Demand(grace_s=None)
         self._unserved: dict[str, float] = {}  # ticker -> when next to report it
@@ -191,17 +206,89 @@ class Relay:
             sock = getattr(self, name, None)
             if sock is not None:
                 sock.close(linger=200)
+        if self._guard is not None:
+            self._guard.stop()
+            self._guard = None
         self._ctx.destroy(linger=200)
+
+    def _count_refused(self, channel: str, reason: str) -> None:
+        self.metrics.refused.labels(channel, reason).inc()
 
     # -- market data: libzmq forwards, Python only steers --------------------------------
 
     def _proxy(self, steer: zmq.Socket) -> None:
         try:
-            zmq.proxy_steerable(self._xsub, self._xpub, None, steer)
+            if self.settings.security.curve:
+                self._guarded_proxy(steer)
+            else:
+                zmq.proxy_steerable(self._xsub, self._xpub, None, steer)
         except zmq.ContextTerminated:
             pass
         finally:
             steer.close(linger=0)
+
+    def _guarded_proxy(self, steer: zmq.Socket) -> None:
+        """The proxy with CURVE on: data checked by sender, subscriptions by subscriber."""
+        upstream = Upstream()
+        publishers: dict[str, Peer | None] = {}  # User-Id -> peer, parsed once
+        poller = zmq.Poller()
+        for sock in (self._xsub, self._xpub, steer):
+            poller.register(sock, zmq.POLLIN)
+        while True:
+            ready = dict(poller.poll())
+            if steer in ready and steer.recv() == b"TERMINATE":
+                return
+            if self._xsub in ready:
+                self._forward_data(publishers)
+            if self._xpub in ready:
+                for _ in range(1024):
+                    try:
+                        frame = self._xpub.recv(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._apply(upstream, peer_of(frame), frame.bytes)
+
+    def _forward_data(self, peers: dict[str, Peer | None]) -> None:
+        """Up to 1024 waiting messages to subscribers, each checked by its sender's key
+        (carried by every frame; the first is read uncopied only to learn it)."""
+        xsub, xpub = self._xsub, self._xpub
+        for _ in range(1024):
+            try:
+                first = xsub.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            frames = [first.bytes]
+            while xsub.rcvmore:
+                frames.append(xsub.recv())
+            try:
+                user_id = first.get("User-Id")
+            except zmq.ZMQError:  # the relay's own inproc watcher
+                user_id = ""
+            if user_id not in peers:
+                peers[user_id] = Peer.parse(user_id) if user_id else None
+            if may_publish(peers[user_id], frames[0]):
+                xpub.send_multipart(frames)
+            else:
+                self.metrics.refused.labels("ingress", "not_publisher").inc()
+
+    def _apply(self, upstream: Upstream, peer: Peer | None, msg: bytes) -> None:
+        """One (un)subscription from a client of the manual-mode XPUB."""
+        sub = subscription(msg)
+        if sub is None:
+            return
+        subscribed, topic = sub
+        if subscribed:
+            if not may_subscribe(peer, topic):
+                upstream.refuse(topic)
+                self.metrics.refused.labels("market", "foreign_topic").inc()
+                return
+            self._xpub.setsockopt(zmq.SUBSCRIBE, msg[1:])
+            if upstream.subscribe(peer, topic):
+                self._xsub.send(msg)
+        else:
+            self._xpub.setsockopt(zmq.UNSUBSCRIBE, msg[1:])
+            if upstream.unsubscribe(peer, topic):
+                self._xsub.send(msg)
 
     # -- client requests ---------------------------------------------------------------------
 
@@ -221,10 +308,10 @@ class Relay:
             self._track_ingestors()
             for _ in range(1024):
                 try:
-                    frames = self._router.recv_multipart(zmq.NOBLOCK)
+                    frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                self._handle(frames)
+                self._handle([f.bytes for f in frames], peer_of(frames[-1]))
         self._release_held(float("inf"))  # accepted work is not lost to a clean stop
 
     def _track_ingestors(self) -> None:
@@ -300,7 +387,7 @@ class Relay:
         prefix = work_prefix(exchange)
         return any(prefix.startswith(sub) for sub in self._served)
 
-    def _handle(self, frames: list[bytes]) -> None:
+    def _handle(self, frames: list[bytes], peer: Peer | None = None) -> None:
         route, body, is_req = split_route(frames)
         try:
             msg = decode(body)
@@ -310,6 +397,11 @@ class Relay:
                 return
             reason = _REJECT_FOR_ENVELOPE.get(type(exc), rq.MALFORMED)
             self._reply(route, self._reject("", reason, str(exc)))
+            return
+        refusal = may_request(peer, msg)
+        if refusal is not None:
+            self.metrics.refused.labels("requests", "forbidden").inc()
+            self._reply(route, self._reject(getattr(msg, "request_id", ""), rq.FORBIDDEN, refusal))
             return
         self._reply(route, self._dispatch(msg))
 

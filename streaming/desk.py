@@ -28,6 +28,7 @@ import zmq
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from candlewire.config import Settings
+from candlewire.curve import DESK_KEY, dial
 from candlewire.kafka import TICKS, TRIGGERS, consumer_config, producer_config
 from candlewire.symbols import SymbolCatalog
 from candlewire.topics import trigger_work_topic
@@ -115,6 +116,7 @@ class TriggerDesk(threading.Thread):
         self._sub = harden(
             self._zmq.socket(zmq.SUB), max_message_bytes=ctx.settings.max_message_bytes
         )
+        dial(self._sub, ctx.settings, "relay", DESK_KEY)
         self._sub.subscribe(trigger_work_topic())
         self._sub.connect(ctx.settings.connect("work_queue"))
         log.info("trigger desk: %d triggers registered", len(self.registry))

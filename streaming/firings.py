@@ -29,6 +29,7 @@ import time
 from confluent_kafka import Producer
 
 from candlewire.config import Settings
+from candlewire.curve import PUBLISHER_KEY
 from candlewire.events import EventPublisher
 from candlewire.kafka import TRIGGERS, producer_config
 from proto import cep_pb2 as cep
@@ -82,6 +83,7 @@ class FiringDesk:
             ctx.settings,
             journal=ctx.settings.state_dir / "stream-events" / "pending.db",
             endpoint="stream_events",
+            key=PUBLISHER_KEY,
         ).start()
 
     def restore(self, restored: Restored) -> tuple[Triggers, dict[int, int]]:

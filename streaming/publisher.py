@@ -30,6 +30,7 @@ from confluent_kafka import KafkaException, Producer
 from google.protobuf.message import Message
 
 from candlewire.config import Settings
+from candlewire.curve import PUBLISHER_KEY, dial
 from candlewire.kafka import JOURNAL, journal_partition, producer_config
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
 from candlewire.zmqutil import HWM, harden, pending
@@ -87,6 +88,8 @@ class StreamPublisher:
             self._ctx.socket(zmq.XPUB), max_message_bytes=settings.max_message_bytes, hwm=hwm
         )
         self._sock.setsockopt(zmq.XPUB_NODROP, 1)
+        # Bound, yet a CURVE client: relays dial it and it proves a publisher's key to them.
+        dial(self._sock, settings, "relay", PUBLISHER_KEY)
         self._sock.bind(settings.bind("stream_pub"))
         for endpoint in settings.extra_relays:
             self._sock.connect(endpoint)

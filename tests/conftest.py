@@ -51,7 +51,7 @@ def relay(settings: Settings) -> Iterator[Relay]:
 
 @pytest.fixture
 def publisher(ctx: zmq.Context, settings: Settings) -> Iterator[FakePublisher]:
-    pub = FakePublisher(ctx, settings.bind("stream_pub"))
+    pub = FakePublisher(ctx, settings.bind("stream_pub"), settings=settings)
     yield pub
     pub.close()
 

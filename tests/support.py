@@ -12,6 +12,7 @@ from google.protobuf.message import Message
 from prometheus_client import Counter
 
 from candlewire.config import Settings
+from candlewire.curve import Keyring, dial
 from candlewire.testing import free_port as free_port
 from candlewire.testing import free_settings as free_settings
 from candlewire.testing import spawn
@@ -25,8 +26,10 @@ from proto.envelope import decode_sub, encode_topic
 class FakeIngestor:
     """An ingestor's work-queue side: SUB with exchange prefixes."""
 
-    def __init__(self, ctx: zmq.Context, settings: Settings, prefixes: list[str]) -> None:
-        self.sock = ctx.socket(zmq.SUB)
+    def __init__(
+        self, ctx: zmq.Context, settings: Settings, prefixes: list[str], key: str = "ingest"
+    ) -> None:
+        self.sock = dial(ctx.socket(zmq.SUB), settings, "relay", key)
         self.sock.setsockopt(zmq.LINGER, 0)
         for p in prefixes:
             self.sock.subscribe(p)
@@ -49,8 +52,18 @@ class FakeIngestor:
 class FakePublisher:
     """The stream processor's publishing side: PUB bound where the relay's XSUB connects."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, bind: bool = True) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        bind: bool = True,
+        settings: Settings | None = None,
+        key: str = "stream",
+    ) -> None:
+        """With ``settings`` and CURVE on, it proves ``key`` to the relay as a publisher."""
         self.sock = ctx.socket(zmq.PUB)
+        if settings is not None:
+            dial(self.sock, settings, "relay", key)
         self.sock.setsockopt(zmq.LINGER, 0)
         if bind:
             self.sock.bind(endpoint)
@@ -62,6 +75,13 @@ class FakePublisher:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def secured_settings(state_dir: object, **overrides: object) -> Settings:
+    """Free ports with CURVE on, and the keys ``candlewire keys init`` makes."""
+    settings = free_settings(state_dir, security={"curve": True}, **overrides)
+    Keyring(settings).init()
+    return settings
 
 
 def serve_pipeline(ctx, settings, publisher, stop: threading.Event, status=rq.HISTORY_OK) -> None:
@@ -109,12 +129,12 @@ def counted(counter: Counter) -> dict[tuple[str, ...], float]:
 
 
 def relay_frames(
-    settings: Settings, frames: list[bytes], timeout: float = 5.0
+    settings: Settings, frames: list[bytes], timeout: float = 5.0, key: str = "ingest"
 ) -> rq.SubmitResponse:
     """Send raw frames to the relay over REQ; a REQ peer must always get a SubmitResponse."""
     from proto.envelope import decode
 
-    req = zmq.Context.instance().socket(zmq.REQ)
+    req = dial(zmq.Context.instance().socket(zmq.REQ), settings, "relay", key)
     req.setsockopt(zmq.LINGER, 0)
     req.connect(settings.connect("client_requests"))
     try:
@@ -127,11 +147,13 @@ def relay_frames(
     return resp
 
 
-def relay_call(settings: Settings, msg: Message, timeout: float = 5.0) -> rq.SubmitResponse:
-    """Send one envelope to the relay, as a trusted component would."""
+def relay_call(
+    settings: Settings, msg: Message, timeout: float = 5.0, key: str = "ingest"
+) -> rq.SubmitResponse:
+    """Send one envelope to the relay, as a trusted component (an ingestor's key) would."""
     from proto.envelope import encode
 
-    return relay_frames(settings, encode(msg), timeout)
+    return relay_frames(settings, encode(msg), timeout, key)
 
 
 def read_topic(

@@ -80,6 +80,7 @@ class Exchange(ABC):
         """Live trades until ``stop`` is set."""
 
     rows_per_page: int = 1000
+    recorded: bool = False  # trades carry recorded times, not now's: exempt from "behind"
     _symbols: dict[str, Any]  # ticker → the adapter's own handle (symbol, recording, state)
 
     def symbol(self, ticker: str) -> Any:

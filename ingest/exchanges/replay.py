@@ -252,6 +252,7 @@ class ReplayExchange(Exchange):
         if clock not in ("original", "live"):
             raise ValueError(f"clock must be 'original' or 'live', not {clock!r}")
         self.name, self.root, self.speed, self.clock = name, Path(root), speed, clock
+        self.recorded = clock == "original"
         if not (self.root / "spot").is_dir():
             raise ValueError(f"replay root {self.root} has no spot/ folder (Binance Vision layout)")
         self.files = RecordedRows()

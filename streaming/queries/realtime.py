@@ -30,6 +30,7 @@ from pathlib import Path
 from pyspark.sql.streaming.query import StreamingQuery
 
 from candlewire.config import PERIODS_S, Settings
+from candlewire.curve import PUBLISHER_KEY, client_conf
 from candlewire.kafka import JOURNAL, TICKS
 from candlewire.topics import market_data_topic, ohlc_type, tick_type
 from candlewire.zmqutil import HWM
@@ -123,6 +124,7 @@ def live_conf(settings: Settings, restore: Path) -> str:
         "horizon_s": repr(settings.stream_dedup_horizon_s),
         "hwm": str(HWM),
         "max_message_bytes": str(settings.max_message_bytes),
+        **client_conf(settings, "relay", PUBLISHER_KEY),
     }
     return "".join(f"{k}={v.replace(chr(92), chr(92) * 2)}\n" for k, v in conf.items())
 

@@ -13,6 +13,7 @@ from websockets.sync.client import ClientConnection
 
 from candlewire import testing
 from candlewire.config import Settings
+from candlewire.curve import dial
 from candlewire.events import EventPublisher
 from candlewire.lake import sql_url
 from candlewire.testing import TelegramStandIn, open_session
@@ -131,9 +132,13 @@ def spawn_gateway(
 class Container:
     """A user container's DEALER, sending events by hand to see each ack."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(
+        self, endpoint: str, settings: Settings | None = None, key: str | None = None
+    ) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
+        if settings is not None:
+            dial(self.sock, settings, "gateway", key)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
 
@@ -152,8 +157,8 @@ class Container:
 def container():
     made: list[Container] = []
 
-    def make(settings: Settings) -> Container:
-        made.append(Container(settings.connect("critical_events")))
+    def make(settings: Settings, key: str | None = None) -> Container:
+        made.append(Container(settings.connect("critical_events"), settings, key))
         return made[-1]
 
     yield make

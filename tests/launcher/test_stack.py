@@ -42,7 +42,9 @@ def test_port_taken_is_a_one_line_error(stack) -> None:
 
 
 def test_platform_data_survives_down_then_up(tmp_path) -> None:
-    """The whole local platform: PostgreSQL, catalog, Kafka, relay; data kept across down/up."""
+    """The whole local platform: PostgreSQL, catalog, Kafka, relay; data kept across down/up.
+
+    With CURVE on, as ``candlewire up`` runs it: every ZeroMQ channel below is keyed."""
     import shutil
     import tempfile
     import urllib.request
@@ -58,11 +60,11 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
     from candlewire.lake import catalog
     from proto import market_pb2
     from proto.envelope import to_record
-    from tests.support import read_topic
+    from tests.support import read_topic, secured_settings
 
     base = Path(tempfile.mkdtemp(prefix="candlewire-stack-"))
     base.chmod(0o755)
-    settings = free_settings(base)
+    settings = secured_settings(base)
     stack = Stack(settings, default_services(settings))
     try:
         stack.up(lambda _: None)

@@ -14,6 +14,7 @@ import zmq
 
 from candlewire import Client, HistoryFailed, RequestRejected
 from candlewire.config import Settings
+from candlewire.curve import dial
 from candlewire.testing import candlewire_command
 from candlewire.topics import history_ready_topic, work_prefix
 from proto import requests_pb2 as rq
@@ -24,14 +25,22 @@ from tests.support import (
     FakeIngestor,
     FakePublisher,
     counted,
+    free_settings,
     relay_call,
     relay_frames,
+    secured_settings,
     serve_pipeline,
     wait_for,
 )
 
 DAY_MS = 86_400_000
 START = 1_700_000_000_000
+
+
+@pytest.fixture(params=["plain", "curve"])
+def settings(request, tmp_path) -> Settings:
+    """Every test here runs with CURVE off and on: the same behaviour, through the keys."""
+    return secured_settings(tmp_path) if request.param == "curve" else free_settings(tmp_path)
 
 
 @pytest.mark.parametrize("notify", ["client", "request"])
@@ -110,7 +119,7 @@ def test_work_waits_for_its_notification_topic_to_be_subscribed(ctx, settings, r
     try:
         assert relay_call(settings, history_request("late-sub")).status == rq.SUBMIT_OK
         assert ing.recv(0.3) is None, "work went out before anyone could hear its notification"
-        sub = ctx.socket(zmq.SUB)
+        sub = dial(ctx.socket(zmq.SUB), settings, "relay", "ingest")
         sub.setsockopt(zmq.LINGER, 0)
         sub.subscribe(history_ready_topic("late-sub"))
         sub.connect(settings.connect("market_data"))
@@ -259,7 +268,7 @@ def test_malformed_req_always_gets_an_error_reply(ctx, settings, pipeline, frame
 
 
 def test_dealer_garbage_is_dropped_and_counted(ctx, settings, relay) -> None:
-    dealer = ctx.socket(zmq.DEALER)
+    dealer = dial(ctx.socket(zmq.DEALER), settings, "relay", "ingest")
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(settings.connect("client_requests"))
     dealer.send_multipart([b"\x07", b"junk"])
@@ -270,7 +279,7 @@ def test_dealer_garbage_is_dropped_and_counted(ctx, settings, relay) -> None:
 
 
 def test_trusted_forwarding_of_control_and_realtime(ctx, settings, relay) -> None:
-    control = ctx.socket(zmq.SUB)
+    control = dial(ctx.socket(zmq.SUB), settings, "relay", "ingest")
     control.subscribe(work_prefix("BINANCE"))
     control.connect(settings.connect("control"))
     ing = FakeIngestor(ctx, settings, ["BINANCE:"])
@@ -297,8 +306,8 @@ def test_market_data_fanout_from_bound_and_connecting_publishers(
 ) -> None:
     from proto import market_pb2
 
-    extra = FakePublisher(ctx, settings.connect("publisher_ingress"), bind=False)
-    sub = ctx.socket(zmq.SUB)
+    extra = FakePublisher(ctx, settings.connect("publisher_ingress"), bind=False, settings=settings)
+    sub = dial(ctx.socket(zmq.SUB), settings, "relay", "ingest")
     sub.subscribe(b"BINANCE:BTC/USDT|tick")
     sub.connect(settings.connect("market_data"))
 

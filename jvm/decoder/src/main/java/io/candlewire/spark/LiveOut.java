@@ -73,6 +73,12 @@ final class LiveOut implements AutoCloseable {
     sock.setSndHWM(Integer.parseInt(conf.getProperty("hwm")));
     sock.setMaxMsgSize(Long.parseLong(conf.getProperty("max_message_bytes")));
     sock.setLinger(500);
+    if (conf.getProperty("curve_server") != null) {
+      // Bound, yet a CURVE client: relays dial it and authenticate the publisher key.
+      sock.setCurvePublicKey(ZMQ.Curve.z85Decode(conf.getProperty("curve_public")));
+      sock.setCurveSecretKey(ZMQ.Curve.z85Decode(conf.getProperty("curve_secret")));
+      sock.setCurveServerKey(ZMQ.Curve.z85Decode(conf.getProperty("curve_server")));
+    }
     bind(conf.getProperty("bind"));
     for (String endpoint : conf.getProperty("connect", "").split(",")) {
       if (!endpoint.isBlank()) {
