@@ -88,13 +88,20 @@ class Peer:
         return cls(*parts)
 
 
-def peer_of(frame: zmq.Frame) -> Peer | None:
-    """Who sent a message received with ``copy=False``; None over inproc or without CURVE."""
+def user_id_of(frame: zmq.Frame) -> str:
+    """The ZAP User-Id of a message received with ``copy=False``; "" over inproc or
+    without CURVE."""
     try:
         user_id = frame.get("User-Id")
     except zmq.ZMQError:
-        return None
-    return Peer.parse(user_id) if isinstance(user_id, str) else None
+        return ""
+    return user_id if isinstance(user_id, str) else ""
+
+
+def peer_of(frame: zmq.Frame) -> Peer | None:
+    """Who sent a message received with ``copy=False``; None over inproc or without CURVE."""
+    user_id = user_id_of(frame)
+    return Peer.parse(user_id) if user_id else None
 
 
 def _check_name(name: str) -> str:

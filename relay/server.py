@@ -34,7 +34,7 @@ import zmq
 from google.protobuf.message import Message
 
 from candlewire.config import Settings
-from candlewire.curve import Guard, Peer, peer_of, serve
+from candlewire.curve import Guard, Peer, peer_of, serve, user_id_of
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import (
@@ -260,10 +260,7 @@ class Relay:
             frames = [first.bytes]
             while xsub.rcvmore:
                 frames.append(xsub.recv())
-            try:
-                user_id = first.get("User-Id")
-            except zmq.ZMQError:  # the relay's own inproc watcher
-                user_id = ""
+            user_id = user_id_of(first)  # "": the relay's own inproc watcher
             if user_id not in peers:
                 peers[user_id] = Peer.parse(user_id) if user_id else None
             if may_publish(peers[user_id], frames[0]):

@@ -25,12 +25,18 @@ def env(gw_env):
     return secured
 
 
-def test_a_container_key_speaks_for_its_own_user_only(
-    env, telegram, make_gateway, container
-) -> None:
+def carols_box(env, telegram, make_gateway) -> tuple:
+    """A gateway, two users, and a container key bound to the first (``carol-box``)."""
     gw = make_gateway(env, gw_config(telegram))
     carol, mallory = new_user(), new_user()
     Keyring(env).add_client("carol-box", "container", user=carol)
+    return gw, carol, mallory
+
+
+def test_a_container_key_speaks_for_its_own_user_only(
+    env, telegram, make_gateway, container
+) -> None:
+    gw, carol, mallory = carols_box(env, telegram, make_gateway)
     for user in (carol, mallory):
         gw.directory.set_user(user, telegram_chat_id=user)
     box = container(env, "carol-box")
@@ -47,9 +53,7 @@ def test_a_container_key_speaks_for_its_own_user_only(
 def test_the_fast_path_drops_another_users_events(
     env, telegram, make_gateway, make_publisher
 ) -> None:
-    gw = make_gateway(env, gw_config(telegram))
-    carol, mallory = new_user(), new_user()
-    Keyring(env).add_client("carol-box", "container", user=carol)
+    gw, carol, mallory = carols_box(env, telegram, make_gateway)
     pub = make_publisher(env, key="carol-box")
     to_carol, to_mallory = sign_in(env, carol), sign_in(env, mallory)
     wait_for(lambda: pub.watched(carol) and pub.watched(mallory))
