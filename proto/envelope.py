@@ -17,6 +17,14 @@ from proto import cep_pb2, envelope_pb2, events_pb2, journal_pb2, market_pb2, re
 PROTOCOL_VERSION = 1
 VERSION_FRAME = bytes([PROTOCOL_VERSION])
 
+# Field limits every decoder applies: no id, ticker, topic or reason comes near them, so a
+# field past one is hostile or broken, and one such field could otherwise flow on into
+# Kafka, Iceberg and every subscriber. streaming.decode's JVM twin (DecodeTick) has the
+# string limit too.
+MAX_STRING_BYTES = 4096
+MAX_BYTES_FIELD = 64 << 10  # a UserEvent's payload
+MAX_REPEATED = 100_000
+
 T = envelope_pb2.MessageType
 MESSAGE_CLASSES: dict[int, type[Message]] = {
     T.DATA_REQUEST: requests_pb2.DataRequest,
@@ -72,6 +80,10 @@ class MalformedPayload(EnvelopeError):
     reason = "malformed_payload"
 
 
+class OversizedField(EnvelopeError):
+    reason = "oversized_field"
+
+
 class UnexpectedMessage(EnvelopeError):
     """A valid message of a type this receiver does not accept here."""
 
@@ -118,7 +130,34 @@ def decode_body(body: bytes) -> Message:
         msg.ParseFromString(body[1:])
     except (DecodeError, RuntimeWarning) as exc:
         raise MalformedPayload(f"{cls.__name__}: {exc}") from None
+    if len(body) > MAX_STRING_BYTES:  # a smaller message cannot hold a field past a limit
+        _check_sizes(msg, cls.__name__)
     return msg
+
+
+def _check_sizes(msg: Message, path: str) -> None:
+    """Raise OversizedField naming the first field past its limit, in sub-messages too."""
+    for field, value in msg.ListFields():
+        where = f"{path}.{field.name}"
+        entry = field.message_type
+        if entry is not None and entry.GetOptions().map_entry:
+            if len(value) > MAX_REPEATED:
+                raise OversizedField(f"{where}: {len(value)} entries, at most {MAX_REPEATED}")
+            values = [*value.keys(), *value.values()]
+        elif field.is_repeated:
+            if len(value) > MAX_REPEATED:
+                raise OversizedField(f"{where}: {len(value)} items, at most {MAX_REPEATED}")
+            values = list(value)
+        else:
+            values = [value]
+        for item in values:
+            if isinstance(item, Message):
+                _check_sizes(item, where)
+            elif isinstance(item, str) and len(item) > MAX_STRING_BYTES // 4:
+                if len(item.encode()) > MAX_STRING_BYTES:
+                    raise OversizedField(f"{where}: a string over {MAX_STRING_BYTES} bytes")
+            elif isinstance(item, bytes) and len(item) > MAX_BYTES_FIELD:
+                raise OversizedField(f"{where}: {len(item)} bytes, at most {MAX_BYTES_FIELD}")
 
 
 def decode_sub(frames: Sequence[bytes]) -> tuple[str, Message]:

@@ -3,11 +3,15 @@ from __future__ import annotations
 import pytest
 from google.protobuf import descriptor_pb2
 
-from proto import envelope_pb2, events_pb2, market_pb2, requests_pb2
+from proto import envelope_pb2, events_pb2, journal_pb2, market_pb2, requests_pb2
 from proto.envelope import (
+    MAX_BYTES_FIELD,
+    MAX_REPEATED,
+    MAX_STRING_BYTES,
     MESSAGE_CLASSES,
     MalformedPayload,
     MissingFrame,
+    OversizedField,
     UnexpectedFrames,
     UnexpectedMessage,
     UnknownMessageType,
@@ -138,3 +142,40 @@ def test_derive_copies_the_fields_both_messages_name_and_overrides_the_rest() ->
         5,
     )
     assert meta.notification_topic == "t" and meta.expected_pages == 3
+
+
+OVER = "x" * (MAX_STRING_BYTES + 1)
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        requests_pb2.SubmitHistoricalRequest(request_id="r", ticker=OVER),
+        events_pb2.UserEvent(user_id="u", payload=b"p" * (MAX_BYTES_FIELD + 1)),
+        # nested, repeated and map fields are walked too
+        journal_pb2.FetchReply(
+            runs=[journal_pb2.JournalBatch(ticks=[market_pb2.Tick(ticker="A:B/C", trade_id=OVER)])]
+        ),
+        requests_pb2.IngestorControl(working=["ok", OVER]),
+        requests_pb2.IngestorControl(config={"k": OVER}),
+        requests_pb2.IngestorControl(config={OVER: "v"}),
+        requests_pb2.IngestorControl(done=["d"] * (MAX_REPEATED + 1)),
+        market_pb2.Tick(
+            ticker="A:" + "é" * (MAX_STRING_BYTES // 2) + "/B"
+        ),  # bytes, not characters
+    ],
+)
+def test_a_field_past_its_limit_is_refused(msg) -> None:
+    with pytest.raises(OversizedField) as err:
+        decode(encode(msg))
+    assert err.value.reason == "oversized_field"
+
+
+def test_fields_at_their_limits_pass() -> None:
+    at = "x" * MAX_STRING_BYTES
+    for msg in (
+        requests_pb2.SubmitHistoricalRequest(request_id="r", ticker=at, client_id=at),
+        events_pb2.UserEvent(user_id="u", payload=b"p" * MAX_BYTES_FIELD),
+        requests_pb2.IngestorControl(config={at: at}, done=["d"] * 1000),
+    ):
+        assert decode(encode(msg)) == msg

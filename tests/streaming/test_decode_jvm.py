@@ -59,6 +59,12 @@ def crafted() -> list[bytes | None]:
         *(tick(price=d) for d in NOT_PRICES),
         *(tick(size=d) for d in NOT_SIZES),
         tick(size="0"),  # a size of zero is a size
+        # proto.envelope.MAX_STRING_BYTES, in UTF-8 bytes: at the limit, and one past it
+        tick(trade_id="x" * 4096),
+        tick(trade_id="x" * 4097),
+        tick(ticker="SIM:" + "é" * 2047 + "/B"),  # 4099 bytes in 2051 characters
+        tick(price="1" + "0" * 4096),
+        to_record(market_pb2.FeedIdle(ticker="SIM:A/" + "B" * 4091, event_time_ns=5)),
         to_record(market_pb2.FeedIdle(ticker="SIM:A/B", event_time_ns=5, last_trade_ns=3)),
         to_record(market_pb2.FeedIdle(event_time_ns=5)),
         to_record(ohlc),
@@ -116,7 +122,7 @@ def test_both_decoders_give_the_same_rows_for_crafted_records(spark) -> None:
     assert jvm_rows(spark, values) == expected
     # The cases mean something: the reference finds valid ticks, idle marks and rejects.
     valid = [r["valid"] for r in expected]
-    assert valid[:4] == [True] * 4 and valid.count(True) == 7 + len(GOOD_DECIMALS)
+    assert valid[:4] == [True] * 4 and valid.count(True) == 8 + len(GOOD_DECIMALS)
     assert [r["idle"] for r in expected].count(True) == 1
     assert expected[3]["side"] is None and expected[1]["ingest_time_ns"] is None
 

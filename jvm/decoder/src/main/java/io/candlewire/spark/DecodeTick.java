@@ -3,6 +3,7 @@ package io.candlewire.spark;
 import candlewire.v1.Envelope.MessageType;
 import candlewire.v1.MarketOuterClass.FeedIdle;
 import candlewire.v1.MarketOuterClass.Tick;
+import com.google.protobuf.ByteString;
 import com.google.protobuf.CodedInputStream;
 import com.google.protobuf.Descriptors.Descriptor;
 import com.google.protobuf.Descriptors.FieldDescriptor;
@@ -38,6 +39,9 @@ public final class DecodeTick implements UDF1<byte[], Row> {
   private static final int MAX_DEPTH = 100;
 
   private static final int SLOW_PATH_BUFFER = 9;
+
+  /** {@code proto.envelope.MAX_STRING_BYTES}: a longer string field makes the record invalid. */
+  private static final int MAX_STRING_BYTES = 4096;
 
   private static final Row INVALID = row(false, false, null, null, null, null, null, null, null);
 
@@ -148,6 +152,7 @@ public final class DecodeTick implements UDF1<byte[], Row> {
 
   private static Row tick(Tick t) {
     if (t.getTicker().isEmpty()
+        || oversized(t.getTickerBytes(), t.getTradeIdBytes(), t.getPriceBytes(), t.getSizeBytes())
         || !isDecimal(t.getPrice())
         || !POSITIVE.matcher(t.getPrice()).matches()
         || !isDecimal(t.getSize())
@@ -167,10 +172,19 @@ public final class DecodeTick implements UDF1<byte[], Row> {
   }
 
   private static Row idle(FeedIdle f) {
-    if (f.getTicker().isEmpty()) {
+    if (f.getTicker().isEmpty() || oversized(f.getTickerBytes())) {
       return INVALID;
     }
     return row(false, true, f.getTicker(), null, null, null, null, f.getEventTimeNs(), null);
+  }
+
+  private static boolean oversized(ByteString... fields) {
+    for (ByteString field : fields) {
+      if (field.size() > MAX_STRING_BYTES) {
+        return true;
+      }
+    }
+    return false;
   }
 
   private static boolean isDecimal(String text) {
