@@ -224,11 +224,14 @@ class EventPublisher:
             self._resend_due(time.monotonic())
 
     def _track_watchers(self) -> None:
-        for subscribed, topic in subscriptions(self._xpub):
+        for subscribed, topic in subscriptions(self._xpub, on_other=self._not_subscription):
             with self._lock:
                 self._watchers[topic] += 1 if subscribed else -1
                 if self._watchers[topic] <= 0:
                     del self._watchers[topic]
+
+    def _not_subscription(self) -> None:
+        self.dropped_frames += 1
 
     def _send_outbox(self) -> None:
         with self._lock:

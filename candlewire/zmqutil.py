@@ -6,7 +6,7 @@ notice a peer that vanished without closing its connection.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import zmq
 
@@ -45,10 +45,14 @@ def subscription(msg: bytes) -> tuple[bool, str] | None:
     return bool(msg[0]), msg[1:].decode(errors="replace")
 
 
-def subscriptions(sock: zmq.Socket, limit: int = 10_000) -> Iterator[tuple[bool, str]]:
-    """The (subscribed, topic) changes waiting on an XPUB, without blocking; anything that
-    is not a subscription message is skipped."""
+def subscriptions(
+    sock: zmq.Socket, limit: int = 10_000, on_other: Callable[[], None] | None = None
+) -> Iterator[tuple[bool, str]]:
+    """The (subscribed, topic) changes waiting on an XPUB, without blocking. Anything else a
+    subscriber sent is skipped, and told to ``on_other`` (a drop counter)."""
     for msg in pending(sock, limit):
         sub = subscription(msg)
         if sub is not None:
             yield sub
+        elif on_other is not None:
+            on_other()

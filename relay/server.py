@@ -119,7 +119,8 @@ class Relay:
         # (first subscribe / last unsubscribe), state that rebuilds itself after a restart.
         self._work = bound(zmq.XPUB, "work")
         self._served: set[str] = set()
-        self._control = bound(zmq.PUB, "control")
+        # XPUB only so that what subscribers send up the wrong way is read and counted.
+        self._control = bound(zmq.XPUB, "control")
         self._xpub = bound(zmq.XPUB, "market", self.settings.market_data_hwm)
         if s.security.curve:
             self._xpub.setsockopt(zmq.XPUB_MANUAL, 1)
@@ -211,6 +212,9 @@ class Relay:
             self._guard = None
         self._ctx.destroy(linger=200)
 
+    def _not_subscription(self, endpoint: str) -> None:
+        self.metrics.dropped.labels(endpoint, "not_subscription").inc()
+
     def _count_refused(self, channel: str, reason: str) -> None:
         self.metrics.refused.labels(channel, reason).inc()
 
@@ -272,6 +276,7 @@ class Relay:
         """One (un)subscription from a client of the manual-mode XPUB."""
         sub = subscription(msg)
         if sub is None:
+            self._not_subscription("market_data")
             return
         subscribed, topic = sub
         if subscribed:
@@ -294,6 +299,7 @@ class Relay:
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._work, zmq.POLLIN)
         poller.register(self._watch, zmq.POLLIN)
+        poller.register(self._control, zmq.POLLIN)
         self._up_since = time.monotonic()
         while not self._stop.is_set():
             events = poller.poll(100)
@@ -303,6 +309,10 @@ class Relay:
             if not events:
                 continue
             self._track_ingestors()
+            for _ in subscriptions(
+                self._control, on_other=lambda: self._not_subscription("control")
+            ):
+                pass  # the control channel's subscriptions: the XPUB applies them
             for _ in range(1024):
                 try:
                     frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -313,7 +323,9 @@ class Relay:
 
     def _track_ingestors(self) -> None:
         """Apply the work queue's subscription messages: ``\\x01`` + prefix, ``\\x00`` + prefix."""
-        for subscribed, topic in subscriptions(self._work):
+        for subscribed, topic in subscriptions(
+            self._work, on_other=lambda: self._not_subscription("work_queue")
+        ):
             if subscribed:
                 self._served.add(topic)
             else:
@@ -321,7 +333,11 @@ class Relay:
             self.metrics.served_exchanges.set(len(self._served))
 
     def _track_subscribers(self) -> None:
-        for subscribed, topic in subscriptions(self._watch):
+        # In plain mode the proxy passes on to the watcher too what market-data subscribers
+        # send that is no subscription; with CURVE on, _apply sees it instead.
+        for subscribed, topic in subscriptions(
+            self._watch, on_other=lambda: self._not_subscription("market_data")
+        ):
             self._track_listener(subscribed, topic)
             change = self._watched.apply(subscribed, topic, time.monotonic())
             if change is not None and not change[1]:

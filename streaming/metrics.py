@@ -87,6 +87,11 @@ class StreamMetrics:
             "from the journal)",
             registry=r,
         )
+        self.refused_frames = Gauge(
+            "candlewire_stream_refused_frames",
+            "Frames a relay sent up the publisher's socket that were no subscription",
+            registry=r,
+        )
 
 
 class Laps:

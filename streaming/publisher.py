@@ -33,7 +33,7 @@ from candlewire.config import Settings
 from candlewire.curve import PUBLISHER_KEY, dial
 from candlewire.kafka import JOURNAL, journal_partition, producer_config
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
-from candlewire.zmqutil import HWM, harden, pending
+from candlewire.zmqutil import HWM, harden, subscriptions
 from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto.envelope import VERSION_FRAME, encode_topic, to_record, type_id
@@ -105,6 +105,10 @@ class StreamPublisher:
         self.sent = 0
         self.dropped = 0
         self.journal_errors = 0
+        self.refused_frames = 0  # what a relay sent up that is no subscription
+
+    def _not_subscription(self) -> None:
+        self.refused_frames += 1
 
     def publish(self, topic: str, msg: Message) -> None:
         frames = encode_topic(topic, msg)
@@ -214,8 +218,8 @@ class StreamPublisher:
                     self._next_head = now + HEAD_EVERY_S
                     ready += [(0, 0, h.topic, h) for h in self.sequencer.heads()]
                 self._journal.poll(0)
-                for _ in pending(self._sock):
-                    pass  # the relays' subscriptions: the XPUB applies them, nobody reads them
+                for _ in subscriptions(self._sock, on_other=self._not_subscription):
+                    pass  # the relays' subscriptions: the XPUB applies them
             for _, _, topic, msg in ready:
                 self.publish(topic, msg)
 

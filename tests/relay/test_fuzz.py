@@ -1,120 +1,181 @@
-"""100k random frames on each relay socket; the relay must keep serving.
+"""Hostile frames on each of the relay's five sockets while clients are served (tests/fuzz.py).
 
-Each socket is hit by the peer type that may legally connect to it (so frames reach the
-relay's code), plus a raw TCP STREAM peer that sends random bytes below the ZMTP layer.
+Each inbound message is counted once: answered (``requests``) or dropped (``dropped``, by
+socket and reason). What a publisher sends into ``publisher_ingress`` is forwarded by libzmq
+unread, so there the subscriber's decoder is the one that drops and counts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
-import time
+import socket
 
 import pytest
 import zmq
 
 from candlewire import Client
+from proto import cep_pb2 as cep
+from proto import market_pb2
 from proto import requests_pb2 as rq
-from proto.envelope import encode
-from tests.support import FakeIngestor, counted, wait_for
+from proto.envelope import EnvelopeError, decode_sub, encode, encode_topic
+from tests.fuzz import FRAMES, SETTLE_S, Good, blast, drain, malformed, not_subscription, peer
+from tests.support import counted, relay_call, wait_for
 
-FRAMES = 100_000
 START = 1_700_000_000_000
+TICKER = "BINANCE:BTC/USDT"
+FAR_FUTURE = 4_102_444_800_000  # 2100
 
 
-def random_multipart(rng: random.Random) -> list[bytes]:
-    kind = rng.random()
-    if kind < 0.25:  # REQ-shaped: delimiter, then noise
-        return [b"", *(rng.randbytes(rng.randint(0, 40)) for _ in range(rng.randint(0, 3)))]
-    if kind < 0.5:  # a plausible envelope with a random payload
-        return [b"\x01", bytes([rng.choice([0x01, 0x03, 0x10, 0x11, 0x7F])]) + rng.randbytes(20)]
-    return [rng.randbytes(rng.randint(0, 64)) for _ in range(rng.randint(1, 4))]
-
-
-def still_serves(settings) -> None:
+def submit(settings) -> bool:
     with Client(settings, submit_timeout=10) as client:
-        resp = client.submit("BINANCE:BTC/USDT", 60, START, START + 86_400_000)
-    assert resp.status == rq.SUBMIT_OK
+        return client.submit(TICKER, 60, START, START + 3_600_000).status == rq.SUBMIT_OK
 
 
-def drain(sock: zmq.Socket) -> None:
-    """Read whatever the relay sent back, as a real peer would, without blocking.
-
-    Done on the sending thread: a ZeroMQ socket is not thread-safe, and a second thread
-    reading the socket the test sends on once hung this test in ``send``.
-    """
-    if sock.type == zmq.PUB:
-        return
-    while True:
-        try:
-            sock.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            return
-
-
-@pytest.fixture
-def ingestor(ctx, settings, relay):
-    ing = FakeIngestor(ctx, settings, ["BINANCE:"])
-    time.sleep(0.2)
-    yield ing
-    ing.close()
+def hostile_requests() -> list:
+    """Valid envelopes with values the relay must refuse, each with an answer."""
+    hist = {"request_id": "h", "client_id": "c", "ticker": TICKER, "period_s": 60}
+    trig = {"request_id": "t", "client_id": "c", "trigger_id": "x", "ticker": TICKER}
+    return [
+        rq.SubmitHistoricalRequest(**hist, start_ms=-START, end_ms=START),
+        rq.SubmitHistoricalRequest(**hist, start_ms=FAR_FUTURE, end_ms=FAR_FUTURE + 60_000),
+        rq.SubmitHistoricalRequest(**hist, start_ms=START + 60_000, end_ms=START),
+        rq.SubmitHistoricalRequest(**{**hist, "period_s": 7}, start_ms=START, end_ms=START + 1),
+        rq.SubmitHistoricalRequest(**{**hist, "ticker": "no ticker"}, start_ms=START, end_ms=1),
+        rq.SubmitHistoricalRequest(**hist, start_ms=0, end_ms=1 << 62),
+        cep.CEPTriggerRequest(**trig, action=cep.ADD, price_cross=cep.PriceCross(level="NaN")),
+        cep.CEPTriggerRequest(**trig, action=cep.ADD, price_cross=cep.PriceCross(level="-5")),
+        cep.CEPTriggerRequest(**trig, action=cep.ADD, price_cross=cep.PriceCross(level="1e999")),
+        rq.DataRequest(
+            request_id="d", kind=rq.REALTIME_SUBSCRIBE, ticker=TICKER, exchange="KRAKEN"
+        ),
+        rq.DataRequest(request_id="d", kind=rq.REALTIME_SUBSCRIBE, exchange="binance"),
+        rq.SubmitResponse(request_id="r"),  # a message the relay sends, never takes
+    ]
 
 
 def handled(relay) -> float:
-    """Messages the relay answered or dropped: every inbound ROUTER message is one of them."""
     m = relay.metrics
     return sum(sum(counted(c).values()) for c in (m.requests, m.dropped))
 
 
-@pytest.mark.parametrize(
-    ("endpoint", "peer_type"),
-    [
-        ("client_requests", zmq.DEALER),
-        ("market_data", zmq.XSUB),  # a subscriber may send arbitrary (un)subscribe frames
-        ("publisher_ingress", zmq.PUB),  # a publisher may send arbitrary data frames
-        ("work_queue", zmq.XSUB),
-        ("control", zmq.XSUB),
-    ],
-)
-def test_random_frames_on_each_socket(ctx, settings, relay, ingestor, endpoint, peer_type) -> None:
-    rng = random.Random(f"{endpoint}-{peer_type}")
-    peer = ctx.socket(peer_type)
-    peer.setsockopt(zmq.LINGER, 0)
-    peer.setsockopt(zmq.SNDHWM, 0)
-    peer.connect(settings.connect(endpoint))
-    before = handled(relay)
-    for i in range(FRAMES):
-        peer.send_multipart(random_multipart(rng))
-        if i % 256 == 0:
-            drain(peer)
-    if endpoint == "client_requests":
-        wait_for(lambda: drain(peer) or handled(relay) - before >= FRAMES, timeout=60)
-        assert handled(relay) - before == FRAMES
-    still_serves(settings)
-    peer.close()
+def test_client_requests(ctx, settings, relay, served) -> None:
+    """Malformed requests (half with a REQ delimiter, which get an answer) and valid ones
+    with hostile values: each is answered or dropped, never accepted."""
+    rng = random.Random("client_requests")
+    samples = [m for m in hostile_requests() if not isinstance(m, rq.SubmitResponse)]
+    hostile = hostile_requests()
+
+    def make() -> list[bytes]:
+        delimiter = [b""] if rng.random() < 0.5 else []
+        if rng.random() < 0.1:
+            return [b"", *encode(rng.choice(hostile))]
+        return [*delimiter, *malformed(rng, samples)] or [b""]
+
+    sock = peer(ctx, zmq.DEALER, settings.connect("client_requests"))
+    before, accepted = handled(relay), counted(relay.metrics.requests).get(("ok",), 0)
+    with Good(lambda: submit(settings)) as good:
+        blast(sock, make)
+        wait_for(
+            lambda: drain(sock) >= 0 and handled(relay) - before >= FRAMES + good.sent,
+            timeout=SETTLE_S,
+        )
+    good.check()
+    assert handled(relay) - before == FRAMES + good.sent
+    assert counted(relay.metrics.requests).get(("ok",), 0) - accepted == good.sent
 
 
-def test_raw_tcp_garbage_on_each_port(settings, relay, ingestor) -> None:
+@pytest.mark.parametrize("endpoint", ["market_data", "work_queue", "control"])
+def test_subscriber_sockets(ctx, settings, relay, served, publisher, endpoint) -> None:
+    """An XPUB's subscribers send (un)subscriptions only; anything else is counted, while
+    market data, work and control keep flowing."""
+    rng = random.Random(endpoint)
+    sub = peer(ctx, zmq.SUB, settings.connect("market_data"))
+    sub.subscribe(f"{TICKER}|tick")
+    control = peer(ctx, zmq.SUB, settings.connect("control"))
+    control.subscribe("")
+    n = iter(range(1 << 30))
+
+    def settled() -> bool:
+        """Both subscriptions went all the way up: a probe tick and a probe cancel arrive."""
+        publisher.publish(f"{TICKER}|tick", market_pb2.Tick(ticker=TICKER, trade_id="probe"))
+        relay_call(settings, rq.IngestorControl(action=rq.CANCEL_REALTIME, exchange="BINANCE"))
+        arrived = sub.poll(100) and control.poll(100)
+        for s in (sub, control):
+            drain(s)
+        return arrived
+
+    wait_for(settled)
+
+    def flows() -> bool:
+        i = next(n)
+        publisher.publish(f"{TICKER}|tick", market_pb2.Tick(ticker=TICKER, trade_id=str(i)))
+        cancel = rq.IngestorControl(
+            action=rq.CANCEL_REALTIME, ticker=TICKER, exchange="BINANCE", request_id=str(i)
+        )
+        ok = submit(settings) and relay_call(settings, cancel).status == rq.SUBMIT_OK
+        socks = (sub, control, served.sock)
+        if not ok or not all(s.poll(10_000) for s in socks):
+            return False
+        got = [decode_sub(s.recv_multipart())[1] for s in socks]
+        return got[0].trade_id == str(i) and got[1].request_id == str(i)
+
+    fuzzer = peer(ctx, zmq.XSUB, settings.connect(endpoint))
+    key = (endpoint, "not_subscription")
+    with Good(flows) as good:
+        blast(fuzzer, lambda: [not_subscription(rng)])
+        wait_for(lambda: counted(relay.metrics.dropped).get(key, 0) >= FRAMES, timeout=SETTLE_S)
+    good.check()
+    assert counted(relay.metrics.dropped).get(key, 0) == FRAMES
+
+
+def test_publisher_ingress(ctx, settings, relay) -> None:
+    """The relay forwards a publisher's frames unread; a subscriber's decoder drops every
+    malformed one, and every good tick arrives among them."""
+    rng = random.Random("ingress")
+    topic = f"{TICKER}|tick"
+    sub = peer(ctx, zmq.SUB, settings.connect("market_data"))
+    sub.subscribe(topic)
+    good_pub = peer(ctx, zmq.PUB, settings.connect("publisher_ingress"))
+    fuzzer = peer(ctx, zmq.PUB, settings.connect("publisher_ingress"))
+    wait_for(lambda: relay._watched.topics)
+    sample = [market_pb2.Tick(ticker=TICKER, trade_id="1", price="1", size="1")]
+    good_ids = [str(i) for i in range(1_000)]
+    for trade_id in good_ids:
+        good_pub.send_multipart(
+            encode_topic(topic, market_pb2.Tick(ticker=TICKER, trade_id=trade_id))
+        )
+        blast(fuzzer, lambda: [topic.encode(), *malformed(rng, sample)], FRAMES // len(good_ids))
+    refused, delivered = 0, []
+    expected = FRAMES // len(good_ids) * len(good_ids)
+    while len(delivered) < len(good_ids) or refused < expected:
+        assert sub.poll(10_000), (len(delivered), refused)
+        try:
+            delivered.append(decode_sub(sub.recv_multipart())[1].trade_id)
+        except EnvelopeError:
+            refused += 1
+    assert delivered == good_ids and refused == expected
+
+
+def test_raw_tcp_garbage_on_each_port(settings, relay, served) -> None:
     """Bytes that are not even ZMTP: the handshake fails, the peer is dropped."""
-    import socket
-
     rng = random.Random(7)
     for name in ("client_requests", "market_data", "publisher_ingress", "work_queue", "control"):
         for _ in range(20):
             addr = ("127.0.0.1", settings.port(name))
             with socket.create_connection(addr, timeout=2) as s, contextlib.suppress(OSError):
                 s.sendall(rng.randbytes(rng.randint(1, 5000)))
-    still_serves(settings)
+    assert submit(settings)
 
 
-def test_oversized_message_disconnects_peer_not_relay(ctx, settings, relay, ingestor) -> None:
+def test_oversized_message_disconnects_peer_not_relay(ctx, settings, relay, served) -> None:
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(settings.connect("client_requests"))
-    dealer.send_multipart([b"", b"\x01", b"\x10" + b"x" * (settings.max_message_bytes + 1)])
+    dealer.send_multipart([b"", b"\x01", b"\x10" + b"x" * (10 << 20)])  # 10 MB
     assert not dealer.poll(500)
     dealer.close()
-    still_serves(settings)
+    assert submit(settings)
     # A well-formed envelope still gets its reply after all that.
     req = ctx.socket(zmq.REQ)
     req.connect(settings.connect("client_requests"))

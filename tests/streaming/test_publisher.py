@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import zmq
@@ -10,6 +11,7 @@ from candlewire.testing import free_settings, wait_for
 from proto import market_pb2
 from proto.envelope import from_record, to_record
 from streaming.publisher import Sequencer, StreamPublisher
+from tests.fuzz import FRAMES, SETTLE_S, Good, blast, not_subscription, peer
 
 
 def test_each_topic_counts_from_one_without_holes() -> None:
@@ -84,3 +86,36 @@ def test_a_full_relay_queue_drops_are_counted_not_silent(tmp_path) -> None:
 
 
 HEAD = market_pb2.StreamHead(topic="T|x")
+
+
+def test_what_a_relay_sends_up_that_is_no_subscription_is_counted(tmp_path) -> None:
+    """Hostile frames up the publisher's XPUB (tests/fuzz.py) while it publishes: each is
+    counted, and the relay receives every message published."""
+    settings = free_settings(tmp_path)
+    publisher = StreamPublisher(settings)
+    ctx = zmq.Context()
+    relay = peer(ctx, zmq.XSUB, settings.connect("stream_pub"))
+    relay.send(b"\x01")
+    fuzzer = peer(ctx, zmq.XSUB, settings.connect("stream_pub"))
+    rng = random.Random("publisher")
+    n = iter(range(1 << 30))
+
+    def published() -> bool:
+        i = next(n)
+        publisher.publish("T|x", market_pb2.StreamHead(topic=str(i)))
+        return relay.poll(10_000) and from_record(
+            b"".join(relay.recv_multipart()[1:])
+        ).topic == str(i)
+
+    try:
+        wait_for(lambda: relay.poll(100) or publisher.publish("T|x", HEAD) or False)
+        while relay.poll(200):
+            relay.recv_multipart()
+        with Good(published, pause_s=0.005) as good:
+            blast(fuzzer, lambda: [not_subscription(rng)])
+            wait_for(lambda: publisher.refused_frames >= FRAMES, timeout=SETTLE_S)
+        good.check()
+        assert publisher.refused_frames == FRAMES
+    finally:
+        publisher.close()
+        ctx.destroy(linger=0)
