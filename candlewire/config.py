@@ -35,6 +35,7 @@ PERIODS_S: tuple[int, ...] = (60, 300, 900, 3600, 14400, 86400)
 
 DEDUP_MARGIN_S = 60.0  # a dedup horizon covers the lateness allowance and this much more
 POSTGRES_PASSWORD = "postgres-password"  # the local PostgreSQL's, in the state dir's secrets
+KAFKA_PASSWORD = "kafka-password"  # the Kafka SCRAM user's, likewise
 
 
 def config_file() -> Path:
@@ -75,6 +76,18 @@ class SecuritySettings(BaseModel):
     """Where the key pairs and the allow-list are; default <state_dir>/keys."""
 
 
+class KafkaSettings(BaseModel):
+    """``[kafka]``: how every Kafka client of the project authenticates (librdkafka's, Spark's
+    source and sink, the JVM live path, Dagster's jobs), and the local broker with them."""
+
+    sasl: bool = False
+    """SASL/SCRAM over the broker's listener. The password is the secret ``kafka-password``
+    (``CANDLEWIRE_SECRET_KAFKA_PASSWORD``, or ``<state_dir>/secrets/kafka-password``, which
+    ``candlewire up`` makes)."""
+    mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-256"
+    username: str = "candlewire"
+
+
 class Settings(BaseSettings):
     """Where things are. Defaults are safe: everything on 127.0.0.1."""
 
@@ -101,6 +114,9 @@ class Settings(BaseSettings):
 
     security: SecuritySettings = Field(default_factory=SecuritySettings)
     """``[security]``: authenticated, encrypted channels."""
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    """``[kafka]``: Kafka authentication."""
 
     host: str = "127.0.0.1"
     """Address clients and services connect to."""
@@ -278,6 +294,9 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_DEMAND_GRACE_S"] = str(self.demand_grace_s)
         env["CANDLEWIRE_SECURITY__CURVE"] = str(self.security.curve).lower()
         env["CANDLEWIRE_SECURITY__KEY"] = self.security.key
+        env["CANDLEWIRE_KAFKA__SASL"] = str(self.kafka.sasl).lower()
+        env["CANDLEWIRE_KAFKA__MECHANISM"] = self.kafka.mechanism
+        env["CANDLEWIRE_KAFKA__USERNAME"] = self.kafka.username
         if self.security.keys_dir is not None:
             env["CANDLEWIRE_SECURITY__KEYS_DIR"] = str(self.security.keys_dir)
         replay = self.ingest.replay

@@ -9,7 +9,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from candlewire.config import Settings
+from candlewire.config import KAFKA_PASSWORD, Settings
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,65 @@ def journal_partition(topic: str) -> int:
     return zlib.crc32(topic.encode()) % JOURNAL.partitions
 
 
+class KafkaAuthError(RuntimeError):
+    pass
+
+
+def _password(settings: Settings) -> str:
+    password = settings.secret(KAFKA_PASSWORD)
+    if not password:
+        raise KafkaAuthError(
+            "[kafka] sasl is on but there is no password: set CANDLEWIRE_SECRET_KAFKA_PASSWORD "
+            f"or run `candlewire up`, which makes {settings.state_dir}/secrets/{KAFKA_PASSWORD}"
+        )
+    return password
+
+
+def client_auth(settings: Settings) -> dict[str, str]:
+    """librdkafka's connection settings: the bootstrap servers and, with ``[kafka] sasl``,
+    SASL/SCRAM. Every confluent-kafka client of the project starts from these."""
+    conf = {"bootstrap.servers": settings.kafka_servers()}
+    if settings.kafka.sasl:
+        conf |= {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": settings.kafka.mechanism,
+            "sasl.username": settings.kafka.username,
+            "sasl.password": _password(settings),
+        }
+    return conf
+
+
+def java_auth(settings: Settings) -> dict[str, str]:
+    """The same for Java's kafka-clients: Spark's source and sink take each with a ``kafka.``
+    prefix (:func:`spark_options`), the JVM live path as they are. Kafka hides the JAAS
+    line in its logs (a PASSWORD-type setting)."""
+    conf = {"bootstrap.servers": settings.kafka_servers()}
+    if settings.kafka.sasl:
+        user, password = settings.kafka.username, _password(settings)
+        conf |= {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": settings.kafka.mechanism,
+            "sasl.jaas.config": scram_jaas(user, password),
+        }
+    return conf
+
+
+def scram_jaas(user: str, password: str) -> str:
+    return (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{user}" password="{password}";'
+    )
+
+
+def spark_options(settings: Settings) -> dict[str, str]:
+    """Spark's Kafka source and sink options for reaching the cluster."""
+    return {f"kafka.{k}": v for k, v in java_auth(settings).items()}
+
+
 def producer_config(settings: Settings, **overrides: object) -> dict[str, object]:
     """Idempotent, acks=all, bounded buffering: produce() blocks the caller via BufferError."""
     return {
-        "bootstrap.servers": settings.kafka_servers(),
+        **client_auth(settings),
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
@@ -58,7 +113,7 @@ def producer_config(settings: Settings, **overrides: object) -> dict[str, object
 
 def consumer_config(settings: Settings, group: str, **overrides: object) -> dict[str, object]:
     return {
-        "bootstrap.servers": settings.kafka_servers(),
+        **client_auth(settings),
         "group.id": group,
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
@@ -71,7 +126,7 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     """Create the topics that are missing; return the names created."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": settings.kafka_servers(), "log_level": 3})
+    admin = AdminClient({**client_auth(settings), "log_level": 3})
     existing = set(admin.list_topics(timeout=timeout).topics)
     missing = [
         NewTopic(t.name, num_partitions=t.partitions, replication_factor=-1, config=t.config)
@@ -88,7 +143,7 @@ def kafka_health(settings: Settings) -> str | None:
     """A real metadata request; None when the broker answers."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": settings.kafka_servers(), "log_level": 0})
+    admin = AdminClient({**client_auth(settings), "log_level": 0})
     try:
         md = admin.list_topics(timeout=2)
     except Exception as exc:

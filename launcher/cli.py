@@ -262,6 +262,8 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
             # Whether auth is on, never the secret itself.
             login = "password (scram-sha-256)" if settings.secret(POSTGRES_PASSWORD) else "none"
             console.print(f"PostgreSQL login: {login}")
+            kafka = f"SASL/{settings.kafka.mechanism}" if settings.kafka.sasl else "none"
+            console.print(f"Kafka login: {kafka}")
             curve = "on" if settings.security.curve else "off"
             console.print(f"ZeroMQ CURVE: {curve}, {len(Keyring(settings).allowed())} keys allowed")
             return 0 if all(h == "healthy" for *_, h in rows) else 1

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from candlewire.config import POSTGRES_PASSWORD, Settings
+from candlewire.config import KAFKA_PASSWORD, POSTGRES_PASSWORD, Settings
 from candlewire.secrets import ensure_secret
 
 Echo = Callable[[str], None]
@@ -291,13 +291,18 @@ def candlewire_argv(*args: str) -> Callable[[], list[str]]:
 def kafka_service(settings: Settings) -> ProcessService:
     """The local KRaft broker as a supervised process; `up`, the tests and benches share it."""
     from candlewire.kafka import ensure_topics, kafka_health
-    from launcher.local.kafka import KafkaBroker
+    from launcher.local.kafka import KafkaBroker, Scram
 
+    # The SCRAM user is stored at the first format whether or not SASL is on yet, so turning
+    # it on later needs no re-format.
+    password = ensure_secret(settings, KAFKA_PASSWORD)
+    k = settings.kafka
     broker = KafkaBroker(
         settings.state_dir / "kafka",
         settings.jvm_dir / "kafka",
         settings.port("kafka"),
         settings.port("kafka_controller"),
+        scram=Scram(k.mechanism, k.username, password, required=k.sasl),
     )
     return ProcessService(
         name="kafka",

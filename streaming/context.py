@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 
 from candlewire.config import Settings
+from candlewire.kafka import spark_options
 from streaming.metrics import StreamMetrics
 from streaming.progress import Progress
 from streaming.publisher import StreamPublisher
@@ -34,7 +35,7 @@ class JobContext:
             options = {"maxOffsetsPerTrigger": str(max_per_trigger), **options}
         return (
             self.spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", self.settings.kafka_servers())
+            .options(**spark_options(self.settings))
             .option("subscribe", topic)
             .option("startingOffsets", "earliest")
             .options(**options)

@@ -74,7 +74,9 @@ class StreamingJob:
         self.ctx.metrics.publish_dropped.set_function(
             lambda: publisher.dropped + live.publish_faults()[0]
         )
-        self.ctx.metrics.refused_frames.set_function(lambda: publisher.refused_frames)
+        self.ctx.metrics.refused_frames.set_function(
+            lambda: publisher.refused_frames + live.publish_faults()[2]
+        )
         self.firings = FiringDesk(self.ctx, ledger.run_id)
         self.queries: list[Query] = [
             live,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import subprocess
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from candlewire.config import REPO_ROOT
@@ -17,12 +19,33 @@ class KafkaSetupError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class Scram:
+    """The broker's SCRAM user: its credential is stored when the log dir is formatted, and
+    the listener asks for it when ``required``."""
+
+    mechanism: str
+    username: str
+    password: str
+    required: bool
+
+    def credential(self) -> str:
+        return f"{self.mechanism}=[name={self.username},password={self.password}]"
+
+
 class KafkaBroker:
     """Broker + controller in one JVM, bound to 127.0.0.1, storage formatted once."""
 
     def __init__(
-        self, home: Path, jars: Path, port: int, controller_port: int, heap: str = "768m"
+        self,
+        home: Path,
+        jars: Path,
+        port: int,
+        controller_port: int,
+        heap: str = "768m",
+        scram: Scram | None = None,
     ) -> None:
+        self.scram = scram
         self.home = home
         self.jars = jars
         self.port = port
@@ -30,6 +53,7 @@ class KafkaBroker:
         self.heap = heap
         self.data = home / "data"
         self.config = home / "server.properties"
+        self.scram_marker = home / "scram-user"  # written when the format stored a credential
 
     @property
     def bootstrap(self) -> str:
@@ -44,6 +68,7 @@ class KafkaBroker:
             raise KafkaSetupError(f"Kafka jars missing in {self.jars}: run `make jvm`")
 
     def write_config(self) -> None:
+        """server.properties, owner-only: with SASL it holds the broker's own login."""
         self.home.mkdir(parents=True, exist_ok=True)
         props = {
             "process.roles": "broker,controller",
@@ -66,7 +91,26 @@ class KafkaBroker:
             "group.initial.rebalance.delay.ms": "0",
             "log.retention.hours": "168",
         }
-        self.config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        if self.scram is not None and self.scram.required:
+            from candlewire.kafka import scram_jaas
+
+            mech = self.scram.mechanism
+            sasl = f"SASL_PLAINTEXT://127.0.0.1:{self.port}"
+            props |= {
+                "listeners": f"{sasl},CONTROLLER://127.0.0.1:{self.controller_port}",
+                "advertised.listeners": sasl,
+                "inter.broker.listener.name": "SASL_PLAINTEXT",
+                "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+                "sasl.enabled.mechanisms": mech,
+                "sasl.mechanism.inter.broker.protocol": mech,
+                f"listener.name.sasl_plaintext.{mech.lower()}.sasl.jaas.config": scram_jaas(
+                    self.scram.username, self.scram.password
+                ),
+            }
+        fd = os.open(self.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(f"{k}={v}\n" for k, v in props.items()))
+        self.config.chmod(0o600)
 
     def java(self, main: str, *args: str) -> list[str]:
         return [
@@ -87,6 +131,12 @@ class KafkaBroker:
         self.check_prerequisites()
         self.write_config()
         if (self.data / "meta.properties").exists():
+            if self.scram is not None and self.scram.required and not self.scram_marker.exists():
+                raise KafkaSetupError(
+                    f"Kafka's log dir {self.data} was formatted without a SCRAM user, so with "
+                    "[kafka] sasl on no client could log in: turn sasl off, or remove "
+                    f"{self.home} (its records are lost) and start again to re-format it"
+                )
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         # "=" form: one id in 64 starts with "-", which the tool would read as an option.
@@ -97,12 +147,18 @@ class KafkaBroker:
                 f"--cluster-id={cluster_id}",
                 "-c",
                 str(self.config),
+                *(["--add-scram", self.scram.credential()] if self.scram else []),
             ),
             capture_output=True,
             text=True,
         )
         if out.returncode != 0:
-            raise KafkaSetupError(f"kafka storage format failed: {out.stdout}{out.stderr}")
+            failed = f"{out.stdout}{out.stderr}"
+            if self.scram is not None:
+                failed = failed.replace(self.scram.password, "***")
+            raise KafkaSetupError(f"kafka storage format failed: {failed}")
+        if self.scram is not None:
+            self.scram_marker.write_text(self.scram.username + "\n")
 
     def argv(self) -> list[str]:
         return self.java("kafka.Kafka", str(self.config))

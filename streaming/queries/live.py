@@ -84,9 +84,10 @@ class LiveQuery:
     def source(self) -> DataFrame:
         return live_source(self.ctx, self.offsets)
 
-    def publish_faults(self) -> tuple[int, int]:
-        """(dropped, journal errors) beyond the job's publisher's: none, it publishes there."""
-        return 0, 0
+    def publish_faults(self) -> tuple[int, int, int]:
+        """(dropped, journal errors, refused frames) beyond the job's publisher's: none, it
+        publishes there."""
+        return 0, 0, 0
 
     def close(self) -> None:
         shutil.rmtree(self.checkpoint, ignore_errors=True)

@@ -31,7 +31,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from candlewire.config import PERIODS_S, Settings
 from candlewire.curve import PUBLISHER_KEY, client_conf
-from candlewire.kafka import JOURNAL, TICKS
+from candlewire.kafka import JOURNAL, TICKS, spark_options
 from candlewire.topics import market_data_topic, ohlc_type, tick_type
 from candlewire.zmqutil import HWM
 from proto import live_pb2, market_pb2
@@ -56,6 +56,7 @@ COUNTERS = (
     "dropped",
     "journal_errors",
     "publishing",
+    "refused",
 )
 
 
@@ -114,7 +115,7 @@ def live_conf(settings: Settings, restore: Path) -> str:
         "restore": str(restore),
         "bind": settings.bind("stream_live"),
         "connect": ",".join(settings.extra_relays),
-        "kafka_servers": settings.kafka_servers(),
+        **spark_options(settings),  # kafka.bootstrap.servers and, with SASL, its settings
         "journal_topic": JOURNAL.name,
         "journal_partitions": str(JOURNAL.partitions),
         "periods": ",".join(str(p) for p in PERIODS_S),
@@ -168,10 +169,11 @@ class RealTimeLiveQuery:
     def counters(self) -> dict[str, int]:
         return parse_counters(self._live.counters())
 
-    def publish_faults(self) -> tuple[int, int]:
-        """(dropped, journal errors) of the JVM's publisher, which the job's metrics add."""
+    def publish_faults(self) -> tuple[int, int, int]:
+        """(dropped, journal errors, refused frames) of the JVM's publisher, which the job's
+        metrics add."""
         c = self._counted
-        return c["dropped"], c["journal_errors"]
+        return c["dropped"], c["journal_errors"], c["refused"]
 
     def idle_marks(self) -> list[market_pb2.FeedIdle]:
         timeout = self.ctx.settings.stream_idle_timeout_s

@@ -7,12 +7,12 @@ import uuid
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from candlewire.kafka import TOPICS, consumer_config, producer_config
+from candlewire.kafka import TOPICS, client_auth, consumer_config, producer_config
 
 
 def new_topic(settings, partitions: int = 3) -> str:
     name = f"test-{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": settings.kafka_servers()})
+    admin = AdminClient(client_auth(settings))
     admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[
         name
     ].result()

@@ -24,6 +24,7 @@ from streaming.candles import changed
 from streaming.queries.live import LiveQuery
 from streaming.queries.realtime import live_conf, parse_counters, restore_file
 from streaming.recovery import Restored
+from tests.fuzz import FRAMES, SETTLE_S, blast, not_subscription, peer
 
 MINUTE_NS = 60_000_000_000
 T0 = 1_789_999_200 * 1_000_000_000  # a whole hour
@@ -258,4 +259,28 @@ def test_the_jvm_live_path_goes_on_from_a_restored_state(spark, lakehouse, tmp_p
         )
         assert [trade_id for _, trade_id, _ in live.ticks] == ["r-2", "r-3", "r-4", "r-5"]
     finally:
+        live.close()
+
+
+def test_what_a_relay_sends_up_the_live_xpub_that_is_no_subscription_is_counted(
+    spark, lakehouse, tmp_path
+) -> None:
+    """Hostile frames up the JVM's XPUB (tests/fuzz.py) while it publishes: each is counted,
+    and every tick offered meanwhile arrives."""
+    settings = free_settings(tmp_path, kafka_bootstrap=lakehouse.kafka_servers())
+    live = JvmLive(spark, settings, Restored(), tmp_path)
+    fuzzer = peer(live.ctx, zmq.XSUB, settings.connect("stream_live"))
+    rng = random.Random("live")
+    try:
+        records = feed_records(11, 2000, ["LIVEFUZZ:A/USD"])
+        want_ticks, _ = reference(settings, Restored(), records, seed=11)
+        for i in range(0, len(records), 100):
+            live.offer(records[i : i + 100])
+            blast(fuzzer, lambda: [not_subscription(rng)], FRAMES // 20)
+        live.drain(len(want_ticks))
+        assert [(topic, pos.source_offset) for topic, _, pos in live.ticks] == want_ticks
+        wait_for(lambda: live.counters()["refused"] >= FRAMES // 20 * 20, timeout=SETTLE_S)
+        assert live.counters()["refused"] == FRAMES // 20 * 20
+    finally:
+        fuzzer.close()
         live.close()

@@ -127,18 +127,19 @@ public final class Live {
    * Counters for the job's metrics, comma-separated (one py4j call: an array would cost one
    * per element), in this order: records read, ticks published, candle updates published,
    * duplicates, late ticks, bad records, messages a full relay queue did not take, journal
-   * write errors; and 1 while the publishing thread runs.
+   * write errors; 1 while the publishing thread runs; frames a relay sent up that are no
+   * subscription.
    */
   public static String counters() {
     Live live = current;
     if (live == null) {
-      return "0,0,0,0,0,0,0,0,0";
+      return "0,0,0,0,0,0,0,0,0,0";
     }
     LiveOut o = live.out;
     long[] values = {
       live.read.sum(), o.sentTicks.get(), o.sentCandles.get(), live.duplicates.sum(),
       live.late.sum(), live.bad.sum(), o.dropped.get(), o.journalErrors.get(),
-      live.publisher.isAlive() && live.failure == null ? 1 : 0
+      live.publisher.isAlive() && live.failure == null ? 1 : 0, o.refused.get()
     };
     return Arrays.stream(values).mapToObj(Long::toString).collect(Collectors.joining(","));
   }

@@ -51,6 +51,8 @@ final class LiveOut implements AutoCloseable {
   final AtomicLong sentCandles = new AtomicLong();
   final AtomicLong dropped = new AtomicLong();
   final AtomicLong journalErrors = new AtomicLong();
+  /** Frames a relay sent up the XPUB that are no (un)subscription. */
+  final AtomicLong refused = new AtomicLong();
 
   /** A tick as read: the topic it goes out on, its Kafka value and position. */
   record Read(byte[] topic, byte[] value, int partition, long offset) {}
@@ -86,7 +88,12 @@ final class LiveOut implements AutoCloseable {
       }
     }
     Properties kafka = new Properties();
-    kafka.put("bootstrap.servers", conf.getProperty("kafka_servers"));
+    // kafka.bootstrap.servers and, with SASL, its settings: candlewire.kafka.spark_options.
+    for (String name : conf.stringPropertyNames()) {
+      if (name.startsWith("kafka.")) {
+        kafka.put(name.substring("kafka.".length()), conf.getProperty(name));
+      }
+    }
     kafka.put("enable.idempotence", "true");
     kafka.put("acks", "all");
     kafka.put("linger.ms", "2");
@@ -250,10 +257,13 @@ final class LiveOut implements AutoCloseable {
     }
   }
 
-  /** The relays' subscriptions: the XPUB applies them, nobody reads them. */
+  /** The relays' subscriptions: the XPUB applies them; anything else is counted. */
   void drainSubscriptions() {
-    while (sock.recv(ZMQ.DONTWAIT) != null) {
-      // dropped on purpose
+    byte[] frame;
+    while ((frame = sock.recv(ZMQ.DONTWAIT)) != null) {
+      if (frame.length == 0 || (frame[0] != 0 && frame[0] != 1)) {
+        refused.incrementAndGet();
+      }
     }
   }
 
