@@ -62,8 +62,9 @@ test: install
 
 # The decoders' differential fuzz at length (CI runs 3,000 records of one seed), and
 # 1,000,000 hostile frames on each bound socket while good traffic flows (CI sends 20,000).
-FUZZ_SOCKETS := tests/relay/test_fuzz.py tests/gateway/test_fuzz.py \
-	tests/streaming/test_publisher.py::test_what_a_relay_sends_up_that_is_no_subscription_is_counted
+FUZZ_SOCKETS := tests/relay/test_fuzz.py tests/gateway/test_fuzz.py tests/journal/test_fuzz.py \
+	tests/streaming/test_publisher.py::test_what_a_relay_sends_up_that_is_no_subscription_is_counted \
+	tests/streaming/test_live_jvm.py::test_what_a_relay_sends_up_the_live_xpub_that_is_no_subscription_is_counted
 fuzz: install
 	CANDLEWIRE_FUZZ_FRAMES=1000000 $(PY) -m pytest -q -p no:cacheprovider --timeout 3600 $(FUZZ_SOCKETS)
 	CANDLEWIRE_FUZZ_RECORDS=200000 CANDLEWIRE_FUZZ_SEED=1 $(PY) -m pytest -q tests/streaming/test_decode_jvm.py

@@ -72,9 +72,16 @@ def test_client_requests(ctx, settings, relay, served) -> None:
             return [b"", *encode(rng.choice(hostile))]
         return [*delimiter, *malformed(rng, samples)] or [b""]
 
+    def served_work() -> bool:
+        """A submission accepted; the ingestor reads its work, as a live one does (one that
+        stopped reading would stop answering heartbeats too, and be dropped)."""
+        ok = submit(settings)
+        drain(served.sock)
+        return ok
+
     sock = peer(ctx, zmq.DEALER, settings.connect("client_requests"))
     before, accepted = handled(relay), counted(relay.metrics.requests).get(("ok",), 0)
-    with Good(lambda: submit(settings)) as good:
+    with Good(served_work) as good:
         blast(sock, make)
         wait_for(
             lambda: drain(sock) >= 0 and handled(relay) - before >= FRAMES + good.sent,
