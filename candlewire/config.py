@@ -126,6 +126,11 @@ class Settings(BaseSettings):
     """Overrides of ENDPOINTS ports by name, e.g. CANDLEWIRE_PORTS__MARKET_DATA=6558."""
     extra_publishers: list[str] = Field(default_factory=list)
     """More stream-publisher endpoints the relay's XSUB connects to."""
+    publisher_names: list[str] = Field(default_factory=list)
+    """DNS names that resolve to every stream publisher (a headless service): ``host`` for
+    the publishers' standard ports (stream_pub, stream_live) or ``host:port``. The relay
+    re-resolves them every ``discovery_interval_s`` and follows what comes and goes."""
+    discovery_interval_s: float = 5.0
     state_dir: Path = Path(".candlewire")
     max_message_bytes: int = 1 << 20
     """Largest inbound ZMQ message a service accepts; larger peers are disconnected."""
@@ -292,6 +297,7 @@ class Settings(BaseSettings):
             env["CANDLEWIRE_CHECKPOINT_DIR"] = self.checkpoint_dir
         env["CANDLEWIRE_JVM_DIR"] = str(self.jvm_dir)
         env["CANDLEWIRE_DEMAND_GRACE_S"] = str(self.demand_grace_s)
+        env["CANDLEWIRE_DISCOVERY_INTERVAL_S"] = str(self.discovery_interval_s)
         env["CANDLEWIRE_SECURITY__CURVE"] = str(self.security.curve).lower()
         env["CANDLEWIRE_SECURITY__KEY"] = self.security.key
         env["CANDLEWIRE_KAFKA__SASL"] = str(self.kafka.sasl).lower()
@@ -307,7 +313,7 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_INGEST__TICK_AHEAD_S"] = str(self.ingest.tick_ahead_s)
         behind = self.ingest.tick_behind_s
         env["CANDLEWIRE_INGEST__TICK_BEHIND_S"] = "null" if behind is None else str(behind)
-        for name in ("extra_publishers", "extra_relays"):
+        for name in ("extra_publishers", "extra_relays", "publisher_names"):
             if getattr(self, name):
                 env[f"CANDLEWIRE_{name.upper()}"] = json.dumps(getattr(self, name))
         return env

@@ -63,4 +63,14 @@ class RelayMetrics:
             ["channel", "reason"],
             registry=self.registry,
         )
+        self.publishers = Gauge(
+            "candlewire_relay_discovered_publishers",
+            "Stream-publisher endpoints found by DNS that the relay is connected to",
+            registry=self.registry,
+        )
+        self.discovery_failures = Counter(
+            "candlewire_relay_discovery_failures",
+            "Lookups of a publisher name that failed (its last addresses were kept)",
+            registry=self.registry,
+        )
         self.up = Gauge("candlewire_relay_up", "1 while serving", registry=self.registry)

@@ -17,6 +17,10 @@
   waits for that (at most ``NOTIFY_HOLD_S``): the client subscribes before it submits, but on
   another connection, and under load the request could overtake the subscription and its
   notification be published to nobody.
+- Publishers are dialled from the static list and, with ``publisher_names``, found by DNS
+  (:mod:`relay.discovery`): a lookup thread hands what changed to the proxy thread, which
+  owns the XSUB, through the steering socket (libzmq's proxy returns on TERMINATE, takes the
+  change and re-enters; messages wait in the sockets meanwhile).
 
 Nothing is remembered between messages beyond that bounded wait, so a relay can be
 restarted, or several run.
@@ -24,7 +28,9 @@ restarted, or several run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -59,6 +65,7 @@ from proto.envelope import (
     encode_topic,
     split_route,
 )
+from relay.discovery import Discovery, Resolver, parse_name, resolve
 from relay.metrics import RelayMetrics
 from relay.policy import Upstream, may_publish, may_request, may_subscribe
 from relay.validation import Rejected, validate
@@ -92,8 +99,22 @@ class _Held:
 class Relay:
     """Bind everything in :meth:`start`; serve until :meth:`stop` or a signal."""
 
-    def __init__(self, settings: Settings | None = None, *, metrics: bool = True) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        metrics: bool = True,
+        resolver: Resolver = resolve,
+    ) -> None:
         self.settings = settings or Settings()
+        s = self.settings
+        publisher_ports = (s.port("stream_pub"), s.port("stream_live"))
+        self._discovery = Discovery(
+            [parse_name(n, publisher_ports) for n in s.publisher_names], resolver
+        )
+        # (connect, endpoint) pairs for the proxy thread, which alone touches the XSUB.
+        self._dial: queue.SimpleQueue[tuple[bool, str]] = queue.SimpleQueue()
+        self._steer_lock = threading.Lock()
         self.metrics = RelayMetrics()
         self._serve_metrics = metrics
         # Two I/O threads: with CURVE, each message is encrypted once per subscriber there,
@@ -155,6 +176,10 @@ class Relay:
             ) from exc
         for endpoint in [s.connect("stream_pub"), s.connect("stream_live"), *s.extra_publishers]:
             self._xsub.connect(endpoint)
+        if s.publisher_names:
+            self._xsub.setsockopt(zmq.IPV6, 1)  # a name may resolve to IPv6 addresses
+            self._rediscover()  # the first lookup before serving, on this thread
+            self._take_dials()
         if self._serve_metrics:
             self._http = MetricsServer(self.metrics.registry, s.bind_host, s.port("relay_metrics"))
         proxy = threading.Thread(
@@ -162,6 +187,10 @@ class Relay:
         )
         loop = threading.Thread(target=self._serve, name="relay-requests", daemon=True)
         self._threads = [proxy, loop]
+        if s.publisher_names:
+            self._threads.append(
+                threading.Thread(target=self._discover, name="relay-discovery", daemon=True)
+            )
         for t in self._threads:
             t.start()
         self.metrics.up.set(1)
@@ -177,7 +206,8 @@ class Relay:
             return
         self._stop.set()
         try:
-            self._steer.send(b"TERMINATE")
+            with self._steer_lock:
+                self._steer.send(b"TERMINATE")
         except zmq.Again:
             # The proxy is stuck inside libzmq: leave its sockets to the process exit rather
             # than hang here or close them under a running proxy.
@@ -223,15 +253,56 @@ class Relay:
     # -- market data: libzmq forwards, Python only steers --------------------------------
 
     def _proxy(self, steer: zmq.Socket) -> None:
+        """Forward until stopped; a TERMINATE that is no stop means new publishers to dial."""
         try:
-            if self.settings.security.curve:
-                self._guarded_proxy(steer)
-            else:
-                zmq.proxy_steerable(self._xsub, self._xpub, None, steer)
+            while True:
+                if self.settings.security.curve:
+                    self._guarded_proxy(steer)
+                else:
+                    zmq.proxy_steerable(self._xsub, self._xpub, None, steer)
+                if self._stop.is_set():
+                    return
+                self._take_dials()
         except zmq.ContextTerminated:
             pass
         finally:
             steer.close(linger=0)
+
+    # -- publishers found by DNS ---------------------------------------------------------
+
+    def _discover(self) -> None:
+        """Re-resolve the publisher names; wake the proxy thread when something changed."""
+        while not self._stop.wait(self.settings.discovery_interval_s):
+            if self._rediscover():
+                with self._steer_lock:
+                    if self._stop.is_set():
+                        return
+                    self._steer.send(b"TERMINATE")
+
+    def _rediscover(self) -> bool:
+        failed = self._discovery.failures
+        added, removed = self._discovery.refresh()
+        self.metrics.discovery_failures.inc(self._discovery.failures - failed)
+        for endpoint in sorted(added):
+            self._dial.put((True, endpoint))
+        for endpoint in sorted(removed):
+            self._dial.put((False, endpoint))
+        if added or removed:
+            log.info("publishers found by DNS: +%s -%s", sorted(added), sorted(removed))
+        return bool(added or removed)
+
+    def _take_dials(self) -> None:
+        while True:
+            try:
+                connect, endpoint = self._dial.get_nowait()
+            except queue.Empty:
+                break
+            if connect:
+                self._xsub.connect(endpoint)
+            else:  # never connected (a failed connect) or already gone: nothing to undo
+                with contextlib.suppress(zmq.ZMQError):
+                    self._xsub.disconnect(endpoint)
+        self.metrics.publishers.set(len(self._discovery.current))
 
     def _guarded_proxy(self, steer: zmq.Socket) -> None:
         """The proxy with CURVE on: data checked by sender, subscriptions by subscriber."""
@@ -243,7 +314,7 @@ class Relay:
         while True:
             ready = dict(poller.poll())
             if steer in ready and steer.recv() == b"TERMINATE":
-                return
+                return  # a stop, or publishers to dial: _proxy tells which
             if self._xsub in ready:
                 self._forward_data(publishers)
             if self._xpub in ready:
