@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+import zlib
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -215,6 +216,10 @@ class ClientCore:
         self._state = ConnectionState()
         self._sub: zmq.Socket | None = None
         self._mon: zmq.Socket | None = None
+        # Requests go to one relay, the next after one that did not answer; clients start at
+        # different ones so that their requests spread.
+        self._relays = self.settings.relays("client_requests")
+        self._turn = zlib.crc32(self.client_id.encode()) % len(self._relays)
 
     # -- sockets (never block) ------------------------------------------------------------
 
@@ -231,7 +236,8 @@ class ClientCore:
             sub.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
             self._mon = sub.get_monitor_socket(MONITOR_EVENTS)
             sub.subscribe(response_topic(self.client_id))
-            sub.connect(self.settings.connect("market_data"))
+            for endpoint in self.settings.relays("market_data"):
+                sub.connect(endpoint)  # each relay repeats it: a dead one loses nothing
             self._sub = sub
         return self._sub
 
@@ -302,11 +308,12 @@ class ClientCore:
             self._state.update(parse_monitor_message(event))
 
     def lazy_pirate(self, frames: list[bytes], deadline: float) -> Steps[list[bytes]]:
-        """Each attempt on a fresh REQ socket (the same request_id: idempotent)."""
+        """Each attempt on a fresh REQ socket (the same request_id: idempotent), to the next
+        relay when there are several."""
         while remaining(deadline):
             req = self.open(zmq.REQ)
             req.setsockopt(zmq.LINGER, 0)
-            req.connect(self.settings.connect("client_requests"))
+            req.connect(self._relays[self._turn])
             try:
                 yield Send(req, frames)
                 reply = yield Recv(req, min(self.attempt_timeout, remaining(deadline)))
@@ -314,6 +321,7 @@ class ClientCore:
                     return reply
             finally:
                 req.close(linger=0)
+            self._turn = (self._turn + 1) % len(self._relays)
             yield from self.wait_connected(0)
         raise RequestTimeout(f"relay did not answer within {self.submit_timeout:.0f}s")
 
@@ -401,7 +409,10 @@ class ClientCore:
         sub = self.open(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         filt = MarketFilter.open(sub, ticker, data_type)
-        sub.connect(self.settings.connect("market_data"))
+        # Through every relay: each message comes once per relay, and positions drop the
+        # copies, so losing a relay loses nothing and costs no failover time.
+        for endpoint in self.settings.relays("market_data"):
+            sub.connect(endpoint)
         journal = JournalLink(self)
         try:
             if isinstance(since, Tick | Candle):

@@ -340,16 +340,20 @@ class Sequence:
 
 
 class ConnectionState:
-    """Tracks a SUB socket's connection from its monitor events."""
+    """Tracks a SUB socket's connections (one per relay) from its monitor events."""
 
     def __init__(self) -> None:
-        self.connected = False
+        self._up: set[bytes] = set()
+
+    @property
+    def connected(self) -> bool:
+        return bool(self._up)
 
     def update(self, event: dict) -> None:
         if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            self.connected = True
+            self._up.add(event["endpoint"])
         elif event["event"] == zmq.EVENT_DISCONNECTED:
-            self.connected = False
+            self._up.discard(event["endpoint"])
 
 
 def remaining(deadline: float) -> float:

@@ -86,6 +86,22 @@ class KafkaSettings(BaseModel):
     ``candlewire up`` makes)."""
     mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-256"
     username: str = "candlewire"
+    brokers: int = Field(default=1, ge=1, le=9)
+    """Brokers of the local cluster ``candlewire up`` runs, one KRaft quorum: broker N on
+    loopback address 127.0.0.N, all on the same ports, as on N hosts."""
+    replication: int | None = Field(default=None, ge=1)
+    """Replication factor of the project's topics; default the local brokers (at most 3),
+    or with one, the broker's own default. ``min.insync.replicas`` is one less: with 3, a
+    write survives one broker's loss and acks=all still succeeds while one is down."""
+
+    def replicas(self) -> int:
+        """-1: the broker's ``default.replication.factor``."""
+        return self.replication or (min(self.brokers, 3) if self.brokers > 1 else -1)
+
+    def durability(self) -> dict[str, str]:
+        """Topic configuration for the replicas; nothing when the broker decides."""
+        n = self.replicas()
+        return {"min.insync.replicas": str(max(1, n - 1))} if n > 1 else {}
 
 
 class Settings(BaseSettings):
@@ -190,9 +206,11 @@ class Settings(BaseSettings):
     stream_idle_timeout_s: float = 60.0
     """A feed with no trade for this long (wall time) gets an idle mark, so its last candles
     close: its clock moves on as far as it would have in the time it has been quiet."""
-    extra_relays: list[str] = Field(default_factory=list)
-    """publisher_ingress endpoints of further relays. The stream job and ingestors publish
-    into each, and ingestors take subscription demand from each."""
+    relay_hosts: list[str] = Field(default_factory=list)
+    """Every relay's host when several run side by side, each on the same ports; empty:
+    the one relay at ``host``. Ingestors take work, control and demand from each; clients
+    send requests to one and fail over to the next, and hear data through all of them; the
+    stream job publishes into each that does not dial it (all but ``host``)."""
     demand_grace_s: float = 60.0
     """How long an on-demand stream outlives its last subscriber."""
     jvm_dir: Path = REPO_ROOT / ".cache" / "jvm"
@@ -224,12 +242,31 @@ class Settings(BaseSettings):
         """The ZMQ address a peer connects to."""
         return f"tcp://{self.host}:{self.port(name)}"
 
+    def relays(self, name: str) -> list[str]:
+        """The endpoint ``name`` of every relay (:attr:`relay_hosts`), ``host``'s first."""
+        hosts = sorted(self.relay_hosts or [self.host], key=lambda h: h != self.host)
+        return [f"tcp://{h}:{self.port(name)}" for h in hosts]
+
+    def dialled_relays(self) -> list[str]:
+        """``publisher_ingress`` of each relay that does not dial the stream job itself: the
+        relay at ``host`` dials ``stream_pub``; the others are told to by nobody."""
+        own = self.connect("publisher_ingress")
+        return [e for e in self.relays("publisher_ingress") if e != own]
+
     def bind(self, name: str) -> str:
         """The ZMQ address the owning service binds."""
         return f"tcp://{self.bind_host}:{self.port(name)}"
 
     def kafka_servers(self) -> str:
-        return self.kafka_bootstrap or f"{self.host}:{self.port('kafka')}"
+        if self.kafka_bootstrap:
+            return self.kafka_bootstrap
+        if self.kafka.brokers == 1:
+            return f"{self.host}:{self.port('kafka')}"
+        return ",".join(f"{a}:{self.port('kafka')}" for a in self.kafka_addresses())
+
+    def kafka_addresses(self) -> list[str]:
+        """The local brokers' addresses: the first on ``host``, the others on 127.0.0.N."""
+        return [self.host] + [f"127.0.0.{n}" for n in range(2, self.kafka.brokers + 1)]
 
     def catalog_db(self) -> str:
         """The catalog database as postgresql://user[:password]@host:port/db."""
@@ -313,7 +350,7 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_INGEST__TICK_AHEAD_S"] = str(self.ingest.tick_ahead_s)
         behind = self.ingest.tick_behind_s
         env["CANDLEWIRE_INGEST__TICK_BEHIND_S"] = "null" if behind is None else str(behind)
-        for name in ("extra_publishers", "extra_relays", "publisher_names"):
+        for name in ("extra_publishers", "relay_hosts", "publisher_names"):
             if getattr(self, name):
                 env[f"CANDLEWIRE_{name.upper()}"] = json.dumps(getattr(self, name))
         return env

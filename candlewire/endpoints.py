@@ -69,7 +69,7 @@ ENDPOINTS: dict[str, Endpoint] = {
             5560,
             "relay",
             "XSUB ← publisher PUB",
-            "extra publishers connect here, no discovery",
+            "publishers connect here (or are dialled: static list, DNS)",
         ),
         Endpoint(
             "journal",

@@ -128,8 +128,14 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
 
     admin = AdminClient({**client_auth(settings), "log_level": 3})
     existing = set(admin.list_topics(timeout=timeout).topics)
+    k = settings.kafka
     missing = [
-        NewTopic(t.name, num_partitions=t.partitions, replication_factor=-1, config=t.config)
+        NewTopic(
+            t.name,
+            num_partitions=t.partitions,
+            replication_factor=k.replicas(),
+            config=k.durability() | t.config,
+        )
         for t in TOPICS
         if t.name not in existing
     ]
@@ -139,8 +145,8 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     return [t.topic for t in missing]
 
 
-def kafka_health(settings: Settings) -> str | None:
-    """A real metadata request; None when the broker answers."""
+def kafka_health(settings: Settings, brokers: int = 1) -> str | None:
+    """A real metadata request; None when it lists at least ``brokers`` brokers."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({**client_auth(settings), "log_level": 0})
@@ -148,4 +154,6 @@ def kafka_health(settings: Settings) -> str | None:
         md = admin.list_topics(timeout=2)
     except Exception as exc:
         return f"metadata request failed: {exc}"
-    return None if md.brokers else "no brokers in metadata"
+    if len(md.brokers) < brokers:
+        return f"{len(md.brokers)} of {brokers} brokers in metadata"
+    return None

@@ -161,12 +161,17 @@ class Ingestor:
             work.subscribe(work_prefix(name))
             control.subscribe(work_prefix(name))
             peers.subscribe(ingestor_topic(name))
-        work.connect(self.settings.connect("work_queue"))
-        control.connect(self.settings.connect("control"))
-        peers.connect(self.settings.connect("market_data"))
-        for endpoint in [self.settings.connect("publisher_ingress"), *self.settings.extra_relays]:
-            beat.connect(endpoint)
-        requests.connect(self.settings.connect("client_requests"))
+        # Every relay: work and control come from whichever a request reached (a request
+        # resent to another relay is still done once: by request_id), demand from all.
+        for relay_sock, channel in (
+            (work, "work_queue"),
+            (control, "control"),
+            (peers, "market_data"),
+            (beat, "publisher_ingress"),
+            (requests, "client_requests"),  # DEALER: each request to one relay, in turn
+        ):
+            for endpoint in self.settings.relays(channel):
+                relay_sock.connect(endpoint)
         self._requests = requests
         poller = zmq.Poller()
         for s in (work, control, peers, beat, requests):

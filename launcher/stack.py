@@ -19,6 +19,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from candlewire.config import KAFKA_PASSWORD, POSTGRES_PASSWORD, Settings
@@ -100,6 +101,7 @@ class ProcessService(Service):
     after_start: Callable[[], None] | None = None
     start_timeout: float = 60.0
     stop_timeout: float = 30.0
+    host: str | None = None  # where ``port`` is served, when not ``settings.host``
 
     @property
     def pidfile(self) -> Path:
@@ -256,7 +258,7 @@ class Stack:
             if (
                 not isinstance(svc, CatalogService)
                 and svc.port is not None
-                and port_open(self.settings.host, svc.port)
+                and port_open(getattr(svc, "host", None) or self.settings.host, svc.port)
             ):
                 raise StackError(
                     f"{svc.name}: port {svc.port} is taken by another process; stop it or "
@@ -290,6 +292,16 @@ def candlewire_argv(*args: str) -> Callable[[], list[str]]:
 
 def kafka_service(settings: Settings) -> ProcessService:
     """The local KRaft broker as a supervised process; `up`, the tests and benches share it."""
+    (service,) = kafka_services(
+        settings.model_copy(update={"kafka": settings.kafka.model_copy(update={"brokers": 1})})
+    )
+    return service
+
+
+def kafka_services(settings: Settings) -> list[ProcessService]:
+    """The local brokers (``[kafka] brokers``), one quorum. Each but the last is started
+    once its controller listens (alone it has no quorum to be healthy with); the last once
+    the cluster's metadata lists every broker, and then the topics are made."""
     from candlewire.kafka import ensure_topics, kafka_health
     from launcher.local.kafka import KafkaBroker, Scram
 
@@ -297,23 +309,45 @@ def kafka_service(settings: Settings) -> ProcessService:
     # it on later needs no re-format.
     password = ensure_secret(settings, KAFKA_PASSWORD)
     k = settings.kafka
-    broker = KafkaBroker(
-        settings.state_dir / "kafka",
-        settings.jvm_dir / "kafka",
-        settings.port("kafka"),
-        settings.port("kafka_controller"),
-        scram=Scram(k.mechanism, k.username, password, required=k.sasl),
-    )
-    return ProcessService(
-        name="kafka",
-        argv=broker.argv,
-        port=settings.port("kafka"),
-        check=lambda: kafka_health(settings),
-        run_dir=settings.state_dir / "run",
-        log=settings.state_dir / "logs" / "kafka.log",
-        prepare=broker.format_once,
-        after_start=lambda: ensure_topics(settings) and None,
-    )
+    quorum = tuple(settings.kafka_addresses())
+    alone = len(quorum) == 1
+
+    def whole() -> str | None:
+        return kafka_health(settings, brokers=len(quorum))
+
+    def listening(host: str, port: int) -> str | None:
+        return None if port_open(host, port) else f"controller {host}:{port} not listening yet"
+
+    controller = settings.port("kafka_controller")
+    services = []
+    for node, address in enumerate(quorum, 1):
+        name = "kafka" if alone else f"kafka-{node}"
+        broker = KafkaBroker(
+            settings.state_dir / name,
+            settings.jvm_dir / "kafka",
+            settings.port("kafka"),
+            controller,
+            scram=Scram(k.mechanism, k.username, password, required=k.sasl),
+            node_id=node,
+            quorum=quorum,
+            cluster_id=None if alone else settings.state_dir / "kafka-cluster-id",
+        )
+        last = node == len(quorum)
+        services.append(
+            ProcessService(
+                name=name,
+                argv=broker.argv,
+                port=settings.port("kafka"),
+                host=address,
+                check=whole if last else partial(listening, address, controller),
+                run_dir=settings.state_dir / "run",
+                log=settings.state_dir / "logs" / f"{name}.log",
+                prepare=broker.format_once,
+                after_start=(lambda: ensure_topics(settings) and None) if last else None,
+                start_timeout=90.0 if last and not alone else 60.0,
+            )
+        )
+    return services
 
 
 def default_services(settings: Settings, platform: bool = True) -> list[Service]:
@@ -329,7 +363,7 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
     if platform:
         services.append(CatalogService(settings))
     if platform and settings.kafka_bootstrap is None:
-        services.append(kafka_service(settings))
+        services.extend(kafka_services(settings))
 
     def own(
         name: str,

@@ -91,7 +91,7 @@ class StreamPublisher:
         # Bound, yet a CURVE client: relays dial it and it proves a publisher's key to them.
         dial(self._sock, settings, "relay", PUBLISHER_KEY)
         self._sock.bind(settings.bind("stream_pub"))
-        for endpoint in settings.extra_relays:
+        for endpoint in settings.dialled_relays():
             self._sock.connect(endpoint)
         self._journal = Producer(producer_config(settings, **{"linger.ms": 2}))
         self.sequencer = Sequencer(epoch=int(time.time() * 1000))

@@ -33,7 +33,8 @@ class FakeIngestor:
         self.sock.setsockopt(zmq.LINGER, 0)
         for p in prefixes:
             self.sock.subscribe(p)
-        self.sock.connect(settings.connect("work_queue"))
+        for endpoint in settings.relays("work_queue"):  # as the ingestor: from every relay
+            self.sock.connect(endpoint)
 
     def keep_up(self) -> None:
         """Let libzmq run the socket's pending commands, as a receive loop does: after a

@@ -1,4 +1,5 @@
-"""A single-node Apache Kafka broker in KRaft mode, from the jars `make jvm` fetched."""
+"""Apache Kafka brokers in KRaft mode, from the jars `make jvm` fetched: one node, or a
+quorum of N (each broker its own controller too, on its own loopback address)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ class Scram:
 
 
 class KafkaBroker:
-    """Broker + controller in one JVM, bound to 127.0.0.1, storage formatted once."""
+    """Broker + controller in one JVM, storage formatted once. ``quorum`` lists every
+    node's address (this one is ``node_id``, from 1); alone, it is 127.0.0.1."""
 
     def __init__(
         self,
@@ -44,8 +46,16 @@ class KafkaBroker:
         controller_port: int,
         heap: str = "768m",
         scram: Scram | None = None,
+        node_id: int = 1,
+        quorum: tuple[str, ...] = ("127.0.0.1",),
+        cluster_id: Path | None = None,
     ) -> None:
         self.scram = scram
+        self.node_id = node_id
+        self.quorum = quorum
+        self.address = quorum[node_id - 1]
+        # Every node of a quorum is formatted with the same cluster id, kept in this file.
+        self.cluster_id_file = cluster_id or home / "cluster-id"
         self.home = home
         self.jars = jars
         self.port = port
@@ -57,7 +67,7 @@ class KafkaBroker:
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.address}:{self.port}"
 
     def check_prerequisites(self) -> None:
         if shutil.which("java") is None:
@@ -70,24 +80,29 @@ class KafkaBroker:
     def write_config(self) -> None:
         """server.properties, owner-only: with SASL it holds the broker's own login."""
         self.home.mkdir(parents=True, exist_ok=True)
+        at, replicas = self.address, str(min(len(self.quorum), 3))
+        insync = str(max(1, min(len(self.quorum), 3) - 1))
+        voters = ",".join(f"{i}@{a}:{self.controller_port}" for i, a in enumerate(self.quorum, 1))
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://{at}:{self.port},CONTROLLER://{at}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{at}:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(self.data),
             "num.partitions": "3",
             "auto.create.topics.enable": "false",
-            "offsets.topic.replication.factor": "1",
+            "default.replication.factor": replicas,
+            "min.insync.replicas": insync,
+            "offsets.topic.replication.factor": replicas,
             "offsets.topic.num.partitions": "3",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": insync,
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": insync,
             "group.initial.rebalance.delay.ms": "0",
             "log.retention.hours": "168",
         }
@@ -95,9 +110,9 @@ class KafkaBroker:
             from candlewire.kafka import scram_jaas
 
             mech = self.scram.mechanism
-            sasl = f"SASL_PLAINTEXT://127.0.0.1:{self.port}"
+            sasl = f"SASL_PLAINTEXT://{at}:{self.port}"
             props |= {
-                "listeners": f"{sasl},CONTROLLER://127.0.0.1:{self.controller_port}",
+                "listeners": f"{sasl},CONTROLLER://{at}:{self.controller_port}",
                 "advertised.listeners": sasl,
                 "inter.broker.listener.name": "SASL_PLAINTEXT",
                 "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
@@ -138,7 +153,7 @@ class KafkaBroker:
                     f"{self.home} (its records are lost) and start again to re-format it"
                 )
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = self.cluster_id()
         # "=" form: one id in 64 starts with "-", which the tool would read as an option.
         out = subprocess.run(
             self.java(
@@ -159,6 +174,14 @@ class KafkaBroker:
             raise KafkaSetupError(f"kafka storage format failed: {failed}")
         if self.scram is not None:
             self.scram_marker.write_text(self.scram.username + "\n")
+
+    def cluster_id(self) -> str:
+        """The quorum's id: made by the first node formatted, read by the others."""
+        if not self.cluster_id_file.exists():
+            self.cluster_id_file.parent.mkdir(parents=True, exist_ok=True)
+            made = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            self.cluster_id_file.write_text(made + "\n")
+        return self.cluster_id_file.read_text().strip()
 
     def argv(self) -> list[str]:
         return self.java("kafka.Kafka", str(self.config))

@@ -114,7 +114,7 @@ def live_conf(settings: Settings, restore: Path) -> str:
     conf = {
         "restore": str(restore),
         "bind": settings.bind("stream_live"),
-        "connect": ",".join(settings.extra_relays),
+        "connect": ",".join(settings.dialled_relays()),
         **spark_options(settings),  # kafka.bootstrap.servers and, with SASL, its settings
         "journal_topic": JOURNAL.name,
         "journal_partitions": str(JOURNAL.partitions),

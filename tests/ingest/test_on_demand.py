@@ -18,7 +18,7 @@ from proto import requests_pb2 as rq
 from proto.envelope import decode_sub
 from relay import Relay
 from tests.ingest.test_service import start_ingestor, subprocess_ingestor, ticks_of
-from tests.support import free_port, wait_for
+from tests.support import wait_for
 
 GRACE_S = 1.5
 
@@ -123,18 +123,10 @@ def test_relay_restart_keeps_active_subscriptions_streaming(platform_settings, k
 
 def test_several_relays_count_their_subscribers_together(relay, ctx) -> None:
     a = relay.settings
-    b = a.model_copy(
-        update={
-            "ports": {
-                **a.ports,
-                **{n: free_port() for n in ("client_requests", "work_queue", "control")},
-                **{n: free_port() for n in ("market_data", "publisher_ingress")},
-            }
-        }
-    )
+    b = a.model_copy(update={"host": "127.0.0.2", "bind_host": "127.0.0.2"})  # another host
     other = Relay(b, metrics=False).start()
     ticker = "SIMD:A/USDT"
-    both = a.model_copy(update={"extra_relays": [b.connect("publisher_ingress")]})
+    both = a.model_copy(update={"relay_hosts": [a.host, b.host]})
     ing = start_ingestor(both, sim("SIMD"), grace_s=GRACE_S)
     on_a, on_b = Watcher(ctx, a, ticker, "tick"), Watcher(ctx, b, ticker, "tick")
     try:
