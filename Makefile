@@ -14,13 +14,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[platform,dev]'
 	touch $@
 
-# Kafka broker and Spark jars from Maven Central, declared in jvm/*.xml.
-$(JARS)/.fetched: jvm/kafka.xml jvm/spark.xml jvm/maven-settings.xml
+# Kafka broker, Spark and S3Proxy jars from Maven Central, declared in jvm/*.xml.
+$(JARS)/.fetched: jvm/kafka.xml jvm/spark.xml jvm/s3proxy.xml jvm/maven-settings.xml
 	@command -v java >/dev/null || { echo "java not found: apt-get install openjdk-17-jre-headless"; exit 1; }
 	@command -v mvn >/dev/null || { echo "mvn not found: apt-get install maven"; exit 1; }
-	rm -rf $(JARS)/kafka $(JARS)/spark
+	rm -rf $(JARS)/kafka $(JARS)/spark $(JARS)/s3proxy
 	$(MVN) -f jvm/kafka.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JARS)/kafka
 	$(MVN) -f jvm/spark.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JARS)/spark
+	$(MVN) -f jvm/s3proxy.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JARS)/s3proxy
 	touch $@
 
 # The job's JVM side (jvm/decoder: the tick decoder and the real-time live path), from Central.

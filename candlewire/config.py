@@ -36,6 +36,7 @@ PERIODS_S: tuple[int, ...] = (60, 300, 900, 3600, 14400, 86400)
 DEDUP_MARGIN_S = 60.0  # a dedup horizon covers the lateness allowance and this much more
 POSTGRES_PASSWORD = "postgres-password"  # the local PostgreSQL's, in the state dir's secrets
 KAFKA_PASSWORD = "kafka-password"  # the Kafka SCRAM user's, likewise
+S3_SECRET_KEY = "s3-secret-key"  # an s3:// warehouse's secret access key, likewise
 
 
 def config_file() -> Path:
@@ -104,6 +105,23 @@ class KafkaSettings(BaseModel):
         return {"min.insync.replicas": str(max(1, n - 1))} if n > 1 else {}
 
 
+class S3Settings(BaseModel):
+    """``[s3]``: the object store of an ``s3://`` warehouse. The secret key is the secret
+    ``s3-secret-key`` (``CANDLEWIRE_SECRET_S3_SECRET_KEY``, or the state dir's secrets)."""
+
+    endpoint: str | None = None
+    """The S3 API, e.g. https://s3.eu-west-1.amazonaws.com or http://minio:9000; unset: the
+    local S3Proxy that ``candlewire up`` runs (``http://{host}:{port s3}``)."""
+    region: str = "us-east-1"
+    access_key: str = "candlewire"
+    path_style: bool = True
+    """Bucket in the path (S3Proxy, MinIO), not in the host name (AWS's default)."""
+    checksums: Literal["when_required", "when_supported"] = "when_required"
+    """When the AWS SDKs (pyarrow's C++, Iceberg's Java) add checksums to a request.
+    ``when_supported``, their newer default, sends trailing CRC64 checksums that S3Proxy
+    and other S3-compatible stores refuse (HTTP 400 on UploadPart)."""
+
+
 class Settings(BaseSettings):
     """Where things are. Defaults are safe: everything on 127.0.0.1."""
 
@@ -133,6 +151,9 @@ class Settings(BaseSettings):
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     """``[kafka]``: Kafka authentication."""
+
+    s3: S3Settings = Field(default_factory=S3Settings)
+    """``[s3]``: the object store of an ``s3://`` warehouse."""
 
     host: str = "127.0.0.1"
     """Address clients and services connect to."""
@@ -297,6 +318,16 @@ class Settings(BaseSettings):
     def keys_dir(self) -> Path:
         return self.security.keys_dir or self.state_dir / "keys"
 
+    def on_s3(self) -> bool:
+        return self.warehouse_uri().startswith(("s3://", "s3a://"))
+
+    def s3_endpoint(self) -> str:
+        return self.s3.endpoint or f"http://{self.host}:{self.port('s3')}"
+
+    def local_s3(self) -> bool:
+        """An s3:// warehouse on the S3Proxy that ``candlewire up`` runs."""
+        return self.on_s3() and self.s3.endpoint is None
+
     def warehouse_uri(self) -> str:
         return self.warehouse or (self.state_dir.resolve() / "warehouse").as_uri()
 
@@ -340,6 +371,14 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_KAFKA__SASL"] = str(self.kafka.sasl).lower()
         env["CANDLEWIRE_KAFKA__MECHANISM"] = self.kafka.mechanism
         env["CANDLEWIRE_KAFKA__USERNAME"] = self.kafka.username
+        env["CANDLEWIRE_KAFKA__BROKERS"] = str(self.kafka.brokers)
+        env["CANDLEWIRE_KAFKA__REPLICATION"] = json.dumps(self.kafka.replication)
+        if self.s3.endpoint:
+            env["CANDLEWIRE_S3__ENDPOINT"] = self.s3.endpoint
+        env["CANDLEWIRE_S3__REGION"] = self.s3.region
+        env["CANDLEWIRE_S3__ACCESS_KEY"] = self.s3.access_key
+        env["CANDLEWIRE_S3__PATH_STYLE"] = str(self.s3.path_style).lower()
+        env["CANDLEWIRE_S3__CHECKSUMS"] = self.s3.checksums
         if self.security.keys_dir is not None:
             env["CANDLEWIRE_SECURITY__KEYS_DIR"] = str(self.security.keys_dir)
         replay = self.ingest.replay

@@ -119,6 +119,7 @@ ENDPOINTS: dict[str, Endpoint] = {
             "Iceberg catalog, Dagster storage, user directory",
         ),
         Endpoint("dagster", 3000, "Dagster webserver", "HTTP", "UI and GraphQL"),
+        Endpoint("s3", 9000, "S3Proxy", "S3 API (HTTP)", "an s3:// Iceberg warehouse, when local"),
     )
 }
 

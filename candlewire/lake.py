@@ -7,8 +7,10 @@ Prices and sizes are DECIMAL(38, 18): exact, like the wire's decimal strings.
 
 from __future__ import annotations
 
+import os
 from urllib.parse import urlsplit
 
+import pyarrow.fs as pafs
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -25,7 +27,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from candlewire.config import Settings
+from candlewire.config import S3_SECRET_KEY, Settings
 
 NAMESPACE = "market"
 DEC = DecimalType(38, 18)
@@ -134,6 +136,72 @@ def sql_url(settings: Settings) -> str:
     return f"postgresql+psycopg2://{auth}{where}"
 
 
+class StorageError(RuntimeError):
+    pass
+
+
+def s3_environment(settings: Settings) -> dict[str, str]:
+    """The AWS SDKs' checksum choice, which they take only from the environment."""
+    mode = settings.s3.checksums.upper()
+    return {"AWS_REQUEST_CHECKSUM_CALCULATION": mode, "AWS_RESPONSE_CHECKSUM_VALIDATION": mode}
+
+
+def s3_properties(settings: Settings) -> dict[str, str]:
+    """Iceberg's S3 properties (the same keys for Spark's S3FileIO and pyiceberg's pyarrow
+    S3 filesystem); empty for a warehouse not on S3."""
+    if not settings.on_s3():
+        return {}
+    secret = settings.secret(S3_SECRET_KEY)
+    if not secret:
+        raise StorageError(
+            "the warehouse is on S3 but there is no secret key: set "
+            "CANDLEWIRE_SECRET_S3_SECRET_KEY or run `candlewire up`, which makes "
+            f"{settings.state_dir}/secrets/{S3_SECRET_KEY} for the local S3Proxy"
+        )
+    s3 = settings.s3
+    for name, value in s3_environment(settings).items():
+        os.environ.setdefault(name, value)  # before the SDKs start: they read it once
+    return {
+        "s3.endpoint": settings.s3_endpoint(),
+        "s3.access-key-id": s3.access_key,
+        "s3.secret-access-key": secret,
+        "s3.path-style-access": str(s3.path_style).lower(),  # Java's S3FileIO
+        "s3.force-virtual-addressing": str(not s3.path_style).lower(),  # pyarrow's
+        "s3.region": s3.region,
+        "client.region": s3.region,
+    }
+
+
+def s3_filesystem(settings: Settings) -> pafs.S3FileSystem:
+    """The warehouse's object store through pyarrow, as pyiceberg reaches it."""
+    props = s3_properties(settings)
+    return pafs.S3FileSystem(
+        access_key=props["s3.access-key-id"],
+        secret_key=props["s3.secret-access-key"],
+        endpoint_override=props["s3.endpoint"],
+        region=props["s3.region"],
+        force_virtual_addressing=not settings.s3.path_style,
+        connect_timeout=2,
+        request_timeout=5,
+    )
+
+
+def warehouse_path(settings: Settings) -> str:
+    """``bucket/prefix`` of an s3:// warehouse, as pyarrow's S3 filesystem names it."""
+    parts = urlsplit(settings.warehouse_uri())
+    return f"{parts.netloc}{parts.path}".rstrip("/")
+
+
+def storage_health(settings: Settings) -> str | None:
+    """None when the warehouse's bucket answers an authenticated request."""
+    bucket = warehouse_path(settings).split("/", 1)[0]
+    try:
+        info = s3_filesystem(settings).get_file_info(bucket)
+    except OSError as exc:
+        return f"S3 request failed: {exc}"
+    return None if info.type == pafs.FileType.Directory else f"no bucket {bucket}"
+
+
 def catalog(settings: Settings) -> SqlCatalog:
     return SqlCatalog(
         settings.catalog_name,
@@ -141,6 +209,7 @@ def catalog(settings: Settings) -> SqlCatalog:
         warehouse=settings.warehouse_uri(),
         # Spark's JDBC catalog writes the same tables; keep pyiceberg from altering them.
         init_catalog_tables="true",
+        **s3_properties(settings),
     )
 
 
@@ -156,6 +225,8 @@ def spark_catalog_conf(settings: Settings) -> dict[str, str]:
         # pyiceberg's SqlCatalog has no iceberg_type column: keep Spark on the V0 layout.
         f"{prefix}.jdbc.schema-version": "V0",
         f"{prefix}.warehouse": settings.warehouse_uri(),
+        **{f"{prefix}.{k}": v for k, v in s3_properties(settings).items()},
+        **({f"{prefix}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO"} if settings.on_s3() else {}),
     }
 
 

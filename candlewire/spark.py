@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from candlewire.config import Settings
-from candlewire.lake import spark_catalog_conf
+from candlewire.lake import s3_environment, spark_catalog_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -78,6 +78,11 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
         **spark_catalog_conf(settings),
+        **(
+            {f"spark.executorEnv.{k}": v for k, v in s3_environment(settings).items()}
+            if settings.on_s3()
+            else {}
+        ),
     }
 
 

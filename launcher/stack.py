@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from candlewire.config import KAFKA_PASSWORD, POSTGRES_PASSWORD, Settings
+from candlewire.config import KAFKA_PASSWORD, POSTGRES_PASSWORD, S3_SECRET_KEY, Settings
 from candlewire.secrets import ensure_secret
 
 Echo = Callable[[str], None]
@@ -350,6 +350,36 @@ def kafka_services(settings: Settings) -> list[ProcessService]:
     return services
 
 
+def s3_service(settings: Settings) -> ProcessService:
+    """The local S3Proxy of an s3:// warehouse; its bucket is made before it starts."""
+    from candlewire.lake import storage_health, warehouse_path
+    from launcher.local.s3proxy import S3Proxy
+
+    proxy = S3Proxy(
+        settings.state_dir / "s3proxy",
+        settings.jvm_dir / "s3proxy",
+        settings.bind_host,
+        settings.port("s3"),
+        settings.s3.access_key,
+        ensure_secret(settings, S3_SECRET_KEY),
+    )
+
+    def prepare() -> None:
+        proxy.prepare()
+        proxy.make_bucket(warehouse_path(settings).split("/", 1)[0])
+
+    return ProcessService(
+        name="s3proxy",
+        argv=proxy.argv,
+        port=settings.port("s3"),
+        check=lambda: storage_health(settings),
+        run_dir=settings.state_dir / "run",
+        log=settings.state_dir / "logs" / "s3proxy.log",
+        env={"LOG_LEVEL": "info"},
+        prepare=prepare,
+    )
+
+
 def default_services(settings: Settings, platform: bool = True) -> list[Service]:
     """The stack ``make up`` runs; ``platform=False`` is the relay alone (no Kafka, no SQL)."""
 
@@ -360,6 +390,8 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
         # The password before anything that builds a database URL (dagster.yaml below).
         ensure_secret(settings, POSTGRES_PASSWORD)
         services.append(PostgresService(settings, logs / "postgres.log"))
+    if platform and settings.local_s3():
+        services.append(s3_service(settings))
     if platform:
         services.append(CatalogService(settings))
     if platform and settings.kafka_bootstrap is None:

@@ -48,9 +48,13 @@ def maintain(spark, settings: Settings, table: str) -> dict[str, dict[str, int]]
         f"CALL {system}.expire_snapshots(table => '{short}', "
         f"older_than => TIMESTAMP '{cutoff}', retain_last => {KEEP_SNAPSHOTS})",
     )
+    # On object storage, list through the table's FileIO (S3FileIO lists prefixes); Hadoop's
+    # filesystems know no s3:// scheme.
+    listing = ", prefix_listing => true" if settings.on_s3() else ""
     commit_sql(
         spark,
-        f"CALL {system}.remove_orphan_files(table => '{short}', older_than => TIMESTAMP '{cutoff}')",
+        f"CALL {system}.remove_orphan_files(table => '{short}', "
+        f"older_than => TIMESTAMP '{cutoff}'{listing})",
     )
     return {"before": before, "after": file_stats(spark, full)}
 
