@@ -189,6 +189,10 @@ class Settings(BaseSettings):
     """Iceberg warehouse location (file://, s3://...); default <state_dir>/warehouse."""
     spark_master: str = "local[*]"
     """local[*], spark://host:7077 or k8s://https://host:443."""
+    spark_workers: int = Field(default=0, ge=0)
+    """Workers of a local Spark standalone cluster ``candlewire up`` runs (a master on port
+    ``spark_master`` and N workers, from pyspark's jars); then every Spark session of the
+    project uses it instead of ``spark_master``. 0: none."""
     spark_ui: bool = False
     checkpoint_dir: str | None = None
     """Streaming checkpoints (a shared filesystem on a cluster); default <state_dir>/checkpoints."""
@@ -318,6 +322,11 @@ class Settings(BaseSettings):
     def keys_dir(self) -> Path:
         return self.security.keys_dir or self.state_dir / "keys"
 
+    def spark_master_url(self) -> str:
+        if self.spark_workers:
+            return f"spark://{self.host}:{self.port('spark_master')}"
+        return self.spark_master
+
     def on_s3(self) -> bool:
         return self.warehouse_uri().startswith(("s3://", "s3a://"))
 
@@ -349,6 +358,7 @@ class Settings(BaseSettings):
             if getattr(self, name):
                 env[f"CANDLEWIRE_{name.upper()}"] = getattr(self, name)
         env["CANDLEWIRE_SPARK_MASTER"] = self.spark_master
+        env["CANDLEWIRE_SPARK_WORKERS"] = str(self.spark_workers)
         env["CANDLEWIRE_STREAM_TRIGGER_S"] = str(self.stream_trigger_s)
         env["CANDLEWIRE_STREAM_TICKS_TRIGGER_S"] = str(self.stream_ticks_trigger_s)
         env["CANDLEWIRE_STREAM_TICKS_BATCH_MAX"] = str(self.stream_ticks_batch_max)

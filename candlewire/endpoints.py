@@ -119,6 +119,10 @@ ENDPOINTS: dict[str, Endpoint] = {
             "Iceberg catalog, Dagster storage, user directory",
         ),
         Endpoint("dagster", 3000, "Dagster webserver", "HTTP", "UI and GraphQL"),
+        Endpoint(
+            "spark_master", 7077, "Spark master", "Spark RPC", "a local standalone cluster's master"
+        ),
+        Endpoint("spark_master_ui", 8080, "Spark master", "HTTP", "its UI and /json status"),
         Endpoint("s3", 9000, "S3Proxy", "S3 API (HTTP)", "an s3:// Iceberg warehouse, when local"),
     )
 }

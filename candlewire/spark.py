@@ -62,7 +62,7 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
     """Every setting the platform needs; a cluster only changes master and locations."""
     return {
         "spark.app.name": app_name,
-        "spark.master": settings.spark_master,
+        "spark.master": settings.spark_master_url(),
         "spark.jars": ",".join(spark_jars(settings)),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         "spark.sql.defaultCatalog": settings.catalog_name,

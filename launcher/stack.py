@@ -380,6 +380,46 @@ def s3_service(settings: Settings) -> ProcessService:
     )
 
 
+def spark_services(settings: Settings) -> list[ProcessService]:
+    """A local Spark standalone master and ``spark_workers`` workers; the last is up when
+    the master's status lists every worker alive."""
+    import json
+
+    from launcher.local.spark import StandaloneCluster
+
+    cluster = StandaloneCluster(
+        settings.host,
+        settings.port("spark_master"),
+        settings.port("spark_master_ui"),
+        settings.state_dir / "spark",
+    )
+    status_url = f"http://{settings.host}:{settings.port('spark_master_ui')}/json/"
+
+    def alive(workers: int) -> str | None:
+        try:
+            status = json.loads(urllib.request.urlopen(status_url, timeout=2).read())
+        except (OSError, ValueError) as exc:
+            return f"master status: {exc}"
+        up = sum(w["state"] == "ALIVE" for w in status.get("workers", []))
+        return None if up >= workers else f"{up} of {workers} workers alive"
+
+    def service(name: str, argv: Callable[[], list[str]], workers: int) -> ProcessService:
+        return ProcessService(
+            name=name,
+            argv=argv,
+            port=settings.port("spark_master") if workers == 0 else None,
+            check=partial(alive, workers),
+            run_dir=settings.state_dir / "run",
+            log=settings.state_dir / "logs" / f"{name}.log",
+            env=cluster.env(),
+        )
+
+    n = settings.spark_workers
+    return [service("spark-master", cluster.master_argv, 0)] + [
+        service(f"spark-worker-{i}", partial(cluster.worker_argv, i), i) for i in range(1, n + 1)
+    ]
+
+
 def default_services(settings: Settings, platform: bool = True) -> list[Service]:
     """The stack ``make up`` runs; ``platform=False`` is the relay alone (no Kafka, no SQL)."""
 
@@ -396,6 +436,8 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
         services.append(CatalogService(settings))
     if platform and settings.kafka_bootstrap is None:
         services.extend(kafka_services(settings))
+    if platform and settings.spark_workers:
+        services.extend(spark_services(settings))
 
     def own(
         name: str,

@@ -53,7 +53,7 @@ class StreamingJob:
         if spark is None:
             if realtime:
                 settings = settings.model_copy(
-                    update={"spark_master": local_master(settings.spark_master)}
+                    update={"spark_master": local_master(settings.spark_master_url())}
                 )
             spark = build_session(settings, "candlewire-stream")
         self.ctx = JobContext(

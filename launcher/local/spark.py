@@ -1,0 +1,69 @@
+"""A Spark standalone cluster from pyspark's own jars: one master and N workers
+(``spark-class org.apache.spark.deploy.master.Master`` / ``...worker.Worker``), what
+``[spark] workers`` asks ``candlewire up`` to run instead of ``local[*]``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyspark
+
+SPARK_HOME = Path(pyspark.__file__).parent
+
+
+@dataclass(frozen=True)
+class StandaloneCluster:
+    host: str
+    port: int
+    ui_port: int
+    work_dir: Path
+    worker_cores: int = 1
+    worker_memory: str = "1g"
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{self.host}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """Executors run this interpreter (with candlewire), on the master's own address."""
+        return {
+            "SPARK_HOME": str(SPARK_HOME),
+            "SPARK_LOCAL_IP": self.host,
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_NO_DAEMONIZE": "1",
+            "PATH": os.environ.get("PATH", ""),
+        }
+
+    def master_argv(self) -> list[str]:
+        return [
+            str(SPARK_HOME / "bin" / "spark-class"),
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.ui_port),
+        ]
+
+    def worker_argv(self, n: int) -> list[str]:
+        work = self.work_dir / f"worker-{n}"
+        work.mkdir(parents=True, exist_ok=True)
+        return [
+            str(SPARK_HOME / "bin" / "spark-class"),
+            "org.apache.spark.deploy.worker.Worker",
+            "--host",
+            self.host,
+            "--cores",
+            str(self.worker_cores),
+            "--memory",
+            self.worker_memory,
+            "--work-dir",
+            str(work),
+            "--webui-port",
+            "0",
+            self.master_url,
+        ]
