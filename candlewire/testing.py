@@ -28,6 +28,7 @@ from candlewire.endpoints import ENDPOINTS
 from candlewire.topics import market_data_topic, tick_type
 from proto import events_pb2 as ev
 from proto import market_pb2
+from proto import requests_pb2 as rq
 from proto.envelope import to_record
 
 _handed_out: set[int] = set()
@@ -289,6 +290,22 @@ class TelegramStandIn(HttpStandIn):
     def texts(self) -> list[str]:
         with self.lock:
             return [m["text"] for m in self.messages]
+
+
+def history_ready(work: rq.DataRequest, status: int = rq.HISTORY_OK) -> rq.HistoryReadyNotification:
+    """What the stream job publishes when a history request's candles are in Iceberg: the
+    answer a stand-in for ingestor and job gives at once."""
+    return rq.HistoryReadyNotification(
+        request_id=work.request_id,
+        status=status,  # type: ignore[arg-type]
+        row_count=(work.end_ms - work.start_ms) // (work.period_s * 1000),
+        iceberg_table="candlewire.ohlc",
+        ticker=work.ticker,
+        period_s=work.period_s,
+        start_ms=work.start_ms,
+        end_ms=work.end_ms,
+        error_message="" if status == rq.HISTORY_OK else "unknown symbol",
+    )
 
 
 class TickFeed:

@@ -15,7 +15,7 @@ from candlewire.config import Settings
 from candlewire.curve import Keyring, dial
 from candlewire.testing import free_port as free_port
 from candlewire.testing import free_settings as free_settings
-from candlewire.testing import spawn
+from candlewire.testing import history_ready, spawn
 from candlewire.testing import stream_metric as stream_metric
 from candlewire.testing import wait_for as wait_for
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
@@ -102,17 +102,7 @@ def serve_pipeline(ctx, settings, publisher, stop: threading.Event, status=rq.HI
             if got is None:
                 continue
             _, work = got
-            note = rq.HistoryReadyNotification(
-                request_id=work.request_id,
-                status=status,
-                row_count=(work.end_ms - work.start_ms) // (work.period_s * 1000),
-                iceberg_table="candlewire.ohlc",
-                ticker=work.ticker,
-                period_s=work.period_s,
-                start_ms=work.start_ms,
-                end_ms=work.end_ms,
-                error_message="" if status == rq.HISTORY_OK else "unknown symbol",
-            )
+            note = history_ready(work, status)
             publisher.publish(work.notification_topic, note)
             due += [(now + d, work.notification_topic, note) for d in NOTIFY_REPEAT_DELAYS_S[1:]]
     finally:

@@ -1,0 +1,260 @@
+"""Many relays and many publishers on network namespaces (``make scale-bench``; root).
+
+Hosts, each a namespace on one bridge (:mod:`launcher.netns`): two relays (``candlewire
+relay``, finding the publishers by the DNS name ``publishers.cw``), two stream publishers
+(:mod:`bench.roles`, each streaming one ticker and journalling it to a Kafka broker on a
+host of its own), and a client host.
+
+- ``relays_2_over_1``: messages per second the subscribers receive with every subscriber on
+  one relay, and then with them split over two, the same offered load; the second over
+  the first. The load is a fan-out: each relay sends each message once per subscriber.
+- ``failover_s``: a client subscribed to both tickers through both relays (and sending
+  history requests); relay A is killed (``kill -9``); the time from the kill to the client's
+  next delivered tick.
+- ``lost``: ticks missing from what the client delivered (offsets not consecutive), plus
+  history requests that did not complete. Must be 0.
+
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from candlewire.config import Settings
+from launcher.netns import Lab
+
+WARMUP_S = 2.0  # a counter counts only after this: connected and subscribed by then
+KAFKA_PORT = Settings().port("kafka")
+TICKERS = {"pub-a": "SIM:SCALEA/USDT", "pub-b": "SIM:SCALEB/USDT"}
+
+
+def env_for(lab: Lab, state: Path, host: str, **settings: object) -> dict[str, str]:
+    address = lab.hosts[host].address
+    s = Settings(
+        host=address,
+        bind_host=address,
+        state_dir=state / host,
+        kafka_bootstrap=f"{lab.hosts['kafka'].address}:{KAFKA_PORT}",  # the publishers' journal
+        security={"curve": False},
+        **settings,
+    )
+    return os.environ | s.to_env() | {"PYTHONUNBUFFERED": "1"}
+
+
+def start_kafka(lab: Lab, state: Path) -> None:
+    """One broker on its own host: the stream publishers journal what they publish."""
+    from candlewire.kafka import ensure_topics, kafka_health
+    from launcher.local.kafka import KafkaBroker
+
+    s = Settings()
+    address = lab.hosts["kafka"].address
+    broker = KafkaBroker(
+        state / "kafka",
+        s.jvm_dir / "kafka",
+        KAFKA_PORT,
+        s.port("kafka_controller"),
+        quorum=(address,),
+    )
+    broker.format_once()
+    lab.spawn("kafka", broker.argv(), dict(os.environ), state / "kafka.log")
+    client = Settings(kafka_bootstrap=f"{address}:{KAFKA_PORT}")
+    deadline = time.monotonic() + 90
+    while kafka_health(client) is not None:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the broker did not start in 90s")
+        time.sleep(0.5)
+    ensure_topics(client)
+
+
+def wait_metrics(address: str, port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if (
+                b"candlewire_relay_up 1.0"
+                in urllib.request.urlopen(f"http://{address}:{port}/metrics", timeout=1).read()
+            ):
+                return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"relay on {address} not up in {timeout}s")
+
+
+def count_for(lab: Lab, state: Path, relays_of: list[str], seconds: float) -> float:
+    """Counters on the client host, the i-th on ``relays_of[i]``; their total msgs/s."""
+    procs = []
+    for i, relay in enumerate(relays_of):
+        ticker = list(TICKERS.values())[i % 2]
+        env = env_for(lab, state, "client") | {"CANDLEWIRE_HOST": lab.hosts[relay].address}
+        procs.append(
+            subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    lab.hosts["client"].ns,
+                    sys.executable,
+                    "-m",
+                    "bench.roles",
+                    "counter",
+                    "--ticker",
+                    ticker,
+                    "--after",
+                    str(WARMUP_S),
+                    "--seconds",
+                    str(seconds),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    rates = []  # each counts for ``seconds`` once its own first message came, then exits
+    for p in procs:
+        count, window = p.communicate(timeout=120)[0].split()[-2:]
+        rates.append(int(count) / float(window))
+    return sum(rates)
+
+
+def parse_client(path: Path, killed_ns: int) -> dict[str, object]:
+    offsets: dict[str, list[int]] = {}
+    after: list[int] = []
+    histories: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        kind, key, value, wall = line.split()
+        if kind == "tick":
+            offsets.setdefault(key, []).append(int(value))
+            if int(wall) > killed_ns:
+                after.append(int(wall))
+        else:
+            histories[key] = value
+    missing = sum(o[-1] - o[0] + 1 - len(set(o)) for o in offsets.values())
+    repeated = sum(len(o) - len(set(o)) for o in offsets.values())
+    return {
+        "ticks": sum(map(len, offsets.values())),
+        "missing": missing,
+        "repeated": repeated,
+        "failover_s": (min(after) - killed_ns) / 1e9 if after else None,
+        "histories": histories,
+    }
+
+
+def start_hosts(lab: Lab, state: Path, rate: int) -> dict[str, subprocess.Popen]:
+    """Kafka, two relays that find the two publishers by DNS, the publishers (pub-a also
+    answering history work from both relays); the relays' processes by host."""
+    for name in ("kafka", "relay-a", "relay-b", "pub-a", "pub-b", "client"):
+        lab.add(name)
+    lab.name("publishers.cw", "pub-a", "pub-b")
+    start_kafka(lab, state)
+    relays = relay_addresses(lab)
+    procs = {}
+    for r in ("relay-a", "relay-b"):
+        env = env_for(
+            lab,
+            state,
+            r,
+            relay_hosts=relays,
+            publisher_names=["publishers.cw"],
+            discovery_interval_s=1.0,
+        )
+        procs[r] = lab.spawn(
+            r, [sys.executable, "-m", "launcher.cli", "relay"], env, state / f"{r}.log"
+        )
+    for r in ("relay-a", "relay-b"):
+        wait_metrics(lab.hosts[r].address, Settings().port("relay_metrics"))
+    for pub, ticker in TICKERS.items():
+        history = [arg for r in relays for arg in ("--history-from", r)] if pub == "pub-a" else []
+        argv = ["publisher", "--ticker", ticker, "--rate", str(rate), *history]
+        lab.spawn(
+            pub,
+            [sys.executable, "-m", "bench.roles", *argv],
+            env_for(lab, state, pub),
+            state / f"{pub}.log",
+        )
+    time.sleep(3.0)  # the relays' next lookup dials both publishers
+    return procs
+
+
+def relay_addresses(lab: Lab) -> list[str]:
+    return [lab.hosts[r].address for r in ("relay-a", "relay-b")]
+
+
+def failover(
+    lab: Lab, state: Path, relays: dict[str, subprocess.Popen], history: int
+) -> dict[str, object]:
+    """A client through both relays (both tickers, ``history`` requests); ``kill -9`` of
+    relay A under it; what the client delivered."""
+    out = state / "client.out"
+    client = lab.spawn(
+        "client",
+        [
+            sys.executable,
+            "-m",
+            "bench.roles",
+            "client",
+            *(arg for t in TICKERS.values() for arg in ("--ticker", t)),
+            "--history",
+            str(history),
+            "--out",
+            str(out),
+        ],
+        env_for(lab, state, "client", relay_hosts=relay_addresses(lab)),
+        state / "client.log",
+    )
+    time.sleep(4.0)
+    killed_ns = time.time_ns()
+    os.killpg(relays["relay-a"].pid, signal.SIGKILL)
+    time.sleep(history * 0.25 + 6.0)
+    client.send_signal(signal.SIGTERM)
+    client.wait(30)
+    got = parse_client(out, killed_ns)
+    got["histories_done"] = sum(v == "HISTORY_OK" for v in got["histories"].values())  # type: ignore[union-attr]
+    return got
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale")
+    parser.add_argument("--rate", type=int, default=40000, help="ticks/s of each publisher")
+    parser.add_argument("--subscribers", type=int, default=12)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--history", type=int, default=20)
+    args = parser.parse_args(argv)
+    problem = Lab.available()
+    if problem:
+        print(json.dumps({"error": problem}))
+        return 2
+    state = Path(tempfile.mkdtemp(prefix="candlewire-scale-"))
+    with Lab() as lab:
+        relays = start_hosts(lab, state, args.rate)
+        one = count_for(lab, state, ["relay-a"] * args.subscribers, args.seconds)
+        two = count_for(lab, state, ["relay-a", "relay-b"] * (args.subscribers // 2), args.seconds)
+        print(f"forwarded msgs/s: one relay {one:,.0f}, two relays {two:,.0f}", flush=True)
+        got = failover(lab, state, relays, args.history)
+    result = {
+        "relays_2_over_1": round(two / one, 3) if one else None,
+        "one_relay_msgs_s": round(one),
+        "two_relays_msgs_s": round(two),
+        "failover_s": None if got["failover_s"] is None else round(got["failover_s"], 6),
+        "lost": got["missing"] + (args.history - got["histories_done"]),
+        "client_ticks": got["ticks"],
+        "client_repeated": got["repeated"],
+        "histories_done": got["histories_done"],
+        "cores": os.cpu_count(),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
