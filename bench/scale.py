@@ -44,36 +44,52 @@ def env_for(lab: Lab, state: Path, host: str, **settings: object) -> dict[str, s
         host=address,
         bind_host=address,
         state_dir=state / host,
-        kafka_bootstrap=f"{lab.hosts['kafka'].address}:{KAFKA_PORT}",  # the publishers' journal
+        kafka_bootstrap=kafka_bootstrap(lab),  # the publishers' journal
         security={"curve": False},
         **settings,
     )
     return os.environ | s.to_env() | {"PYTHONUNBUFFERED": "1"}
 
 
-def start_kafka(lab: Lab, state: Path) -> None:
-    """One broker on its own host: the stream publishers journal what they publish."""
+def kafka_hosts(lab: Lab) -> list[str]:
+    return [h for h in lab.hosts if h.startswith("kafka-")]
+
+
+def kafka_bootstrap(lab: Lab) -> str:
+    return ",".join(f"{lab.hosts[h].address}:{KAFKA_PORT}" for h in kafka_hosts(lab))
+
+
+def start_kafka(lab: Lab, state: Path) -> dict[str, subprocess.Popen]:
+    """The brokers (hosts ``kafka-N``), one KRaft quorum; the stream publishers journal what
+    they publish there. Topics replicated to every broker, at most 3."""
     from candlewire.kafka import ensure_topics, kafka_health
     from launcher.local.kafka import KafkaBroker
 
     s = Settings()
-    address = lab.hosts["kafka"].address
-    broker = KafkaBroker(
-        state / "kafka",
-        s.jvm_dir / "kafka",
-        KAFKA_PORT,
-        s.port("kafka_controller"),
-        quorum=(address,),
-    )
-    broker.format_once()
-    lab.spawn("kafka", broker.argv(), dict(os.environ), state / "kafka.log")
-    client = Settings(kafka_bootstrap=f"{address}:{KAFKA_PORT}")
-    deadline = time.monotonic() + 90
-    while kafka_health(client) is not None:
+    hosts = kafka_hosts(lab)
+    quorum = tuple(lab.hosts[h].address for h in hosts)
+    procs = {}
+    for node, host in enumerate(hosts, 1):
+        broker = KafkaBroker(
+            state / host,
+            s.jvm_dir / "kafka",
+            KAFKA_PORT,
+            s.port("kafka_controller"),
+            heap="384m",
+            node_id=node,
+            quorum=quorum,
+            cluster_id=state / "kafka-cluster-id",
+        )
+        broker.format_once()
+        procs[host] = lab.spawn(host, broker.argv(), dict(os.environ), state / f"{host}.log")
+    client = Settings(kafka_bootstrap=kafka_bootstrap(lab))
+    deadline = time.monotonic() + 120
+    while kafka_health(client, brokers=len(hosts)) is not None:
         if time.monotonic() > deadline:
-            raise TimeoutError("the broker did not start in 90s")
+            raise TimeoutError(f"{len(hosts)} brokers did not start in 120s")
         time.sleep(0.5)
     ensure_topics(client)
+    return procs
 
 
 def wait_metrics(address: str, port: int, timeout: float = 60.0) -> None:
@@ -150,15 +166,15 @@ def parse_client(path: Path, killed_ns: int) -> dict[str, object]:
     }
 
 
-def start_hosts(lab: Lab, state: Path, rate: int) -> dict[str, subprocess.Popen]:
+def start_hosts(lab: Lab, state: Path, rate: int, brokers: int = 1) -> dict[str, subprocess.Popen]:
     """Kafka, two relays that find the two publishers by DNS, the publishers (pub-a also
-    answering history work from both relays); the relays' processes by host."""
-    for name in ("kafka", "relay-a", "relay-b", "pub-a", "pub-b", "client"):
+    answering history work from both relays); the brokers' and relays' processes by host."""
+    kafkas = [f"kafka-{n}" for n in range(1, brokers + 1)]
+    for name in (*kafkas, "relay-a", "relay-b", "pub-a", "pub-b", "client"):
         lab.add(name)
     lab.name("publishers.cw", "pub-a", "pub-b")
-    start_kafka(lab, state)
+    procs = start_kafka(lab, state)
     relays = relay_addresses(lab)
-    procs = {}
     for r in ("relay-a", "relay-b"):
         env = env_for(
             lab,
@@ -191,10 +207,15 @@ def relay_addresses(lab: Lab) -> list[str]:
 
 
 def failover(
-    lab: Lab, state: Path, relays: dict[str, subprocess.Popen], history: int
+    lab: Lab,
+    state: Path,
+    procs: dict[str, subprocess.Popen],
+    history: int,
+    kills: tuple[str, ...] = ("relay-a",),
 ) -> dict[str, object]:
     """A client through both relays (both tickers, ``history`` requests); ``kill -9`` of
-    relay A under it; what the client delivered."""
+    each of ``kills`` in turn under it, a few seconds apart; what the client delivered
+    (``failover_s`` after the first kill)."""
     out = state / "client.out"
     client = lab.spawn(
         "client",
@@ -213,12 +234,14 @@ def failover(
         state / "client.log",
     )
     time.sleep(4.0)
-    killed_ns = time.time_ns()
-    os.killpg(relays["relay-a"].pid, signal.SIGKILL)
-    time.sleep(history * 0.25 + 6.0)
+    first_kill = time.time_ns()
+    for host in kills:
+        os.killpg(procs[host].pid, signal.SIGKILL)
+        time.sleep(4.0)
+    time.sleep(history * 0.25 + 2.0)
     client.send_signal(signal.SIGTERM)
     client.wait(30)
-    got = parse_client(out, killed_ns)
+    got = parse_client(out, first_kill)
     got["histories_done"] = sum(v == "HISTORY_OK" for v in got["histories"].values())  # type: ignore[union-attr]
     return got
 
@@ -229,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--subscribers", type=int, default=12)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--history", type=int, default=20)
+    parser.add_argument("--brokers", type=int, default=1)
     args = parser.parse_args(argv)
     problem = Lab.available()
     if problem:
@@ -236,11 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     state = Path(tempfile.mkdtemp(prefix="candlewire-scale-"))
     with Lab() as lab:
-        relays = start_hosts(lab, state, args.rate)
+        procs = start_hosts(lab, state, args.rate, args.brokers)
         one = count_for(lab, state, ["relay-a"] * args.subscribers, args.seconds)
         two = count_for(lab, state, ["relay-a", "relay-b"] * (args.subscribers // 2), args.seconds)
         print(f"forwarded msgs/s: one relay {one:,.0f}, two relays {two:,.0f}", flush=True)
-        got = failover(lab, state, relays, args.history)
+        got = failover(lab, state, procs, args.history)
     result = {
         "relays_2_over_1": round(two / one, 3) if one else None,
         "one_relay_msgs_s": round(one),

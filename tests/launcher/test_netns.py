@@ -1,16 +1,20 @@
-"""Several hosts on network namespaces (:mod:`launcher.netns`): a Kafka broker, two relays,
-two stream publishers the relays find by one DNS name, and a client given both relays.
-``kill -9`` of a relay under the client loses no tick and no history request, and every
-connection stays on the hosts' own addresses. Root only (CI runs as root)."""
+"""Several hosts on network namespaces (:mod:`launcher.netns`): three Kafka brokers, two
+relays, two stream publishers the relays find by one DNS name, and a client given both
+relays. ``kill -9`` of a relay and then of a broker under the client loses no tick and no
+history request, the publishers' journal goes on being written with a broker gone, and
+every connection stays on the hosts' own addresses. Root only (CI runs as root)."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
-from bench.scale import failover, start_hosts
+from bench.scale import failover, kafka_bootstrap, start_hosts
 from candlewire.config import Settings
+from candlewire.kafka import JOURNAL
 from launcher.netns import Lab
 
 pytestmark = pytest.mark.skipif(Lab.available() is not None, reason=str(Lab.available()))
@@ -25,16 +29,31 @@ def discovered(address: str) -> float:
     return float(line.split()[-1])
 
 
-def test_two_relays_and_two_publishers_on_hosts_of_their_own(tmp_path) -> None:
+def journal_end(lab: Lab) -> int:
+    """Records in the journal topic: what the publishers have had acknowledged (acks=all)."""
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap(lab), "group.id": "netns-test"})
+    try:
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(JOURNAL.name, p), timeout=10)[1]
+            for p in range(JOURNAL.partitions)
+        )
+    finally:
+        consumer.close()
+
+
+def test_relays_publishers_and_brokers_on_hosts_of_their_own(tmp_path) -> None:
     with Lab(prefix="cwt", subnet=SUBNET) as lab:
-        relays = start_hosts(lab, tmp_path, rate=2000)
+        procs = start_hosts(lab, tmp_path, rate=2000, brokers=3)
         for relay in ("relay-a", "relay-b"):  # both publishers' two ports, by DNS
             assert discovered(lab.hosts[relay].address) == 4
-        got = failover(lab, tmp_path, relays, HISTORY)
+        got = failover(lab, tmp_path, procs, HISTORY, kills=("relay-a", "kafka-2"))
         assert got["histories_done"] == HISTORY, got["histories"]
         assert got["ticks"] > 0 and got["missing"] == 0 and got["repeated"] == 0, got
         assert got["failover_s"] is not None and got["failover_s"] < 2.0, got
-        for host in ("relay-b", "pub-a", "client", "kafka"):
+        written = journal_end(lab)
+        time.sleep(2.0)
+        assert journal_end(lab) > written, "the journal stopped with one broker of three gone"
+        for host in ("relay-b", "pub-a", "client", "kafka-1"):
             for local, peer in lab.connections(host):
                 assert local.startswith(f"{SUBNET}.") and peer.startswith(f"{SUBNET}."), (
                     host,
