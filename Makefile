@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 JARS   := .cache/jvm
 MVN    := mvn -q -B -s jvm/maven-settings.xml
 
-.PHONY: install jvm web system-packages test fuzz up down status bench scale-bench lint proto clean
+.PHONY: install jvm web system-packages test fuzz up down status bench scale scale-bench lint proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,10 @@ down:
 
 status: install
 	$(VENV)/bin/candlewire status
+
+# The distributed engines on hosts of their own (network namespaces; root): minutes.
+scale: install
+	$(PY) -m pytest -m scale -p no:cacheprovider --timeout 1200
 
 # Many relays and publishers on network namespaces (root): relays_2_over_1, failover_s, lost.
 scale-bench: install

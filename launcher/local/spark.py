@@ -16,16 +16,20 @@ SPARK_HOME = Path(pyspark.__file__).parent
 
 @dataclass(frozen=True)
 class StandaloneCluster:
+    """``host``: the address of the process at hand (master or worker); the master's is
+    ``master_host``, by default the same (all on one host)."""
+
     host: str
     port: int
     ui_port: int
     work_dir: Path
     worker_cores: int = 1
     worker_memory: str = "1g"
+    master_host: str | None = None
 
     @property
     def master_url(self) -> str:
-        return f"spark://{self.host}:{self.port}"
+        return f"spark://{self.master_host or self.host}:{self.port}"
 
     def env(self) -> dict[str, str]:
         """Executors run this interpreter (with candlewire), on the master's own address."""
