@@ -7,7 +7,7 @@ configured like every candlewire process by ``CANDLEWIRE_*`` variables.
   publishes each HistoryReady (``--history-from`` each relay host).
 - ``client``: ``candlewire.Client`` through every relay: subscribes to ``--ticker``s and
   sends ``--history`` requests one after another; writes what it got to ``--out``, one line
-  per event (``tick TICKER OFFSET WALL_NS``, ``history REQUEST_ID STATUS WALL_NS``).
+  per event (``tick TICKER SEQ WALL_NS``, ``history REQUEST_ID STATUS WALL_NS``).
 - ``counter``: a bare SUB on one relay counting one ticker's messages (throughput, no
   per-message Python beyond the count); prints the count when terminated.
 """
@@ -62,7 +62,7 @@ def publisher(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def client(args: argparse.Namespace, settings: Settings) -> None:
-    with Path(args.out).open("a", buffering=1 << 16) as out:
+    with Path(args.out).open("a", buffering=1) as out:  # lines: read while it runs
         _client(args, settings, out)
 
 
@@ -76,7 +76,7 @@ def _client(args: argparse.Namespace, settings: Settings, out: TextIO) -> None:
     def follow(ticker: str) -> None:
         with Client(settings) as c:
             for tick in c.subscribe(ticker, idle_timeout=None):
-                write(f"tick {ticker} {tick.stream.source_offset} {time.time_ns()}")
+                write(f"tick {ticker} {tick.stream.seq} {time.time_ns()}")
                 if STOP.is_set():
                     return
 
@@ -88,11 +88,11 @@ def _client(args: argparse.Namespace, settings: Settings, out: TextIO) -> None:
             if STOP.is_set():
                 break
             note = c.request_history(
-                "SIM:HIST/USDT",
+                args.history_ticker,
                 60,
                 1_700_000_000_000 + i * 60_000,
                 1_700_000_000_000 + (i + 60) * 60_000,
-                timeout=60,
+                timeout=args.history_timeout,
             )
             write(
                 f"history {note.request_id} {rq.HistoryStatus.Name(note.status)} {time.time_ns()}"
@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--history", type=int, default=0)
     parser.add_argument("--history-gap", type=float, default=0.2)
+    parser.add_argument("--history-ticker", default="SIM:HIST/USDT")
+    parser.add_argument("--history-timeout", type=float, default=60.0)
     parser.add_argument("--history-from", action="append", default=[], help="relay hosts")
     parser.add_argument("--out", default="client.log")
     parser.add_argument("--after", type=float, default=0.0, help="counter: start counting")

@@ -174,21 +174,8 @@ def start_hosts(lab: Lab, state: Path, rate: int, brokers: int = 1) -> dict[str,
         lab.add(name)
     lab.name("publishers.cw", "pub-a", "pub-b")
     procs = start_kafka(lab, state)
+    procs |= start_relays(lab, state)
     relays = relay_addresses(lab)
-    for r in ("relay-a", "relay-b"):
-        env = env_for(
-            lab,
-            state,
-            r,
-            relay_hosts=relays,
-            publisher_names=["publishers.cw"],
-            discovery_interval_s=1.0,
-        )
-        procs[r] = lab.spawn(
-            r, [sys.executable, "-m", "launcher.cli", "relay"], env, state / f"{r}.log"
-        )
-    for r in ("relay-a", "relay-b"):
-        wait_metrics(lab.hosts[r].address, Settings().port("relay_metrics"))
     for pub, ticker in TICKERS.items():
         history = [arg for r in relays for arg in ("--history-from", r)] if pub == "pub-a" else []
         argv = ["publisher", "--ticker", ticker, "--rate", str(rate), *history]
@@ -200,6 +187,43 @@ def start_hosts(lab: Lab, state: Path, rate: int, brokers: int = 1) -> dict[str,
         )
     time.sleep(3.0)  # the relays' next lookup dials both publishers
     return procs
+
+
+def start_relays(lab: Lab, state: Path, **settings: object) -> dict[str, subprocess.Popen]:
+    """``candlewire relay`` on hosts relay-a and relay-b, finding the stream publishers by
+    the name ``publishers.cw``; up when their metrics say so."""
+    relays = relay_addresses(lab)
+    procs = {}
+    for r in ("relay-a", "relay-b"):
+        env = env_for(
+            lab,
+            state,
+            r,
+            relay_hosts=relays,
+            publisher_names=["publishers.cw"],
+            discovery_interval_s=1.0,
+            **settings,
+        )
+        procs[r] = lab.spawn(
+            r, [sys.executable, "-m", "launcher.cli", "relay"], env, state / f"{r}.log"
+        )
+    for r in ("relay-a", "relay-b"):
+        wait_metrics(lab.hosts[r].address, Settings().port("relay_metrics"))
+    return procs
+
+
+def start_s3(lab: Lab, state: Path, secret: str) -> str:
+    """S3Proxy on host ``s3`` with bucket ``lake``; its endpoint."""
+    from launcher.local.s3proxy import S3Proxy
+
+    address, port = lab.hosts["s3"].address, Settings().port("s3")
+    proxy = S3Proxy(
+        state / "s3proxy", Settings().jvm_dir / "s3proxy", address, port, "candlewire", secret
+    )
+    proxy.prepare()
+    proxy.make_bucket("lake")
+    lab.spawn("s3", proxy.argv(), dict(os.environ) | {"LOG_LEVEL": "info"}, state / "s3.log")
+    return f"http://{address}:{port}"
 
 
 def relay_addresses(lab: Lab) -> list[str]:

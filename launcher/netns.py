@@ -143,6 +143,16 @@ class Lab:
             if len(cols) >= 4
         ]
 
+    def stray(self, host: str) -> list[tuple[str, str]]:
+        """Connections on ``host`` that leave the lab's addresses: neither both ends on the
+        bridge's subnet nor both on the host's own loopback (a JVM and its py4j gateway)."""
+        return [
+            (local, peer)
+            for local, peer in self.connections(host)
+            if not (local.startswith(f"{self.subnet}.") and peer.startswith(f"{self.subnet}."))
+            and not (local.startswith("127.") and peer.startswith("127."))
+        ]
+
     def close(self) -> None:
         for proc in self._procs:
             with contextlib.suppress(ProcessLookupError):
@@ -155,6 +165,17 @@ class Lab:
             if ns.startswith(f"{self.prefix}-"):
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
                 shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+        # A namespace outlives its deletion while a process is still in it, and so does the
+        # veth pair: remove the bridge-side ends by name.
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+        for line in links.splitlines():
+            name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+            if (
+                name.startswith(self.prefix)
+                and name.endswith("h")
+                and name[len(self.prefix) : -1].isdigit()
+            ):
+                subprocess.run(["ip", "link", "del", name], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
         self.hosts.clear()
         self.names.clear()

@@ -54,10 +54,20 @@ def _method(line: str) -> str | None:
 
 
 class LocalPostgres:
-    def __init__(self, data: Path, port: int, password: str | None = None) -> None:
+    """``listen``: the addresses it serves beyond 127.0.0.1 (another host's clients need
+    one); their subnets must be allowed (:meth:`allow`), always with the password."""
+
+    def __init__(
+        self,
+        data: Path,
+        port: int,
+        password: str | None = None,
+        listen: tuple[str, ...] = (),
+    ) -> None:
         self.data = data.resolve()
         self.port = port
         self.password = password
+        self.listen = ("127.0.0.1", *listen)
         self.bin = bindir()
 
     def _as_owner(self, argv: list[str]) -> list[str]:
@@ -125,7 +135,10 @@ class LocalPostgres:
         log.touch()
         if os.geteuid() == 0:
             shutil.chown(log, "postgres")
-        opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.data} -c max_connections=200"
+        addresses = ",".join(self.listen)
+        opts = (
+            f"-p {self.port} -c listen_addresses={addresses} -k {self.data} -c max_connections=200"
+        )
         self._run(
             [
                 str(self.bin / "pg_ctl"),
@@ -158,6 +171,16 @@ class LocalPostgres:
             lines[i] = lines[i].rstrip().removesuffix("trust") + "scram-sha-256"
         hba.write_text("\n".join(lines) + "\n")
         self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "reload"])
+
+    def allow(self, cidr: str) -> None:
+        """Let clients from ``cidr`` log in, with the password (before :meth:`start`)."""
+        if self.password is None:
+            raise PostgresSetupError("only a cluster with a password is opened to other hosts")
+        hba = self.data / "pg_hba.conf"
+        rule = f"host all all {cidr} scram-sha-256"
+        lines = hba.read_text().splitlines()
+        if rule not in lines:
+            hba.write_text("\n".join([*lines, rule]) + "\n")
 
     def create_database(self, name: str) -> None:
         exists = self.psql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'", "postgres")
