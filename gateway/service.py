@@ -113,6 +113,7 @@ class Gateway:
         self._serve_metrics = metrics
         port = self.settings.port("gateway_http")
         own = {f"http://{h}:{port}" for h in (self.settings.host, "127.0.0.1", "localhost")}
+        self._last_seen: dict[str, tuple[int, int]] = {}  # chart topic -> (epoch, seq)
         self._origins = frozenset(own | set(self.gw.allowed_origins))
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -194,7 +195,8 @@ class Gateway:
             self._router.bind(s.bind("critical_events"))
             for endpoint in gw.container_endpoints(s):
                 self._events.connect(endpoint)
-            self._market.connect(s.connect("market_data"))
+            for endpoint in s.relays("market_data"):  # every relay: one may die
+                self._market.connect(endpoint)
             self._market.subscribe(metadata_update_topic())
             server = await serve(
                 self._session,
@@ -330,6 +332,8 @@ class Gateway:
         if session.chart == topic:
             return
         if session.chart is not None:
+            if not any(x.chart == session.chart for x in self.sessions.all() if x is not session):
+                self._last_seen.pop(session.chart, None)
             self._market.unsubscribe(session.chart)
             self._market.unsubscribe(_error_topic(session.chart))
         session.chart = topic
@@ -462,6 +466,8 @@ class Gateway:
             if isinstance(msg, market_pb2.SymbolMetadataUpdated):
                 await asyncio.to_thread(self._reload_symbols)
             elif isinstance(msg, market_pb2.OHLC):
+                if not self._fresh(topic, msg):
+                    continue
                 watchers = [x for x in self.sessions.all() if x.chart == topic]
                 self.sessions.offer_to(watchers, _candle(msg))
                 self.metrics.candles.inc()
@@ -470,6 +476,17 @@ class Gateway:
                     x for x in self.sessions.all() if x.chart and _error_topic(x.chart) == topic
                 ]
                 self.sessions.offer_to(watchers, {"type": "error", "message": msg.error_message})
+
+    def _fresh(self, topic: str, msg: market_pb2.OHLC) -> bool:
+        """Through several relays each candle comes once per relay; its stream position
+        drops the copies (an unsequenced one passes: a repeated candle only redraws)."""
+        if not msg.HasField("stream"):
+            return True
+        pos, last = msg.stream, self._last_seen.get(topic)
+        if last is not None and last[0] == pos.epoch and pos.seq <= last[1]:
+            return False
+        self._last_seen[topic] = (pos.epoch, pos.seq)
+        return True
 
     def _reload_symbols(self) -> None:
         self.symbols.reload()
