@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 
 import pytest
 
@@ -160,6 +161,44 @@ def test_competing_ingestors_fetch_each_request_once(live) -> None:
     assert len(mine) == len(ids), "a request was fetched more than once"
     owners = {r.metadata.ingestor_id for r in mine}
     assert owners == {"ing-a", "ing-b"}, f"work was not shared: {owners}"
+
+
+def test_an_ingestor_takes_work_from_every_relay_and_a_request_sent_to_two_once(live) -> None:
+    """A client that failed over sends the same request (same id) to a second relay; both
+    relays pass it on, and the ingestor, hearing both, still fetches it once."""
+    a = live.model_copy(update={"relay_hosts": ["127.0.0.1", "127.0.0.2"]})
+    on_b = a.model_copy(update={"host": "127.0.0.2", "bind_host": "127.0.0.2"})
+    other = Relay(on_b, metrics=False).start()
+    ing = start_ingestor(a, SimExchange(), ingestor_id="ing-both")
+    twice, only_b = f"req-twice-{uuid.uuid4().hex[:8]}", f"req-b-{uuid.uuid4().hex[:8]}"
+    try:
+        wait_for(lambda: other.has_ingestor("SIM"), timeout=30)
+        with Client(live) as via_a, Client(on_b) as via_b:  # A's: retried until it is served
+            for client, ticker, request_id in (
+                (via_a, "SIM:ETH/USDT", twice),
+                (via_b, "SIM:ETH/USDT", twice),
+                (via_b, "SIM:SOL/USDT", only_b),
+            ):
+                ack = client.submit(ticker, 300, T0, T0 + DAY, request_id=request_id)
+                assert ack.status == rq.SUBMIT_OK
+        both_seen: list[float] = []
+
+        def settled(records: list) -> bool:
+            """Both fetched, and 3 s more for a second fetch of the same request to show."""
+            ids = [r.request_id for r in records if r.HasField("metadata")]
+            if ids.count(twice) > 1:
+                return True
+            if not both_seen and twice in ids and only_b in ids:
+                both_seen.append(time.monotonic())
+            return bool(both_seen) and time.monotonic() - both_seen[0] > 3.0
+
+        records = read_topic(live, OHLC_BATCHES.name, settled, timeout=90)
+    finally:
+        ing.stop()
+        other.stop()
+    metas = [r.request_id for r in records if r.HasField("metadata")]
+    assert metas.count(twice) == 1, "a request sent to two relays was fetched twice"
+    assert metas.count(only_b) == 1, "work sent through relay B was not fetched"
 
 
 def subprocess_ingestor(settings, ingestor_id: str, exchange: str = "SIM") -> subprocess.Popen:
