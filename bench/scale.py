@@ -35,6 +35,7 @@ from launcher.netns import Lab
 
 WARMUP_S = 2.0  # a counter counts only after this: connected and subscribed by then
 KAFKA_PORT = Settings().port("kafka")
+MASTER_PORT, MASTER_UI = Settings().port("spark_master"), Settings().port("spark_master_ui")
 TICKERS = {"pub-a": "SIM:SCALEA/USDT", "pub-b": "SIM:SCALEB/USDT"}
 
 
@@ -224,6 +225,43 @@ def start_s3(lab: Lab, state: Path, secret: str) -> str:
     proxy.make_bucket("lake")
     lab.spawn("s3", proxy.argv(), dict(os.environ) | {"LOG_LEVEL": "info"}, state / "s3.log")
     return f"http://{address}:{port}"
+
+
+def start_spark(lab: Lab, state: Path) -> dict[str, subprocess.Popen]:
+    """A Spark standalone master on host ``spark-master`` and workers on ``spark-1`` and
+    ``spark-2``; up when the master lists both alive."""
+    from launcher.local.spark import StandaloneCluster
+
+    master = lab.hosts["spark-master"].address
+
+    def cluster(host: str) -> StandaloneCluster:
+        return StandaloneCluster(
+            lab.hosts[host].address, MASTER_PORT, MASTER_UI, state / "spark", master_host=master
+        )
+
+    head = cluster("spark-master")
+    procs = {
+        "spark-master": lab.spawn(
+            "spark-master", head.master_argv(), os.environ | head.env(), state / "spark-master.log"
+        )
+    }
+    for n, host in enumerate(("spark-1", "spark-2"), 1):
+        c = cluster(host)
+        procs[host] = lab.spawn(host, c.worker_argv(n), os.environ | c.env(), state / f"{host}.log")
+    deadline = time.monotonic() + 120
+    while alive_workers(f"http://{master}:{MASTER_UI}/json/") < 2:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the Spark workers did not register in 120s")
+        time.sleep(0.5)
+    return procs
+
+
+def alive_workers(status_url: str) -> int:
+    try:
+        workers = json.loads(urllib.request.urlopen(status_url, timeout=2).read())["workers"]
+    except OSError:
+        return 0
+    return sum(w["state"] == "ALIVE" for w in workers)
 
 
 def relay_addresses(lab: Lab) -> list[str]:

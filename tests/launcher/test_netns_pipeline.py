@@ -1,9 +1,10 @@
 """The whole path on hosts of their own (network namespaces): three Kafka brokers, S3Proxy
-(the Iceberg warehouse), two relays, the real stream job (found by the relays under the
-name ``publishers.cw``), a SIM ingestor and a client given both relays; the catalog's
-PostgreSQL on this host, served on the bridge. History requests and a live subscription
-work end to end, and go on losing nothing across ``kill -9`` of a relay and then of a
-broker. ``make scale`` runs it (root; minutes)."""
+(the Iceberg warehouse), a Spark standalone master and two workers, two relays, the real
+stream job (its driver on a host of its own, its executors on the workers; found by the
+relays under the name ``publishers.cw``), a SIM ingestor and a client given both relays;
+the catalog's PostgreSQL on this host, served on the bridge. History requests and a live
+subscription work end to end, and go on losing nothing across ``kill -9`` of a relay, then
+of a broker, then of a Spark worker. ``make scale`` runs it (root; minutes)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import uuid
 import pytest
 
 from bench.scale import (
+    MASTER_PORT,
     env_for,
     kafka_bootstrap,
     parse_client,
@@ -24,6 +26,7 @@ from bench.scale import (
     start_kafka,
     start_relays,
     start_s3,
+    start_spark,
 )
 from candlewire.config import Settings
 from candlewire.lake import ensure_tables
@@ -54,10 +57,12 @@ def test_history_and_live_data_through_every_host(tmp_path) -> None:
     try:
         with Lab(prefix="cwp", subnet=SUBNET) as lab:
             hosts = ("kafka-1", "kafka-2", "kafka-3", "s3", "relay-a", "relay-b", "stream")
-            for name in (*hosts, "ingest", "client"):
+            spark = ("spark-master", "spark-1", "spark-2")
+            for name in (*hosts, *spark, "ingest", "client"):
                 lab.add(name)
             lab.name("publishers.cw", "stream")
             procs = start_kafka(lab, tmp_path)
+            procs |= start_spark(lab, tmp_path)
             endpoint = start_s3(lab, tmp_path, SECRET)
             password = uuid.uuid4().hex
             pg = LocalPostgres(tmp_path / "pg", free_port(), password, listen=(lab.gateway,))
@@ -71,9 +76,16 @@ def test_history_and_live_data_through_every_host(tmp_path) -> None:
             }
             ensure_tables(Settings(kafka_bootstrap=kafka_bootstrap(lab), **platform))
             procs |= start_relays(lab, tmp_path)
-            stream_env = env_for(lab, tmp_path, "stream", **platform) | {
-                "CANDLEWIRE_STREAM_TICKS_TRIGGER_S": "1",
-            }
+            master = f"spark://{lab.hosts['spark-master'].address}:{MASTER_PORT}"
+            stream_env = env_for(
+                lab,
+                tmp_path,
+                "stream",
+                spark_master=master,  # executors on the workers' hosts
+                stream_live_engine="microbatch",  # the real-time engine runs in the driver
+                checkpoint_dir=str(tmp_path / "checkpoints"),  # one filesystem for all hosts
+                **platform,
+            ) | {"CANDLEWIRE_STREAM_TICKS_TRIGGER_S": "1"}
             lab.spawn(
                 "stream",
                 [sys.executable, "-m", "launcher.cli", "stream"],
@@ -128,6 +140,9 @@ def test_history_and_live_data_through_every_host(tmp_path) -> None:
             os.killpg(procs["kafka-2"].pid, signal.SIGKILL)
             seen = ticks()
             wait_for(lambda: ticks() > seen + 20, timeout=120, interval=1)
+            os.killpg(procs["spark-1"].pid, signal.SIGKILL)  # a worker and its executor
+            seen = ticks()
+            wait_for(lambda: ticks() > seen + 20, timeout=180, interval=1)
             wait_for(lambda: out.read_text().count("history ") == HISTORY, timeout=600, interval=2)
             client.send_signal(signal.SIGTERM)
             client.wait(30)

@@ -5,23 +5,20 @@ middle of it: every record is written once. ``make scale`` runs it (root; a few 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
 import time
-import urllib.request
 import uuid
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from bench.scale import kafka_bootstrap, start_kafka, start_s3
+from bench.scale import MASTER_PORT, kafka_bootstrap, start_kafka, start_s3, start_spark
 from candlewire.kafka import client_auth, spark_options
 from candlewire.lake import catalog, ensure_tables, storage_health, table_name
 from candlewire.spark import build_session
 from candlewire.testing import free_settings, wait_for
-from launcher.local.spark import StandaloneCluster
 from launcher.netns import Lab
 from tests.candlewire.test_kafka import produce
 
@@ -30,41 +27,8 @@ pytestmark = [
     pytest.mark.skipif(Lab.available() is not None, reason=str(Lab.available())),
 ]
 SUBNET = "10.79.0"
-MASTER_PORT, MASTER_UI = 7077, 8080
 SECRET = "netns-" + uuid.uuid4().hex
 RECORDS = 1200
-
-
-def start_spark(lab: Lab, state) -> dict[str, object]:
-    master = lab.hosts["spark-master"].address
-
-    def cluster(host: str) -> StandaloneCluster:
-        return StandaloneCluster(
-            lab.hosts[host].address, MASTER_PORT, MASTER_UI, state / "spark", master_host=master
-        )
-
-    procs = {
-        "spark-master": lab.spawn(
-            "spark-master",
-            cluster("spark-master").master_argv(),
-            os.environ | cluster("spark-master").env(),
-            state / "spark-master.log",
-        )
-    }
-    for n, host in enumerate(("spark-1", "spark-2"), 1):
-        c = cluster(host)
-        procs[host] = lab.spawn(host, c.worker_argv(n), os.environ | c.env(), state / f"{host}.log")
-
-    def alive() -> int:
-        url = f"http://{master}:{MASTER_UI}/json/"
-        try:
-            workers = json.loads(urllib.request.urlopen(url, timeout=2).read())["workers"]
-        except OSError:
-            return 0
-        return sum(w["state"] == "ALIVE" for w in workers)
-
-    wait_for(lambda: alive() == 2, timeout=120, interval=0.5)
-    return procs
 
 
 def test_a_job_on_the_cluster_outlives_a_worker_and_a_broker(tmp_path, lakehouse) -> None:
