@@ -15,6 +15,7 @@ configured like every candlewire process by ``CANDLEWIRE_*`` variables.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -56,12 +57,15 @@ def publisher(args: argparse.Namespace, settings: Settings) -> None:
             sent += min(due, 5000)
         if work is not None and work.poll(0):
             _, req = decode_sub(work.recv_multipart())
-            pub.publish(req.notification_topic, history_ready(req))
+            pub.notify(req.notification_topic, history_ready(req))  # and again, as the job does
         time.sleep(0.002)
     pub.close()
 
 
 def client(args: argparse.Namespace, settings: Settings) -> None:
+    # Every line is written as it comes (line buffering): a stop need not wait for a history
+    # request or a subscription to return.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     with Path(args.out).open("a", buffering=1) as out:  # lines: read while it runs
         _client(args, settings, out)
 

@@ -300,7 +300,10 @@ def failover(
     for host in kills:
         os.killpg(procs[host].pid, signal.SIGKILL)
         time.sleep(4.0)
-    time.sleep(history * 0.25 + 2.0)
+    deadline = time.monotonic() + 120 + history  # every history request answered, or given up
+    while out.read_text().count("history ") < history and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2.0)  # ticks after the last kill
     client.send_signal(signal.SIGTERM)
     client.wait(30)
     got = parse_client(out, first_kill)

@@ -10,7 +10,7 @@ import time
 import urllib.request
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from bench.scale import failover, kafka_bootstrap, start_hosts
 from candlewire.config import Settings
@@ -30,15 +30,23 @@ def discovered(address: str) -> float:
 
 
 def journal_end(lab: Lab) -> int:
-    """Records in the journal topic: what the publishers have had acknowledged (acks=all)."""
-    consumer = Consumer({"bootstrap.servers": kafka_bootstrap(lab), "group.id": "netns-test"})
-    try:
-        return sum(
-            consumer.get_watermark_offsets(TopicPartition(JOURNAL.name, p), timeout=10)[1]
-            for p in range(JOURNAL.partitions)
-        )
-    finally:
-        consumer.close()
+    """Records in the journal topic: what the publishers have had acknowledged (acks=all).
+    Asked again, by a new client with fresh metadata, while a dead broker's partitions still
+    wait for their new leader."""
+    deadline = time.monotonic() + 60
+    while True:
+        consumer = Consumer({"bootstrap.servers": kafka_bootstrap(lab), "group.id": "netns"})
+        try:
+            return sum(
+                consumer.get_watermark_offsets(TopicPartition(JOURNAL.name, p), timeout=5)[1]
+                for p in range(JOURNAL.partitions)
+            )
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+        finally:
+            consumer.close()
 
 
 def test_relays_publishers_and_brokers_on_hosts_of_their_own(tmp_path) -> None:
