@@ -27,10 +27,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+from functools import partial
 from pathlib import Path
 
 from candlewire.config import Settings
+from candlewire.testing import http_get, wait_for
 from launcher.netns import Lab
 
 WARMUP_S = 2.0  # a counter counts only after this: connected and subscribed by then
@@ -84,28 +85,14 @@ def start_kafka(lab: Lab, state: Path) -> dict[str, subprocess.Popen]:
         broker.format_once()
         procs[host] = lab.spawn(host, broker.argv(), dict(os.environ), state / f"{host}.log")
     client = Settings(kafka_bootstrap=kafka_bootstrap(lab))
-    deadline = time.monotonic() + 120
-    while kafka_health(client, brokers=len(hosts)) is not None:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(hosts)} brokers did not start in 120s")
-        time.sleep(0.5)
+    wait_for(lambda: kafka_health(client, brokers=len(hosts)) is None, timeout=120, interval=0.5)
     ensure_topics(client)
     return procs
 
 
-def wait_metrics(address: str, port: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if (
-                b"candlewire_relay_up 1.0"
-                in urllib.request.urlopen(f"http://{address}:{port}/metrics", timeout=1).read()
-            ):
-                return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"relay on {address} not up in {timeout}s")
+def serving(address: str, port: int, line: str) -> bool:
+    """Whether the metrics at ``address:port`` show ``line`` (a service's health)."""
+    return line.encode() in http_get(f"http://{address}:{port}/metrics")
 
 
 def count_for(lab: Lab, state: Path, relays_of: list[str], seconds: float) -> float:
@@ -208,8 +195,9 @@ def start_relays(lab: Lab, state: Path, **settings: object) -> dict[str, subproc
         procs[r] = lab.spawn(
             r, [sys.executable, "-m", "launcher.cli", "relay"], env, state / f"{r}.log"
         )
-    for r in ("relay-a", "relay-b"):
-        wait_metrics(lab.hosts[r].address, Settings().port("relay_metrics"))
+    port = Settings().port("relay_metrics")
+    for address in relays:
+        wait_for(partial(serving, address, port, "candlewire_relay_up 1.0"), timeout=60)
     return procs
 
 
@@ -230,7 +218,7 @@ def start_s3(lab: Lab, state: Path, secret: str) -> str:
 def start_spark(lab: Lab, state: Path) -> dict[str, subprocess.Popen]:
     """A Spark standalone master on host ``spark-master`` and workers on ``spark-1`` and
     ``spark-2``; up when the master lists both alive."""
-    from launcher.local.spark import StandaloneCluster
+    from launcher.local.spark import StandaloneCluster, count_alive, master_workers
 
     master = lab.hosts["spark-master"].address
 
@@ -248,24 +236,37 @@ def start_spark(lab: Lab, state: Path) -> dict[str, subprocess.Popen]:
     for n, host in enumerate(("spark-1", "spark-2"), 1):
         c = cluster(host)
         procs[host] = lab.spawn(host, c.worker_argv(n), os.environ | c.env(), state / f"{host}.log")
-    deadline = time.monotonic() + 120
-    while alive_workers(f"http://{master}:{MASTER_UI}/json/") < 2:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the Spark workers did not register in 120s")
-        time.sleep(0.5)
+
+    def both() -> bool:
+        try:
+            return count_alive(master_workers(head.status_url)) == 2
+        except (OSError, ValueError):
+            return False  # the master is not answering yet
+
+    wait_for(both, timeout=120, interval=0.5)
     return procs
-
-
-def alive_workers(status_url: str) -> int:
-    try:
-        workers = json.loads(urllib.request.urlopen(status_url, timeout=2).read())["workers"]
-    except OSError:
-        return 0
-    return sum(w["state"] == "ALIVE" for w in workers)
 
 
 def relay_addresses(lab: Lab) -> list[str]:
     return [lab.hosts[r].address for r in ("relay-a", "relay-b")]
+
+
+def spawn_client(
+    lab: Lab, state: Path, tickers: list[str], history: int, *options: str
+) -> tuple[subprocess.Popen, Path]:
+    """The ``client`` role on host ``client``, given both relays; it and the file it writes."""
+    out = state / "client.out"
+    argv = [
+        *(arg for t in tickers for arg in ("--ticker", t)),
+        *("--history", str(history), *options, "--out", str(out)),
+    ]
+    client = lab.spawn(
+        "client",
+        [sys.executable, "-m", "bench.roles", "client", *argv],
+        env_for(lab, state, "client", relay_hosts=relay_addresses(lab)),
+        state / "client.log",
+    )
+    return client, out
 
 
 def failover(
@@ -278,23 +279,7 @@ def failover(
     """A client through both relays (both tickers, ``history`` requests); ``kill -9`` of
     each of ``kills`` in turn under it, a few seconds apart; what the client delivered
     (``failover_s`` after the first kill)."""
-    out = state / "client.out"
-    client = lab.spawn(
-        "client",
-        [
-            sys.executable,
-            "-m",
-            "bench.roles",
-            "client",
-            *(arg for t in TICKERS.values() for arg in ("--ticker", t)),
-            "--history",
-            str(history),
-            "--out",
-            str(out),
-        ],
-        env_for(lab, state, "client", relay_hosts=relay_addresses(lab)),
-        state / "client.log",
-    )
+    client, out = spawn_client(lab, state, list(TICKERS.values()), history)
     time.sleep(4.0)
     first_kill = time.time_ns()
     for host in kills:

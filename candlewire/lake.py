@@ -192,9 +192,13 @@ def warehouse_path(settings: Settings) -> str:
     return f"{parts.netloc}{parts.path}".rstrip("/")
 
 
+def warehouse_bucket(settings: Settings) -> str:
+    return warehouse_path(settings).split("/", 1)[0]
+
+
 def storage_health(settings: Settings) -> str | None:
     """None when the warehouse's bucket answers an authenticated request."""
-    bucket = warehouse_path(settings).split("/", 1)[0]
+    bucket = warehouse_bucket(settings)
     try:
         info = s3_filesystem(settings).get_file_info(bucket)
     except OSError as exc:

@@ -352,7 +352,7 @@ def kafka_services(settings: Settings) -> list[ProcessService]:
 
 def s3_service(settings: Settings) -> ProcessService:
     """The local S3Proxy of an s3:// warehouse; its bucket is made before it starts."""
-    from candlewire.lake import storage_health, warehouse_path
+    from candlewire.lake import storage_health, warehouse_bucket
     from launcher.local.s3proxy import S3Proxy
 
     proxy = S3Proxy(
@@ -366,7 +366,7 @@ def s3_service(settings: Settings) -> ProcessService:
 
     def prepare() -> None:
         proxy.prepare()
-        proxy.make_bucket(warehouse_path(settings).split("/", 1)[0])
+        proxy.make_bucket(warehouse_bucket(settings))
 
     return ProcessService(
         name="s3proxy",
@@ -383,9 +383,7 @@ def s3_service(settings: Settings) -> ProcessService:
 def spark_services(settings: Settings) -> list[ProcessService]:
     """A local Spark standalone master and ``spark_workers`` workers; the last is up when
     the master's status lists every worker alive."""
-    import json
-
-    from launcher.local.spark import StandaloneCluster
+    from launcher.local.spark import StandaloneCluster, count_alive, master_workers
 
     cluster = StandaloneCluster(
         settings.host,
@@ -393,14 +391,12 @@ def spark_services(settings: Settings) -> list[ProcessService]:
         settings.port("spark_master_ui"),
         settings.state_dir / "spark",
     )
-    status_url = f"http://{settings.host}:{settings.port('spark_master_ui')}/json/"
 
-    def alive(workers: int) -> str | None:
+    def registered(workers: int) -> str | None:
         try:
-            status = json.loads(urllib.request.urlopen(status_url, timeout=2).read())
+            up = count_alive(master_workers(cluster.status_url))
         except (OSError, ValueError) as exc:
             return f"master status: {exc}"
-        up = sum(w["state"] == "ALIVE" for w in status.get("workers", []))
         return None if up >= workers else f"{up} of {workers} workers alive"
 
     def service(name: str, argv: Callable[[], list[str]], workers: int) -> ProcessService:
@@ -408,7 +404,7 @@ def spark_services(settings: Settings) -> list[ProcessService]:
             name=name,
             argv=argv,
             port=settings.port("spark_master") if workers == 0 else None,
-            check=partial(alive, workers),
+            check=partial(registered, workers),
             run_dir=settings.state_dir / "run",
             log=settings.state_dir / "logs" / f"{name}.log",
             env=cluster.env(),

@@ -4,14 +4,27 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyspark
 
 SPARK_HOME = Path(pyspark.__file__).parent
+
+
+def master_workers(status_url: str) -> list[dict]:
+    """The workers a master lists (each with its ``state``); OSError or ValueError when it
+    does not answer yet."""
+    with urllib.request.urlopen(status_url, timeout=2) as r:
+        return json.loads(r.read()).get("workers", [])
+
+
+def count_alive(workers: list[dict]) -> int:
+    return sum(w["state"] == "ALIVE" for w in workers)
 
 
 @dataclass(frozen=True)
@@ -30,6 +43,11 @@ class StandaloneCluster:
     @property
     def master_url(self) -> str:
         return f"spark://{self.master_host or self.host}:{self.port}"
+
+    @property
+    def status_url(self) -> str:
+        """The master's status as JSON (its UI's ``/json/``)."""
+        return f"http://{self.master_host or self.host}:{self.ui_port}/json/"
 
     def env(self) -> dict[str, str]:
         """Executors run this interpreter (with candlewire), on the master's own address."""

@@ -14,22 +14,21 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from candlewire.config import Settings
 from candlewire.kafka import TICKS, TOPICS, client_auth
 from candlewire.testing import free_settings, wait_for
-from launcher.stack import ProcessService, kafka_services
+from launcher.stack import ProcessService, Stack, kafka_services
 from tests.candlewire.test_kafka import consume, produce
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[tuple[Settings, list[ProcessService]]]:
     settings = free_settings(tmp_path_factory.mktemp("cluster"), kafka={"brokers": 3})
-    services = kafka_services(settings)
+    stack = Stack(settings, kafka_services(settings))
+    for svc in stack.services:
+        svc.stop_timeout = 5  # a broker whose peer is gone waits long to hand over
     try:
-        for svc in services:
-            svc.start()
-        yield settings, services
+        stack.up(echo=lambda _: None)
+        yield settings, stack.services
     finally:
-        for svc in reversed(services):
-            svc.stop_timeout = 5  # a broker whose peer is gone waits long to hand over
-            svc.stop()
+        stack.down(echo=lambda _: None)
 
 
 def test_three_brokers_on_their_own_addresses(cluster) -> None:

@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import time
-import urllib.request
 import uuid
 
 import pytest
@@ -23,6 +22,8 @@ from bench.scale import (
     kafka_bootstrap,
     parse_client,
     relay_addresses,
+    serving,
+    spawn_client,
     start_kafka,
     start_relays,
     start_s3,
@@ -42,13 +43,6 @@ SUBNET = "10.80.0"
 SECRET = "netns-" + uuid.uuid4().hex
 HISTORY = 4
 TICKER = "SIM:ETH/USDT"
-
-
-def healthy(url: str, line: str) -> bool:
-    try:
-        return line.encode() in urllib.request.urlopen(url, timeout=2).read()
-    except OSError:
-        return False
 
 
 def test_history_and_live_data_through_every_host(tmp_path) -> None:
@@ -93,8 +87,10 @@ def test_history_and_live_data_through_every_host(tmp_path) -> None:
                 tmp_path / "stream.log",
             )
             stream = lab.hosts["stream"].address
-            metrics = f"http://{stream}:{Settings().port('stream_metrics')}/metrics"
-            wait_for(lambda: healthy(metrics, "candlewire_stream_up 1.0"), timeout=300, interval=1)
+            port = Settings().port("stream_metrics")
+            wait_for(
+                lambda: serving(stream, port, "candlewire_stream_up 1.0"), timeout=300, interval=1
+            )
             relays = relay_addresses(lab)
             lab.spawn(
                 "ingest",
@@ -102,32 +98,18 @@ def test_history_and_live_data_through_every_host(tmp_path) -> None:
                 env_for(lab, tmp_path, "ingest", relay_hosts=relays),
                 tmp_path / "ingest.log",
             )
-            relay_metrics = f"http://{relays[1]}:{Settings().port('relay_metrics')}/metrics"
-            wait_for(lambda: healthy(relay_metrics, "candlewire_relay_work_topics 1.0"), timeout=60)
+            port = Settings().port("relay_metrics")
+            wait_for(
+                lambda: serving(relays[1], port, "candlewire_relay_work_topics 1.0"), timeout=60
+            )
 
-            out = tmp_path / "client.out"
-            client = lab.spawn(
-                "client",
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.roles",
-                    "client",
-                    "--ticker",
-                    TICKER,
-                    "--history",
-                    str(HISTORY),
-                    "--history-ticker",
-                    "SIM:BTC/USDT",
-                    "--history-timeout",
-                    "240",
-                    "--history-gap",
-                    "8",
-                    "--out",
-                    str(out),
-                ],
-                env_for(lab, tmp_path, "client", relay_hosts=relays),
-                tmp_path / "client.log",
+            client, out = spawn_client(
+                lab,
+                tmp_path,
+                [TICKER],
+                HISTORY,
+                *("--history-ticker", "SIM:BTC/USDT", "--history-timeout", "240"),
+                *("--history-gap", "8"),
             )
 
             def ticks() -> int:

@@ -4,12 +4,10 @@ the Iceberg warehouse, and a job outlives ``kill -9`` of a worker."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 
@@ -20,7 +18,8 @@ from candlewire.kafka import spark_options
 from candlewire.lake import catalog, table_name
 from candlewire.spark import build_session
 from candlewire.testing import free_settings, wait_for
-from launcher.stack import ProcessService, spark_services
+from launcher.local.spark import count_alive, master_workers
+from launcher.stack import ProcessService, Stack, spark_services
 from tests.candlewire.test_kafka import new_topic, produce
 from tests.journal.test_journal import kafka_servers
 
@@ -34,14 +33,12 @@ def cluster(tmp_path_factory, lakehouse, kafka) -> Iterator[tuple[Settings, list
         catalog_url=lakehouse.catalog_db(),
         warehouse=lakehouse.warehouse_uri(),
     )
-    services = spark_services(settings)
+    stack = Stack(settings, spark_services(settings))
     try:
-        for svc in services:
-            svc.start()
-        yield settings, services
+        stack.up(echo=lambda _: None)
+        yield settings, stack.services
     finally:
-        for svc in reversed(services):
-            svc.stop()
+        stack.down(echo=lambda _: None)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +49,7 @@ def spark(cluster):
 
 
 def workers(settings: Settings) -> list[dict]:
-    url = f"http://{settings.host}:{settings.port('spark_master_ui')}/json/"
-    return json.loads(urllib.request.urlopen(url, timeout=5).read())["workers"]
+    return master_workers(f"http://{settings.host}:{settings.port('spark_master_ui')}/json/")
 
 
 def test_sessions_run_on_the_standalone_master_with_an_executor_per_worker(cluster, spark) -> None:
@@ -105,4 +101,4 @@ def test_a_job_outlives_kill_9_of_a_worker(cluster, spark) -> None:
     os.killpg(pid, signal.SIGKILL)  # the worker and the executor it launched
     runner.join(180)
     assert result == [sum(x * x for x in range(600))]
-    wait_for(lambda: sum(w["state"] == "ALIVE" for w in workers(settings)) == 1, timeout=90)
+    wait_for(lambda: count_alive(workers(settings)) == 1, timeout=90)
