@@ -29,13 +29,17 @@ def private_stack(**overrides: object) -> Iterator[Settings]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def ticks_batches(settings: Settings) -> float:
+    """Batches the committing query has ended."""
+    return stream_metric(settings, 'candlewire_stream_batches_total{query="ticks"}')
+
+
 def wait_until_warm(settings: Settings, commits: int = 2, timeout: float = 300.0) -> None:
     """Until the streaming job has made its first commits: they pay for JIT, Python workers
     and connections, and the benchmarks time the job as it runs for days, not its first
     minute (a cold first commit took 30 s here, overlapping whatever was timed)."""
-    series = 'candlewire_stream_batches_total{query="ticks"}'
     deadline = time.monotonic() + timeout
-    while stream_metric(settings, series) < commits:
+    while ticks_batches(settings) < commits:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the streaming job made no {commits} commits in {timeout:.0f}s")
         time.sleep(1.0)

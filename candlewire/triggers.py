@@ -232,3 +232,32 @@ def add_request(
     )
     getattr(req, _FIELD[type(cond)]).CopyFrom(cond)
     return req
+
+
+def trigger_request(t: Trigger) -> cep.CEPTriggerRequest:
+    """The ADD request :func:`parse_trigger` makes ``t`` of (a recorded state keeps triggers
+    so, as the contract spells them)."""
+    level = str(t.level)
+    cond: Condition
+    if t.kind == "price_cross":
+        cond = cep.PriceCross(level=level, direction=t.direction)
+    elif t.kind == "percent_move":
+        cond = cep.PercentMove(percent=level, window_s=t.window_s, direction=t.direction)
+    elif t.kind == "window_volume":
+        cond = cep.WindowVolume(volume=level, window_s=t.window_s)
+    elif t.kind == "candle_close":
+        cond = cep.CandleClose(period_s=t.period_s, level=level, direction=t.direction)
+    else:
+        cond = cep.RangeBreakout(period_s=t.period_s, candles=t.candles, direction=t.direction)
+    req = add_request(
+        t.client_id,
+        t.trigger_id,
+        t.ticker,
+        cond,
+        user_id=t.user_id,
+        once=t.once,
+        cooldown_s=t.cooldown_s,
+        critical=t.critical,
+    )
+    req.notification_topic = t.notification_topic
+    return req

@@ -163,3 +163,100 @@ class CEPTriggerEvent(_message.Message):
     client_id: str
     user_id: str
     def __init__(self, trigger_id: _Optional[str] = ..., ticker: _Optional[str] = ..., value: _Optional[str] = ..., fired_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ..., firing: _Optional[int] = ..., reference: _Optional[str] = ..., client_id: _Optional[str] = ..., user_id: _Optional[str] = ...) -> None: ...
+
+class CepTrade(_message.Message):
+    __slots__ = ("time_ns", "seq", "price", "size")
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PRICE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    time_ns: int
+    seq: int
+    price: str
+    size: str
+    def __init__(self, time_ns: _Optional[int] = ..., seq: _Optional[int] = ..., price: _Optional[str] = ..., size: _Optional[str] = ...) -> None: ...
+
+class CepCandle(_message.Message):
+    __slots__ = ("period_s", "open_ms", "high", "low", "close", "last_ns")
+    PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    OPEN_MS_FIELD_NUMBER: _ClassVar[int]
+    HIGH_FIELD_NUMBER: _ClassVar[int]
+    LOW_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    LAST_NS_FIELD_NUMBER: _ClassVar[int]
+    period_s: int
+    open_ms: int
+    high: str
+    low: str
+    close: str
+    last_ns: int
+    def __init__(self, period_s: _Optional[int] = ..., open_ms: _Optional[int] = ..., high: _Optional[str] = ..., low: _Optional[str] = ..., close: _Optional[str] = ..., last_ns: _Optional[int] = ...) -> None: ...
+
+class CepArmed(_message.Message):
+    __slots__ = ("trigger", "since", "fired", "next_ns")
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    FIRED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_NS_FIELD_NUMBER: _ClassVar[int]
+    trigger: CEPTriggerRequest
+    since: int
+    fired: int
+    next_ns: int
+    def __init__(self, trigger: _Optional[_Union[CEPTriggerRequest, _Mapping]] = ..., since: _Optional[int] = ..., fired: _Optional[int] = ..., next_ns: _Optional[int] = ...) -> None: ...
+
+class CepFeed(_message.Message):
+    __slots__ = ("ticker", "clock_ns", "seq", "last_price", "armed", "window", "periods", "forming", "closed", "judged_clock_ns", "trade_ids", "trade_times_ns")
+    TICKER_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_NS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_PRICE_FIELD_NUMBER: _ClassVar[int]
+    ARMED_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    PERIODS_FIELD_NUMBER: _ClassVar[int]
+    FORMING_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    JUDGED_CLOCK_NS_FIELD_NUMBER: _ClassVar[int]
+    TRADE_IDS_FIELD_NUMBER: _ClassVar[int]
+    TRADE_TIMES_NS_FIELD_NUMBER: _ClassVar[int]
+    ticker: str
+    clock_ns: int
+    seq: int
+    last_price: str
+    armed: _containers.RepeatedCompositeFieldContainer[CepArmed]
+    window: _containers.RepeatedCompositeFieldContainer[CepTrade]
+    periods: _containers.RepeatedScalarFieldContainer[int]
+    forming: _containers.RepeatedCompositeFieldContainer[CepCandle]
+    closed: _containers.RepeatedCompositeFieldContainer[CepCandle]
+    judged_clock_ns: int
+    trade_ids: _containers.RepeatedScalarFieldContainer[str]
+    trade_times_ns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ticker: _Optional[str] = ..., clock_ns: _Optional[int] = ..., seq: _Optional[int] = ..., last_price: _Optional[str] = ..., armed: _Optional[_Iterable[_Union[CepArmed, _Mapping]]] = ..., window: _Optional[_Iterable[_Union[CepTrade, _Mapping]]] = ..., periods: _Optional[_Iterable[int]] = ..., forming: _Optional[_Iterable[_Union[CepCandle, _Mapping]]] = ..., closed: _Optional[_Iterable[_Union[CepCandle, _Mapping]]] = ..., judged_clock_ns: _Optional[int] = ..., trade_ids: _Optional[_Iterable[str]] = ..., trade_times_ns: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CepState(_message.Message):
+    __slots__ = ("feeds", "offsets")
+    class OffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    FEEDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    feeds: _containers.RepeatedCompositeFieldContainer[CepFeed]
+    offsets: _containers.ScalarMap[int, int]
+    def __init__(self, feeds: _Optional[_Iterable[_Union[CepFeed, _Mapping]]] = ..., offsets: _Optional[_Mapping[int, int]] = ...) -> None: ...
+
+class CepFiring(_message.Message):
+    __slots__ = ("trigger", "event")
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    trigger: CEPTriggerRequest
+    event: CEPTriggerEvent
+    def __init__(self, trigger: _Optional[_Union[CEPTriggerRequest, _Mapping]] = ..., event: _Optional[_Union[CEPTriggerEvent, _Mapping]] = ...) -> None: ...
+
+class CepFirings(_message.Message):
+    __slots__ = ("firings",)
+    FIRINGS_FIELD_NUMBER: _ClassVar[int]
+    firings: _containers.RepeatedCompositeFieldContainer[CepFiring]
+    def __init__(self, firings: _Optional[_Iterable[_Union[CepFiring, _Mapping]]] = ...) -> None: ...

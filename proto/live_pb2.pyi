@@ -1,3 +1,4 @@
+from proto import cep_pb2 as _cep_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -45,9 +46,20 @@ class LiveCandle(_message.Message):
     def __init__(self, ticker: _Optional[str] = ..., period_s: _Optional[int] = ..., open_ms: _Optional[int] = ..., open: _Optional[str] = ..., high: _Optional[str] = ..., low: _Optional[str] = ..., close: _Optional[str] = ..., volume: _Optional[str] = ..., trade_count: _Optional[int] = ..., first_trade_ns: _Optional[int] = ..., last_trade_ns: _Optional[int] = ...) -> None: ...
 
 class LiveRestore(_message.Message):
-    __slots__ = ("feeds", "candles")
+    __slots__ = ("feeds", "candles", "offsets", "triggers")
+    class OffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     FEEDS_FIELD_NUMBER: _ClassVar[int]
     CANDLES_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    TRIGGERS_FIELD_NUMBER: _ClassVar[int]
     feeds: _containers.RepeatedCompositeFieldContainer[LiveFeed]
     candles: _containers.RepeatedCompositeFieldContainer[LiveCandle]
-    def __init__(self, feeds: _Optional[_Iterable[_Union[LiveFeed, _Mapping]]] = ..., candles: _Optional[_Iterable[_Union[LiveCandle, _Mapping]]] = ...) -> None: ...
+    offsets: _containers.ScalarMap[int, int]
+    triggers: _cep_pb2.CepState
+    def __init__(self, feeds: _Optional[_Iterable[_Union[LiveFeed, _Mapping]]] = ..., candles: _Optional[_Iterable[_Union[LiveCandle, _Mapping]]] = ..., offsets: _Optional[_Mapping[int, int]] = ..., triggers: _Optional[_Union[_cep_pb2.CepState, _Mapping]] = ...) -> None: ...

@@ -24,15 +24,14 @@ Meanings (``proto/cep.proto`` is the contract):
 from __future__ import annotations
 
 import bisect
-import pickle
 from collections import deque
 from dataclasses import dataclass, field
 from decimal import Decimal
 
 from candlewire.market import plain
-from candlewire.triggers import Trigger
+from candlewire.triggers import Trigger, TriggerRejected, parse_trigger, trigger_request
 from proto import cep_pb2 as cep
-from streaming.feeds import Feeds, Verdict
+from streaming.feeds import Feed, Feeds, Verdict
 
 NS = 1_000_000_000
 HUNDRED = Decimal(100)
@@ -140,6 +139,60 @@ class FeedTriggers:
 
     def __len__(self) -> int:
         return len(self.triggers)
+
+    # -- the recorded state (proto/cep.proto's CepFeed) ------------------------------------
+
+    def state(self, judged: Feed | None) -> cep.CepFeed:
+        judged = judged or Feed()
+        return cep.CepFeed(
+            ticker=self.ticker,
+            clock_ns=self.clock_ns,
+            seq=self.seq,
+            last_price="" if self.last_price is None else str(self.last_price),
+            armed=[
+                cep.CepArmed(
+                    trigger=trigger_request(a.trigger),
+                    since=a.since,
+                    fired=a.fired,
+                    next_ns=a.next_ns,
+                )
+                for a in self.triggers.values()
+            ],
+            window=[
+                cep.CepTrade(time_ns=t, seq=n, price=str(p), size=str(z))
+                for t, n, p, z in self.window
+            ],
+            periods=list(self.forming),
+            forming=[_candle_state(p, c) for p, f in self.forming.items() for c in f.values()],
+            closed=[_candle_state(p, c) for p, d in self.closed.items() for c in d],
+            judged_clock_ns=judged.clock_ns,
+            trade_ids=[i for _, i in judged.order],
+            trade_times_ns=[t for t, _ in judged.order],
+        )
+
+    @classmethod
+    def from_state(cls, msg: cep.CepFeed, allowance_ns: int) -> tuple[FeedTriggers, Feed]:
+        """The feed as recorded, and its judged trades."""
+        feed = cls(msg.ticker, allowance_ns)
+        for period in msg.periods:  # first: the order candles close in across periods
+            feed.forming[period], feed.closed[period] = {}, deque()
+        for a in msg.armed:
+            feed.seq = a.since - 1  # add() arms a trigger from the next trade on
+            feed.add(parse_trigger(a.trigger))
+            armed = feed.triggers[a.trigger.trigger_id]
+            armed.fired, armed.next_ns = a.fired, a.next_ns
+        feed.clock_ns, feed.seq = msg.clock_ns, msg.seq
+        feed.last_price = Decimal(msg.last_price) if msg.last_price else None
+        feed.window = [(w.time_ns, w.seq, Decimal(w.price), Decimal(w.size)) for w in msg.window]
+        for c in msg.forming:
+            feed.forming[c.period_s][c.open_ms] = _candle(c)
+        for c in msg.closed:
+            feed.closed[c.period_s].append(_candle(c))
+        judged = Feed(clock_ns=msg.judged_clock_ns)
+        for trade_id, t_ns in zip(msg.trade_ids, msg.trade_times_ns, strict=True):
+            judged.seen[trade_id] = t_ns
+            judged.order.append((t_ns, trade_id))
+        return feed, judged
 
     # -- the judged records ----------------------------------------------------------------
 
@@ -293,6 +346,21 @@ class FeedTriggers:
             del self.window[:cut]
 
 
+def _candle_state(period: int, c: _Candle) -> cep.CepCandle:
+    return cep.CepCandle(
+        period_s=period,
+        open_ms=c.open_ms,
+        high=str(c.high),
+        low=str(c.low),
+        close=str(c.close),
+        last_ns=c.last_ns,
+    )
+
+
+def _candle(c: cep.CepCandle) -> _Candle:
+    return _Candle(c.open_ms, Decimal(c.high), Decimal(c.low), Decimal(c.close), c.last_ns)
+
+
 # What the evaluating queries hand to :meth:`Triggers.judge`, in Kafka order: a feed's trade
 # (valid, not yet judged), its idle mark, a registration or removal read from the ticks topic.
 Trade = tuple[str, int, Decimal, Decimal, str]  # ticker, t_ns, price, size, trade_id
@@ -323,8 +391,6 @@ class Triggers:
 
     def apply(self, req: cep.CEPTriggerRequest) -> None:
         """An ADD or REMOVE record."""
-        from candlewire.triggers import TriggerRejected, parse_trigger
-
         feed = self.feeds.get(req.ticker)
         if req.action == cep.REMOVE:
             if feed is not None:
@@ -343,29 +409,47 @@ class Triggers:
         return set(self.feeds)
 
     def judge(self, events: list[Event]) -> list[Firing]:
+        """Records in Kafka order. A feed whose last trigger goes is forgotten at once, its
+        judged trades too, so a later trigger starts afresh wherever batches were cut."""
         fired: list[Firing] = []
         for e in events:
             if isinstance(e, cep.CEPTriggerRequest):
                 self.apply(e)
-                continue
-            feed = self.feeds.get(e[0])
-            if feed is None:
-                continue
-            if len(e) == 2:
-                self.judged.mark(e[0], e[1])
-                fired += feed.mark(e[1])
-                continue
-            ticker, t_ns, price, size, trade_id = e  # type: ignore[misc]
-            if self.judged.admit(ticker, trade_id, t_ns) is Verdict.KEEP:
-                fired += feed.trade(t_ns, price, size)
-        for ticker in [t for t, f in self.feeds.items() if not len(f)]:
-            del self.feeds[ticker]
-            self.judged.feeds.pop(ticker, None)
+                ticker = e.ticker
+            else:
+                ticker = e[0]
+                feed = self.feeds.get(ticker)
+                if feed is None:
+                    continue
+                if len(e) == 2:
+                    self.judged.mark(ticker, e[1])
+                    fired += feed.mark(e[1])
+                else:
+                    _, t_ns, price, size, trade_id = e  # type: ignore[misc]
+                    if self.judged.admit(ticker, trade_id, t_ns) is Verdict.KEEP:
+                        fired += feed.trade(t_ns, price, size)
+            feed = self.feeds.get(ticker)
+            if feed is not None and not len(feed):
+                del self.feeds[ticker]
+                self.judged.feeds.pop(ticker, None)
         return fired
 
-    def dumps(self) -> bytes:
-        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+    def dumps(self, offsets: dict[int, int] | None = None) -> bytes:
+        """The state as ``CepState`` (``proto/cep.proto``), which the JVM's evaluator reads
+        and writes too."""
+        state = cep.CepState(offsets=offsets or {})
+        for ticker, feed in self.feeds.items():
+            state.feeds.append(feed.state(self.judged.feeds.get(ticker)))
+        return state.SerializeToString()
 
-    @staticmethod
-    def loads(data: bytes) -> Triggers:
-        return pickle.loads(data)
+    @classmethod
+    def loads(cls, data: bytes, allowance_s: float, horizon_s: float) -> Triggers:
+        """A recorded ``CepState``; a record it cannot read raises (the caller starts from
+        the registry instead)."""
+        state = cep.CepState.FromString(data)
+        triggers = cls(allowance_s, horizon_s)
+        for msg in state.feeds:
+            feed, judged = FeedTriggers.from_state(msg, int(allowance_s * NS))
+            if len(feed):
+                triggers.feeds[msg.ticker], triggers.judged.feeds[msg.ticker] = feed, judged
+        return triggers

@@ -1,10 +1,12 @@
 """CEP firings, sent as they are made, each (trigger_id, firing) exactly once (#19).
 
-The CEP query (:mod:`streaming.queries.cep`) evaluates the ticks topic's records in Kafka
-order (:class:`streaming.cep.Triggers`) and hands each batch's firings here at once: onto
-the owner's notification topic, and as the user's alert. Every ``stream_cep_record_s`` it
-records the triggers' state with the Kafka offsets it has read up to (:meth:`record`, one
-PostgreSQL row per run).
+An evaluator reads the ticks topic's records in Kafka order and hands its firings here at
+once: onto the owner's notification topic, and as the user's alert. It is the JVM's, in the
+real-time live path (:mod:`streaming.queries.realtime`, :meth:`emit_jvm`), or the CEP query
+of the micro-batch engine (:mod:`streaming.queries.cep`, :class:`streaming.cep.Triggers`).
+Every ``stream_cep_record_s`` the triggers' state is recorded with the Kafka offsets it
+stands at (:meth:`record`, one PostgreSQL row per run), as ``CepState``
+(``proto/cep.proto``), which both evaluators read.
 
 Evaluation reads no wall clock, so a restart, which evaluates the records after the last
 record again from the state recorded with it, makes the same firings with the same
@@ -32,6 +34,7 @@ from candlewire.config import Settings
 from candlewire.curve import PUBLISHER_KEY
 from candlewire.events import EventPublisher
 from candlewire.kafka import TRIGGERS, producer_config
+from candlewire.triggers import Trigger, parse_trigger
 from proto import cep_pb2 as cep
 from proto import events_pb2 as ev
 from proto.envelope import to_record
@@ -94,7 +97,9 @@ class FiringDesk:
         record = self.ctx.progress.last_cep(self.run_id)
         if record is not None:
             try:
-                triggers = Triggers.loads(record.state)
+                triggers = Triggers.loads(
+                    record.state, settings.stream_watermark_s, settings.stream_dedup_horizon_s
+                )
                 log.info("%d feeds with CEP triggers restored", len(triggers.tickers()))
                 return triggers, record.offsets
             except Exception as exc:
@@ -106,11 +111,17 @@ class FiringDesk:
         return triggers, dict(restored.offsets)
 
     def emit(self, fired: list[Firing]) -> None:
-        """On the owners' topics, and as alerts; a one-shot trigger leaves the registry."""
         now_ms = int(time.time() * 1000)
-        for f in fired:
-            t = f.trigger
-            event = f.event(now_ms)
+        self.send([(f.trigger, f.event(now_ms)) for f in fired])
+
+    def emit_jvm(self, data: bytes) -> None:
+        """The real-time evaluator's firings (``CepFirings``), each with its trigger."""
+        batch = cep.CepFirings.FromString(data)
+        self.send([(parse_trigger(f.trigger), f.event) for f in batch.firings])
+
+    def send(self, fired: list[tuple[Trigger, cep.CEPTriggerEvent]]) -> None:
+        """On the owners' topics, and as alerts; a one-shot trigger leaves the registry."""
+        for t, event in fired:
             self.ctx.publisher.notify(t.notification_topic, event)
             if event.user_id:
                 self.alerts.publish(alert(event, t.critical))
@@ -125,15 +136,18 @@ class FiringDesk:
                 self._producer.produce(
                     TRIGGERS.name, key=t.trigger_id.encode(), value=to_record(done)
                 )
-            log.debug("trigger %s fired (%d): %s", t.trigger_id, f.firing, event.value)
+            log.debug("trigger %s fired (%d): %s", t.trigger_id, event.firing, event.value)
         self._producer.poll(0)
         self.ctx.metrics.notifications.labels("cep_trigger_event").inc(len(fired))
         self.ctx.metrics.trigger_firings.inc(len(fired))
 
     def record(self, triggers: Triggers, offsets: dict[int, int]) -> None:
         """Where a restart evaluates on from; the one-shot removals sent before it."""
+        self.record_state(CepCommit(dict(offsets), triggers.dumps(offsets)))
+
+    def record_state(self, commit: CepCommit) -> None:
         self._producer.flush(10)
-        self.ctx.progress.record_cep(self.run_id, CepCommit(dict(offsets), triggers.dumps()))
+        self.ctx.progress.record_cep(self.run_id, commit)
 
     def close(self) -> None:
         self.alerts.close()

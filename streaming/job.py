@@ -1,11 +1,13 @@
 """``candlewire stream``: Kafka → Iceberg tables and live ZMQ market data, with PySpark.
 
-The job starts five streaming queries (:mod:`streaming.queries`, one module each) on one
+The job starts its streaming queries (:mod:`streaming.queries`, one module each) on one
 Spark session and shares with them the tables, the ZMQ publisher, the PostgreSQL progress
 record and the metrics (:class:`streaming.context.JobContext`). Before they start, the
-committing query's state is restored (:mod:`streaming.recovery`), and the live and CEP
-queries start from the same point. Beside them, the trigger desk (:mod:`streaming.desk`)
-takes CEP trigger registrations.
+committing query's state is restored (:mod:`streaming.recovery`), and the live query starts
+from the same point; the CEP triggers go on from their own record (:mod:`streaming.firings`),
+evaluated by the real-time live path itself or, on the micro-batch engine, by a query of
+their own. Beside them, the trigger desk (:mod:`streaming.desk`) takes CEP trigger
+registrations.
 
 A candle exists only for an interval with at least one trade: nothing is invented for quiet
 intervals.
@@ -66,7 +68,17 @@ class StreamingJob:
         )
         ledger = Ledger(self.ctx)
         restored = ledger.restore()
-        self.live = live = (RealTimeLiveQuery if realtime else LiveQuery)(self.ctx, restored)
+        self.firings = FiringDesk(self.ctx, ledger.run_id)
+        # The real-time live path evaluates the CEP triggers itself; the micro-batch engine
+        # has a query of its own for them.
+        live: LiveQuery | RealTimeLiveQuery
+        if realtime:
+            live = RealTimeLiveQuery(self.ctx, restored, self.firings)
+            cep: list[Query] = []
+        else:
+            live = LiveQuery(self.ctx, restored)
+            cep = [CepQuery(self.ctx, restored, self.firings)]
+        self.live = live
         publisher = self.ctx.publisher
         self.ctx.metrics.journal_errors.set_function(
             lambda: publisher.journal_errors + live.publish_faults()[1]
@@ -77,11 +89,10 @@ class StreamingJob:
         self.ctx.metrics.refused_frames.set_function(
             lambda: publisher.refused_frames + live.publish_faults()[2]
         )
-        self.firings = FiringDesk(self.ctx, ledger.run_id)
         self.queries: list[Query] = [
             live,
             TicksQuery(self.ctx, ledger, restored),
-            CepQuery(self.ctx, restored, self.firings),
+            *cep,
             HistoryQuery(self.ctx),
             MetadataQuery(self.ctx),
         ]

@@ -1,4 +1,6 @@
-"""The CEP query: firings within a second of the trade that made them (#19).
+"""The CEP query of the micro-batch engine: firings within a second of the trade that made
+them (#19). The real-time engine has no such query: its live path evaluates the triggers
+in the JVM as it reads each record (:mod:`streaming.queries.realtime`).
 
 Every ``stream_cep_trigger_s`` it reads the ticks topic's new records, keeps the trigger
 registrations and the records of feeds that have triggers (a filter on the Kafka key, in

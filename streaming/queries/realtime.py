@@ -11,8 +11,16 @@ own XPUB (``stream_live``, which the relay's XSUB also connects to). This module
 that side with the committing query's restored state, starts the query through the JVM's
 ``Trigger.RealTime``, and carries the JVM's counters into the job's metrics.
 
+The CEP triggers are evaluated there too (#19: ``jvm/decoder``'s ``Triggers``, the same rules
+as :mod:`streaming.cep`), on every record as it is read, so there is no CEP query beside this
+one: a thread here takes the JVM's firings as they come and hands them to
+:class:`streaming.firings.FiringDesk` (the owner's topic, the user's alert), and every
+``stream_cep_record_s`` records the triggers' state with the offsets it stands at, after
+sending the firings made before it.
+
 The query's checkpoint is thrown away like the micro-batch live query's: each start begins
-at the recorded offsets with the recorded state. ``REALTIME_BATCH`` is only how often the
+at the recorded offsets with the recorded state, or earlier where the triggers' state stands
+(the JVM then skips for the live path what its state already holds). ``REALTIME_BATCH`` is only how often the
 tasks restart (real-time mode's checkpoint interval); latency does not depend on it. The
 tasks run in the driver's JVM, where ``Live`` is, so a local master is required; its
 thread count is raised to hold every task at once (:func:`local_master`).
@@ -20,11 +28,13 @@ thread count is raised to hold every task at once (:func:`local_master`).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from pyspark.sql.streaming.query import StreamingQuery
@@ -34,11 +44,16 @@ from candlewire.curve import PUBLISHER_KEY, client_conf
 from candlewire.kafka import JOURNAL, TICKS, spark_options
 from candlewire.topics import market_data_topic, ohlc_type, tick_type
 from candlewire.zmqutil import HWM
-from proto import live_pb2, market_pb2
+from proto import cep_pb2, live_pb2, market_pb2
 from proto.envelope import from_record
 from streaming.context import JobContext
+from streaming.firings import FiringDesk
+from streaming.progress import CepCommit
 from streaming.queries.live import live_source, scratch_checkpoint
 from streaming.recovery import Restored
+
+log = logging.getLogger("candlewire.stream.live")
+FIRINGS_WAIT_MS = 100  # how long one call for the JVM's firings waits for the first
 
 REALTIME_BATCH = "5 minutes"
 LIVE_CLASS = "io.candlewire.spark.Live"
@@ -79,8 +94,9 @@ def local_master(master: str, cores: int | None = None) -> str:
     return f"local[{max(asked, TICKS.partitions + SPARE_TASK_SLOTS)}]"
 
 
-def restore_file(restored: Restored, directory: str) -> Path:
-    """The restored state as the JVM reads it (``proto/live.proto``)."""
+def restore_file(restored: Restored, directory: str, triggers: bytes = b"") -> Path:
+    """The restored state as the JVM reads it (``proto/live.proto``), with the CEP triggers'
+    recorded state (``CepState``)."""
     feeds: dict[str, live_pb2.LiveFeed] = {
         t: live_pb2.LiveFeed(ticker=t, clock_ns=c) for t, c in restored.clocks.items()
     }
@@ -89,7 +105,8 @@ def restore_file(restored: Restored, directory: str) -> Path:
         if feed is not None:
             feed.trade_ids.append(trade_id)
             feed.trade_times_ns.append(t_ns)
-    state = live_pb2.LiveRestore(feeds=feeds.values())
+    state = live_pb2.LiveRestore(feeds=feeds.values(), offsets=restored.offsets)
+    state.triggers.MergeFromString(triggers)
     for r in restored.rows:
         state.candles.add(
             ticker=r["ticker"],
@@ -130,21 +147,32 @@ def live_conf(settings: Settings, restore: Path) -> str:
     return "".join(f"{k}={v.replace(chr(92), chr(92) * 2)}\n" for k, v in conf.items())
 
 
+def start_offsets(live: dict[int, int], triggers: dict[int, int]) -> dict[int, int]:
+    """Where the query starts: per partition, the earlier of where the live state and the
+    triggers' state stand (a partition neither has starts at its beginning)."""
+    return {p: min(live.get(p, 0), triggers.get(p, 0)) for p in {*live, *triggers}}
+
+
 class RealTimeLiveQuery:
     name = "live"
     trigger_s = 0.0
 
-    def __init__(self, ctx: JobContext, restored: Restored) -> None:
+    def __init__(self, ctx: JobContext, restored: Restored, firings: FiringDesk) -> None:
         self.ctx = ctx
-        self.offsets = dict(restored.offsets)
+        self.firings = firings
+        triggers, cep_offsets = firings.restore(restored)
+        self.offsets = start_offsets(restored.offsets, cep_offsets)
         self.checkpoint = scratch_checkpoint()
         self._state_dir = tempfile.mkdtemp(prefix="candlewire-live-state-")
         self._live = ctx.spark._jvm.io.candlewire.spark.Live
-        self._live.start(live_conf(ctx.settings, restore_file(restored, self._state_dir)))
+        restore = restore_file(restored, self._state_dir, triggers.dumps(cep_offsets))
+        self._live.start(live_conf(ctx.settings, restore))
         self._counted = dict.fromkeys(COUNTERS, 0)
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="live-counters", daemon=True)
         self._poller.start()
+        self._sender = threading.Thread(target=self._send, name="cep-firings", daemon=True)
+        self._sender.start()
 
     def start(self) -> StreamingQuery:
         spark = self.ctx.spark
@@ -193,9 +221,48 @@ class RealTimeLiveQuery:
             metrics.published.labels("ohlc").inc(delta["candles"])
             metrics.duplicates.labels(self.name).inc(delta["duplicates"])
 
+    def _send(self) -> None:
+        """The JVM's firings as they come; the triggers' state every ``stream_cep_record_s``."""
+        every = self.ctx.settings.stream_cep_record_s
+        due = time.monotonic() + every
+        while not self._stop.is_set():
+            try:
+                self._emit(FIRINGS_WAIT_MS)
+                if time.monotonic() >= due:
+                    self._record()
+                    due = time.monotonic() + every
+            except Exception:
+                if self._stop.is_set():
+                    return  # the JVM is going away with the job
+                log.exception("CEP firings: sending or recording failed; trying again")
+                time.sleep(1.0)
+
+    def _emit(self, wait_ms: int) -> None:
+        data = bytes(self._live.firings(wait_ms))
+        if data:
+            self.firings.emit_jvm(data)
+
+    def _record(self) -> None:
+        """The state, once the firings made before it are sent: a restart goes on from it."""
+        state = self._live.triggerState()
+        if state is None:
+            return
+        self._emit(0)
+        data = bytes(state)
+        offsets = dict(cep_pb2.CepState.FromString(data).offsets)
+        self.firings.record_state(CepCommit(offsets, data))
+
     def close(self) -> None:
+        """After the query stopped: the last firings sent and the state recorded, so a
+        restart evaluates nothing twice."""
         self._stop.set()
         self._poller.join(1)
+        self._sender.join(5)
+        try:
+            self._emit(0)
+            self._record()
+        except Exception:
+            log.exception("CEP state not recorded on stop: the restart evaluates again")
         self._live.stop()
         shutil.rmtree(self.checkpoint, ignore_errors=True)
         shutil.rmtree(self._state_dir, ignore_errors=True)

@@ -380,5 +380,5 @@ def test_triggers_restored_from_their_record_fire_as_if_never_stopped() -> None:
     whole = firings(Triggers(10.0, 600.0).judge(events))
     first = Triggers(10.0, 600.0)
     before = first.judge(events[:150])
-    after = Triggers.loads(first.dumps()).judge(events[150:])
+    after = Triggers.loads(first.dumps(), 10.0, 600.0).judge(events[150:])
     assert firings(before + after) == whole and len(whole) > 10

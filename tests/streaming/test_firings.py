@@ -7,7 +7,6 @@ import os
 import signal
 import time
 import uuid
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,9 @@ from candlewire import Client, TriggerRefused, condition
 from candlewire.kafka import TICKS, producer_config
 from candlewire.testing import list_symbols, new_user
 from gateway import Gateway
+from proto import cep_pb2 as cep
 from proto import market_pb2
 from proto.envelope import to_record
-from streaming.cep import Triggers
 from streaming.progress import Progress
 from tests.gateway.conftest import gw_config, next_of, sign_in
 from tests.gateway.test_channels import Inbox
@@ -74,7 +73,7 @@ def firings(client: Client, quiet_s: float = 6.0, timeout: float = 90.0) -> list
 
 @pytest.fixture(scope="module")
 def tickers(live_pipeline):
-    names = [f"CEPT:{uuid.uuid4().hex[:6].upper()}{i}/USDT" for i in range(5)]
+    names = [f"CEPT:{uuid.uuid4().hex[:6].upper()}{i}/USDT" for i in range(6)]
     list_symbols(live_pipeline, names)
     return names
 
@@ -136,12 +135,12 @@ def test_each_kind_fires_and_its_near_miss_does_not(live_pipeline, tickers) -> N
 
 
 def recorded(settings, ticker: str, price: str) -> bool:
-    """The CEP query's last record has the ticker's last trade at ``price``: the state a
+    """The triggers' last record has the ticker's last trade at ``price``: the state a
     restart restores holds the ticker's trades so far."""
     run_id = (Path(settings.checkpoints()) / "ticks.run-id").read_text().strip()
     record = Progress(settings).last_cep(run_id)
-    feed = None if record is None else Triggers.loads(record.state).feeds.get(ticker)
-    return feed is not None and feed.last_price == Decimal(price)
+    feeds = [] if record is None else cep.CepState.FromString(record.state).feeds
+    return any(f.ticker == ticker and f.last_price == price for f in feeds)
 
 
 def zigzag(t0: int, n: int) -> list[tuple[int, str, str]]:
@@ -268,3 +267,41 @@ def gateway_watches(settings) -> bool:
     with open("/proc/net/tcp") as f:
         rows = [line.split() for line in f.readlines()[1:]]
     return any(r[2].endswith(f":{port}") and r[3] == "01" for r in rows)
+
+
+def restart(settings, engine: str) -> None:
+    """The module's job stopped as an operator stops it, and started on ``engine``."""
+    job = RUNNING.pop()
+    job.terminate()
+    job.wait(120)
+    RUNNING.append(start_job(settings.model_copy(update={"stream_live_engine": engine})))
+
+
+def test_each_engine_goes_on_from_the_other_ones_record(live_pipeline, tickers) -> None:
+    """The real-time engine evaluates in the JVM, the micro-batch one in a query of its own;
+    both record the same state (proto/cep.proto's CepState), so a job restarted on the other
+    engine numbers the next firing on, and fires nothing twice."""
+    ticker, times = tickers[5], []
+    with Client(live_pipeline, client_id=f"e-{uuid.uuid4().hex[:6]}") as client:
+        trigger_id = add(
+            client, ticker, "e", condition("price_cross", level="100", direction="up"), once=False
+        )
+        got, engine = [], "realtime"
+        try:
+            for n, then in enumerate(["microbatch", "realtime", None]):
+                # Each round an hour behind now: the feed's idle marks moved its clock on
+                # meanwhile, as far as wall time went, and older trades would be late.
+                t, price = (time.time_ns() - 3600 * S) // S * S, str(101 + n)
+                times.append(t + S)
+                produce(live_pipeline, ticker, [(t, "99", "1"), (t + S, price, "1")])
+                got += firings(client)
+                if then is not None:  # recorded (SIGTERM records too, this is sooner)
+                    wait_for(lambda: recorded(live_pipeline, ticker, price), timeout=60)  # noqa: B023
+                    restart(live_pipeline, then)
+                    engine = then
+        finally:
+            if engine != "realtime":
+                restart(live_pipeline, "realtime")
+    assert [(e.trigger_id, e.firing, e.event_time_ms, e.value) for e in got] == [
+        (trigger_id, n + 1, t // 1_000_000, str(101 + n)) for n, t in enumerate(times)
+    ]

@@ -92,6 +92,19 @@ final class FeedState {
     order.addLast(new Seen(timeNs, tradeId));
   }
 
+  /** A recorded trade id, as it was remembered (CEP's judged trades, {@link Triggers}). */
+  void seen(String tradeId, long timeNs) {
+    seen.put(tradeId, timeNs);
+    order.addLast(new Seen(timeNs, tradeId));
+  }
+
+  /** The trade ids remembered, in the order read. */
+  void forEachSeen(java.util.function.BiConsumer<String, Long> each) {
+    for (Seen s : order) {
+      each.accept(s.tradeId(), s.timeNs());
+    }
+  }
+
   long watermarkMs(long allowanceNs) {
     return clockNs == 0 ? 0 : Math.floorDiv(clockNs - allowanceNs, 1_000_000L);
   }

@@ -64,6 +64,9 @@ public final class Live {
   private final long horizonNs;
   private final LiveOut out;
   private final Thread publisher;
+  /** Per partition, the first offset the live path judges: what is before is in its state. */
+  private final Map<Integer, Long> liveFrom = new HashMap<>();
+  final Triggers triggers;
   private volatile boolean running = true;
   private volatile Throwable failure;
   // Counted by every task thread: LongAdder, so they never contend on one cache line.
@@ -79,7 +82,10 @@ public final class Live {
     ohlcSuffixes = conf.getProperty("ohlc_suffixes").split(",");
     allowanceNs = (long) (Double.parseDouble(conf.getProperty("allowance_s")) * 1e9);
     horizonNs = (long) (Double.parseDouble(conf.getProperty("horizon_s")) * 1e9);
-    restore(LiveRestore.parseFrom(Files.readAllBytes(Path.of(conf.getProperty("restore")))));
+    LiveRestore state = LiveRestore.parseFrom(Files.readAllBytes(Path.of(conf.getProperty("restore"))));
+    restore(state);
+    liveFrom.putAll(state.getOffsetsMap());
+    triggers = new Triggers(state.getTriggers(), allowanceNs, horizonNs);
     out = new LiveOut(conf);
     publisher = new Thread(this::publish, "candlewire-live-publish");
     publisher.setDaemon(true);
@@ -162,10 +168,38 @@ public final class Live {
     get().accept(value, partition, offset);
   }
 
+  /**
+   * The CEP firings made so far ({@code proto/cep.proto}'s CepFirings; empty: none within
+   * {@code waitMs}), for the job's driver to send on.
+   */
+  public static byte[] firings(long waitMs) throws InterruptedException {
+    Live live = current;
+    if (live == null) {
+      Thread.sleep(waitMs);
+      return new byte[0];
+    }
+    return live.triggers.drain(waitMs);
+  }
+
+  /** The CEP triggers' state to record (CepState), or null: unchanged since the last call. */
+  public static byte[] triggerState() {
+    Live live = current;
+    return live == null ? null : live.triggers.state(true);
+  }
+
   /** One Kafka record, in Kafka order within its partition. */
   void accept(byte[] value, int partition, long offset) throws InterruptedException {
     read.increment();
+    if (Triggers.isRegistration(value)) {
+      triggers.accept(value, null, partition, offset);
+      return; // a CEP registration, which the desk wrote among the feed's trades
+    }
     Row r = DecodeTick.decode(value);
+    triggers.accept(value, r, partition, offset);
+    Long from = liveFrom.get(partition);
+    if (from != null && offset < from) {
+      return; // before the live state: read again only for the triggers
+    }
     boolean valid = r.getBoolean(0);
     boolean idle = r.getBoolean(1);
     if (!valid && !idle) {

@@ -1,0 +1,183 @@
+"""The real-time engine's CEP evaluator (jvm/decoder's Triggers) against streaming/cep.py: the
+same ticks-topic records give the same firings, numbered alike, and either one goes on from
+a state the other recorded, as a job switching engines between runs does.
+
+The records mix every kind of trigger (one-shot and re-arming, with cool-downs), removals and
+re-registrations, trades at the same time, trades out of order within the allowance, late trades, resends, trades
+without an id, idle marks and undecodable records, over two feeds.
+"""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+
+import pytest
+
+from candlewire.triggers import add_request
+from proto import cep_pb2 as cep
+from proto import market_pb2
+from proto.envelope import to_record
+from streaming.cep import Firing, Triggers
+
+S = 1_000_000_000
+T0 = 1_789_999_200 * S  # a whole hour
+ALLOWANCE_S, HORIZON_S = 10.0, 600.0
+TICKERS = ("SIM:AAA/USDT", "SIM:BBB/USDT")
+
+
+@pytest.fixture(scope="module")
+def jvm(lakehouse):
+    from candlewire.spark import build_session
+
+    session = build_session(lakehouse, "candlewire-cep-jvm-tests")
+    yield session._jvm.io.candlewire.spark.Triggers
+    session.stop()
+
+
+def condition(rng: random.Random) -> object:
+    kind = rng.choice(["price_cross", "percent_move", "window_volume", "candle", "breakout"])
+    level = f"{rng.randint(9_800, 10_200) / 100:.2f}"
+    if kind == "price_cross":
+        return cep.PriceCross(level=level, direction=rng.choice([cep.UP, cep.DOWN]))
+    if kind == "percent_move":
+        return cep.PercentMove(
+            percent=rng.choice(["0.5", "1", "1.25"]),
+            window_s=rng.choice([30, 90, 300]),
+            direction=rng.choice([cep.UP, cep.DOWN, cep.EITHER]),
+        )
+    if kind == "window_volume":
+        return cep.WindowVolume(
+            volume=rng.choice(["5", "12.5", "30"]), window_s=rng.choice([60, 200])
+        )
+    if kind == "candle":
+        return cep.CandleClose(
+            period_s=rng.choice([60, 300]), level=level, direction=rng.choice([cep.UP, cep.DOWN])
+        )
+    return cep.RangeBreakout(
+        period_s=rng.choice([60, 300]),
+        candles=rng.randint(1, 4),
+        direction=rng.choice([cep.UP, cep.DOWN]),
+    )
+
+
+def records(seed: int, n: int = 3_000) -> list[tuple[bytes, object]]:
+    """(Kafka record, what streaming.cep.Triggers.judge takes for it, or None)."""
+    rng = random.Random(seed)
+    out: list[tuple[bytes, object]] = []
+    clock = {t: T0 for t in TICKERS}
+    price = dict.fromkeys(TICKERS, 10_000)
+    sent: dict[str, list[tuple[str, int]]] = {t: [] for t in TICKERS}
+    ids = 0
+    for i in range(n):
+        ticker = rng.choice(TICKERS)
+        roll = rng.random()
+        if roll < 0.03:
+            ids += 1
+            once = rng.random() < 0.3
+            req = add_request(
+                "c",
+                f"t{rng.randint(0, 40)}",  # now and then an id again: it starts afresh
+                ticker,
+                condition(rng),  # type: ignore[arg-type]
+                user_id="u",
+                once=once,
+                cooldown_s=0 if once else rng.choice([0, 0, 30, 120]),
+            )
+            req.notification_topic = "RESPONSE:c"
+            out.append((to_record(req), req))
+        elif roll < 0.04:
+            req = cep.CEPTriggerRequest(
+                trigger_id=f"t{rng.randint(0, 40)}", client_id="c", ticker=ticker, action=cep.REMOVE
+            )
+            out.append((to_record(req), req))
+        elif roll < 0.05:
+            clock[ticker] += rng.randint(1, 400) * S
+            mark = market_pb2.FeedIdle(ticker=ticker, event_time_ns=clock[ticker])
+            out.append((to_record(mark), (ticker, clock[ticker])))
+        elif roll < 0.055:
+            out.append((bytes([1, 2]) + rng.randbytes(rng.randint(0, 20)), None))
+        else:
+            if roll < 0.08 and sent[ticker]:
+                trade_id, t_ns = rng.choice(sent[ticker][-50:])  # a resend
+            else:
+                if rng.random() > 0.05:  # else at the same time as the last: a tie
+                    clock[ticker] += rng.randint(200, 8_000) * 1_000_000
+                t_ns = clock[ticker]
+                if roll < 0.1:
+                    t_ns -= rng.choice([3, 8, 30]) * S  # out of order, or late
+                trade_id = "" if roll < 0.11 else f"{i}"
+            price[ticker] = max(9_000, min(11_000, price[ticker] + rng.randint(-40, 40)))
+            tick = market_pb2.Tick(
+                ticker=ticker,
+                trade_id=trade_id,
+                price=f"{price[ticker] / 100:.2f}",
+                size=f"{rng.randint(1, 400) / 100:.2f}",
+                side=market_pb2.BUY,
+                exchange_time_ns=t_ns,
+            )
+            if trade_id:
+                sent[ticker].append((trade_id, t_ns))
+            event = (ticker, t_ns, Decimal(tick.price), Decimal(tick.size), trade_id)
+            out.append((to_record(tick), event))
+    return out
+
+
+def python_firings(fired: list[Firing]) -> list[tuple]:
+    return [
+        (e.trigger_id, e.firing, e.event_time_ms, e.value, e.reference, e.ticker, e.user_id)
+        for e in (f.event(0) for f in fired)
+    ]
+
+
+def jvm_firings(data: bytes) -> list[tuple]:
+    return [
+        (e.trigger_id, e.firing, e.event_time_ms, e.value, e.reference, e.ticker, e.user_id)
+        for e in (f.event for f in cep.CepFirings.FromString(data).firings)
+    ]
+
+
+def run_python(triggers: Triggers, recs: list[tuple[bytes, object]]) -> list[tuple]:
+    return python_firings(triggers.judge([e for _, e in recs if e is not None]))
+
+
+def run_jvm(evaluator, recs: list[tuple[bytes, object]], first_offset: int) -> list[tuple]:
+    out: list[tuple] = []
+    for i, (value, _) in enumerate(recs):
+        out += jvm_firings(bytes(evaluator.judge(value, 0, first_offset + i)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_jvm_evaluator_fires_what_the_python_one_does(jvm, seed: int) -> None:
+    recs = records(seed)
+    want = run_python(Triggers(ALLOWANCE_S, HORIZON_S), recs)
+    got = run_jvm(jvm.open(b"", ALLOWANCE_S, HORIZON_S), recs, 0)
+    assert got == want
+    kinds = {r.WhichOneof("condition") for _, r in recs if isinstance(r, cep.CEPTriggerRequest)}
+    assert len(want) > 30 and len(kinds) == 6  # five kinds, and removals (None)
+    fired_ids = {f[0] for f in want}
+    assert len(fired_ids) > 10
+
+
+@pytest.mark.parametrize("seed", range(3, 6))
+def test_each_engine_goes_on_from_the_state_the_other_recorded(jvm, seed: int) -> None:
+    recs = records(seed)
+    cut = random.Random(seed).randint(len(recs) // 4, 3 * len(recs) // 4)
+    whole = run_python(Triggers(ALLOWANCE_S, HORIZON_S), recs)
+
+    # Python first, then the JVM from Python's record: the records before it are skipped.
+    first = Triggers(ALLOWANCE_S, HORIZON_S)
+    before = run_python(first, recs[:cut])
+    evaluator = jvm.open(first.dumps({0: cut}), ALLOWANCE_S, HORIZON_S)
+    assert run_jvm(evaluator, recs, 0) == whole[len(before) :]
+    assert before == whole[: len(before)]
+
+    # The JVM first, then Python from the JVM's record, which has the offsets it reached.
+    evaluator = jvm.open(b"", ALLOWANCE_S, HORIZON_S)
+    before = run_jvm(evaluator, recs[:cut], 0)
+    state = bytes(evaluator.state(False))
+    assert dict(cep.CepState.FromString(state).offsets) == {0: cut}
+    after = run_python(Triggers.loads(state, ALLOWANCE_S, HORIZON_S), recs[cut:])
+    assert before + after == whole
+    assert evaluator.state(True) is None  # nothing read since: nothing new to record
