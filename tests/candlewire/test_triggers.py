@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from candlewire.triggers import TriggerRejected, parse_trigger
+from candlewire.triggers import TriggerRejected, parse_trigger, trigger_request
 from proto import cep_pb2 as cep
 
 
@@ -48,6 +48,30 @@ def test_each_kind_parses_to_its_parameters() -> None:
         request(range_breakout=cep.RangeBreakout(period_s=300, candles=20, direction=cep.UP))
     )
     assert (t.kind, t.period_s, t.candles) == ("range_breakout", 300, 20)
+
+
+@pytest.mark.parametrize(
+    "condition",
+    [
+        {"price_cross": cep.PriceCross(level="65000.50", direction=cep.DOWN)},
+        {"percent_move": cep.PercentMove(percent="1E+1", window_s=300, direction=cep.EITHER)},
+        {"window_volume": cep.WindowVolume(volume="12.5", window_s=60)},
+        {"candle_close": cep.CandleClose(period_s=3600, level="1", direction=cep.UP)},
+        {"range_breakout": cep.RangeBreakout(period_s=300, candles=20, direction=cep.DOWN)},
+    ],
+)
+def test_a_trigger_is_recorded_as_the_request_it_was_made_of(condition: dict) -> None:
+    """A recorded state keeps triggers as requests (proto/cep.proto's CepArmed)."""
+    req = request(
+        once=False,
+        cooldown_s=60,
+        critical=True,
+        notification_topic="RESPONSE:client-1",
+        **condition,
+    )
+    back = trigger_request(parse_trigger(req))
+    assert back == req
+    assert parse_trigger(back) == parse_trigger(req)
 
 
 @pytest.mark.parametrize(
