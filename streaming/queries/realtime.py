@@ -20,10 +20,10 @@ sending the firings made before it.
 
 The query's checkpoint is thrown away like the micro-batch live query's: each start begins
 at the recorded offsets with the recorded state, or earlier where the triggers' state stands
-(the JVM then skips for the live path what its state already holds). ``REALTIME_BATCH`` is only how often the
-tasks restart (real-time mode's checkpoint interval); latency does not depend on it. The
-tasks run in the driver's JVM, where ``Live`` is, so a local master is required; its
-thread count is raised to hold every task at once (:func:`local_master`).
+(the JVM then skips for the live path what its state already holds). ``REALTIME_BATCH`` is
+only how often the tasks restart (real-time mode's checkpoint interval); latency does not
+depend on it. The tasks run in the driver's JVM, where ``Live`` is, so a local master is
+required; its thread count is raised to hold every task at once (:func:`local_master`).
 """
 
 from __future__ import annotations
