@@ -3,8 +3,8 @@ same ticks-topic records give the same firings, numbered alike, and either one g
 a state the other recorded, as a job switching engines between runs does.
 
 The records mix every kind of trigger (one-shot and re-arming, with cool-downs), removals and
-re-registrations, trades at the same time, trades out of order within the allowance, late trades, resends, trades
-without an id, idle marks and undecodable records, over two feeds.
+re-registrations, trades at the same time, trades out of order within the allowance, late
+trades, resends, trades without an id, idle marks and undecodable records, over two feeds.
 """
 
 from __future__ import annotations
