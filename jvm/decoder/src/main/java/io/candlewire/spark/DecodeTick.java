@@ -12,6 +12,7 @@ import com.google.protobuf.WireFormat;
 import java.io.ByteArrayInputStream;
 import java.io.IOException;
 import java.io.InputStream;
+import java.math.BigDecimal;
 import java.util.regex.Pattern;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
@@ -48,6 +49,18 @@ public final class DecodeTick implements UDF1<byte[], Row> {
   @Override
   public Row call(byte[] value) {
     return decode(value);
+  }
+
+  /**
+   * A valid tick row's price and size, or null for one whose exponent is beyond an int: no
+   * DECIMAL(38,18) holds it either, so the live path counts it bad and no trigger judges it.
+   */
+  static BigDecimal[] amounts(Row r) {
+    try {
+      return new BigDecimal[] {new BigDecimal(r.getString(4)), new BigDecimal(r.getString(5))};
+    } catch (NumberFormatException e) {
+      return null;
+    }
   }
 
   /** The UDF's row for one record; {@link Live} decodes with it too, so both paths agree. */

@@ -217,15 +217,13 @@ public final class Live {
       }
       return;
     }
-    BigDecimal price;
-    BigDecimal size;
-    try {
-      price = new BigDecimal(r.getString(4));
-      size = new BigDecimal(r.getString(5));
-    } catch (NumberFormatException e) {
-      bad.increment(); // an exponent beyond int: no DECIMAL(38,18) holds it either
+    BigDecimal[] amounts = DecodeTick.amounts(r);
+    if (amounts == null) {
+      bad.increment();
       return;
     }
+    BigDecimal price = amounts[0];
+    BigDecimal size = amounts[1];
     int verdict;
     synchronized (feed) {
       verdict = feed.admit(r.getString(3), timeNs, allowanceNs, horizonNs);

@@ -119,15 +119,11 @@ public final class Triggers {
         j.advance(timeNs, horizonNs);
         send(feed.mark(timeNs));
       } else if (j.admit(decoded.getString(3), timeNs, allowanceNs, horizonNs) == FeedState.KEEP) {
-        BigDecimal price;
-        BigDecimal size;
-        try {
-          price = new BigDecimal(decoded.getString(4));
-          size = new BigDecimal(decoded.getString(5));
-        } catch (NumberFormatException e) {
-          return; // an exponent beyond int: the live path counts it bad
+        BigDecimal[] amounts = DecodeTick.amounts(decoded);
+        if (amounts == null) {
+          return; // the live path counts it bad
         }
-        send(feed.trade(timeNs, price, size));
+        send(feed.trade(timeNs, amounts[0], amounts[1]));
       }
       forgetIfEmpty(ticker);
     }
