@@ -9,8 +9,11 @@ message and the end marker. The last line is JSON: direct_msgs_per_s, relay_msgs
 
 With ``--curve`` it also runs the relay with CURVE on (keys from ``candlewire keys init``,
 every peer keyed) and reports ``curve_ratio``, the relay's forwarded msgs/s with CURVE ÷
-without for 10 subscribers, and ``handshake_1000_s``: how long 1,000 clients take to
-complete their CURVE handshakes with the relay at once.
+without for 10 subscribers (``curve_ratio_1_subscriber`` beside it), and
+``handshake_1000_s``: how long 1,000 clients take to complete their CURVE handshakes with
+the relay at once. ``cpu_us_per_tick`` splits the CPU time of the 10-subscriber cases
+between relay, subscribers and publisher: on a machine they share, that split is what
+bounds the ratio.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import resource
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 
 import zmq
 
@@ -55,6 +60,19 @@ def tick_frames() -> list[bytes]:
     return frames
 
 
+def cpu_s() -> float:
+    """This process's CPU time so far, its libzmq I/O threads (where CURVE runs) included."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu_s(pid: int) -> float:
+    """Another process's CPU time so far (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def subscriber(
     endpoint: str, ready: mp.Event, out: mp.Queue, settings: Settings | None = None
 ) -> None:
@@ -79,13 +97,18 @@ def subscriber(
         if count == 0:
             first = time.perf_counter()
         count += 1
-    out.put((count, time.perf_counter() - first))
+    out.put((count, time.perf_counter() - first, cpu_s()))
     sub.close(linger=0)
     ctx.term()
 
 
 def publisher(
-    endpoint: str, bind: bool, n: int, go: mp.Event, settings: Settings | None = None
+    endpoint: str,
+    bind: bool,
+    n: int,
+    go: mp.Event,
+    out: mp.Queue,
+    settings: Settings | None = None,
 ) -> None:
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
@@ -106,6 +129,15 @@ def publisher(
         time.sleep(0.02)
     pub.close(linger=-1)  # every message and END reach the relay, however slow it is
     ctx.term()
+    out.put(cpu_s())
+
+
+@dataclass
+class Case:
+    rate: float  # delivered msgs/s, summed over subscribers
+    ticks: int  # messages published
+    subscribers_cpu_s: float
+    publisher_cpu_s: float
 
 
 def run_case(
@@ -115,25 +147,30 @@ def run_case(
     subs: int,
     n: int,
     settings: Settings | None = None,
-) -> float:
-    """Delivered msgs/s summed over subscribers; keyed peers when ``settings`` has CURVE."""
+) -> Case:
+    """One publisher and ``subs`` subscribers; keyed peers when ``settings`` has CURVE."""
     ready = [mp.Event() for _ in range(subs)]
-    go, out = mp.Event(), mp.Queue()
+    go, out, pub_out = mp.Event(), mp.Queue(), mp.Queue()
     procs = [mp.Process(target=subscriber, args=(sub_endpoint, r, out, settings)) for r in ready]
-    procs.append(mp.Process(target=publisher, args=(pub_endpoint, bind, n, go, settings)))
+    procs.append(mp.Process(target=publisher, args=(pub_endpoint, bind, n, go, pub_out, settings)))
     for p in procs:
         p.start()
     for r in ready:
         r.wait(30)
     go.set()
     results = [out.get(timeout=300) for _ in range(subs)]
+    publisher_cpu = pub_out.get(timeout=120)
     for p in procs:
         p.join(60)
-    # Delivered messages per second, summed over subscribers.
-    return sum(count / max(elapsed, 1e-9) for count, elapsed in results)
+    return Case(
+        rate=sum(count / max(elapsed, 1e-9) for count, elapsed, _ in results),
+        ticks=n,
+        subscribers_cpu_s=sum(cpu for _, _, cpu in results),
+        publisher_cpu_s=publisher_cpu,
+    )
 
 
-def through_relay(settings: Settings, subs: int, n: int) -> float:
+def through_relay(settings: Settings, subs: int, n: int) -> Case:
     """Publisher into ``publisher_ingress``, subscribers on ``market_data``, of a relay
     already running with ``settings``."""
     keyed = settings if settings.security.curve else None
@@ -188,27 +225,41 @@ def start_relay(settings: Settings) -> subprocess.Popen:
     return relay
 
 
-def curve_case(n: int) -> dict[str, float]:
-    """The relay's rate for 10 subscribers without and with CURVE, one after the other."""
-    rates: dict[str, float] = {}
+def curve_case(n: int) -> dict[str, object]:
+    """The relay's rate for 10 and for 1 subscriber, without and then with CURVE."""
+    cases: dict[tuple[bool, int], Case] = {}
+    cpu: dict[str, dict[str, float]] = {}
+    handshake_s = 0.0
     for curve in (False, True):
+        mode = "curve" if curve else "plain"
         settings = free_settings(tempfile.mkdtemp(), security={"curve": curve})
         if curve:
             Keyring(settings).init()
         relay = start_relay(settings)
         try:
-            rates["curve" if curve else "plain"] = through_relay(settings, 10, n)
+            before = process_cpu_s(relay.pid)
+            case = cases[(curve, 10)] = through_relay(settings, 10, n)
+            per_tick = 1e6 / n
+            cpu[mode] = {
+                "relay": round((process_cpu_s(relay.pid) - before) * per_tick, 1),
+                "subscribers": round(case.subscribers_cpu_s * per_tick, 1),
+                "publisher": round(case.publisher_cpu_s * per_tick, 1),
+            }
+            cases[(curve, 1)] = through_relay(settings, 1, n)
             if curve:
-                rates["handshake_1000_s"] = handshakes(settings)
+                handshake_s = handshakes(settings)
         finally:
             relay.terminate()
             relay.wait(10)
-    print(f"10 subscribers: plain {rates['plain']:,.0f} msg/s, CURVE {rates['curve']:,.0f} msg/s")
+        for subs in (10, 1):
+            print(f"{subs:>2} subscriber(s), {mode}: {cases[(curve, subs)].rate:,.0f} msg/s")
     return {
-        "relay_plain_msgs_per_s": round(rates["plain"]),
-        "relay_curve_msgs_per_s": round(rates["curve"]),
-        "curve_ratio": round(rates["curve"] / rates["plain"], 3),
-        "handshake_1000_s": round(rates["handshake_1000_s"], 3),
+        "relay_plain_msgs_per_s": round(cases[(False, 10)].rate),
+        "relay_curve_msgs_per_s": round(cases[(True, 10)].rate),
+        "curve_ratio": round(cases[(True, 10)].rate / cases[(False, 10)].rate, 3),
+        "curve_ratio_1_subscriber": round(cases[(True, 1)].rate / cases[(False, 1)].rate, 3),
+        "cpu_us_per_tick": cpu,
+        "handshake_1000_s": round(handshake_s, 3),
     }
 
 
@@ -226,8 +277,8 @@ def main() -> None:
     try:
         for subs in (1, 10):
             direct_ep = f"tcp://127.0.0.1:{settings.port('stream_pub')}"
-            d = run_case(direct_ep, True, direct_ep, subs, args.messages)
-            r = through_relay(settings, subs, args.messages)
+            d = run_case(direct_ep, True, direct_ep, subs, args.messages).rate
+            r = through_relay(settings, subs, args.messages).rate
             results[f"direct_{subs}"], results[f"relay_{subs}"] = d, r
             print(
                 f"{subs:>2} subscriber(s): direct {d:,.0f} msg/s, relay {r:,.0f} msg/s, ratio {r / d:.3f}"
