@@ -233,7 +233,14 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
     from rich.table import Table
 
     from candlewire.curve import Keyring
-    from launcher.stack import Stack, StackError, default_services, live_ingestors
+    from candlewire.errors import CandlewireError
+    from launcher.stack import (
+        Stack,
+        StackError,
+        default_services,
+        live_ingestors,
+        seed_symbol_metadata,
+    )
 
     console = Console()
     try:
@@ -246,6 +253,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
         stack = Stack(settings, default_services(settings))
         if args.command == "up":
             stack.up(console.print)
+            seed_symbol_metadata(settings, console.print)
         elif args.command == "down":
             stack.down(console.print)
         else:
@@ -267,7 +275,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
             curve = "on" if settings.security.curve else "off"
             console.print(f"ZeroMQ CURVE: {curve}, {len(Keyring(settings).allowed())} keys allowed")
             return 0 if all(h == "healthy" for *_, h in rows) else 1
-    except (StackError, OSError) as exc:
+    except (StackError, OSError, CandlewireError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
     return 0

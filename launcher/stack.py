@@ -27,6 +27,10 @@ from candlewire.secrets import ensure_secret
 
 Echo = Callable[[str], None]
 
+# The local ingestor's exchanges: SIM under its own name, and under BINANCE so that
+# BINANCE:BTC/USDT works out of the box.
+LOCAL_EXCHANGES = ("SIM", "BINANCE=sim")
+
 
 class StackError(RuntimeError):
     """A prerequisite is missing or a part would not start; the message says what to do."""
@@ -469,8 +473,7 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
     )
     if not platform:
         return services
-    # SIM under its own name, and under BINANCE so BINANCE:BTC/USDT works out of the box.
-    ingest_args = ["ingest", "--exchange", "SIM,BINANCE=sim", "--id", "ingest-local"]
+    ingest_args = ["ingest", "--exchange", ",".join(LOCAL_EXCHANGES), "--id", "ingest-local"]
     ingest_args += ["--stream", "BINANCE:BTC/USDT,SIM:BTC/USDT"]
     services.append(own("ingest", ingest_args, "ingest_metrics", "candlewire_ingest_state"))
     services.append(
@@ -554,3 +557,26 @@ def live_ingestors(settings: Settings, listen_s: float = 2.5) -> dict[str, dict[
     finally:
         sub.close()
     return seen
+
+
+def seed_symbol_metadata(settings: Settings, echo: Echo = print) -> dict[str, int]:
+    """Refresh the symbol metadata of each local exchange that has none yet: {exchange: symbols}.
+
+    Dagster refreshes every exchange daily at 01:00 UTC, so a fresh stack would otherwise
+    refuse every trigger (UNKNOWN_TICKER) and list no symbols until then.
+    """
+    from candlewire.client import Client
+    from candlewire.lake import NAMESPACE, catalog
+
+    table = catalog(settings).load_table(f"{NAMESPACE}.symbol_metadata")
+    listed = set(table.scan(selected_fields=("exchange",)).to_arrow()["exchange"].to_pylist())
+    seeded: dict[str, int] = {}
+    with Client(settings) as client:
+        for exchange in (e.split("=")[0] for e in LOCAL_EXCHANGES):
+            if exchange in listed:
+                continue
+            echo(f"symbol metadata: fetching {exchange}'s markets (first start)")
+            update = client.refresh_metadata(exchange)
+            seeded[exchange] = update.symbol_count
+            echo(f"symbol metadata: {exchange} lists {update.symbol_count} symbols")
+    return seeded

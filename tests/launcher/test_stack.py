@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from launcher.stack import Stack, StackError, default_services
+from launcher.stack import Stack, StackError, default_services, seed_symbol_metadata
 from tests.support import free_settings
 
 
@@ -48,14 +48,12 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
     import shutil
     import tempfile
     import urllib.request
-    from datetime import UTC, datetime
     from decimal import Decimal
     from pathlib import Path
 
-    import pyarrow as pa
     from confluent_kafka import Producer
 
-    from candlewire import Client
+    from candlewire import Client, condition
     from candlewire.kafka import TICKS, producer_config
     from candlewire.lake import catalog
     from proto import market_pb2
@@ -94,22 +92,18 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
         producer = Producer(producer_config(settings))
         producer.produce(TICKS.name, key=b"KEEP:X/USDT", value=to_record(kept))
         assert producer.flush(30) == 0
-        meta = catalog(settings).load_table("market.symbol_metadata")
-        meta.append(
-            pa.Table.from_pylist(
-                [
-                    {
-                        "ticker": "BINANCE:BTC/USDT",
-                        "exchange": "BINANCE",
-                        "base": "BTC",
-                        "quote": "USDT",
-                        "status": "TRADING",
-                        "update_time": datetime.now(UTC),
-                    }
-                ],
-                schema=meta.schema().as_arrow(),
-            )
-        )
+        # A fresh stack fetches its exchanges' markets once, so triggers work at once.
+        said: list[str] = []
+        seeded = seed_symbol_metadata(settings, said.append)
+        assert set(seeded) == {"SIM", "BINANCE"} and min(seeded.values()) > 0, said
+        listed = catalog(settings).load_table("market.symbol_metadata").scan().to_arrow()
+        tickers = sorted(listed["ticker"].to_pylist())
+        assert "BINANCE:BTC/USDT" in tickers and "SIM:BTC/USDT" in tickers
+        with Client(settings) as client:
+            far = condition("price_cross", level="1000000000", direction="up")
+            ack = client.add_trigger("BINANCE:BTC/USDT", far)  # raises if refused
+            assert ack.accepted
+            client.remove_trigger(ack.trigger_id)
         stack.down(lambda _: None)
         assert all(
             health == "stopped"
@@ -118,7 +112,8 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
         )
         stack.up(lambda _: None)
         rows = catalog(settings).load_table("market.symbol_metadata").scan().to_arrow()
-        assert rows["ticker"].to_pylist() == ["BINANCE:BTC/USDT"]
+        assert sorted(rows["ticker"].to_pylist()) == tickers
+        assert seed_symbol_metadata(settings, said.append) == {}, "seeded only once"
         survived = read_topic(settings, TICKS.name, lambda rs: kept in rs, timeout=60)
         assert kept in survived
     finally:
