@@ -39,7 +39,7 @@ from candlewire._protocol import (
     to_ms,
 )
 from candlewire.config import Settings
-from candlewire.curve import dial
+from candlewire.curve import dial, owned_id
 from candlewire.errors import (
     FellBehind,
     ProtocolError,
@@ -206,9 +206,7 @@ class ClientCore:
         socket: Callable[[int], zmq.Socket],
     ) -> None:
         self.settings = settings or Settings()
-        # With CURVE on, the relay lets a client hear only ``RESPONSE:{key}.…``.
-        own = f"{self.settings.security.key}." if self.settings.security.curve else ""
-        self.client_id = check_id(client_id or own + new_id("cl"), "client_id")
+        self.client_id = check_id(client_id or owned_id(self.settings, new_id("cl")), "client_id")
         self.submit_timeout = submit_timeout
         self.attempt_timeout = attempt_timeout
         self.inbox = NotificationInbox()

@@ -88,6 +88,12 @@ class Peer:
         return cls(*parts)
 
 
+def owned_id(settings: Settings, name: str) -> str:
+    """``name`` under this process's key name when CURVE is on: the relay lets a client hear
+    only ``RESPONSE:{key}.…`` and take client ids only there."""
+    return f"{settings.security.key}.{name}" if settings.security.curve else name
+
+
 def user_id_of(frame: zmq.Frame) -> str:
     """The ZAP User-Id of a message received with ``copy=False``; "" over inproc or
     without CURVE."""

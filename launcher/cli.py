@@ -149,9 +149,11 @@ def _trigger(args: argparse.Namespace, settings: Settings) -> int:
     from google.protobuf import json_format
 
     from candlewire.client import Client
+    from candlewire.curve import owned_id
     from candlewire.triggers import condition
 
-    with Client(settings, client_id=args.client_id) as client:
+    client_id = args.client_id or owned_id(settings, f"cli-{getpass.getuser()}")
+    with Client(settings, client_id=client_id) as client:
         if args.action == "add":
             cond = condition(
                 args.kind,
@@ -402,8 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     trig = sub.add_parser("trigger", help="register, remove or list CEP triggers")
     trig.add_argument(
         "--client-id",
-        default=f"cli-{getpass.getuser()}",
-        help="the owner whose triggers these are (default: cli-<login>)",
+        default=None,
+        help="the owner whose triggers these are (default: cli-<login>, under the CURVE key's "
+        "name when CURVE is on)",
     )
     trig_sub = trig.add_subparsers(dest="action", required=True)
     add = trig_sub.add_parser("add", help="register a trigger")

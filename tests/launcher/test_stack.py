@@ -41,10 +41,11 @@ def test_port_taken_is_a_one_line_error(stack) -> None:
             stack.up(lambda _: None)
 
 
-def test_platform_data_survives_down_then_up(tmp_path) -> None:
+def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> None:
     """The whole local platform: PostgreSQL, catalog, Kafka, relay; data kept across down/up.
 
     With CURVE on, as ``candlewire up`` runs it: every ZeroMQ channel below is keyed."""
+    import json
     import shutil
     import tempfile
     import urllib.request
@@ -53,9 +54,10 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
 
     from confluent_kafka import Producer
 
-    from candlewire import Client, condition
+    from candlewire import Client
     from candlewire.kafka import TICKS, producer_config
     from candlewire.lake import catalog
+    from launcher.cli import main
     from proto import market_pb2
     from proto.envelope import to_record
     from tests.support import read_topic, secured_settings
@@ -99,11 +101,16 @@ def test_platform_data_survives_down_then_up(tmp_path) -> None:
         listed = catalog(settings).load_table("market.symbol_metadata").scan().to_arrow()
         tickers = sorted(listed["ticker"].to_pylist())
         assert "BINANCE:BTC/USDT" in tickers and "SIM:BTC/USDT" in tickers
-        with Client(settings) as client:
-            far = condition("price_cross", level="1000000000", direction="up")
-            ack = client.add_trigger("BINANCE:BTC/USDT", far)  # raises if refused
-            assert ack.accepted
-            client.remove_trigger(ack.trigger_id)
+        # And the CLI's default owner is one the relay lets this CURVE key use.
+        for name, value in settings.to_env().items():
+            monkeypatch.setenv(name, value)
+        far = ["BINANCE:BTC/USDT", "price_cross", "--level", "1000000000", "--direction", "up"]
+        assert main(["trigger", "add", *far, "--id", "far"]) == 0, capsys.readouterr()
+        assert main(["trigger", "ls"]) == 0
+        listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()[-1:]]
+        assert listed[0]["triggerId"] == "far"
+        assert listed[0]["clientId"].startswith(f"{settings.security.key}.cli-")
+        assert main(["trigger", "rm", "far"]) == 0
         stack.down(lambda _: None)
         assert all(
             health == "stopped"
