@@ -157,6 +157,9 @@ class Ingestor:
         work, control, peers = sock(zmq.SUB), sock(zmq.SUB), sock(zmq.SUB)
         beat = sock(zmq.XPUB, linger_ms=1000)
         requests = sock(zmq.DEALER, linger_ms=1000)
+        # Only to relays that are up: libzmq would otherwise queue every second request for
+        # one that is down (round robin over its pipes) until it came back.
+        requests.setsockopt(zmq.IMMEDIATE, 1)
         for name in self.exchanges:
             work.subscribe(work_prefix(name))
             control.subscribe(work_prefix(name))
@@ -279,7 +282,10 @@ class Ingestor:
                     exchange=req.exchange,
                     ticker=ticker,
                 )
-                self._requests.send_multipart([b"", *encode(cancel)])
+                try:
+                    self._requests.send_multipart([b"", *encode(cancel)], zmq.NOBLOCK)
+                except zmq.Again:  # no relay reachable: our stream is stopped all the same
+                    log.warning("no relay reachable: the peers did not hear %s's cancel", ticker)
 
     def _report_failures(self, beat: zmq.Socket, now: float) -> None:
         """Tell a failed stream's subscribers why, for as long as they watch."""

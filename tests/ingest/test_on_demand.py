@@ -142,6 +142,29 @@ def test_several_relays_count_their_subscribers_together(relay, ctx) -> None:
         other.stop()
 
 
+def test_each_cancel_reaches_a_live_relay_while_another_is_down(relay, ctx) -> None:
+    """The peers hear every cancel: none is queued for a relay that is down (127.0.0.2)."""
+    s = relay.settings
+    with_dead = s.model_copy(update={"relay_hosts": [s.host, "127.0.0.2"]})
+    ing = start_ingestor(with_dead, sim("SIMD"), grace_s=GRACE_S)
+    control = ctx.socket(zmq.SUB)
+    control.subscribe(work_prefix("SIMD"))
+    control.connect(s.connect("control"))
+    try:
+        time.sleep(1.0)  # past warm-up
+        for ticker in ("SIMD:A/USDT", "SIMD:B/USDT", "SIMD:A/USDT"):  # round robin's turns
+            watcher = Watcher(ctx, s, ticker, "tick")
+            wait_for(lambda t=ticker: streaming([ing], t), timeout=10)
+            watcher.close()
+            wait_for(lambda t=ticker: not streaming([ing], t), timeout=GRACE_S + 5)
+            assert control.poll(5000), f"the cancel of {ticker} went to the relay that is down"
+            _, msg = decode_sub(control.recv_multipart())
+            assert (msg.action, msg.ticker) == (rq.CANCEL_REALTIME, ticker)
+    finally:
+        control.close()
+        ing.stop()
+
+
 def heartbeat_work(settings: Settings, ctx: zmq.Context, exchange: str) -> dict[str, set[str]]:
     """What each live ingestor of an exchange says it is working on, from its heartbeats."""
     sub = ctx.socket(zmq.SUB)
