@@ -510,13 +510,15 @@ class Gateway:
         if path in ("/", "/index.html"):
             page = resources.files("gateway").joinpath("static/index.html").read_text()
             return _typed(connection.respond(HTTPStatus.OK, page), "text/html; charset=utf-8")
-        if path.removeprefix("/vendor/") in VENDOR:
+        if path in SCRIPTS:
             script = resources.files("gateway").joinpath("static" + path)
             if not script.is_file():
                 missing = f"{path} is built by `make install` (npm ci in gateway/web)\n"
                 return connection.respond(HTTPStatus.NOT_FOUND, missing)
             response = connection.respond(HTTPStatus.OK, script.read_text())
-            return _typed(response, "text/javascript; charset=utf-8", "max-age=86400")
+            # The library changes only with its pinned version; our own script with a release.
+            cache = "max-age=86400" if path.startswith("/vendor/") else "no-cache"
+            return _typed(response, "text/javascript; charset=utf-8", cache)
         return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
 
 
@@ -551,7 +553,8 @@ class TokenBucket:
 
 
 # What the page loads besides itself, bundled by `make install` (gateway/web's lockfile).
-VENDOR = frozenset({"lightweight-charts.js"})
+# The page's scripts, as served (under gateway/static): the bundled library and our chart.
+SCRIPTS = frozenset({"/vendor/lightweight-charts.js", "/candles.js"})
 
 
 def _error_topic(chart_topic: str) -> str:

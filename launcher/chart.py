@@ -13,30 +13,20 @@ from importlib import resources
 import pyarrow as pa
 
 LIBRARY = "static/vendor/lightweight-charts.js"
+CANDLES = "static/candles.js"  # the chart's look, shared with the live page
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>body {{ margin: 0; background: #0f1419; color: #d8dee9; font: 14px system-ui; }}
 h1 {{ font-size: 15px; margin: 10px 16px; }} #chart {{ height: calc(100vh - 44px); }}</style>
 </head><body><h1>{title}</h1><div id="chart"></div>
 <script>{library}</script>
+<script>{candles}</script>
 <script>
 "use strict";
 const rows = {rows};
-const LC = window.LightweightCharts;
-const chart = LC.createChart(document.getElementById("chart"), {{
-  autoSize: true,
-  layout: {{ background: {{ color: "#0f1419" }}, textColor: "#d8dee9" }},
-  grid: {{ vertLines: {{ color: "#1b2129" }}, horzLines: {{ color: "#1b2129" }} }},
-  crosshair: {{ mode: LC.CrosshairMode.Normal }},
-  timeScale: {{ timeVisible: {intraday}, secondsVisible: false }},
+const {{ chart, prices, volume }} = window.cwCandleChart(document.getElementById("chart"), {{
+  intraday: {intraday}, volumeHeight: 120, precision: {precision},
 }});
-const prices = chart.addSeries(LC.CandlestickSeries, {{
-  upColor: "#a3be8c", downColor: "#bf616a", wickUpColor: "#a3be8c", wickDownColor: "#bf616a",
-  borderVisible: false, priceFormat: {{ type: "price", precision: {precision},
-  minMove: {min_move} }},
-}});
-const volume = chart.addSeries(LC.HistogramSeries, {{ priceFormat: {{ type: "volume" }} }}, 1);
-chart.panes()[1].setHeight(120);
 prices.setData(rows.map((r) => ({{ time: r[0], open: r[1], high: r[2], low: r[3], close: r[4] }})));
 volume.setData(rows.map((r) => ({{ time: r[0], value: r[5],
   color: r[4] >= r[1] ? "#a3be8c66" : "#bf616a66" }})));
@@ -74,8 +64,8 @@ def html_chart(table: pa.Table, ticker: str, period_s: int) -> str:
     return PAGE.format(
         title=f"{ticker} · {period_s} s · {span}",
         library=library(),
+        candles=resources.files("gateway").joinpath(CANDLES).read_text(),
         rows=json.dumps(rows),
         intraday="true" if period_s < 86_400 else "false",
         precision=precision,
-        min_move=10**-precision,
     )
