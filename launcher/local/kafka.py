@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from candlewire.config import REPO_ROOT
+from candlewire.kafka import scram_jaas
 
 LOG4J = REPO_ROOT / "jvm" / "log4j2-kafka.properties"
 
@@ -107,8 +108,6 @@ class KafkaBroker:
             "log.retention.hours": "168",
         }
         if self.scram is not None and self.scram.required:
-            from candlewire.kafka import scram_jaas
-
             mech = self.scram.mechanism
             sasl = f"SASL_PLAINTEXT://{at}:{self.port}"
             props |= {
