@@ -141,7 +141,6 @@ def publisher(
 @dataclass
 class Case:
     rate: float  # delivered msgs/s, summed over subscribers
-    ticks: int  # messages published
     lost: int  # messages a subscriber never got (dropped at a full queue), summed
     subscribers_cpu_s: float
     publisher_cpu_s: float
@@ -178,7 +177,6 @@ def run_case(
         p.join(60)
     return Case(
         rate=sum(count / max(elapsed, 1e-9) for count, elapsed, _ in results),
-        ticks=n,
         lost=sum(n - count for count, _, _ in results),
         subscribers_cpu_s=sum(cpu for _, _, cpu in results),
         publisher_cpu_s=publisher_cpu,

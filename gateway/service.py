@@ -552,8 +552,8 @@ class TokenBucket:
         return True
 
 
-# What the page loads besides itself, bundled by `make install` (gateway/web's lockfile).
-# The page's scripts, as served (under gateway/static): the bundled library and our chart.
+# The page's scripts, as served from gateway/static: the library `make install` bundles
+# (gateway/web's lockfile) and our chart (candles.js, which `candlewire chart` inlines too).
 SCRIPTS = frozenset({"/vendor/lightweight-charts.js", "/candles.js"})
 
 

@@ -59,8 +59,7 @@ final class FeedState {
     }
     boolean late = clockNs > 0 && timeNs < clockNs - allowanceNs;
     if (hasId) {
-      seen.put(tradeId, timeNs);
-      order.addLast(new Seen(timeNs, tradeId));
+      keep(tradeId, timeNs);
     }
     advance(timeNs, horizonNs);
     return late ? LATE : KEEP;
@@ -88,12 +87,15 @@ final class FeedState {
     if (tradeId.isEmpty() || timeNs < clockNs - horizonNs) {
       return;
     }
-    seen.put(tradeId, timeNs);
-    order.addLast(new Seen(timeNs, tradeId));
+    keep(tradeId, timeNs);
   }
 
-  /** A recorded trade id, as it was remembered (CEP's judged trades, {@link Triggers}). */
-  void seen(String tradeId, long timeNs) {
+  /**
+   * A trade id to deduplicate against, after those kept before. A recorded one goes back as it
+   * was ({@link Triggers}' judged trades), with none of {@link #remember}'s filtering, so a
+   * restored evaluator holds exactly what it held.
+   */
+  void keep(String tradeId, long timeNs) {
     seen.put(tradeId, timeNs);
     order.addLast(new Seen(timeNs, tradeId));
   }

@@ -56,7 +56,7 @@ public final class Triggers {
       }
       FeedState j = new FeedState(f.getTicker(), f.getJudgedClockNs());
       for (int i = 0; i < f.getTradeIdsCount(); i++) {
-        j.seen(f.getTradeIds(i), f.getTradeTimesNs(i));
+        j.keep(f.getTradeIds(i), f.getTradeTimesNs(i));
       }
       feeds.put(f.getTicker(), feed);
       judged.put(f.getTicker(), j);
