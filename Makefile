@@ -102,6 +102,10 @@ bench: install
 	$(PY) -m bench.cep
 	$(PY) -m bench.replay
 
+# Steady ticks for half an hour: commit times, RSS and lag must not grow (#34).
+soak: install
+	$(PY) -m bench.soak
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

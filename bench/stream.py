@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -62,6 +63,18 @@ def busy_seconds(settings, query: str) -> float:
 
 def published_ticks(settings) -> float:
     return stream_metric(settings, 'candlewire_stream_published_total{kind="tick"}')
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of one process so far (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def job_pids(settings) -> tuple[int, int]:
+    """The job's Python driver, and the JVM it runs Spark in (its child)."""
+    pid = int((settings.state_dir / "run" / "stream.pid").read_text().strip())
+    return pid, int(job_jvm(settings))
 
 
 def tick(ticker: str, i: int, t_ns: int) -> bytes:
@@ -103,7 +116,7 @@ def hot_methods(jfr: str, top: int = 25) -> list[tuple[str, float]]:
 
 def throughput(
     settings, n: int, profile: str | None = None, jfr: str | None = None
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[str, float]]:
     """Ticks/s over the wall clock, from the first produce to the last tick published live,
     and to the last committed (which includes up to one commit trigger's wait)."""
     producer = Producer(producer_config(settings, **{"linger.ms": 20}))
@@ -120,6 +133,8 @@ def throughput(
     values = [tick(f"BENCH:T{i % 8}/USDT", i, now + i * 1000) for i in range(n)]
     base, base_live = committed_ticks(settings), published_ticks(settings)
     busy = busy_seconds(settings, "ticks")
+    pids = job_pids(settings)
+    cpu = [cpu_seconds(p) for p in pids]
     t0 = time.perf_counter()
     for i, value in enumerate(values):
         while True:
@@ -136,6 +151,10 @@ def throughput(
     while committed_ticks(settings) - base < n:
         time.sleep(0.2)
     elapsed = time.perf_counter() - t0
+    # CPU per million committed ticks: the driver's Python process (what cannot scale out),
+    # and the JVM, which in local mode is both Spark's driver and its one executor.
+    per_million = 1e6 / n
+    cpu = [(cpu_seconds(p) - c) * per_million for p, c in zip(pids, cpu, strict=True)]
     if spy is not None:
         spy.wait(60)
     if jfr:
@@ -145,6 +164,7 @@ def throughput(
         for method, share in hot_methods(jfr):
             print(f"  {share:6.1%}  {method}")
     rates = {"live": n / live, "committed": n / elapsed}
+    cpu_figures = {"driver_cpu_s_per_million": cpu[0], "jvm_cpu_s_per_million": cpu[1]}
     # The same ticks over the time the committing query spent in its batches: what it
     # sustains while busy, free of the 30 s trigger's wait that a single burst includes. A
     # batch adds its time after its rows, so wait for the batch that finished the burst.
@@ -157,9 +177,10 @@ def throughput(
             print("  " + line.split("candlewire.stream ", 1)[-1])  # each step's seconds
     print(
         f"{n:,} ticks produced in {produced:.1f}s; published live after {live:.1f}s "
-        f"({rates['live']:,.0f} ticks/s), committed after {elapsed:.1f}s ({rates['committed']:,.0f} ticks/s)"
+        f"({rates['live']:,.0f} ticks/s), committed after {elapsed:.1f}s ({rates['committed']:,.0f} ticks/s); "
+        f"CPU s per million ticks: driver {cpu[0]:.2f}, JVM {cpu[1]:.2f}"
     )
-    return rates
+    return rates, cpu_figures
 
 
 def spark_kafka_read(settings) -> int:
@@ -281,7 +302,7 @@ def main() -> None:
     args = parser.parse_args()
     with private_stack() as settings:
         wait_until_warm(settings)
-        rates = throughput(settings, args.burst, args.profile, args.jfr)
+        rates, cpu = throughput(settings, args.burst, args.profile, args.jfr)
         ceiling = spark_kafka_read(settings)
         lat = sorted(latency(settings, args.latency_seconds))
         correct = feeds_phase(settings)
@@ -295,6 +316,7 @@ def main() -> None:
                 **{f"ticks_per_s_{k}": round(v) for k, v in rates.items()},
                 "spark_kafka_read_per_s": ceiling,
                 **{f"{k}_ratio": round(v / ceiling, 2) for k, v in rates.items()},
+                **{k: round(v, 2) for k, v in cpu.items()},
                 "latency_p50_ms": round(p50),
                 "latency_p99_ms": round(p99),
                 "ticks": len(lat),

@@ -15,8 +15,10 @@ Every tick is judged once, in the order Kafka holds it, by :meth:`Feeds.admit`:
 - **keep**: everything else.
 
 The verdict depends only on the ticks before it in Kafka, never on where micro-batches were
-cut, so the live query and the committing query reach the same verdicts, and the last live
-update of every window equals its ``ohlc`` row. A tick without a trade_id cannot be matched
+cut, so every path reaches the same verdicts, and the last live update of every window equals
+its ``ohlc`` row. The committing query and the real-time live path run these rules in the JVM
+(``jvm/decoder``'s ``FeedState``, held to this module by tests/streaming/test_live_jvm.py);
+this module runs them for the micro-batch live engine and the CEP evaluator on the driver. A tick without a trade_id cannot be matched
 and is never taken for a duplicate; it is counted.
 
 A quiet feed's clock does not move by itself. The job writes an idle mark (``FeedIdle``) into
@@ -35,9 +37,6 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
-
-import pyarrow as pa
-import pyarrow.compute as pc
 
 
 class Verdict(IntEnum):
@@ -131,53 +130,3 @@ class Feeds:
                 continue
             feed.seen[trade_id] = t_ns
             feed.order.append((t_ns, trade_id))
-
-
-@dataclass
-class Judged:
-    """A micro-batch of the ticks topic, judged in Kafka order."""
-
-    duplicates: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset)
-    late: list[tuple[int, int]] = field(default_factory=list)
-    kept: int = 0
-    bad: int = 0
-    marks: int = 0
-    no_trade_id: int = 0
-    next_offsets: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def stored(self) -> int:
-        """Ticks that go into ``ticks``: kept and late ones."""
-        return self.kept + len(self.late)
-
-
-def judge(feeds: Feeds, rows: pa.Table) -> Judged:
-    """Judge decoded ticks-topic rows (``valid``, ``idle``, ``ticker``, ``trade_id``,
-    ``exchange_time_ns``, ``partition``, ``offset``) in Kafka order, as the live query
-    judges the same records one by one."""
-    rows = rows.sort_by([("partition", "ascending"), ("offset", "ascending")])
-    out = Judged()
-    for r in rows.group_by("partition").aggregate([("offset", "max")]).to_pylist():
-        out.next_offsets[r["partition"]] = r["offset_max"] + 1
-    out.bad = pc.sum(pc.invert(pc.or_(rows["valid"], rows["idle"]))).as_py() or 0
-    columns = [
-        rows[c].to_pylist()
-        for c in ("valid", "idle", "ticker", "trade_id", "exchange_time_ns", "partition", "offset")
-    ]
-    for valid, idle, ticker, trade_id, t_ns, partition, offset in zip(*columns, strict=True):
-        if idle:
-            feeds.mark(ticker, t_ns)
-            out.marks += 1
-            continue
-        if not valid:
-            continue
-        if not trade_id:
-            out.no_trade_id += 1
-        verdict = feeds.admit(ticker, trade_id, t_ns)
-        if verdict is Verdict.DUPLICATE:
-            out.duplicates.append((partition, offset))
-        elif verdict is Verdict.LATE:
-            out.late.append((partition, offset))
-        else:
-            out.kept += 1
-    return out

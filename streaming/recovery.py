@@ -84,21 +84,19 @@ class Ledger:
         props = {"query": QUERY, "run": self.run_id, "batch": batch_id}
         return {f"snapshot-property.candlewire.{k}": str(v) for k, v in props.items()}
 
-    def record(
-        self,
-        batch_id: int,
-        feeds: Feeds,
-        offsets: dict[int, int],
-    ) -> None:
-        """After a candle MERGE: the state a restart restores."""
+    def record(self, batch_id: int, clocks: dict[str, int], offsets: dict[int, int]) -> None:
+        """After a candle MERGE: where the live path restarts (each feed's event clock, the
+        Kafka offsets, and the snapshots its state is read from)."""
         tables = self.ctx.tables
-        clocks = feeds.clocks()
+        allowance_ns = int(self.ctx.settings.stream_watermark_s * 1e9)
         commit = CandleCommit(
             batch=batch_id,
-            watermark_ms=min((feeds.watermark_ms(t) for t in clocks), default=0),
+            watermark_ms=min(
+                ((c - allowance_ns) // 1_000_000 for c in clocks.values() if c), default=0
+            ),
             snapshot_id=tables.snapshot_id("ohlc"),
             offsets=dict(offsets),
-            clocks=clocks,
+            clocks=dict(clocks),
             ticks_snapshot_id=tables.snapshot_id("ticks"),
         )
         self.ctx.progress.record_candles(self.run_id, commit)

@@ -1,27 +1,41 @@
 """``spark_workers = 2``: a Spark standalone master and two workers from pyspark's own jars,
 and the project's Spark sessions running on them: executors on both workers reach Kafka and
-the Iceberg warehouse, and a job outlives ``kill -9`` of a worker."""
+the Iceberg warehouse, a job outlives ``kill -9`` of a worker, and the committing query
+judges and folds candles on the executors, not the driver."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from confluent_kafka import Producer
 
-from candlewire.config import Settings
-from candlewire.kafka import spark_options
-from candlewire.lake import catalog, table_name
+from candlewire.config import PERIODS_S, Settings
+from candlewire.kafka import producer_config, spark_options
+from candlewire.lake import NAMESPACE, catalog, table_name
 from candlewire.spark import build_session
 from candlewire.testing import free_settings, wait_for
 from launcher.local.spark import count_alive, master_workers
 from launcher.stack import ProcessService, Stack, spark_services
+from proto.envelope import to_record
+from streaming.context import JobContext
+from streaming.metrics import StreamMetrics
+from streaming.progress import Progress
+from streaming.publisher import StreamPublisher
+from streaming.queries.ticks import JUDGE_JOB, TicksQuery
+from streaming.recovery import Ledger
+from streaming.sql import literals
+from streaming.tables import Tables
 from tests.candlewire.test_kafka import new_topic, produce
 from tests.journal.test_journal import kafka_servers
+from tests.streaming.test_job import assert_candles, make_ticks, with_resends
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +43,7 @@ def cluster(tmp_path_factory, lakehouse, kafka) -> Iterator[tuple[Settings, list
     settings = free_settings(
         tmp_path_factory.mktemp("spark-cluster"),
         spark_workers=2,
+        spark_ui=True,  # the REST API says where a stage's tasks ran
         kafka_bootstrap=kafka_servers(kafka),
         catalog_url=lakehouse.catalog_db(),
         warehouse=lakehouse.warehouse_uri(),
@@ -81,6 +96,84 @@ def test_executors_read_kafka_and_write_iceberg(cluster, spark) -> None:
     rows = catalog(settings).load_table(f"market.{name}").scan().to_arrow()
     assert sorted(rows.column("v").to_pylist()) == sorted(values)
     spark.sql(f"DROP TABLE {target} PURGE")
+
+
+def rest(url: str) -> object:
+    """A Spark REST API answer (a long plan list takes seconds to write)."""
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def judging_executors(spark) -> set[str]:
+    """The executors that ran the committing query's stateful judging: the stage of each
+    judging job (named by the query) that reads its shuffle, from the driver's REST API."""
+    api = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}"
+    stages = {
+        s
+        for job in rest(f"{api}/jobs")
+        if job.get("description", "").startswith(JUDGE_JOB)
+        for s in job["stageIds"]
+    }
+    return {
+        t["executorId"]
+        for s in stages
+        for attempt in rest(f"{api}/stages/{s}?details=true")
+        if attempt["shuffleReadRecords"] > 0
+        for t in attempt.get("tasks", {}).values()
+    }
+
+
+def test_the_committing_query_judges_on_the_executors_and_its_candles_equal_pandas(
+    cluster, spark
+) -> None:
+    settings, _ = cluster
+    topic = new_topic(settings, partitions=4)
+    tickers = [f"TEST:K{i}{uuid.uuid4().hex[:5].upper()}/USDT" for i in range(6)]
+    start = int(time.time() * 1000) // 3_600_000 * 3_600_000 - 2 * 3_600_000
+    ticks = {t: make_ticks(t, start, 400, seed=i) for i, t in enumerate(tickers)}
+    producer = Producer(producer_config(settings))
+    for t, trades in ticks.items():
+        for tick in with_resends(trades, seed=7):
+            producer.produce(topic, key=t.encode(), value=to_record(tick))
+    assert producer.flush(30) == 0
+    ctx = JobContext(
+        settings=settings,
+        spark=spark,
+        tables=Tables(settings, spark),
+        publisher=StreamPublisher(settings),
+        progress=Progress(settings),
+        metrics=StreamMetrics(),
+    )
+    ledger = Ledger(ctx)
+    query = TicksQuery(ctx, ledger, ledger.restore())
+    query.topic = topic
+    running = (
+        query.source()
+        .writeStream.foreachBatch(query.batch)
+        .option("checkpointLocation", query.checkpoint)
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    ohlc = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
+
+    def complete() -> bool:
+        ohlc.refresh()
+        got = ohlc.scan(row_filter=f"period_s = 60 and ticker in ({literals(tickers)})")
+        return got.to_arrow()["trade_count"].to_pylist().count(None) == 0 and sum(
+            got.to_arrow()["trade_count"].to_pylist()
+        ) == sum(map(len, ticks.values()))
+
+    try:
+        wait_for(complete, timeout=240, interval=2.0)
+    finally:
+        running.stop()
+        ctx.publisher.close()
+    for t, trades in ticks.items():
+        for period in PERIODS_S:
+            assert_candles(ohlc, t, trades, period)
+    executors = judging_executors(spark)
+    # An executor on each worker, never the driver.
+    assert len(executors) == 2 and "driver" not in executors, executors
 
 
 def test_a_job_outlives_kill_9_of_a_worker(cluster, spark) -> None:

@@ -1,5 +1,5 @@
 """SQL the job builds: escaped literals, columns derived from the table schemas, and the
-committing query's partial candles."""
+committing query's candles, folded in Spark's tasks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from candlewire.config import PERIODS_S
 from candlewire.lake import SYMBOL_METADATA_SCHEMA, TICKS_SCHEMA
 from candlewire.spark import build_session
 from streaming.candles import partial_candles
-from streaming.queries.ticks import partials_in_spark
+from streaming.queries.ticks import CANDLE, judged_in_tasks
 from streaming.sql import columns_from_decoded, literal, staged_columns, staging_ddl
 
 NASTY = ["plain", "it's", "back\\slash", "\\'", "'; DROP TABLE x; --", "two ''", 'dq"', "ünï"]
@@ -71,20 +71,26 @@ def test_staged_metadata_rows_take_the_table_s_types(spark) -> None:
     assert str(staged.first().tick_size) == "0.010000000000000000"
 
 
-def test_spark_partials_break_equal_times_by_kafka_order_like_the_live_path(spark) -> None:
+def test_tasks_break_equal_times_by_kafka_order_like_the_live_path(spark) -> None:
     """Trades in the same nanosecond (common at a venue's ms resolution): open is the first
     and close the last of them in Kafka order, as the live path folds them, whatever order
-    Spark's shuffle hands them to the aggregation in."""
+    Spark's shuffle hands them to the committing query's stateful judging in."""
     rng = random.Random(3)
     base = 1_789_999_200 * 10**9
     rows = [
         (
+            True,
+            False,
             "SIM:TIE/USD",
+            str(i),
             f"{100 + rng.randint(0, 50)}.5",
             "1",
+            "BUY",
             base + rng.randint(0, 3) * 10**9,
+            None,
             0,
             i,
+            None,
         )
         for i in range(400)
     ]
@@ -92,13 +98,18 @@ def test_spark_partials_break_equal_times_by_kafka_order_like_the_live_path(spar
     rng.shuffle(shuffled)
     df = spark.createDataFrame(
         shuffled,
-        "ticker string, price string, size string, exchange_time_ns bigint, "
-        "partition int, offset bigint",
+        "valid boolean, idle boolean, ticker string, trade_id string, price string, "
+        "size string, side string, exchange_time_ns bigint, ingest_time_ns bigint, "
+        "partition int, offset bigint, control binary",
     ).repartition(8)
     got = {
-        (r["ticker"], r["period_s"], r["open_ms"]): (r["open"], r["close"], r["trade_count"])
-        for r in partials_in_spark(df).collect()
+        (r["ticker"], r["period_s"], r["open_ms"]): (
+            Decimal(r["open"]),
+            Decimal(r["close"]),
+            r["trade_count"],
+        )
+        for r in judged_in_tasks(df, 10.0, 600.0).where(f"kind = {CANDLE}").collect()
     }
-    ticks = [(t, ns, Decimal(p), Decimal(s)) for t, p, s, ns, _, _ in rows]  # Kafka order
+    ticks = [(r[2], r[7], Decimal(r[4]), Decimal(r[5])) for r in rows]  # Kafka order
     want = {c.key: (c.open, c.close, c.trade_count) for c in partial_candles(ticks, PERIODS_S)}
     assert got == want

@@ -1,6 +1,8 @@
 package io.candlewire.spark;
 
 import candlewire.v1.Live.LiveCandle;
+import candlewire.v1.Live.LiveFeed;
+import candlewire.v1.Live.LiveRestore;
 import candlewire.v1.MarketOuterClass.OHLC;
 import java.math.BigDecimal;
 import java.util.ArrayDeque;
@@ -191,9 +193,9 @@ final class FeedState {
 
   /** What changed since the last call, as candles to publish; the caller stamps them. */
   void drainTouched(long nowMs, java.util.List<OHLC.Builder> out) {
-    for (Candle c : touched) {
-      c.touched = false;
-      out.add(
+    drainTouched(
+        c ->
+            out.add(
           OHLC.newBuilder()
               .setTicker(ticker)
               .setPeriodS(c.window.periodS())
@@ -205,12 +207,66 @@ final class FeedState {
               .setVolume(text(c.volume))
               .setTradeCount(c.count)
               .setClosed(c.closed)
-              .setUpdateTimeMs(nowMs));
+              .setUpdateTimeMs(nowMs)));
+  }
+
+  /** Each candle changed since the last call, once; a closed one for the last time. */
+  void drainTouched(java.util.function.Consumer<Candle> each) {
+    for (Candle c : touched) {
+      c.touched = false;
+      each.accept(c);
     }
     touched.clear();
   }
 
-  private static String text(BigDecimal value) {
+  /**
+   * This feed as the committing query's state store keeps it between batches ({@link Commit}):
+   * its clock, the trade ids in the order read, and the forming candles, exactly as held.
+   */
+  byte[] toState() {
+    LiveFeed.Builder feed = LiveFeed.newBuilder().setTicker(ticker).setClockNs(clockNs);
+    for (Seen s : order) {
+      feed.addTradeIds(s.tradeId()).addTradeTimesNs(s.timeNs());
+    }
+    LiveRestore.Builder state = LiveRestore.newBuilder().addFeeds(feed);
+    for (Candle c : forming.values()) {
+      state.addCandles(
+          LiveCandle.newBuilder()
+              .setTicker(ticker)
+              .setPeriodS(c.window.periodS())
+              .setOpenMs(c.window.openMs())
+              .setOpen(text(c.open))
+              .setHigh(text(c.high))
+              .setLow(text(c.low))
+              .setClose(text(c.close))
+              .setVolume(text(c.volume))
+              .setTradeCount(c.count)
+              .setFirstTradeNs(c.firstNs)
+              .setLastTradeNs(c.lastNs));
+    }
+    return state.build().toByteArray();
+  }
+
+  /** {@link #toState}'s inverse. */
+  static FeedState fromState(byte[] bytes, long allowanceNs) {
+    LiveRestore state;
+    try {
+      state = LiveRestore.parseFrom(bytes);
+    } catch (com.google.protobuf.InvalidProtocolBufferException e) {
+      throw new IllegalStateException("a feed's committed state does not parse", e);
+    }
+    LiveFeed f = state.getFeeds(0);
+    FeedState feed = new FeedState(f.getTicker(), f.getClockNs());
+    for (int i = 0; i < f.getTradeIdsCount(); i++) {
+      feed.keep(f.getTradeIds(i), f.getTradeTimesNs(i));
+    }
+    for (LiveCandle c : state.getCandlesList()) {
+      feed.restore(c, allowanceNs);
+    }
+    return feed;
+  }
+
+  static String text(BigDecimal value) {
     return value.signum() == 0 ? "0" : value.stripTrailingZeros().toPlainString();
   }
 

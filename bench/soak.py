@@ -1,0 +1,441 @@
+"""The stack under steady load for a long time (#34): what must not grow as it runs for days.
+
+Steady trades at ``--rate`` ticks/s over ``--tickers`` tickers are written into the ticks
+topic exactly as an ingestor writes them, for ``--minutes``. Each minute one line: ticks
+produced and committed so far, each commit phase's mean over the ticks batches that ended in
+that minute (from the job's log), and each part's RSS (its whole process tree) in MiB. Then:
+
+- ``lag_s``: from the last trade produced until Iceberg's ``ticks`` holds every one of them
+  (the commit time of the first snapshot that does);
+- ``candles_equal``: for 3 sampled tickers, every candle of every period in ``ohlc`` equals
+  a pandas resample of exactly the trades produced for it;
+- ``commit_growth``: mean batch time (its phases summed) of the last 5 ticks batches that
+  committed ticks over the first 5; ``rss_growth``: the stack's RSS at the last minute over
+  minute 2 (the first minute pays for JIT and warm caches). Both stay near 1 in a stack that
+  can run for days; ``committing_batches`` says how many batches the first and last 5 are of.
+
+"Committed" counts the ``ticks`` rows metric, which also counts the local ingestor's own SIM
+trades (a few per second). The last line is JSON.
+
+    python -m bench.soak [--minutes 30] [--rate 5000] [--tickers 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import re
+import statistics
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+import pandas as pd
+
+from bench.stack import private_stack, stream_metric, wait_until_warm
+from candlewire.config import PERIODS_S, Settings
+from candlewire.kafka import TICKS
+from candlewire.lake import NAMESPACE, catalog
+from ingest.sink import KafkaSink
+from launcher.stack import Service, default_services
+from proto import market_pb2
+
+SLICE_S = 0.1  # production is paced per slice
+MAX_BACKLOG_S = 1.0  # a producer that fell behind catches up at most this much, never bursts
+DRAIN_TIMEOUT_S = 600.0
+SAMPLED = 3  # tickers whose candles are checked against pandas
+BATCH_LINE = re.compile(r"ticks batch (\d+): (\d+) ticks[^;]*; (.*)$")
+PHASE = re.compile(r"([A-Za-z_][\w-]*) (\d+(?:\.\d+)?)s\b")
+
+
+# RSS of process trees ----------------------------------------------------------------
+
+
+def child_map() -> dict[int, list[int]]:
+    """Every process's children, from each /proc/<pid>/stat's ppid: one walk serves all
+    the trees measured at one moment."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # comm may hold spaces and parens
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def rss_mib(pid: int) -> float:
+    """One process's resident memory (VmRSS) in MiB; 0 once it has exited."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return 0.0  # gone, or a kernel thread
+
+
+def tree_rss_mib(pid: int, children: Mapping[int, list[int]] | None = None) -> float:
+    """RSS of a process and all its descendants in MiB: a service is its whole tree (the
+    stream job's driver forks Spark's JVM, which forks Python workers). Pages shared
+    between processes count once per process, as ``ps`` shows them."""
+    children = child_map() if children is None else children
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += rss_mib(p)
+        todo.extend(children.get(p, ()))
+    return total
+
+
+def stack_rss(services: list[Service]) -> dict[str, float]:
+    """MiB per running part of the stack, by the pid the launcher records for it."""
+    children = child_map()
+    return {
+        svc.name: tree_rss_mib(pid, children) for svc in services if (pid := svc.pid()) is not None
+    }
+
+
+# The job's log --------------------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    batch_id: int
+    ticks: int
+    phases: dict[str, float]
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.phases.values())
+
+
+class BatchLog:
+    """The committing query's batches as its log lines appear, from where the soak began:
+    the names after the ``;`` are taken as they come, so renamed or new phases still show."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+        self.batches: list[Batch] = []
+
+    def read(self) -> list[Batch]:
+        """The batches logged since the last call."""
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        complete = data.rfind(b"\n") + 1  # a line being written is read next time
+        self.offset += complete
+        new = []
+        for line in data[:complete].decode(errors="replace").splitlines():
+            m = BATCH_LINE.search(line)
+            if m:
+                phases = {k: float(v) for k, v in PHASE.findall(m.group(3))}
+                new.append(Batch(int(m.group(1)), int(m.group(2)), phases))
+        self.batches += new
+        return new
+
+
+def phase_means(batches: list[Batch]) -> str:
+    if not batches:
+        return "no batch"
+    names = list(dict.fromkeys(k for b in batches for k in b.phases))
+    means = (
+        f"{k} {statistics.mean(b.phases[k] for b in batches if k in b.phases):.2f}s" for k in names
+    )
+    n = len(batches)
+    return f"{n} batch{'es' if n > 1 else ''}: " + ", ".join(means)
+
+
+def commit_growth(batches: list[Batch], n: int = 5) -> float | None:
+    """Mean total time of the last ``n`` batches that committed ticks over the first ``n``."""
+    committing = [b.total_s for b in batches if b.ticks > 0]
+    if not committing:
+        return None
+    k = min(n, len(committing))
+    first = statistics.mean(committing[:k])
+    return statistics.mean(committing[-k:]) / first if first else None
+
+
+# Producing trades ----------------------------------------------------------------------
+
+
+@dataclass
+class Feed:
+    """One ticker's trades: strictly increasing event times, trade ids and a price walk
+    in whole cents, so every decimal string is exact."""
+
+    ticker: str
+    cents: int
+    last_ns: int = 0
+    seq: int = 0
+    kept: list[tuple[int, str, str]] | None = None  # (time ns, price, size) when sampled
+
+    def trade(self, rng: random.Random, now_ns: int) -> market_pb2.Tick:
+        self.seq += 1
+        self.last_ns = max(now_ns, self.last_ns + 1)  # in order, no ties: close is defined
+        self.cents = max(1, self.cents + rng.randint(-5, 5))
+        lots = rng.randint(1, 50_000)  # 0.0001 .. 5.0000
+        price = f"{self.cents // 100}.{self.cents % 100:02d}"
+        size = f"{lots // 10_000}.{lots % 10_000:04d}"
+        if self.kept is not None:
+            self.kept.append((self.last_ns, price, size))
+        return market_pb2.Tick(
+            ticker=self.ticker,
+            trade_id=str(self.seq),
+            price=price,
+            size=size,
+            side=rng.choice((market_pb2.BUY, market_pb2.SELL)),
+            exchange_time_ns=self.last_ns,
+            ingest_time_ns=time.time_ns(),
+        )
+
+
+@dataclass
+class Production:
+    """Steady trades at ``rate`` ticks/s for ``seconds``, in a thread of its own so the
+    minute lines never disturb the pace."""
+
+    settings: Settings
+    feeds: list[Feed]
+    rate: float
+    seconds: float
+    rng: random.Random = field(default_factory=lambda: random.Random(34))
+    produced: int = 0
+    last_ns: int = 0  # the last trade's event time (the wall clock when produced)
+    stop: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None  # raised again by the main thread
+
+    def run(self) -> None:
+        try:
+            self._produce()
+        except BaseException as exc:
+            self.error = exc
+
+    def _produce(self) -> None:
+        sink = KafkaSink(self.settings)  # the ingestor's own: idempotent, acks=all, bounded
+        t0 = time.monotonic()
+        due = 0.0
+        while not self.stop.is_set():
+            elapsed = time.monotonic() - t0
+            if elapsed >= self.seconds:
+                break
+            # A slice's share, plus what earlier slices missed up to MAX_BACKLOG_S: a stall
+            # (a GC, a busy core) never turns into a burst the job would see as a spike.
+            due = min(due + self.rate * SLICE_S, self.rate * MAX_BACKLOG_S)
+            n = int(due)
+            due -= n
+            for _ in range(n):
+                feed = self.feeds[self.rng.randrange(len(self.feeds))]
+                tick = feed.trade(self.rng, time.time_ns())
+                sink.send(TICKS.name, feed.ticker, tick)  # keyed by ticker
+                self.last_ns = feed.last_ns
+                self.produced += 1
+            sink.poll()
+            next_slice = t0 + (int(elapsed / SLICE_S) + 1) * SLICE_S
+            time.sleep(max(0.0, next_slice - time.monotonic()))
+        sink.flush(120)
+
+
+# Iceberg -----------------------------------------------------------------------------
+
+
+def committed_rows(settings: Settings) -> float:
+    return stream_metric(settings, 'candlewire_stream_rows_total{table="ticks"}')
+
+
+def ticker_filter(tickers: list[str]) -> str:
+    return "ticker in (" + ", ".join(f"'{t}'" for t in tickers) + ")"
+
+
+def wait_for_ticks(settings: Settings, prod: Production, base: float) -> float | None:
+    """Seconds from the last trade produced until ``ticks`` first held all of them: the
+    commit time of the first snapshot whose count of our tickers is complete. The rows
+    metric says when to start looking (it also counts SIM trades, so it is not the proof)."""
+    want, last_s = prod.produced, prod.last_ns / 1e9
+    where = ticker_filter([f.ticker for f in prod.feeds])
+    table = catalog(settings).load_table(f"{NAMESPACE}.ticks")
+    checked: set[int] = set()
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if committed_rows(settings) - base < want:
+            time.sleep(0.5)
+            continue
+        table.refresh()
+        for snap in sorted(table.snapshots(), key=lambda s: s.timestamp_ms):
+            if snap.snapshot_id in checked or snap.timestamp_ms / 1000 < last_s:
+                continue
+            checked.add(snap.snapshot_id)
+            held = table.scan(row_filter=where, snapshot_id=snap.snapshot_id).count()
+            if held > want:
+                print(f"ticks holds {held - want:,} more of our trades than were produced")
+            if held >= want:
+                return snap.timestamp_ms / 1000 - last_s
+        time.sleep(1.0)
+    print(f"ticks did not hold all {want:,} trades within {DRAIN_TIMEOUT_S:.0f}s")
+    return None
+
+
+def expected_candles(trades: list[tuple[int, str, str]], period_s: int) -> pd.DataFrame:
+    """The bench's reference candles: a pandas resample of the trades (the same rules as
+    tests/streaming/test_job.py, which benches do not import)."""
+    df = pd.DataFrame(
+        {
+            "time": pd.to_datetime([t for t, _, _ in trades], unit="ns", utc=True),
+            "price": [Decimal(p) for _, p, _ in trades],
+            "size": [Decimal(s) for _, _, s in trades],
+        }
+    ).sort_values("time")
+    r = df.set_index("time").resample(f"{period_s}s")
+    out = pd.DataFrame(
+        {
+            "open": r["price"].first(),
+            "high": r["price"].max(),
+            "low": r["price"].min(),
+            "close": r["price"].last(),
+            "volume": r["size"].sum(),
+            "trade_count": r["price"].count(),
+        }
+    )
+    return out[out["trade_count"] > 0]  # resample invents empty bins; candlewire does not
+
+
+def candle_rows(frame: pd.DataFrame) -> list[tuple]:
+    """(open ms, open, high, low, close, volume, trades) per candle, Decimals compared by value."""
+    return sorted(
+        (
+            pd.Timestamp(t).value // 1_000_000,
+            *(Decimal(str(r[c])) for c in ("open", "high", "low", "close", "volume")),
+            int(r["trade_count"]),
+        )
+        for t, r in frame.iterrows()
+    )
+
+
+def candles_equal(settings: Settings, sampled: list[Feed], timeout: float = 180.0) -> bool:
+    """Every candle of every period of the sampled tickers equals pandas, once ``ohlc``
+    counts all their trades (its MERGE follows the ticks append in each batch)."""
+    ohlc = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
+
+    def rows(feed: Feed) -> pd.DataFrame:
+        return ohlc.scan(row_filter=f"ticker = '{feed.ticker}'").to_pandas()
+
+    deadline = time.monotonic() + timeout
+    while True:
+        ohlc.refresh()
+        got = {f.ticker: rows(f) for f in sampled}
+        counted = all(
+            got[f.ticker][got[f.ticker]["period_s"] == p]["trade_count"].sum() == f.seq
+            for f in sampled
+            for p in PERIODS_S
+        )
+        if counted or time.monotonic() > deadline:
+            break
+        time.sleep(2.0)
+    equal = True
+    for feed in sampled:
+        assert feed.kept is not None
+        for period in PERIODS_S:
+            mine = got[feed.ticker]
+            mine = candle_rows(mine[mine["period_s"] == period].set_index("open_time"))
+            want = candle_rows(expected_candles(feed.kept, period))
+            if mine != want:
+                equal = False
+                wrong = next(
+                    (m, w) for m, w in itertools.zip_longest(mine, want) if m != w
+                )  # the first candle that differs, as (ohlc's, pandas')
+                print(f"{feed.ticker} {period}s: {len(mine)} candles vs {len(want)}; {wrong}")
+    return equal
+
+
+# The run ---------------------------------------------------------------------------------
+
+
+def minute_line(
+    minute: int, prod: Production, committed: float, batches: list[Batch], rss: dict[str, float]
+) -> str:
+    parts = " ".join(f"{k} {v:.0f}" for k, v in rss.items())
+    return (
+        f"minute {minute}: {prod.produced:,} produced, {committed:,.0f} committed; "
+        f"{phase_means(batches)}; RSS MiB {parts}, total {sum(rss.values()):.0f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--minutes", type=int, default=30)
+    parser.add_argument("--rate", type=float, default=5000.0, help="ticks/s")
+    parser.add_argument("--tickers", type=int, default=50)
+    args = parser.parse_args()
+    if args.minutes < 3:
+        parser.error("--minutes must be at least 3: RSS growth is measured from minute 2")
+    rng = random.Random(7)
+    feeds = [
+        Feed(f"SOAK:S{i:03d}/USDT", cents=rng.randint(1_000, 500_000)) for i in range(args.tickers)
+    ]
+    sampled = rng.sample(feeds, min(SAMPLED, len(feeds)))
+    for feed in sampled:
+        feed.kept = []
+    with private_stack() as settings:
+        wait_until_warm(settings)
+        services = default_services(settings)
+        log = BatchLog(settings.state_dir / "logs" / "stream.log")
+        base = committed_rows(settings)
+        prod = Production(settings, feeds, args.rate, args.minutes * 60.0)
+        worker = threading.Thread(target=prod.run, daemon=True)
+        t0 = time.monotonic()
+        worker.start()
+        totals: list[float] = []
+        try:
+            for minute in range(1, args.minutes + 1):
+                time.sleep(max(0.0, t0 + minute * 60.0 - time.monotonic()))
+                rss = stack_rss(services)
+                totals.append(sum(rss.values()))
+                line = minute_line(minute, prod, committed_rows(settings) - base, log.read(), rss)
+                print(line, flush=True)
+            worker.join()
+        finally:
+            prod.stop.set()
+        if prod.error is not None:
+            raise prod.error
+        print(f"{prod.produced:,} trades produced; waiting for Iceberg to hold them", flush=True)
+        lag = wait_for_ticks(settings, prod, base)
+        held = "not all held" if lag is None else f"all held {lag:.1f}s after the last"
+        print(f"after production: {phase_means(log.read())}; {held}", flush=True)
+        equal = candles_equal(settings, sampled)
+        log.read()
+        growth = commit_growth(log.batches)
+    print(
+        json.dumps(
+            {
+                "commit_growth": None if growth is None else round(growth, 2),
+                "rss_growth": round(totals[-1] / totals[1], 2),
+                "lag_s": None if lag is None else round(lag, 1),
+                "candles_equal": equal,
+                "minutes": args.minutes,
+                "rate": args.rate,
+                "tickers": args.tickers,
+                "ticks": prod.produced,
+                "committing_batches": sum(1 for b in log.batches if b.ticks > 0),
+                "ticks_trigger_s": settings.stream_ticks_trigger_s,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
