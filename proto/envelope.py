@@ -7,9 +7,15 @@ of :class:`EnvelopeError`, so services can count drops by reason and never crash
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from itertools import chain, compress
+from operator import attrgetter, lt
 from typing import TypeVar
 
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from proto import cep_pb2, envelope_pb2, events_pb2, journal_pb2, market_pb2, requests_pb2
@@ -125,39 +131,124 @@ def decode_body(body: bytes) -> Message:
     cls = MESSAGE_CLASSES.get(body[0])
     if cls is None:
         raise UnknownMessageType(f"message type 0x{body[0]:02x}")
-    msg = cls()
+    msg, payload = cls(), body[1:]
     try:
-        msg.ParseFromString(body[1:])
+        msg.ParseFromString(payload)
     except (DecodeError, RuntimeWarning) as exc:
         raise MalformedPayload(f"{cls.__name__}: {exc}") from None
-    if len(body) > MAX_STRING_BYTES:  # a smaller message cannot hold a field past a limit
-        _check_sizes(msg, cls.__name__)
+    if len(payload) > _SMALL:
+        _check_sizes(_LIMITS[cls.DESCRIPTOR.full_name], [payload], cls.__name__)
     return msg
 
 
-def _check_sizes(msg: Message, path: str) -> None:
-    """Raise OversizedField naming the first field past its limit, in sub-messages too."""
-    for field, value in msg.ListFields():
-        where = f"{path}.{field.name}"
-        entry = field.message_type
-        if entry is not None and entry.GetOptions().map_entry:
-            if len(value) > MAX_REPEATED:
-                raise OversizedField(f"{where}: {len(value)} entries, at most {MAX_REPEATED}")
-            values = [*value.keys(), *value.values()]
-        elif field.is_repeated:
-            if len(value) > MAX_REPEATED:
-                raise OversizedField(f"{where}: {len(value)} items, at most {MAX_REPEATED}")
-            values = list(value)
+# No field of a message this small can be past a limit: a string or bytes field is shorter
+# than the bytes that carry it, and a repeated field takes at least a byte an item.
+_SMALL = min(MAX_STRING_BYTES, MAX_BYTES_FIELD, MAX_REPEATED)
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """The limits of one message type, checked on its wire bytes (#35). ``shadow`` parses
+    them in C with every string and sub-message field as bytes, so a sub-message of at most
+    ``_SMALL`` bytes (every tick of a FETCH chunk) is passed over by its length alone, and
+    only the few bigger ones are looked into: the cost no longer grows in Python with the
+    number of messages."""
+
+    shadow: type[Message]
+    counted: tuple[str, ...]  # repeated and map fields
+    sized: tuple[tuple[str, int, bool], ...]  # string and bytes fields: limit, is repeated
+    nested: tuple[tuple[str, str, bool], ...]  # message fields: type, occurrences merge
+
+
+_SIZE_LIMITS = {
+    FieldDescriptor.TYPE_STRING: MAX_STRING_BYTES,
+    FieldDescriptor.TYPE_BYTES: MAX_BYTES_FIELD,
+}
+
+
+def _size_limits(roots: Iterable[type[Message]]) -> dict[str, _Limits]:
+    """``_Limits`` of every message type ``roots`` can hold, by full name."""
+    descriptors: dict[str, Descriptor] = {}
+    todo = [cls.DESCRIPTOR for cls in roots]
+    while todo:
+        desc = todo.pop()
+        if desc.full_name not in descriptors:
+            descriptors[desc.full_name] = desc
+            todo.extend(f.message_type for f in desc.fields if f.message_type is not None)
+    file = descriptor_pb2.FileDescriptorProto(name="size_limits.proto", syntax="proto3")
+    file.message_type.extend(map(_shadow_shape, descriptors.values()))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return {
+        name: _Limits(
+            shadow=message_factory.GetMessageClass(
+                pool.FindMessageTypeByName(name.replace(".", "_"))
+            ),
+            counted=tuple(f.name for f in desc.fields if f.is_repeated),
+            sized=tuple(
+                (f.name, _SIZE_LIMITS[f.type], f.is_repeated)
+                for f in desc.fields
+                if f.type in _SIZE_LIMITS
+            ),
+            nested=tuple(
+                (f.name, f.message_type.full_name, not f.is_repeated)
+                for f in desc.fields
+                if f.message_type is not None
+            ),
+        )
+        for name, desc in descriptors.items()
+    }
+
+
+def _shadow_shape(desc: Descriptor) -> descriptor_pb2.DescriptorProto:
+    """``desc`` with strings as bytes (their length in UTF-8 bytes, with no decoding) and
+    each sub-message field as repeated bytes: every occurrence, singular ones too, which
+    the parser merges. Singular scalars, which have no limit, are left out."""
+    F = descriptor_pb2.FieldDescriptorProto
+    shape = descriptor_pb2.DescriptorProto(name=desc.full_name.replace(".", "_"))
+    for field in desc.fields:
+        label = F.LABEL_REPEATED if field.is_repeated else F.LABEL_OPTIONAL
+        if field.message_type is not None:
+            kind, label = F.TYPE_BYTES, F.LABEL_REPEATED
+        elif field.type in _SIZE_LIMITS:
+            kind = F.TYPE_BYTES
+        elif field.is_repeated:  # counted alone; an enum value is an int32 on the wire
+            kind = F.TYPE_INT32 if field.type == F.TYPE_ENUM else field.type
         else:
-            values = [value]
-        for item in values:
-            if isinstance(item, Message):
-                _check_sizes(item, where)
-            elif isinstance(item, str) and len(item) > MAX_STRING_BYTES // 4:
-                if len(item.encode()) > MAX_STRING_BYTES:
-                    raise OversizedField(f"{where}: a string over {MAX_STRING_BYTES} bytes")
-            elif isinstance(item, bytes) and len(item) > MAX_BYTES_FIELD:
-                raise OversizedField(f"{where}: {len(item)} bytes, at most {MAX_BYTES_FIELD}")
+            continue
+        shape.field.add(name=field.name, number=field.number, type=kind, label=label)
+    return shape
+
+
+_LIMITS = _size_limits(MESSAGE_CLASSES.values())
+
+
+def _check_sizes(limits: _Limits, occurrences: list[bytes], path: str) -> None:
+    """Raise OversizedField naming a field past its limit. ``occurrences`` are the wire
+    bytes of one message: a singular sub-message may come in parts, merged on parsing,
+    whose repeated fields add up. What the wire holds is judged, so a field a later part
+    (or a map entry with the same key) overwrites is refused all the same, and a map's
+    entries are counted as sent."""
+    shadows = [limits.shadow.FromString(part) for part in occurrences]
+    for name in limits.counted:
+        count = sum(map(len, map(attrgetter(name), shadows)))
+        if count > MAX_REPEATED:
+            raise OversizedField(f"{path}.{name}: {count} items, at most {MAX_REPEATED}")
+    for name, limit, repeated in limits.sized:
+        values = map(attrgetter(name), shadows)
+        longest = max(map(len, chain.from_iterable(values) if repeated else values), default=0)
+        if longest > limit:
+            raise OversizedField(f"{path}.{name}: {longest} bytes, at most {limit}")
+    for name, type_name, merged in limits.nested:
+        where, fields = f"{path}.{name}", [getattr(shadow, name) for shadow in shadows]
+        if merged:
+            parts = list(chain.from_iterable(fields))
+            if sum(map(len, parts)) > _SMALL:
+                _check_sizes(_LIMITS[type_name], parts, where)
+        elif max(map(len, chain.from_iterable(fields)), default=0) > _SMALL:  # no tick is
+            parts = list(chain.from_iterable(fields))
+            for part in compress(parts, map(partial(lt, _SMALL), map(len, parts))):
+                _check_sizes(_LIMITS[type_name], [part], where)
 
 
 def decode_sub(frames: Sequence[bytes]) -> tuple[str, Message]:

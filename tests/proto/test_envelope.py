@@ -17,6 +17,7 @@ from proto.envelope import (
     UnknownMessageType,
     UnsupportedVersion,
     decode,
+    decode_body,
     decode_router,
     decode_sub,
     derive,
@@ -179,3 +180,38 @@ def test_fields_at_their_limits_pass() -> None:
         requests_pb2.IngestorControl(config={at: at}, done=["d"] * 1000),
     ):
         assert decode(encode(msg)) == msg
+
+
+def fetch_reply(runs: int, ticks: int) -> journal_pb2.FetchReply:
+    reply = journal_pb2.FetchReply(request_id="f", status=journal_pb2.FETCH_OK, cursor=1)
+    for r in range(runs):
+        run = reply.runs.add(topic="SIM:R/USDT|tick")
+        run.ticks.extend(
+            market_pb2.Tick(ticker="SIM:R/USDT", trade_id=str(r * ticks + i), price="1.5")
+            for i in range(ticks)
+        )
+    return reply
+
+
+def test_a_field_past_its_limit_is_refused_in_the_last_of_100k_fetched_ticks() -> None:
+    """The check passes over each small tick by its length (#35); it still finds the one
+    oversized field however far into a chunk it is."""
+    reply = fetch_reply(runs=10, ticks=10_000)
+    assert decode(encode(reply)) == reply
+    reply.runs[-1].ticks[-1].trade_id = OVER
+    with pytest.raises(OversizedField) as err:
+        decode(encode(reply))
+    assert err.value.reason == "oversized_field"
+
+
+def test_a_singular_sub_message_sent_in_parts_is_counted_whole() -> None:
+    """The parser merges the parts of a singular field, so their repeated items add up."""
+    half = events_pb2.UserEvent(
+        delivery=events_pb2.DeliverySpec(
+            channels=[events_pb2.ChannelPreference()] * (MAX_REPEATED // 2 + 1)
+        )
+    ).SerializeToString()
+    body = bytes([envelope_pb2.USER_EVENT])
+    assert len(decode_body(body + half).delivery.channels) == MAX_REPEATED // 2 + 1
+    with pytest.raises(OversizedField):
+        decode_body(body + half + half)
