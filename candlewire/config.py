@@ -205,6 +205,11 @@ class Settings(BaseSettings):
     stream_ticks_batch_max: int = 3_000_000
     """Most ticks in one commit (held in memory while committed, about 100 bytes each);
     3M every 30 s allows 100k ticks/s."""
+    stream_ohlc_compact_s: float = 300.0
+    """This often, the committing query rewrites the ``ohlc`` files its candle MERGEs touched
+    with their deletes applied, so a MERGE's cost stays flat instead of growing with the files
+    each one leaves behind (10 MERGEs at the 30 s commit interval). 0: only Dagster's daily
+    maintenance compacts."""
     stream_live_engine: Literal["realtime", "microbatch"] = "realtime"
     """How the live query runs: in Spark's real-time mode, each record judged and published
     by the JVM side of the job as it is read (``jvm/decoder``'s ``Live``; a local master
@@ -362,6 +367,7 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_STREAM_TRIGGER_S"] = str(self.stream_trigger_s)
         env["CANDLEWIRE_STREAM_TICKS_TRIGGER_S"] = str(self.stream_ticks_trigger_s)
         env["CANDLEWIRE_STREAM_TICKS_BATCH_MAX"] = str(self.stream_ticks_batch_max)
+        env["CANDLEWIRE_STREAM_OHLC_COMPACT_S"] = str(self.stream_ohlc_compact_s)
         env["CANDLEWIRE_STREAM_LIVE_ENGINE"] = self.stream_live_engine
         env["CANDLEWIRE_STREAM_CEP_TRIGGER_S"] = str(self.stream_cep_trigger_s)
         env["CANDLEWIRE_STREAM_CEP_RECORD_S"] = str(self.stream_cep_record_s)

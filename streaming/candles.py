@@ -1,11 +1,10 @@
-"""Forming candles: the state between micro-batches, kept on the driver.
+"""Forming candles on the driver: the micro-batch live engine's state between batches.
 
 Each micro-batch is reduced to one partial candle per (ticker, period, window), a few rows for
-thousands of ticks: by Spark in the committing query, by :func:`partial_candles` in the live
-one. This state folds partials into the candles still forming and answers with the absolute
-values, which the live query publishes and the committing query MERGEs into ``ohlc``.
-Keeping it here, not in Spark's state store, keeps every micro-batch stateless (no state
-store commit per batch), and lets each query hold its own copy.
+thousands of ticks (:func:`partial_candles`). This state folds partials into the candles still
+forming and answers with the absolute values, which the live query publishes. The committing
+query and the real-time live path fold trades in the JVM by the same rules (``jvm/decoder``'s
+``FeedState``); tests/streaming/test_live_jvm.py holds the two to the same candles.
 
 Event time is per feed (:mod:`streaming.feeds`): a feed's watermark is its own clock minus the
 lateness allowance. A late tick changes no candle (the caller leaves it out); a window whose

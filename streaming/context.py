@@ -28,6 +28,18 @@ class JobContext:
     # says so on METADATA_UPDATE: the trigger desk then reloads before judging a ticker.
     symbols_changed: threading.Event = field(default_factory=threading.Event)
 
+    @classmethod
+    def open(cls, settings: Settings, spark: SparkSession) -> JobContext:
+        """A context with its own tables, publisher (bound), progress record and metrics."""
+        return cls(
+            settings=settings,
+            spark=spark,
+            tables=Tables(settings, spark),
+            publisher=StreamPublisher(settings),
+            progress=Progress(settings),
+            metrics=StreamMetrics(),
+        )
+
     def kafka(self, topic: str, max_per_trigger: int | None = 500_000, **options: str) -> DataFrame:
         """A streaming read of one Kafka topic from the earliest offset (or ``options``);
         ``max_per_trigger`` None for real-time mode, which has no triggers to cap."""

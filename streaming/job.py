@@ -30,9 +30,6 @@ from proto.envelope import to_record
 from streaming.context import JobContext
 from streaming.desk import TriggerDesk
 from streaming.firings import FiringDesk
-from streaming.metrics import StreamMetrics
-from streaming.progress import Progress
-from streaming.publisher import StreamPublisher
 from streaming.queries import Query
 from streaming.queries.cep import CepQuery
 from streaming.queries.history import HistoryQuery
@@ -41,7 +38,6 @@ from streaming.queries.metadata import MetadataQuery
 from streaming.queries.realtime import RealTimeLiveQuery, local_master
 from streaming.queries.ticks import TicksQuery
 from streaming.recovery import Ledger
-from streaming.tables import Tables
 
 log = logging.getLogger("candlewire.stream")
 
@@ -58,14 +54,7 @@ class StreamingJob:
                     update={"spark_master": local_master(settings.spark_master_url())}
                 )
             spark = build_session(settings, "candlewire-stream")
-        self.ctx = JobContext(
-            settings=settings,
-            spark=spark,
-            tables=Tables(settings, spark),
-            publisher=StreamPublisher(settings),
-            progress=Progress(settings),
-            metrics=StreamMetrics(),
-        )
+        self.ctx = JobContext.open(settings, spark)
         ledger = Ledger(self.ctx)
         restored = ledger.restore()
         self.firings = FiringDesk(self.ctx, ledger.run_id)

@@ -1,16 +1,17 @@
-"""Exactly once under ``kill -9``: what the committing query records, and what a restart
-restores from it.
+"""Exactly once under ``kill -9``: what the committing query records, and what the live path
+restores from it after a (re)start.
 
+- The committing query's own state (each feed's clock, trade ids and forming candles) is in
+  Spark's checkpointed state store: a batch replayed after a crash is judged again from the
+  state before it (``jvm/decoder``'s ``Commit``).
 - Tick appends carry the run and micro-batch id as Iceberg snapshot properties, so a batch
   replayed after a crash recognises that its ticks are already in.
 - After each candle MERGE the batch, every feed's event clock, the ``ohlc`` and ``ticks``
   snapshots and the Kafka offsets are recorded in PostgreSQL
   (:class:`streaming.progress.Progress`).
-- A restart restores the forming candles from ``ohlc`` *as of that snapshot* (time travel),
-  and the trade ids to deduplicate against from ``ticks`` as of its snapshot (``ticks``
-  holds each trade once), so a batch whose writes landed but was not recorded is replayed
-  onto the state before it, not counted twice. The live query starts at the recorded
-  offsets with the same state.
+- The live path restarts from that record: the forming candles from ``ohlc`` *as of that
+  snapshot* (time travel), and the trade ids to deduplicate against from ``ticks`` as of its
+  snapshot (``ticks`` holds each trade once), from the recorded offsets.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ class Tables:
         self.names = {t: table_name(settings, t) for t in ("ticks", "ohlc", "symbol_metadata")}
         self._catalog = catalog(settings)
         self._ohlc_lock = threading.Lock()
+        self.system = f"{settings.catalog_name}.system"  # Iceberg's procedures
 
     def __getitem__(self, table: str) -> str:
         return self.names[table]
@@ -48,6 +49,23 @@ class Tables:
             f"AND summary['candlewire.run'] = {literal(run)}"
         ).collect()
         return max((int(r.b) for r in rows), default=-1)
+
+    def compact_ohlc(self, since_ms: int) -> None:
+        """Rewrite ``ohlc``'s files of windows opened at or after ``since_ms`` that hold
+        deletes or are small, with the deletes applied (merge-on-read leaves a data file and a
+        delete file in every partition a MERGE touches). Under the writers' lock: the
+        rewritten files are numbered after the deletes they absorb (so those deletes are
+        dangling and go), which is safe only with no MERGE in between."""
+        where = f"open_time >= {ts_literal(since_ms)}"
+        with self._ohlc_lock:
+            commit_sql(
+                self.spark,
+                f"CALL {self.system}.rewrite_data_files(table => '{NAMESPACE}.ohlc', "
+                f"where => {literal(where)}, options => map("
+                "'min-input-files', '2', 'delete-file-threshold', '1', "
+                "'partial-progress.enabled', 'true', 'remove-dangling-deletes', 'true', "
+                "'use-starting-sequence-number', 'false'))",
+            )
 
     def upsert_ohlc(
         self, rows: pa.Table, view: str, *, append_if_new: bool = False, lap: Laps | None = None

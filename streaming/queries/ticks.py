@@ -71,6 +71,10 @@ class TicksQuery(TopicQuery):
         self.allowance_ms = int(ctx.settings.stream_watermark_s * 1000)
         self.committed_ticks = restored.ticks_batch
         self.committed_candles = restored.candles_batch
+        # The earliest window of each candle MERGE since the last compaction, and when that was.
+        self.compact_s = ctx.settings.stream_ohlc_compact_s
+        self.merged: list[int] = []
+        self.compacted = time.monotonic()
 
     def source(self) -> DataFrame:
         settings = self.ctx.settings
@@ -134,13 +138,23 @@ class TicksQuery(TopicQuery):
             metrics.no_trade_id.inc(counts["no_trade_id"])
             candles = df.where(f"kind = {CANDLE}").select(*CANDLE_FIELDS).toArrow()
             changed = candles.num_rows
+            lap("candles")
             if changed:
-                self._merge_candles(candles)
+                self._merge_candles(candles, lap)
             # Every batch is recorded, even one that changed no candle: the clocks it moved
             # and its offsets are where the live path restarts.
             self.ledger.record(batch_id, self.clocks, self.offsets)
             self.committed_candles = batch_id
-            lap("candles_commit")
+            lap("record")
+            if (
+                self.compact_s
+                and self.merged
+                and time.monotonic() - self.compacted > self.compact_s
+            ):
+                self.ctx.tables.compact_ohlc(min(self.merged))
+                self.merged.clear()
+                self.compacted = time.monotonic()
+                lap("compact")
         metrics.batches.labels(self.name).inc()
         log.info(
             "ticks batch %d: %d ticks (%d late, %d resent, %d idle marks), %d candles changed; %s",
@@ -153,13 +167,14 @@ class TicksQuery(TopicQuery):
             lap,
         )
 
-    def _merge_candles(self, candles: pa.Table) -> None:
+    def _merge_candles(self, candles: pa.Table, lap: Laps) -> None:
         """MERGE the candles' absolute values; the closed ones say so."""
         columns = {f: candles[f] for f in CANDLE_FIELDS if f != "open_ms"}
         for f in ("open", "high", "low", "close", "volume"):
             columns[f] = decimal_column(candles[f].to_pylist())
         rows = ohlc_rows({**columns, "open_time_ms": candles["open_ms"]}, "live")
-        self.ctx.tables.upsert_ohlc(rows, "cw_live_candles")
+        self.ctx.tables.upsert_ohlc(rows, "cw_live_candles", lap=lap)
+        self.merged.append(pc.min(candles["open_ms"]).as_py())
         self.ctx.metrics.rows.labels("ohlc").inc(candles.num_rows)
 
 

@@ -26,13 +26,9 @@ from launcher.local.spark import count_alive, master_workers
 from launcher.stack import ProcessService, Stack, spark_services
 from proto.envelope import to_record
 from streaming.context import JobContext
-from streaming.metrics import StreamMetrics
-from streaming.progress import Progress
-from streaming.publisher import StreamPublisher
 from streaming.queries.ticks import JUDGE_JOB, TicksQuery
 from streaming.recovery import Ledger
 from streaming.sql import literals
-from streaming.tables import Tables
 from tests.candlewire.test_kafka import new_topic, produce
 from tests.journal.test_journal import kafka_servers
 from tests.streaming.test_job import assert_candles, make_ticks, with_resends
@@ -132,18 +128,17 @@ def test_the_committing_query_judges_on_the_executors_and_its_candles_equal_pand
     start = int(time.time() * 1000) // 3_600_000 * 3_600_000 - 2 * 3_600_000
     ticks = {t: make_ticks(t, start, 400, seed=i) for i, t in enumerate(tickers)}
     producer = Producer(producer_config(settings))
-    for t, trades in ticks.items():
-        for tick in with_resends(trades, seed=7):
-            producer.produce(topic, key=t.encode(), value=to_record(tick))
-    assert producer.flush(30) == 0
-    ctx = JobContext(
-        settings=settings,
-        spark=spark,
-        tables=Tables(settings, spark),
-        publisher=StreamPublisher(settings),
-        progress=Progress(settings),
-        metrics=StreamMetrics(),
-    )
+
+    def send(part: slice) -> None:
+        for t, trades in ticks.items():
+            for tick in with_resends(trades[part], seed=7, earlier=trades[: part.start or 0]):
+                producer.produce(topic, key=t.encode(), value=to_record(tick))
+        assert producer.flush(30) == 0
+
+    began_ms = int(time.time() * 1000)
+    send(slice(0, 200))  # two batches at least, so the rewrites have MERGEs to compact
+    # Compacting after every candle MERGE: the rewrites must leave every candle as it was.
+    ctx = JobContext.open(settings.model_copy(update={"stream_ohlc_compact_s": 0.01}), spark)
     ledger = Ledger(ctx)
     query = TicksQuery(ctx, ledger, ledger.restore())
     query.topic = topic
@@ -156,15 +151,23 @@ def test_the_committing_query_judges_on_the_executors_and_its_candles_equal_pand
     )
     ohlc = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
 
-    def complete() -> bool:
+    def counted(n: int) -> bool:
         ohlc.refresh()
         got = ohlc.scan(row_filter=f"period_s = 60 and ticker in ({literals(tickers)})")
-        return got.to_arrow()["trade_count"].to_pylist().count(None) == 0 and sum(
-            got.to_arrow()["trade_count"].to_pylist()
-        ) == sum(map(len, ticks.values()))
+        return sum(got.to_arrow()["trade_count"].to_pylist()) == n * len(tickers)
+
+    def rewritten() -> bool:
+        ohlc.refresh()
+        return any(
+            s.summary and s.summary.operation.value == "replace" and s.timestamp_ms > began_ms
+            for s in ohlc.snapshots()
+        )
 
     try:
-        wait_for(complete, timeout=240, interval=2.0)
+        wait_for(lambda: counted(200), timeout=240, interval=2.0)
+        send(slice(200, 400))
+        wait_for(lambda: counted(400), timeout=240, interval=2.0)
+        wait_for(rewritten, timeout=120, interval=1.0)  # after the last MERGE, in its batch
     finally:
         running.stop()
         ctx.publisher.close()

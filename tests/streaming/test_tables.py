@@ -1,0 +1,69 @@
+"""``ohlc``'s one writer: MERGEs by absolute values, and the compaction that keeps a MERGE's
+cost flat (every MERGE leaves a data file and a delete file in each partition it touches)."""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+import pytest
+
+from candlewire.lake import NAMESPACE, catalog
+from candlewire.spark import build_session
+from streaming.decode import ohlc_rows
+from streaming.tables import Tables
+
+T0 = 1_790_000_000_000 // 3_600_000 * 3_600_000
+
+
+@pytest.fixture(scope="module")
+def spark(lakehouse, kafka):
+    session = build_session(lakehouse, "candlewire-tables-tests")
+    yield session
+    session.stop()
+
+
+def candles(ticker: str, n: int, close: int) -> object:
+    """``n`` one-minute candles and their hour, all closing at ``close``."""
+    times = [T0 + i * 60_000 for i in range(n)]
+    return ohlc_rows(
+        {
+            "ticker": [ticker] * (n + 1),
+            "period_s": [60] * n + [3600],
+            "open_time_ms": [*times, T0],
+            **{f: [Decimal(close)] * (n + 1) for f in ("open", "high", "low", "close", "volume")},
+            "trade_count": [close] * (n + 1),
+            "closed": [False] * (n + 1),
+        },
+        "live",
+    )
+
+
+def files(lakehouse, ticker: str) -> dict[int, int]:
+    """The ticker's live files in ``ohlc``, by content (0 data, 1 position deletes)."""
+    table = catalog(lakehouse).load_table(f"{NAMESPACE}.ohlc")
+    entries = table.inspect.files().to_pylist()
+    out: dict[int, int] = {}
+    for f in entries:
+        if f["partition"]["ticker"] == ticker:
+            out[f["content"]] = out.get(f["content"], 0) + 1
+    return out
+
+
+def test_compaction_leaves_one_file_per_partition_and_every_value(lakehouse, spark) -> None:
+    tables = Tables(lakehouse, spark)
+    ticker = f"TEST:M{uuid.uuid4().hex[:6].upper()}/USDT"
+    for close in range(1, 6):  # five MERGEs of the same windows, as forming candles get
+        tables.upsert_ohlc(candles(ticker, 3, close), "cw_test_candles")
+    before = files(lakehouse, ticker)
+    assert before.get(1, 0) >= 4 * 2 and before[0] >= 5 * 2, before  # deletes pile up
+    tables.compact_ohlc(T0)
+    assert files(lakehouse, ticker) == {0: 2}  # one data file per partition, no deletes
+    table = catalog(lakehouse).load_table(f"{NAMESPACE}.ohlc")
+    rows = table.scan(row_filter=f"ticker = '{ticker}'").to_arrow().to_pylist()
+    assert sorted((r["period_s"], r["trade_count"], r["close"]) for r in rows) == [
+        (60, 5, Decimal(5)),
+        (60, 5, Decimal(5)),
+        (60, 5, Decimal(5)),
+        (3600, 5, Decimal(5)),
+    ]
