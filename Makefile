@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 JARS   := .cache/jvm
 MVN    := mvn -q -B -s jvm/maven-settings.xml
 
-.PHONY: install jvm web system-packages test fuzz up down status bench scale scale-bench lint proto clean
+.PHONY: install jvm web system-packages test fuzz up down status bench soak scale scale-bench lint proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -3,7 +3,10 @@
 Both rates are also given against ``spark_kafka_read_per_s``, Spark's plain Kafka read of
 the same topic in the same run (``live_ratio``, ``committed_ratio``; #18's targets are 0.9
 and 0.7). ``ticks_per_s_committed_busy`` is the burst over the time the committing query
-spent in its batches, without the commit trigger's wait.
+spent in its batches, without the commit trigger's wait. ``driver_cpu_s_per_million`` is the
+CPU seconds the job's Python driver spent per million committed ticks (#34: at most 2, since
+judging and candles run in Spark's tasks); ``jvm_cpu_s_per_million`` the same for its JVM,
+which in local mode is Spark's driver and its one executor.
 
 Throughput: a burst of N ticks (encoded beforehand) is written to Kafka as fast as possible;
 we time until the live query has published all of them and the job has committed all of them

@@ -7,6 +7,7 @@ a history range checked empty cannot fill before its append lands.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -50,13 +51,14 @@ class Tables:
         ).collect()
         return max((int(r.b) for r in rows), default=-1)
 
-    def compact_ohlc(self, since_ms: int) -> None:
-        """Rewrite ``ohlc``'s files of windows opened at or after ``since_ms`` that hold
-        deletes or are small, with the deletes applied (merge-on-read leaves a data file and a
-        delete file in every partition a MERGE touches). Under the writers' lock: the
-        rewritten files are numbered after the deletes they absorb (so those deletes are
-        dangling and go), which is safe only with no MERGE in between."""
-        where = f"open_time >= {ts_literal(since_ms)}"
+    def compact_ohlc(self, tickers: Iterable[str], since_ms: int) -> None:
+        """Rewrite ``ohlc``'s files of these tickers' windows opened at or after ``since_ms``
+        that hold deletes or are small, with the deletes applied (merge-on-read leaves a data
+        file and a delete file in every partition a MERGE touches). Only those partitions: a
+        rewrite loses its commit to any other writer of the files it rewrites. Under the
+        writers' lock: the rewritten files are numbered after the deletes they absorb (so
+        those deletes are dangling and go), which is safe only with no MERGE in between."""
+        where = f"ticker IN ({literals(tickers)}) AND open_time >= {ts_literal(since_ms)}"
         with self._ohlc_lock:
             commit_sql(
                 self.spark,

@@ -71,9 +71,10 @@ class TicksQuery(TopicQuery):
         self.allowance_ms = int(ctx.settings.stream_watermark_s * 1000)
         self.committed_ticks = restored.ticks_batch
         self.committed_candles = restored.candles_batch
-        # The earliest window of each candle MERGE since the last compaction, and when that was.
+        # The tickers and earliest window of the candle MERGEs since the last compaction.
         self.compact_s = ctx.settings.stream_ohlc_compact_s
-        self.merged: list[int] = []
+        self.merged: set[str] = set()
+        self.merged_since_ms: int | None = None
         self.compacted = time.monotonic()
 
     def source(self) -> DataFrame:
@@ -148,11 +149,11 @@ class TicksQuery(TopicQuery):
             lap("record")
             if (
                 self.compact_s
-                and self.merged
+                and self.merged_since_ms is not None
                 and time.monotonic() - self.compacted > self.compact_s
             ):
-                self.ctx.tables.compact_ohlc(min(self.merged))
-                self.merged.clear()
+                self.ctx.tables.compact_ohlc(self.merged, self.merged_since_ms)
+                self.merged, self.merged_since_ms = set(), None
                 self.compacted = time.monotonic()
                 lap("compact")
         metrics.batches.labels(self.name).inc()
@@ -174,7 +175,9 @@ class TicksQuery(TopicQuery):
             columns[f] = decimal_column(candles[f].to_pylist())
         rows = ohlc_rows({**columns, "open_time_ms": candles["open_ms"]}, "live")
         self.ctx.tables.upsert_ohlc(rows, "cw_live_candles", lap=lap)
-        self.merged.append(pc.min(candles["open_ms"]).as_py())
+        self.merged.update(pc.unique(candles["ticker"]).to_pylist())
+        first = pc.min(candles["open_ms"]).as_py()
+        self.merged_since_ms = min(first, self.merged_since_ms or first)
         self.ctx.metrics.rows.labels("ohlc").inc(candles.num_rows)
 
 

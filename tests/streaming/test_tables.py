@@ -57,7 +57,7 @@ def test_compaction_leaves_one_file_per_partition_and_every_value(lakehouse, spa
         tables.upsert_ohlc(candles(ticker, 3, close), "cw_test_candles")
     before = files(lakehouse, ticker)
     assert before.get(1, 0) >= 4 * 2 and before[0] >= 5 * 2, before  # deletes pile up
-    tables.compact_ohlc(T0)
+    tables.compact_ohlc([ticker], T0)
     assert files(lakehouse, ticker) == {0: 2}  # one data file per partition, no deletes
     table = catalog(lakehouse).load_table(f"{NAMESPACE}.ohlc")
     rows = table.scan(row_filter=f"ticker = '{ticker}'").to_arrow().to_pylist()
