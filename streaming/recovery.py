@@ -89,12 +89,11 @@ class Ledger:
         """After a candle MERGE: where the live path restarts (each feed's event clock, the
         Kafka offsets, and the snapshots its state is read from)."""
         tables = self.ctx.tables
-        allowance_ns = int(self.ctx.settings.stream_watermark_s * 1e9)
+        feeds = new_feeds(self.ctx.settings)  # the one rule for a feed's watermark
+        feeds.restore(clocks, [])
         commit = CandleCommit(
             batch=batch_id,
-            watermark_ms=min(
-                ((c - allowance_ns) // 1_000_000 for c in clocks.values() if c), default=0
-            ),
+            watermark_ms=min((feeds.watermark_ms(t) for t in clocks), default=0),
             snapshot_id=tables.snapshot_id("ohlc"),
             offsets=dict(offsets),
             clocks=dict(clocks),

@@ -68,7 +68,6 @@ class TicksQuery(TopicQuery):
         # clock (one number a feed) and the next offset of each partition.
         self.clocks = dict(restored.clocks)
         self.offsets = dict(restored.offsets)
-        self.allowance_ms = int(ctx.settings.stream_watermark_s * 1000)
         self.committed_ticks = restored.ticks_batch
         self.committed_candles = restored.candles_batch
         # The tickers and earliest window of the candle MERGEs since the last compaction.

@@ -159,7 +159,7 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
         counts.marks++;
         continue;
       }
-      BigDecimal[] amounts = amounts(r);
+      BigDecimal[] amounts = DecodeTick.amounts(r.getString(at[PRICE]), r.getString(at[SIZE]));
       if (amounts == null) {
         counts.bad++;
         continue;
@@ -186,16 +186,6 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
     counts.emit(ticker, feed.clockNs, out);
     state.update(feed.toState());
     return out.iterator();
-  }
-
-  private BigDecimal[] amounts(Row r) {
-    try {
-      return new BigDecimal[] {
-        new BigDecimal(r.getString(at[PRICE])), new BigDecimal(r.getString(at[SIZE]))
-      };
-    } catch (NumberFormatException | NullPointerException e) {
-      return null;
-    }
   }
 
   private Row tick(Row r, boolean late) {

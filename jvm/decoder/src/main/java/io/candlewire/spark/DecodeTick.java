@@ -56,8 +56,13 @@ public final class DecodeTick implements UDF1<byte[], Row> {
    * DECIMAL(38,18) holds it either, so the live path counts it bad and no trigger judges it.
    */
   static BigDecimal[] amounts(Row r) {
+    return amounts(r.getString(4), r.getString(5));
+  }
+
+  /** {@link #amounts(Row)} for a row of another layout ({@link Commit}'s input). */
+  static BigDecimal[] amounts(String price, String size) {
     try {
-      return new BigDecimal[] {new BigDecimal(r.getString(4)), new BigDecimal(r.getString(5))};
+      return new BigDecimal[] {new BigDecimal(price), new BigDecimal(size)};
     } catch (NumberFormatException e) {
       return null;
     }
