@@ -6,7 +6,9 @@ journals what it publishes) runs here and publishes ticks as the live query does
 
 - ``replay_msgs_per_s``: ``--replay`` ticks of one ticker are published (all within the last
   hour); a client then subscribes with ``since`` an hour ago and we time until its iterator
-  has yielded them all.
+  has yielded them all (protobuf messages, ``raw=True``).
+- ``replay_arrow_rows_per_s``: the same range again with ``batches=True``, one RecordBatch
+  per chunk, until they hold every row.
 - ``lost`` and ``duplicated``: ticks flow at ``--rate``/s for ``--flow-seconds`` to a client
   that sleeps for two seconds in the middle, while the relay is killed (SIGKILL) and
   restarted; counted against what was published.
@@ -87,7 +89,23 @@ def replay(settings: Settings, pub: StreamPublisher, n: int) -> dict:
                 break
         took = time.perf_counter() - started
         sub.close()
-    return {"replayed": count, "replay_s": round(took, 2), "replay_msgs_per_s": round(count / took)}
+    result = {
+        "replayed": count,
+        "replay_s": round(took, 2),
+        "replay_msgs_per_s": round(count / took),
+    }
+    with Client(settings) as client:  # the same range again, as Arrow
+        started = time.perf_counter()
+        sub = client.subscribe(feed.ticker, since=since, batches=True)
+        rows = 0
+        for batch in sub:
+            rows += len(batch)
+            if rows >= n:
+                break
+        took = time.perf_counter() - started
+        sub.close()
+    result.update({"replayed_rows": rows, "replay_arrow_rows_per_s": round(rows / took)})
+    return result
 
 
 def trouble(settings: Settings, pub: StreamPublisher, relay, work, rate: int, seconds: float):

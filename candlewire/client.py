@@ -51,7 +51,8 @@ from proto import cep_pb2 as cep
 from proto import market_pb2
 from proto import requests_pb2 as rq
 
-Item = Tick | Candle | Message  # what a subscription yields (Message: with raw=True)
+# What a subscription yields (Message: with raw=True; RecordBatch: with batches=True).
+Item = Tick | Candle | Message | pa.RecordBatch
 
 
 class Client:
@@ -195,6 +196,7 @@ class Client:
         since: Since = None,
         idle_timeout: float | None = None,
         raw: bool = False,
+        batches: bool = False,
     ) -> Subscription:
         """Yield every tick or candle of one topic once, in order, until closed: as
         :class:`~candlewire.market.Tick` and :class:`~candlewire.market.Candle` (Decimal
@@ -209,9 +211,15 @@ class Client:
         symbol the exchange does not list), FellBehind that missing messages are held
         nowhere any more; ``idle_timeout`` raises RequestTimeout after that many seconds
         without a message.
+
+        With ``batches=True``, what the journal replays (the ``since`` range, and any gap
+        it fills later) comes as one ``pyarrow.RecordBatch`` per chunk, in the columns of
+        :data:`~candlewire.market.TICK_SCHEMA` or :data:`~candlewire.market.CANDLE_SCHEMA`
+        (prices DECIMAL(38,18) like the Iceberg tables); live messages still come one by
+        one. The positions and the no-gap, no-repeat rules are the same at the seam.
         """
         seq = Sequence(market_data_topic(ticker, data_type))
-        steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq)
+        steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq, batches)
         return Subscription(drive_iter(steps), seq.stats, raw)
 
 
@@ -414,8 +422,9 @@ class AsyncClient:
         since: Since = None,
         idle_timeout: float | None = None,
         raw: bool = False,
+        batches: bool = False,
     ) -> AsyncSubscription:
         """Like :meth:`Client.subscribe`, as an async iterator."""
         seq = Sequence(market_data_topic(ticker, data_type))
-        steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq)
+        steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq, batches)
         return AsyncSubscription(async_drive_iter(steps), seq.stats, raw)

@@ -9,10 +9,14 @@ yields the protobuf messages instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
+from operator import attrgetter
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from google.protobuf.message import Message
 
 from candlewire.times import EPOCH
@@ -95,3 +99,114 @@ def typed(msg: Message) -> Tick | Candle | Message:
     if isinstance(msg, market_pb2.OHLC):
         return Candle.from_proto(msg)
     return msg
+
+
+# -- the same messages as Arrow columns (``subscribe(..., batches=True)``) -------------------
+
+DECIMAL = pa.decimal128(38, 18)  # the Iceberg tables' type, so a replay joins history as it is
+POSITION = pa.struct(
+    [
+        ("epoch", pa.uint64()),
+        ("seq", pa.uint64()),
+        ("publish_time_ms", pa.int64()),
+        ("source_partition", pa.int32()),
+        ("source_offset", pa.int64()),
+    ]
+)
+TICK_SCHEMA = pa.schema(
+    [
+        ("ticker", pa.string()),
+        ("price", DECIMAL),
+        ("size", DECIMAL),
+        ("side", pa.string()),
+        ("trade_id", pa.string()),
+        ("time", pa.timestamp("ns", tz="UTC")),
+        ("stream", POSITION),
+    ]
+)
+CANDLE_SCHEMA = pa.schema(
+    [
+        ("ticker", pa.string()),
+        ("period_s", pa.uint32()),
+        ("open_time", pa.timestamp("ms", tz="UTC")),
+        ("open", DECIMAL),
+        ("high", DECIMAL),
+        ("low", DECIMAL),
+        ("close", DECIMAL),
+        ("volume", DECIMAL),
+        ("trade_count", pa.uint64()),
+        ("closed", pa.bool_()),
+        ("stream", POSITION),
+    ]
+)
+_TICK = attrgetter("ticker", "price", "size", "side", "trade_id", "exchange_time_ns", "stream")
+_CANDLE = attrgetter(
+    "ticker", "period_s", "open_time_ms", "open", "high", "low", "close", "volume",
+    "trade_count", "closed", "stream",
+)  # fmt: skip
+_POSITION = attrgetter("epoch", "seq", "publish_time_ms", "source_partition", "source_offset")
+_SIDE_NAMES = pa.array(["", *(SIDES.get(v, "") for v in range(1, max(SIDES) + 1))])
+
+
+def as_batch(msgs: Sequence[Message]) -> tuple[pa.RecordBatch, int]:
+    """A run of Tick or OHLC messages (one type) as one RecordBatch in the columns and values
+    of :class:`Tick` and :class:`Candle`, and how many rows were dropped because a price or
+    size is no decimal (as a typed subscription drops them). Each message is read once,
+    field by field in C (``attrgetter``); Arrow parses the decimals."""
+    if not msgs:
+        raise ValueError("an empty run has no batch")
+    tick = isinstance(msgs[0], market_pb2.Tick)
+    schema, getter = (TICK_SCHEMA, _TICK) if tick else (CANDLE_SCHEMA, _CANDLE)
+    *columns, streams = zip(*map(getter, msgs), strict=True)
+    arrays = [_column(values, f) for values, f in zip(columns, schema, strict=False)]
+    if tick:  # the Side enum's number as its name; an unknown one as ""
+        side = schema.get_field_index("side")
+        numbers = arrays[side]
+        known = pc.and_(pc.greater(numbers, 0), pc.less(numbers, len(_SIDE_NAMES)))
+        arrays[side] = _SIDE_NAMES.take(pc.if_else(known, numbers, 0))
+    positions = zip(*map(_POSITION, streams), strict=True)
+    arrays.append(
+        pa.StructArray.from_arrays(
+            [pa.array(v, f.type) for v, f in zip(positions, POSITION, strict=True)],
+            fields=list(POSITION),
+        )
+    )
+    bad = _not_decimal(arrays, schema)
+    if bad is not None:
+        keep = pc.invert(bad)
+        arrays = [a.filter(keep) for a in arrays]
+    batch = pa.RecordBatch.from_arrays(
+        [a.cast(f.type) if f.type == DECIMAL else a for a, f in zip(arrays, schema, strict=True)],
+        schema=schema,
+    )
+    return batch, len(msgs) - len(batch)
+
+
+def _column(values: tuple, f: pa.Field) -> pa.Array:
+    if f.type == DECIMAL:
+        return pa.array(values, pa.string())  # cast once the rows that are no decimal are out
+    return pa.array(values, pa.int32() if f.name == "side" else f.type)  # side: its number
+
+
+def _not_decimal(arrays: list[pa.Array], schema: pa.Schema) -> pa.Array | None:
+    """Which rows hold a decimal column that does not cast to DECIMAL(38,18), or None when
+    all cast (the rule, checked row by row only when the whole column fails)."""
+    bad = None
+    for a, f in zip(arrays, schema, strict=True):
+        if f.type != DECIMAL:
+            continue
+        try:
+            a.cast(DECIMAL)
+            continue
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            rows = pa.array([not _casts(v) for v in a.to_pylist()])
+        bad = rows if bad is None else pc.or_(bad, rows)
+    return bad
+
+
+def _casts(text: str | None) -> bool:
+    try:
+        pa.array([text], pa.string()).cast(DECIMAL)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    return True

@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from candlewire.market import Candle, Tick, typed
+from candlewire.market import CANDLE_SCHEMA, TICK_SCHEMA, Candle, Tick, as_batch, typed
 from proto import market_pb2
 from proto import requests_pb2 as rq
 
@@ -79,3 +79,88 @@ def test_other_messages_pass_through_and_bad_numbers_raise() -> None:
 
     with pytest.raises(InvalidOperation):
         typed(market_pb2.Tick(ticker="X:A/B", price="1,5", size="1"))
+
+
+def as_row(item: Tick | Candle) -> dict:
+    """A typed message in the columns of its RecordBatch (times as epoch integers)."""
+    row = {f.name: getattr(item, f.name) for f in dataclasses.fields(item) if f.name in COLUMNS}
+    if isinstance(item, Tick):
+        row["time"] = item.time_ns
+    else:
+        row["open_time"] = int(item.open_time.timestamp() * 1000)
+    s = item.stream
+    row["stream"] = {
+        "epoch": s.epoch,
+        "seq": s.seq,
+        "publish_time_ms": s.publish_time_ms,
+        "source_partition": s.source_partition,
+        "source_offset": s.source_offset,
+    }
+    return row
+
+
+COLUMNS = set(TICK_SCHEMA.names) | set(CANDLE_SCHEMA.names)
+
+
+def batch_rows(batch) -> list[dict]:
+    import pyarrow as pa
+
+    times = [c for c in ("time", "open_time") if c in batch.schema.names]
+    for name in times:
+        i = batch.schema.get_field_index(name)
+        batch = batch.set_column(i, name, batch.column(i).cast(pa.int64()))
+    return batch.to_pylist()
+
+
+def test_a_run_as_arrow_holds_what_the_typed_messages_hold_row_for_row() -> None:
+    ticks = [
+        market_pb2.Tick(
+            ticker="X:A/B",
+            trade_id=str(i),
+            price=f"{12_000 + i}.{i:04d}",
+            size="0.000000000000000001" if i == 3 else f"{i % 5}.5",
+            side=i % 4,  # 3 is no Side the proto knows: "" like a typed tick
+            exchange_time_ns=NS + i,
+            stream=market_pb2.StreamPosition(
+                epoch=2, seq=i + 1, publish_time_ms=9, source_partition=4, source_offset=70 + i
+            ),
+        )
+        for i in range(20)
+    ]
+    batch, dropped = as_batch(ticks)
+    assert dropped == 0 and batch.schema == TICK_SCHEMA
+    assert batch_rows(batch) == [as_row(typed(t)) for t in ticks]
+    assert batch.column("side").to_pylist()[:4] == ["", "buy", "sell", ""]
+
+    candles = [
+        market_pb2.OHLC(
+            ticker="X:A/B",
+            period_s=60,
+            open_time_ms=60_000 * i,
+            open="1.5",
+            high="2",
+            low="0.25",
+            close=str(i),
+            volume="1000000.123",
+            trade_count=i,
+            closed=i % 2 == 0,
+            stream=market_pb2.StreamPosition(epoch=2, seq=i + 1, source_offset=-1),
+        )
+        for i in range(5)
+    ]
+    batch, dropped = as_batch(candles)
+    assert dropped == 0 and batch.schema == CANDLE_SCHEMA
+    assert batch_rows(batch) == [as_row(typed(c)) for c in candles]
+
+
+def test_rows_arrow_cannot_hold_are_dropped_and_counted_and_the_rest_kept() -> None:
+    ticks = [
+        market_pb2.Tick(ticker="X:A/B", trade_id=str(i), price=p, size="1", exchange_time_ns=NS)
+        for i, p in enumerate(["1.5", "abc", "2", "1e400", "", "3"])
+    ]
+    batch, dropped = as_batch(ticks)
+    assert dropped == 3
+    assert batch.column("trade_id").to_pylist() == ["0", "2", "5"]
+    assert [str(v.normalize()) for v in batch.column("price").to_pylist()] == ["1.5", "2", "3"]
+    with pytest.raises(ValueError):
+        as_batch([])

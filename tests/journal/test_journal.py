@@ -114,6 +114,77 @@ def test_late_joiner_replays_then_goes_live_without_gap_or_repeat(
         assert sub.stats.delivered == len(got)
 
 
+def publish_varied(feed: TickFeed, n: int) -> None:
+    """``n`` ticks of the feed with prices, sizes and sides that differ from tick to tick."""
+    from candlewire.testing import to_record
+
+    records, now = [], time.time_ns()
+    for _ in range(n):
+        off = feed.next_offset
+        tick = market_pb2.Tick(
+            ticker=feed.ticker,
+            trade_id=str(off),
+            price=f"{100 + off % 7}.{off % 100:02d}",
+            size=f"0.{off % 1000:03d}1",
+            side=off % 3,
+            exchange_time_ns=now + off,
+            ingest_time_ns=now,
+        )
+        records.append((feed.topic.encode(), to_record(tick), 0, off))
+        feed.next_offset += 1
+    feed.publisher.publish_ticks(records)
+
+
+def test_an_arrow_replay_equals_the_object_replay_and_goes_on_live(
+    journal_settings, journal, stream_pub, relay
+) -> None:
+    import pyarrow as pa
+
+    feed = TickFeed(stream_pub)
+    publish_varied(feed, 3000)
+    since = int(time.time() * 1000) - 60_000
+    time.sleep(0.5)
+    with Client(journal_settings) as client:
+        sub = client.subscribe(feed.ticker, since=since, idle_timeout=30)
+        objects = [next(sub) for _ in range(3000)]
+        sub.close()
+    flowing = feed.flow(per_s=2000, seconds=2)
+    rows: list[dict] = []
+    live: list = []
+    with Client(journal_settings) as client:
+        sub = client.subscribe(feed.ticker, since=since, idle_timeout=30, batches=True)
+        for item in sub:
+            if isinstance(item, pa.RecordBatch):
+                times = item.column("time").cast(pa.int64())
+                rows.extend(
+                    dict(r, time=t)
+                    for r, t in zip(item.to_pylist(), times.to_pylist(), strict=True)
+                )
+            else:
+                live.append(item)
+            last = live[-1].stream.source_offset if live else rows[-1]["stream"]["source_offset"]
+            if last >= 3000 + 3999:
+                break
+        sub.close()
+    flowing.join()
+    assert len(rows) >= 3000 and len(live) > 0  # the replay came in batches, then live ticks
+    offsets = [r["stream"]["source_offset"] for r in rows] + [t.stream.source_offset for t in live]
+    assert offsets == list(range(3000 + 4000))  # no gap, no repeat, at the seam too
+
+    def fields(t) -> tuple:
+        s = t.stream
+        return (t.ticker, t.trade_id, t.price, t.size, t.side, t.time_ns, s.epoch, s.seq)
+
+    def columns(r: dict) -> tuple:
+        s = r["stream"]
+        names = ("ticker", "trade_id", "price", "size", "side", "time")
+        return (*(r[n] for n in names), s["epoch"], s["seq"])
+
+    assert [columns(r) for r in rows[:3000]] == [fields(t) for t in objects]
+    assert {t.side for t in objects} == {"", "buy", "sell"}
+    assert sub.stats.malformed == 0
+
+
 BURST = 200_000
 
 
