@@ -6,6 +6,8 @@ notice a peer that vanished without closing its connection.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable, Iterator
 
 import zmq
@@ -56,3 +58,63 @@ def subscriptions(
             yield sub
         elif on_other is not None:
             on_other()
+
+
+class Batches:
+    """A socket on an asyncio loop, in batches: the loop waits only when nothing is queued,
+    then takes every message queued (up to a limit) in one turn; the messages sent in one
+    turn go out together at its end. pyzmq's asyncio socket makes a future for every send and
+    receive (and a timer for every send while a receive waits), and a message sent alone
+    wakes ZMQ's I/O thread alone: about four times the CPU of one in a burst.
+
+    Sends never wait: on a socket that would block (not a ROUTER, which drops) the message
+    is dropped. ZMQ's FD is edge-triggered and any call on the socket may take the edge of a
+    message that arrived meanwhile, so ZMQ_EVENTS is checked when a wait starts, when the FD
+    wakes and after the sends. Use it from one loop only, and not beside the same socket's
+    asyncio methods (they would compete for the FD)."""
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock: zmq.Socket = zmq.Socket.shadow(sock.underlying)
+        self._ready: asyncio.Event | None = None  # while a receive waits
+        self._outbox: list[list[bytes]] = []
+
+    async def recv(self, limit: int) -> list[list[zmq.Frame]]:
+        """The multipart messages queued, waiting for the first; at most ``limit``."""
+        while True:
+            batch: list[list[zmq.Frame]] = []
+            while len(batch) < limit:
+                try:
+                    batch.append(self.sock.recv_multipart(zmq.NOBLOCK, copy=False))
+                except zmq.Again:
+                    break
+            if batch:
+                return batch
+            await self._readable()
+
+    def send(self, frames: list[bytes]) -> None:
+        """Send at the end of this loop turn, with the other messages sent in it."""
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append(frames)
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        for frames in outbox:
+            with contextlib.suppress(zmq.Again):
+                self.sock.send_multipart(frames, zmq.NOBLOCK)
+        self._check()
+
+    async def _readable(self) -> None:
+        loop, fd = asyncio.get_running_loop(), self.sock.FD
+        self._ready = asyncio.Event()
+        loop.add_reader(fd, self._check)
+        try:
+            self._check()
+            await self._ready.wait()
+        finally:
+            loop.remove_reader(fd)
+            self._ready = None
+
+    def _check(self) -> None:
+        if self._ready is not None and self.sock.get(zmq.EVENTS) & zmq.POLLIN:
+            self._ready.set()

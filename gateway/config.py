@@ -44,14 +44,27 @@ class GatewaySettings(BaseSettings):
     auth_timeout_s: float = 5.0
     dedup_window_s: float = 300.0
     """A critical event seen again within this window is acked again, not delivered again."""
-    max_inflight: int = 16
-    """Critical events delivered at once by this gateway."""
+    max_inflight: int = 128
+    """Critical events this gateway works on at once, from receipt to the committed answer.
+    Throughput is at most this many per round trip of one event (a batched lookup, the
+    delivery, a batched commit: about 10 ms), so 16 capped it near 1,600/s; a kill -9 can
+    deliver at most this many twice."""
     retry_poll_s: float = 1.0
     max_retries: int = 20
     """Rate-limited (QUEUED) deliveries tried this often before the gateway gives up."""
 
     telegram_token: SecretStr = SecretStr("")
     telegram_api: str = "https://api.telegram.org"
+    telegram_sessions: bool = True
+    """Long poll the Bot API's getUpdates, so that a chat's /start and /stop open and end a
+    Telegram session that gets informational events. The Bot API serves one poller per bot
+    (another gets 409 Conflict): in a pool of gateways sharing a bot token, leave it on in
+    one only, which then holds every Telegram session."""
+    telegram_poll_s: int = Field(default=25, ge=1, le=50)
+    """How long one getUpdates waits for an update (Telegram allows up to 50)."""
+    telegram_queue: int = 256
+    """Messages waiting for Telegram sessions; beyond, informational ones are dropped and
+    counted rather than held up."""
     smtp_host: str = ""
     smtp_port: int = 587
     smtp_user: str = ""

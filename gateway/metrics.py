@@ -74,3 +74,28 @@ class GatewayMetrics:
             registry=r,
         )
         self.symbols = Gauge("candlewire_gateway_symbols", "Symbols known", registry=r)
+        self.telegram_sessions = Gauge(
+            "candlewire_gateway_telegram_sessions",
+            "Telegram chats in session (/start without /stop)",
+            registry=r,
+        )
+        self.telegram_polls = Counter(
+            "candlewire_gateway_telegram_polls",
+            "getUpdates answers, by result (ok, rate_limited, conflict, error, unreachable, "
+            "malformed)",
+            ["result"],
+            registry=r,
+        )
+        self.telegram_updates = Counter(
+            "candlewire_gateway_telegram_updates",
+            "Bot updates, by kind (start, stop, unlinked chat, ignored, malformed)",
+            ["kind"],
+            registry=r,
+        )
+        self.telegram_messages = Counter(
+            "candlewire_gateway_telegram_session_messages",
+            "Messages to Telegram sessions, by result (sent, queue_full, rate_limited, retried, "
+            "given_up, blocked, failed, stopped)",
+            ["result"],
+            registry=r,
+        )

@@ -9,7 +9,8 @@ Read top to bottom:
    reach it through :class:`~gateway.sessions.Sessions`.
 3. :meth:`_informational` is the fast path: a user's first session subscribes
    ``USER:{id}`` on every container, the last one unsubscribes, and each event fans out to
-   that user's sessions.
+   that user's sessions, browsers and Telegram chats in session
+   (:mod:`gateway.telegram_sessions`: ``/start`` and ``/stop`` through ``getUpdates``).
 4. :meth:`_critical` is the at-least-once path (:mod:`gateway.critical`).
 5. :meth:`_market` forwards candles to charts and reloads symbols on METADATA_UPDATE.
 
@@ -21,10 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from http import HTTPStatus
 from importlib import resources
@@ -38,12 +41,12 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from candlewire import curve
-from candlewire.config import Settings
+from candlewire.config import PortTaken, Settings
 from candlewire.curve import GATEWAY_KEY, Guard, Peer, dial, peer_of
 from candlewire.history import read_history
 from candlewire.lake import sql_url
 from candlewire.market import plain
-from candlewire.runtime import MetricsServer, run_until_signal
+from candlewire.runtime import MetricsServer, bind, binding, run_until_signal
 from candlewire.topics import (
     market_data_topic,
     metadata_update_topic,
@@ -51,7 +54,7 @@ from candlewire.topics import (
     subscription_error_topic,
     user_topic,
 )
-from candlewire.zmqutil import harden
+from candlewire.zmqutil import Batches, harden
 from gateway.auth import BadToken, check_secret, verify_token
 from gateway.channels import Channel
 from gateway.channels.email import EmailChannel
@@ -63,6 +66,7 @@ from gateway.directory import Directory
 from gateway.metrics import GatewayMetrics
 from gateway.sessions import SLOW_CLOSE_CODE, Session, SessionChannel, Sessions, event_message
 from gateway.symbols import SymbolCatalog
+from gateway.telegram_sessions import TelegramSessions
 from proto import events_pb2 as ev
 from proto import market_pb2
 from proto import requests_pb2 as rq
@@ -71,6 +75,7 @@ from proto.envelope import EnvelopeError, decode, decode_sub, encode, expect
 log = logging.getLogger("candlewire.gateway")
 
 PURGE_EVERY_S = 60.0
+CRITICAL_BATCH = 256  # critical events taken from the ROUTER in one loop turn
 SEED_CANDLES = 90  # what the page draws
 
 
@@ -120,6 +125,7 @@ class Gateway:
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
+        self._watching: Counter[str] = Counter()  # user -> browsers and chats (0, 1 or 2)
         self.sessions = Sessions(
             self.gw.session_queue,
             self.gw.max_sessions_per_user,
@@ -148,8 +154,17 @@ class Gateway:
 
     def run(self) -> None:
         run_until_signal(
-            self.start, self.stop, lambda: self._thread is not None and self._thread.is_alive()
+            self._start_process,
+            self.stop,
+            lambda: self._thread is not None and self._thread.is_alive(),
         )
+
+    def _start_process(self) -> None:
+        self.start()
+        # What the process made to start lives as long as it does: a full collection need
+        # not walk it again (one took 90 ms, a stall of every critical ack). Not in start():
+        # a test process starts many gateways, and its garbage must stay collectable.
+        gc.freeze()
 
     def _run(self) -> None:
         self._loop = asyncio.new_event_loop()
@@ -157,7 +172,8 @@ class Gateway:
             self._loop.run_until_complete(self._main())
         except BaseException as exc:  # reported to start()
             self._error = exc
-            log.exception("gateway stopped on an error")
+            if not isinstance(exc, PortTaken):  # that one is a line of its own, at start()
+                log.exception("gateway stopped on an error")
         finally:
             self._ready.set()
             self._loop.close()
@@ -169,6 +185,18 @@ class Gateway:
         await asyncio.to_thread(self.directory.create)
         await asyncio.to_thread(self._reload_symbols)
         self.channels = build_channels(gw, self.sessions)
+        telegram = self.channels[ev.TELEGRAM]
+        assert isinstance(telegram, TelegramChannel)  # build_channels made it
+        self.telegram = TelegramSessions(
+            telegram,
+            self.directory.engine,
+            self.metrics,
+            on_first=self._watch_user,
+            on_last=self._unwatch_user,
+            enabled=gw.telegram_sessions,
+            poll_s=gw.telegram_poll_s,
+            queue=gw.telegram_queue,
+        )
         self.critical = CriticalDelivery(
             self.directory,
             self.channels,
@@ -192,25 +220,24 @@ class Gateway:
         server: Server | None = None
         tasks: list[asyncio.Task[None]] = []
         try:
-            self._router.bind(s.bind("critical_events"))
+            bind(self._router, s, "critical_events")
             for endpoint in gw.container_endpoints(s):
                 self._events.connect(endpoint)
             for endpoint in s.relays("market_data"):  # every relay: one may die
                 self._market.connect(endpoint)
             self._market.subscribe(metadata_update_topic())
-            server = await serve(
-                self._session,
-                s.bind_host,
-                s.port("gateway_http"),
-                process_request=self._http,
-                max_size=gw.max_ws_message_bytes,
-                max_queue=16,
-                close_timeout=2,
-            )
-            if self._serve_metrics:
-                metrics_server = MetricsServer(
-                    self.metrics.registry, s.bind_host, s.port("gateway_metrics")
+            with binding(s, "gateway_http"):
+                server = await serve(
+                    self._session,
+                    s.bind_host,
+                    s.port("gateway_http"),
+                    process_request=self._http,
+                    max_size=gw.max_ws_message_bytes,
+                    max_queue=16,
+                    close_timeout=2,
                 )
+            if self._serve_metrics:
+                metrics_server = MetricsServer(self.metrics.registry, s, "gateway_metrics")
             tasks = [
                 asyncio.create_task(coro)
                 for coro in (
@@ -219,6 +246,7 @@ class Gateway:
                     self._markets(),
                     self._retries(),
                     self._purge(),
+                    self.telegram.run(),
                 )
             ]
             self.metrics.up.set(1)
@@ -359,10 +387,18 @@ class Gateway:
             session.offer(_seed_candle(row))
 
     def _watch_user(self, user_id: str) -> None:
-        self._events.subscribe(user_topic(user_id))
+        """Called on a user's first browser session and on their first Telegram chat:
+        ``USER:{id}`` is subscribed once for both, since containers count subscriptions as
+        gateways watching (libzmq passes on every subscribe, but only the last unsubscribe)."""
+        self._watching[user_id] += 1
+        if self._watching[user_id] == 1:
+            self._events.subscribe(user_topic(user_id))
 
     def _unwatch_user(self, user_id: str) -> None:
-        self._events.unsubscribe(user_topic(user_id))
+        self._watching[user_id] -= 1
+        if self._watching[user_id] <= 0:
+            del self._watching[user_id]
+            self._events.unsubscribe(user_topic(user_id))
 
     def _slow(self, session: Session) -> None:
         self.metrics.slow_disconnects.inc()
@@ -391,36 +427,41 @@ class Gateway:
                 continue
             if not self._may_send(peer_of(frames[-1]), event, "events"):
                 continue
-            message = event_message(event, self.symbols.render(event), "informational")
-            sent = self.sessions.send(event.user_id, message)
+            rendered = self.symbols.render(event)
+            sent = self.sessions.send(
+                event.user_id, event_message(event, rendered, "informational")
+            ) + self.telegram.deliver(event.user_id, rendered)  # never waits on HTTP
             self.metrics.informational.labels("sent" if sent else "no_session").inc()
 
     # -- the critical path ------------------------------------------------------------------
 
     async def _critical(self) -> None:
+        """Every event queued on the ROUTER is taken in one loop turn, so the events in flight
+        share their database round trips (:class:`~gateway.critical.Batcher`)."""
         slots = asyncio.Semaphore(self.gw.max_inflight)
+        self._acks = router = Batches(self._router)
         while True:
-            raw = await self._router.recv_multipart(copy=False)
-            peer, frames = peer_of(raw[-1]), [f.bytes for f in raw]
-            identity, body = frames[0], frames[1:]
-            if body and not body[0]:
-                body = body[1:]  # DEALER's empty delimiter
-            try:
-                event = expect(decode(body), ev.UserEvent)
-            except EnvelopeError as exc:
-                self.metrics.dropped.labels("critical_events", exc.reason).inc()
-                continue
-            if not self._may_send(peer, event, "critical"):
-                ack = ev.EventAck(
-                    event_id=event.event_id,
-                    status=ev.ERROR,
-                    error_message=f"this key may send events of user {peer.user!r} only",
-                )
-                await self._router.send_multipart([identity, b"", *encode(ack)])
-                continue
-            await slots.acquire()
-            task = asyncio.create_task(self._answer(identity, event))
-            task.add_done_callback(lambda _t: slots.release())
+            for raw in await router.recv(CRITICAL_BATCH):
+                peer, frames = peer_of(raw[-1]), [f.bytes for f in raw]
+                identity, body = frames[0], frames[1:]
+                if body and not body[0]:
+                    body = body[1:]  # DEALER's empty delimiter
+                try:
+                    event = expect(decode(body), ev.UserEvent)
+                except EnvelopeError as exc:
+                    self.metrics.dropped.labels("critical_events", exc.reason).inc()
+                    continue
+                if not self._may_send(peer, event, "critical"):
+                    ack = ev.EventAck(
+                        event_id=event.event_id,
+                        status=ev.ERROR,
+                        error_message=f"this key may send events of user {peer.user!r} only",
+                    )
+                    router.send([identity, b"", *encode(ack)])
+                    continue
+                await slots.acquire()
+                task = asyncio.create_task(self._answer(identity, event))
+                task.add_done_callback(lambda _t: slots.release())
 
     def _may_send(self, peer: Peer | None, event: ev.UserEvent, channel: str) -> bool:
         """A container's key speaks for its own user only (None: CURVE is off)."""
@@ -436,7 +477,7 @@ class Gateway:
         except Exception:  # no ack: the container resends, nothing is lost
             log.exception("event %s not handled; the container will resend", event.event_id)
             return
-        await self._router.send_multipart([identity, b"", *encode(ack)])
+        self._acks.send([identity, b"", *encode(ack)])  # with the others of this loop turn
 
     async def _retries(self) -> None:
         while True:

@@ -1,4 +1,5 @@
-"""Telegram: the Bot API's ``sendMessage`` over HTTPS (httpx).
+"""Telegram: the Bot API over HTTPS (httpx): ``sendMessage`` here, and the raw calls that
+:mod:`gateway.telegram_sessions` makes (``getUpdates``) through the same client.
 
 The bot token is part of every URL, so httpx's own request logging is silenced and errors
 are reported by type and status, never by URL.
@@ -6,7 +7,9 @@ are reported by type and status, never by URL.
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 import httpx
 
@@ -21,36 +24,82 @@ logging.getLogger("httpcore").setLevel(logging.WARNING)
 TRANSIENT_RETRY_S = 5.0
 
 
+def message_text(message: Rendered) -> str:
+    """An event as a chat message: the same words on the critical and the session path."""
+    return f"{message.title}\n{message.text}"
+
+
+def result_of(status: int, data: dict[str, Any], reason: str = "") -> Result:
+    """What a Bot API answer means for a delivery: 429 and 5xx are "later"."""
+    if status == 200 and data.get("ok"):
+        return DELIVERED
+    description = str(data.get("description", reason))[:200]
+    if status == 429:
+        return Result(Outcome.RETRY, f"telegram rate limit: {description}", retry_after(data))
+    if status >= 500:
+        return Result(Outcome.RETRY, f"telegram {status}", TRANSIENT_RETRY_S)
+    return Result(Outcome.FAILED, f"telegram {status}: {description}")
+
+
+def retry_after(data: dict[str, Any], default: float = 1.0) -> float:
+    """The seconds a 429 asks us to wait (``parameters.retry_after``)."""
+    params = data.get("parameters")
+    value = params.get("retry_after") if isinstance(params, dict) else None
+    return float(value) if isinstance(value, int | float) and value >= 0 else default
+
+
 class TelegramChannel:
     kind = ev.TELEGRAM
 
     def __init__(self, token: str, api: str, timeout_s: float) -> None:
         self._token = token
+        self.timeout_s = timeout_s
         self._http = httpx.AsyncClient(base_url=api.rstrip("/"), timeout=timeout_s)
+
+    @property
+    def configured(self) -> bool:
+        return bool(self._token)
+
+    @property
+    def bot_id(self) -> str:
+        """The bot's public id, the token's part before the colon (not a secret)."""
+        return self._token.split(":", 1)[0]
+
+    async def call(
+        self, method: str, body: dict[str, Any], timeout_s: float | None = None
+    ) -> tuple[int, bytes, str]:
+        """One Bot API call: status, raw body and reason. Raises httpx.HTTPError when the
+        API is unreachable; callers report its type only (its message holds the URL)."""
+        resp = await self._http.post(
+            f"/bot{self._token}/{method}", json=body, timeout=timeout_s or self.timeout_s
+        )
+        return resp.status_code, resp.content, resp.reason_phrase
+
+    async def send_text(self, chat_id: str, text: str) -> tuple[int, Result]:
+        """``sendMessage`` to a chat: the HTTP status (0 when unreachable) and its meaning."""
+        try:
+            status, body, reason = await self.call(
+                "sendMessage", {"chat_id": chat_id, "text": text}
+            )
+        except httpx.HTTPError as exc:
+            return 0, unreachable("telegram", exc, TRANSIENT_RETRY_S)
+        return status, result_of(status, json_object(body), reason)
 
     async def send(self, user: UserAddress, event: ev.UserEvent, message: Rendered) -> Result:
         if not self._token:
             return Result(Outcome.SKIPPED, "telegram is not configured")
         if not user.telegram_chat_id:
             return Result(Outcome.SKIPPED, "no telegram chat for the user")
-        body = {"chat_id": user.telegram_chat_id, "text": f"{message.title}\n{message.text}"}
-        try:
-            resp = await self._http.post(f"/bot{self._token}/sendMessage", json=body)
-        except httpx.HTTPError as exc:
-            return unreachable("telegram", exc, TRANSIENT_RETRY_S)
-        try:
-            data = resp.json()
-        except ValueError:
-            data = {}
-        if resp.status_code == 200 and data.get("ok"):
-            return DELIVERED
-        description = str(data.get("description", resp.reason_phrase))[:200]
-        if resp.status_code == 429:
-            retry_after = float((data.get("parameters") or {}).get("retry_after", 1))
-            return Result(Outcome.RETRY, f"telegram rate limit: {description}", retry_after)
-        if resp.status_code >= 500:
-            return Result(Outcome.RETRY, f"telegram {resp.status_code}", TRANSIENT_RETRY_S)
-        return Result(Outcome.FAILED, f"telegram {resp.status_code}: {description}")
+        return (await self.send_text(user.telegram_chat_id, message_text(message)))[1]
 
     async def close(self) -> None:
         await self._http.aclose()
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """A JSON object, or empty for anything else (an HTML error page from a proxy)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}

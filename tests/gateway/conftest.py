@@ -19,6 +19,7 @@ from candlewire.lake import sql_url
 from candlewire.testing import TelegramStandIn, open_session
 from gateway import Gateway, GatewaySettings, issue_token
 from gateway.directory import Directory, retries
+from gateway.telegram_sessions import SessionStore, sessions_table
 from proto import events_pb2 as ev
 from proto.envelope import decode, encode, expect
 from relay import Relay
@@ -49,11 +50,13 @@ def gw_env(lakehouse: Settings, tmp_path: Path) -> Iterator[Settings]:
 
 
 def forget_queued(settings: Settings) -> None:
-    """Gateways share queued retries through PostgreSQL; one test's must not reach the next
-    test's stand-ins."""
+    """Gateways share queued retries and Telegram sessions through PostgreSQL; one test's
+    must not reach the next test's stand-ins."""
     directory = Directory(sql_url(settings)).create()
+    SessionStore(directory.engine, "").create()
     with directory.engine.begin() as db:
         db.execute(sa.delete(retries))
+        db.execute(sa.delete(sessions_table))
     directory.close()
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import re
 import signal
+import threading
 import time
 from collections import Counter
 
@@ -11,7 +15,8 @@ from candlewire.config import Settings
 from candlewire.testing import http_get as get
 from candlewire.testing import new_user, user_event
 from proto import events_pb2 as ev
-from tests.gateway.conftest import gw_config, spawn_gateway
+from proto.envelope import decode, encode, expect
+from tests.gateway.conftest import gw_config, sign_in, spawn_gateway
 from tests.support import counted, free_port, wait_for
 
 TELEGRAM_ONLY = [(ev.TELEGRAM, False)]
@@ -99,6 +104,107 @@ def test_malformed_frames_are_dropped_and_counted(gw_env, make_gateway, containe
 
 def dropped(gw) -> float:
     return sum(counted(gw.metrics.dropped).values())
+
+
+# -- batches: many events in flight share their database round trips ----------------------
+
+ACTIVE = [(ev.ACTIVE_SESSION, True)]
+
+
+def burst(dealer, events: list[ev.UserEvent]) -> None:
+    """Send without waiting for acks, as a container with many events pending does."""
+    for event in events:
+        dealer.sock.send_multipart([b"", *encode(event)])
+
+
+def acks_of(dealer, n: int) -> list[ev.EventAck]:
+    acks: list[ev.EventAck] = []
+    while len(acks) < n:
+        assert dealer.sock.poll(20_000), f"{len(acks)} acks of {n}"
+        acks.append(expect(decode(dealer.sock.recv_multipart()[1:]), ev.EventAck))
+    return acks
+
+
+def delivered(ws, n: int) -> Counter[str]:
+    """The events a session receives, counted once ``n`` have come and then until a ping's
+    pong, which the gateway queues behind every message queued before it."""
+    got: Counter[str] = Counter()
+    pinged = False
+    while True:
+        msg = json.loads(ws.recv(timeout=20))
+        if msg["type"] == "event":
+            got[msg["event_id"]] += 1
+        elif msg["type"] == "pong" and pinged:
+            return got
+        if not pinged and got.total() >= n:
+            ws.send(json.dumps({"op": "ping"}))
+            pinged = True
+
+
+def test_a_burst_is_acked_once_per_copy_delivered_once_and_committed_in_batches(
+    gw_env, make_gateway, container, monkeypatch
+) -> None:
+    gw = make_gateway(gw_env, gw_config(session_queue=1000))
+    committed: list[int] = []
+    record = gw.directory.record
+
+    async def counting(answers) -> None:
+        await record(answers)
+        committed.append(len(answers))
+
+    monkeypatch.setattr(gw.directory, "record", counting)
+    user = new_user()
+    ws = sign_in(gw_env, user)
+    events = [user_event(user, ev.CRITICAL, ACTIVE) for _ in range(200)]
+    resent = events[::5]  # a resend right behind its original: the same batch
+    invalid = user_event(user, ev.CRITICAL, ACTIVE)
+    invalid.event_id = "x" * 200  # wider than the key column: refused, alone
+    sent = [e for event in events for e in ([event, event] if event in resent else [event])]
+    dealer = container(gw_env)
+    burst(dealer, [*sent, invalid])
+    acks = acks_of(dealer, len(sent) + 1)
+    assert Counter(a.event_id for a in acks) == Counter(e.event_id for e in [*sent, invalid])
+    by_id = {a.event_id: a.status for a in acks}
+    assert by_id.pop(invalid.event_id) == ev.ERROR
+    assert set(by_id.values()) == {ev.DELIVERED}
+    assert delivered(ws, len(events)) == Counter(e.event_id for e in events)  # once each
+    assert gw.metrics.critical.labels("duplicate")._value.get() == len(resent)
+    assert sum(committed) == len(events)  # every answer stored once ...
+    assert max(committed) >= 10  # ... many to a statement
+    ws.close()
+
+
+def test_no_ack_before_the_commit_and_a_failed_commit_leaves_the_events_to_resend(
+    gw_env, make_gateway, container, monkeypatch, caplog
+) -> None:
+    gw = make_gateway(gw_env, gw_config(session_queue=1000))
+    record, commit = gw.directory.record, threading.Event()
+
+    async def crashing(answers) -> None:  # the database dies before it commits
+        await asyncio.to_thread(commit.wait, 60)
+        raise ConnectionError("server closed the connection before the commit")
+
+    monkeypatch.setattr(gw.directory, "record", crashing)
+    user = new_user()
+    ws = sign_in(gw_env, user)
+    events = [user_event(user, ev.CRITICAL, ACTIVE) for _ in range(50)]
+    ids = Counter(e.event_id for e in events)
+    dealer = container(gw_env)
+    caplog.set_level(logging.ERROR, "candlewire.gateway")
+    burst(dealer, events)
+    try:
+        assert delivered(ws, len(ids)) == ids  # past their channel, before their commit ...
+        assert dealer.sock.poll(0) == 0  # ... so not acked
+    finally:
+        commit.set()
+    wait_for(lambda: sum("not handled" in r.getMessage() for r in caplog.records) == len(ids))
+    monkeypatch.setattr(gw.directory, "record", record)  # the database is back
+    burst(dealer, events)  # the container resends what was never acked
+    acks = acks_of(dealer, len(events))
+    assert Counter(a.event_id for a in acks) == ids  # no ack came from the failed commit
+    assert {a.status for a in acks} == {ev.DELIVERED}
+    assert delivered(ws, len(ids)) == ids  # at least once: delivered again, as unanswered
+    ws.close()
 
 
 # -- real processes: kill -9 with events in flight, two gateways ---------------------------
