@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 JARS   := .cache/jvm
 MVN    := mvn -q -B -s jvm/maven-settings.xml
 
-.PHONY: install jvm web system-packages test fuzz up down status bench soak scale scale-bench lint proto clean
+.PHONY: install jvm web system-packages test fuzz up down status bench bench-quick soak scale scale-bench lint docs proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -102,6 +102,12 @@ bench: install
 	$(PY) -m bench.cep
 	$(PY) -m bench.replay
 
+# The short benchmarks (under 5 minutes) against bench/baseline.json: fails when a figure is
+# more than 20 % worse. After a change to a hot path (docs/benchmarks.md); ARGS=--update
+# records this run as the baseline.
+bench-quick: install
+	$(PY) -m bench.quick $(ARGS)
+
 # Steady ticks for half an hour: commit times, RSS and lag must not grow (#34).
 soak: install
 	$(PY) -m bench.soak
@@ -109,6 +115,12 @@ soak: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# The documentation site (mkdocs.yml, docs/) into build/site; --strict fails on a broken link
+# or anchor and on an undocumented public member of the API reference. `make test` builds it
+# too (tests/test_docs.py).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir build/site
 
 proto: install
 	$(PY) -m proto.generate

@@ -201,10 +201,11 @@ def spark_kafka_read(settings) -> int:
         spark.stop()
 
 
-def latency(settings, seconds: float, rate: float = 20.0) -> list[float]:
+def latency(settings, seconds: float, rate: float = 20.0) -> list[tuple[float, float]]:
+    """(produce time, latency) of every tick shown by a candle update."""
     ticker = "BENCH:LAT/USDT"
     sent: dict[int, list[float]] = {}  # minute open → produce times, in order
-    samples: list[float] = []
+    samples: list[tuple[float, float]] = []
     stop = threading.Event()
 
     def produce() -> None:
@@ -239,7 +240,7 @@ def latency(settings, seconds: float, rate: float = 20.0) -> list[float]:
                 times = sent.get(candle.open_time_ms, [])
                 k = min(candle.trade_count, len(times))
                 # Every tick this update shows for the first time has waited until now.
-                samples.extend(got - t for t in times[seen.get(candle.open_time_ms, 0) : k])
+                samples.extend((t, got - t) for t in times[seen.get(candle.open_time_ms, 0) : k])
                 seen[candle.open_time_ms] = max(seen.get(candle.open_time_ms, 0), k)
                 if got > deadline:
                     break
@@ -247,6 +248,30 @@ def latency(settings, seconds: float, rate: float = 20.0) -> list[float]:
             stop.set()
             worker.join()
     return samples
+
+
+def slow_ticks(settings, timed: list[tuple[float, float]], over_s: float = 0.05) -> None:
+    """Where the tail comes from: the ticks slower than ``over_s``, by produce time, beside
+    the committing query's batches that ended in the latency window (its log)."""
+    if not timed:
+        return
+    start, end = timed[0][0], timed[-1][0] + 5
+
+    def clock(t: float) -> str:  # local time, as the job's log has it
+        return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"
+
+    slow = [(t, x) for t, x in timed if x > over_s]
+    print(f"{len(slow)} of {len(timed)} ticks over {over_s * 1000:.0f} ms:", flush=True)
+    for t, x in slow[:40]:
+        print(f"  {clock(t)} {x * 1000:6.0f} ms", flush=True)
+    log = settings.state_dir / "logs" / "stream.log"
+    if log.exists():
+        day = time.strftime("%Y-%m-%d", time.localtime(start))
+        for line in log.read_text(errors="replace").splitlines():
+            if "ticks batch" in line and line.startswith(day):
+                stamp = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))  # local
+                if start <= stamp <= end:
+                    print(f"  {line[11:]}", flush=True)
 
 
 def feeds_phase(settings, n: int = 2000, timeout: float = 120.0) -> dict[str, int]:
@@ -307,7 +332,9 @@ def main() -> None:
         wait_until_warm(settings)
         rates, cpu = throughput(settings, args.burst, args.profile, args.jfr)
         ceiling = spark_kafka_read(settings)
-        lat = sorted(latency(settings, args.latency_seconds))
+        timed = latency(settings, args.latency_seconds)
+        slow_ticks(settings, timed)
+        lat = sorted(x for _, x in timed)
         correct = feeds_phase(settings)
     p50, p99 = statistics.median(lat) * 1000, pct(lat, 0.99)
     print(

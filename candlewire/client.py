@@ -81,6 +81,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        """Close the client's sockets; a ``with`` block does it on leaving."""
         self._core.close()
 
     def submit(
@@ -240,6 +241,7 @@ class Subscription:
         return next(self._messages)
 
     def close(self) -> None:
+        """Stop: unsubscribe and drop what is queued."""
         self._source.close()  # type: ignore[attr-defined]
 
 
@@ -260,6 +262,7 @@ class AsyncSubscription:
         return await anext(self._messages)
 
     async def aclose(self) -> None:
+        """Stop: unsubscribe and drop what is queued."""
         await self._source.aclose()  # type: ignore[attr-defined]
 
 
@@ -307,6 +310,7 @@ class AsyncClient:
         self.close()
 
     def close(self) -> None:
+        """Close the client's sockets; an ``async with`` block does it on leaving."""
         self._core.close()
 
     async def submit(

@@ -12,6 +12,7 @@ ports so they can run beside ``make up``).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -43,6 +44,32 @@ def config_file() -> Path:
     return Path(os.environ.get("CANDLEWIRE_CONFIG", "candlewire.toml"))
 
 
+def port_setting(name: str) -> str:
+    """The variable that sets endpoint ``name``'s port (``CANDLEWIRE_PORTS__MARKET_DATA``),
+    from the endpoint table's name and the settings' own prefix: no message spells it by hand."""
+    config = Settings.model_config
+    return f"{config['env_prefix']}PORTS{config['env_nested_delimiter']}{name.upper()}"
+
+
+class PortTaken(OSError):
+    """A port this process must bind is in use: one line that names the setting moving it,
+    where a bare EADDRINUSE would say neither which endpoint nor what to change."""
+
+    def __init__(self, name: str, port: int, host: str, floats: bool = False) -> None:
+        """``floats``: the port would have given way to a free one had it not been set."""
+        self.endpoint, self.port, self.host = name, port, host
+        text = (
+            f"{ENDPOINTS[name].binder} cannot bind {name} on {host}:{port}: the port is taken "
+            f"(by another {ENDPOINTS[name].binder}?); set {port_setting(name)} or "
+            f"[ports] {name} in {config_file()} to a free one"
+            + (", or leave it unset to take any free port" if floats else "")
+        )
+        super().__init__(errno.EADDRINUSE, text)
+
+    def __str__(self) -> str:
+        return self.strerror or ""
+
+
 class ReplaySettings(BaseModel):
     """``[ingest.replay]``: the REPLAY exchange's Binance Vision downloads."""
 
@@ -56,6 +83,8 @@ class ReplaySettings(BaseModel):
 
 
 class IngestSettings(BaseModel):
+    """``[ingest]``: what ingestors read and which live trades they drop."""
+
     replay: ReplaySettings = Field(default_factory=ReplaySettings)
     tick_ahead_s: float = Field(default=60.0, ge=0)
     """A live trade stamped further ahead of the ingestor's clock is dropped and counted:
@@ -138,6 +167,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments first, then ``CANDLEWIRE_*`` variables, then the TOML file."""
         toml = TomlConfigSettingsSource(settings_cls, toml_file=config_file())
         return init_settings, env_settings, toml, file_secret_settings
 
@@ -264,9 +294,15 @@ class Settings(BaseSettings):
         return self
 
     def port(self, name: str) -> int:
+        """Endpoint ``name``'s port: the override in ``ports``, else the endpoint table's."""
         if name not in ENDPOINTS:
             raise KeyError(f"unknown endpoint {name!r}; known: {', '.join(ENDPOINTS)}")
         return self.ports.get(name, ENDPOINTS[name].port)
+
+    def port_set(self, name: str) -> bool:
+        """Whether ``name``'s port was set (variable, file or argument), not the default:
+        a metrics port that was set is bound as set or not at all."""
+        return name in self.ports
 
     def connect(self, name: str) -> str:
         """The ZMQ address a peer connects to."""
@@ -288,6 +324,8 @@ class Settings(BaseSettings):
         return f"tcp://{self.bind_host}:{self.port(name)}"
 
     def kafka_servers(self) -> str:
+        """The bootstrap list every Kafka client uses: ``kafka_bootstrap``, else the local
+        brokers."""
         if self.kafka_bootstrap:
             return self.kafka_bootstrap
         if self.kafka.brokers == 1:
@@ -303,6 +341,7 @@ class Settings(BaseSettings):
         return self.catalog_url or self._local_db("candlewire")
 
     def dagster_storage(self) -> str:
+        """Dagster's storage database: ``dagster_db``, else the local PostgreSQL's."""
         return self.dagster_db or self._local_db("dagster")
 
     def _local_db(self, db: str) -> str:
@@ -325,17 +364,22 @@ class Settings(BaseSettings):
         return self._curve_chosen
 
     def keys_dir(self) -> Path:
+        """Where the CURVE key pairs and the allow-list are."""
         return self.security.keys_dir or self.state_dir / "keys"
 
     def spark_master_url(self) -> str:
+        """The local standalone master when ``spark_workers`` is set, else
+        ``spark_master``."""
         if self.spark_workers:
             return f"spark://{self.host}:{self.port('spark_master')}"
         return self.spark_master
 
     def on_s3(self) -> bool:
+        """Whether the warehouse is on S3-compatible storage."""
         return self.warehouse_uri().startswith(("s3://", "s3a://"))
 
     def s3_endpoint(self) -> str:
+        """The S3 API: ``[s3] endpoint``, else the local S3Proxy."""
         return self.s3.endpoint or f"http://{self.host}:{self.port('s3')}"
 
     def local_s3(self) -> bool:
@@ -343,9 +387,11 @@ class Settings(BaseSettings):
         return self.on_s3() and self.s3.endpoint is None
 
     def warehouse_uri(self) -> str:
+        """The Iceberg warehouse: ``warehouse``, else ``<state_dir>/warehouse``."""
         return self.warehouse or (self.state_dir.resolve() / "warehouse").as_uri()
 
     def checkpoints(self) -> str:
+        """The streaming checkpoints: ``checkpoint_dir``, else ``<state_dir>/checkpoints``."""
         return self.checkpoint_dir or str((self.state_dir / "checkpoints").resolve())
 
     def to_env(self) -> dict[str, str]:
@@ -358,7 +404,7 @@ class Settings(BaseSettings):
             "CANDLEWIRE_MAX_HISTORY_ROWS": str(self.max_history_rows),
             "CANDLEWIRE_MARKET_DATA_HWM": str(self.market_data_hwm),
         }
-        env.update({f"CANDLEWIRE_PORTS__{k.upper()}": str(v) for k, v in self.ports.items()})
+        env.update({port_setting(k): str(v) for k, v in self.ports.items()})
         for name in ("kafka_bootstrap", "catalog_url", "dagster_db", "warehouse"):
             if getattr(self, name):
                 env[f"CANDLEWIRE_{name.upper()}"] = getattr(self, name)

@@ -23,12 +23,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from candlewire.config import Settings
+from candlewire.endpoints import ENDPOINTS
 
 log = logging.getLogger("candlewire.curve")
 
@@ -51,6 +53,20 @@ CHANNELS: dict[str, frozenset[str]] = {
 
 # Server key pairs, one per service that authenticates peers.
 SERVERS = ("relay", "gateway", "journal")
+
+# Each channel's server and endpoint. A peer dials them all but ``events``: there the
+# gateway's SUB dials the peer's own XPUB, bound on that port.
+CHANNEL_ENDPOINTS: dict[str, tuple[str, str]] = {
+    "requests": ("relay", "client_requests"),
+    "work": ("relay", "work_queue"),
+    "control": ("relay", "control"),
+    "market": ("relay", "market_data"),
+    "ingress": ("relay", "publisher_ingress"),
+    "critical": ("gateway", "critical_events"),
+    "events": ("gateway", "user_events"),
+    "journal": ("journal", "journal"),
+}
+EXPORT_FORMAT = "candlewire-key/1"
 
 # The client keys of candlewire's own processes, made by ``keys init``. ``desk`` is the stream
 # job's trigger desk, which takes work from the work queue as ingestors do; ``local`` is
@@ -158,6 +174,51 @@ class Keyring:
 
     def public(self, name: str) -> bytes:
         return self.pair(name)[0]
+
+    def has(self, name: str) -> bool:
+        return (self.dir / f"{name}.key_secret").exists()
+
+    def export(self, settings: Settings, name: str) -> dict[str, Any]:
+        """What a client in another language needs to act as ``name`` (see ``candlewire
+        keys export --help``): its pair, its role, and for each channel its role may use,
+        where to dial (every relay) and the server key to expect there, all z85."""
+        if name in SERVERS:
+            raise ValueError(f"{name!r} is a server key: its secret stays with its server")
+        peer = next((p for p in self.allowed().values() if p.name == name), None)
+        if peer is None:
+            raise MissingKey(
+                f"no allowed key {name!r} in {self.dir}; make one with "
+                f"`candlewire keys add-client {name} --role ROLE`"
+            )
+        public, secret = self.pair(name)
+        endpoints: dict[str, dict[str, Any]] = {}
+        for channel, (server, endpoint) in CHANNEL_ENDPOINTS.items():
+            if peer.role not in CHANNELS[channel]:
+                continue
+            entry: dict[str, Any] = {
+                "server": server,
+                "server_key": self.public(server).decode(),
+                "pattern": ENDPOINTS[endpoint].pattern,
+            }
+            if channel == "events":
+                entry["bind"] = f"tcp://*:{settings.port(endpoint)}"
+            elif server == "relay":
+                entry["connect"] = settings.relays(endpoint)
+            else:
+                entry["connect"] = [settings.connect(endpoint)]
+            endpoints[endpoint] = entry
+        return {
+            "format": EXPORT_FORMAT,
+            "name": peer.name,
+            "role": peer.role,
+            "user": peer.user,
+            "curve": bool(settings.security.curve),
+            "public_key": public.decode(),
+            "secret_key": secret.decode(),
+            "relay_public_key": self.public("relay").decode(),
+            "client_id_prefix": f"{peer.name}.",
+            "endpoints": endpoints,
+        }
 
     def allowed(self) -> dict[str, Peer]:
         """{z85 public key: peer}."""

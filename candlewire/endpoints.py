@@ -1,7 +1,7 @@
 """Every port candlewire uses, declared once.
 
-The README's endpoint table is generated from ``ENDPOINTS`` (``candlewire endpoints``)
-and a test keeps the two equal. The spec gives 5557 both to the stream processor's PUB and to
+The endpoint table of ``docs/reference/ports.md`` is generated from ``ENDPOINTS``
+(``candlewire endpoints``) and a test keeps the two equal. The spec gives 5557 both to the stream processor's PUB and to
 the ingestor control channel; the stream processor keeps 5557 and control moves to 5556.
 """
 
@@ -129,7 +129,7 @@ ENDPOINTS: dict[str, Endpoint] = {
 
 
 def markdown_table() -> str:
-    """The README's endpoint table, so docs cannot drift from code."""
+    """The docs' endpoint table (``docs/reference/ports.md``), so docs cannot drift from code."""
     rows = ["| name | port | bound by | pattern | carries |", "|---|---|---|---|---|"]
     rows += [
         f"| `{e.name}` | {e.port} | {e.binder} | {e.pattern} | {e.purpose} |"

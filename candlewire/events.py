@@ -49,6 +49,9 @@ ACK_TIMEOUT_S = 30.0  # the spec's default
 
 
 class Route(Enum):
+    """Where :meth:`EventPublisher.publish` sent an event: the fast path (a watching
+    gateway's SUB), the acked DEALER path, or nowhere (informational, nobody watching)."""
+
     XPUB = "xpub"
     DEALER = "dealer"
     DROPPED = "dropped"
@@ -56,6 +59,8 @@ class Route(Enum):
 
 @dataclass
 class Pending:
+    """An event sent on the DEALER path and not yet acked: when, and how often."""
+
     event: ev.UserEvent
     sent_at: float
     attempts: int = 1
@@ -85,15 +90,18 @@ class EventLog:
         return {event_id: ev.UserEvent.FromString(body) for event_id, body in rows}
 
     def pending(self, event: ev.UserEvent) -> None:
+        """Record ``event`` (committed, on disk) until its ack."""
         self._db.execute(
             "INSERT OR REPLACE INTO pending VALUES (?, ?)",
             (event.event_id, event.SerializeToString()),
         )
 
     def acked(self, event_id: str) -> None:
+        """Forget an acked event."""
         self._db.execute("DELETE FROM pending WHERE event_id = ?", (event_id,))
 
     def close(self) -> None:
+        """Close the database."""
         self._db.close()
 
 
@@ -131,6 +139,8 @@ class EventPublisher:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> EventPublisher:
+        """Bind the XPUB, dial the gateways, send again what the journal holds, and start
+        the I/O thread; a ``with`` block calls it."""
         if self._thread is not None:
             return self
         size = self.settings.max_message_bytes
@@ -178,6 +188,7 @@ class EventPublisher:
     # -- the API ---------------------------------------------------------------------------
 
     def watched(self, user_id: str) -> bool:
+        """Whether a gateway subscribes to ``user_id``'s events (a session is open)."""
         with self._lock:
             return self._watchers[user_topic(user_id)] > 0
 
@@ -202,6 +213,7 @@ class EventPublisher:
         return route
 
     def unacked(self) -> int:
+        """Events sent on the DEALER path and not yet acked."""
         with self._lock:
             return len(self.pending)
 

@@ -38,6 +38,8 @@ def utc(ns: int = 0, ms: int = 0) -> datetime:
 
 @dataclass(frozen=True, slots=True)
 class Tick:
+    """One trade: ``price`` and ``size`` exact, ``time`` when the exchange matched it."""
+
     ticker: str
     price: Decimal
     size: Decimal
@@ -49,6 +51,7 @@ class Tick:
 
     @classmethod
     def from_proto(cls, m: market_pb2.Tick) -> Tick:
+        """From the wire's ``Tick`` message."""
         return cls(
             ticker=m.ticker,
             price=Decimal(m.price),
@@ -63,6 +66,9 @@ class Tick:
 
 @dataclass(frozen=True, slots=True)
 class Candle:
+    """One OHLCV candle of ``period_s`` seconds from ``open_time``; ``closed`` once its
+    interval can no longer change."""
+
     ticker: str
     period_s: int
     open_time: datetime  # the interval's inclusive start, UTC
@@ -77,6 +83,7 @@ class Candle:
 
     @classmethod
     def from_proto(cls, m: market_pb2.OHLC) -> Candle:
+        """From the wire's ``OHLC`` message."""
         return cls(
             ticker=m.ticker,
             period_s=m.period_s,

@@ -13,6 +13,7 @@ from proto.market_pb2 import StreamPosition
 
 
 def by_source(pos: StreamPosition) -> bool:
+    """Whether ``pos`` carries its Kafka source offset (ticks do, candles do not)."""
     return pos.source_offset >= 0
 
 
@@ -31,6 +32,7 @@ def is_next(pos: StreamPosition, last: StreamPosition | None) -> bool:
 
 
 def describe(pos: StreamPosition | None) -> str:
+    """``pos`` in words, for logs and errors."""
     if pos is None:
         return "(start)"
     source = f" offset {pos.source_offset}" if by_source(pos) else ""

@@ -1,23 +1,71 @@
-"""What every long-running candlewire service shares: a metrics endpoint and signal handling."""
+"""What every long-running candlewire service shares: its ports, a metrics endpoint and
+signal handling.
+
+A port that is taken is :class:`~candlewire.config.PortTaken` (one line naming its setting),
+except a metrics port left at its default: that one gives way to any free port, logged, so a
+second ingestor, relay or gateway starts beside ``make up`` as it is.
+"""
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
 
+import zmq
 from prometheus_client import CollectorRegistry, start_http_server
+
+from candlewire.config import PortTaken, Settings, port_setting
 
 log = logging.getLogger("candlewire")
 
 
-class MetricsServer:
-    """Prometheus exposition of one registry; close() frees the port for a restart."""
+@contextmanager
+def binding(settings: Settings, name: str) -> Iterator[None]:
+    """Whatever binds endpoint ``name`` in this block (a server, a ZMQ socket): a taken port
+    is :class:`PortTaken`."""
+    try:
+        yield
+    except (OSError, zmq.ZMQError) as exc:
+        if isinstance(exc, PortTaken) or exc.errno != errno.EADDRINUSE:
+            raise
+        raise PortTaken(name, settings.port(name), settings.bind_host) from None
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        self._server, _ = start_http_server(port, addr=host, registry=registry)
+
+def bind(sock: zmq.Socket, settings: Settings, name: str) -> zmq.Socket:
+    """Bind ``sock`` to endpoint ``name``; a taken port is :class:`PortTaken`."""
+    with binding(settings, name):
+        sock.bind(settings.bind(name))
+    return sock
+
+
+class MetricsServer:
+    """Prometheus exposition of one registry on endpoint ``name``; close() frees the port for
+    a restart. ``port`` is where it serves: the default's place may have been taken."""
+
+    def __init__(self, registry: CollectorRegistry, settings: Settings, name: str) -> None:
+        host, port = settings.bind_host, settings.port(name)
+        try:
+            self._server, _ = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            if settings.port_set(name):
+                raise PortTaken(name, port, host, floats=True) from None
+            self._server, _ = start_http_server(0, addr=host, registry=registry)
+            log.warning(
+                "metrics on http://%s:%d/metrics: %s's port %d is taken (%s chooses one)",
+                host,
+                self._server.server_address[1],
+                name,
+                port,
+                port_setting(name),
+            )
+        self.port: int = self._server.server_address[1]
 
     def close(self) -> None:
         self._server.shutdown()

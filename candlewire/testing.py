@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections import deque
 from collections.abc import Callable
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -230,8 +231,13 @@ class HttpStandIn:
             def log_message(self, *args: object) -> None:
                 pass
 
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                if not isinstance(sys.exc_info()[1], ConnectionError):  # a client hung up
+                    super().handle_error(request, client_address)
+
         self.lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -245,10 +251,17 @@ class HttpStandIn:
 
 
 class TelegramStandIn(HttpStandIn):
-    """The Bot API's sendMessage: checks the token, records messages, can rate-limit.
+    """The Bot API's ``sendMessage`` and ``getUpdates``: checks the token, records messages,
+    serves what users write to the bot, can rate-limit.
 
-    ``limit(n, retry_after)`` answers the next ``n`` calls with 429 and ``retry_after``,
-    as Telegram does when a bot sends too fast.
+    ``limit(n, retry_after)`` answers the next ``n`` sendMessage calls with 429 and
+    ``retry_after``, as Telegram does when a bot sends too fast; ``limit_updates`` does the
+    same to getUpdates; a chat in ``blocked`` gets 403 (its user blocked the bot).
+    ``say(chat, text)`` is a user writing to the bot; ``inject`` queues any update as given
+    (for malformed ones). getUpdates keeps Telegram's rules: it waits up to ``timeout``
+    seconds for an update, ``offset`` confirms and drops every update before it,
+    ``allowed_updates`` is remembered and filters updates made after it, and a second poller
+    ends the one waiting with 409 Conflict.
     """
 
     def __init__(self, token: str) -> None:
@@ -256,40 +269,150 @@ class TelegramStandIn(HttpStandIn):
         self.messages: list[dict[str, Any]] = []
         self.refused = 0
         self._limited, self._retry_after = 0, 1
+        self.pending: list[tuple[int, Any]] = []  # (update_id, update), not yet confirmed
+        self.polls: deque[dict[str, Any]] = deque(maxlen=1000)  # getUpdates parameters
+        self.conflicts = 0
+        self.allowed: list[str] | None = None
+        self._next_update_id = random.randint(10_000, 900_000_000)
+        self._updates_limited, self._updates_retry_after = 0, 1
+        self._poller = 0  # which getUpdates is the live one
+        self._closed = False
+        self.blocked: set[str] = set()  # chats whose user blocked the bot: 403
         super().__init__()
+        self._changed = threading.Condition(self.lock)
 
     def limit(self, calls: int, retry_after: int) -> None:
         with self.lock:
             self._limited, self._retry_after = calls, retry_after
 
+    def limit_updates(self, calls: int, retry_after: int) -> None:
+        with self.lock:
+            self._updates_limited, self._updates_retry_after = calls, retry_after
+
+    def say(self, chat_id: int, text: str) -> int | None:
+        """A user of a private chat sends ``text`` to the bot; the update's id, or None
+        when ``allowed_updates`` leaves messages out (Telegram then makes none)."""
+        with self.lock:
+            if self.allowed and "message" not in self.allowed:
+                return None
+            message: dict[str, Any] = {
+                "message_id": len(self.pending) + 1,
+                "from": {"id": chat_id, "is_bot": False, "first_name": "Test"},
+                "chat": {"id": chat_id, "type": "private", "first_name": "Test"},
+                "date": int(time.time()),
+                "text": text,
+            }
+            if text.startswith("/"):
+                length = len(text.split(" ", 1)[0])
+                message["entities"] = [{"type": "bot_command", "offset": 0, "length": length}]
+            return self._add({"message": message})
+
+    def inject(self, update: Any) -> int:
+        """Queue an update as it is, given an update_id if it is an object without one."""
+        with self.lock:
+            return self._add(update)
+
+    def _add(self, update: Any) -> int:
+        update_id = self._next_update_id
+        self._next_update_id += 1
+        if isinstance(update, dict) and "update_id" not in update:
+            update = {"update_id": update_id, **update}
+        self.pending.append((update_id, update))
+        self._changed.notify_all()
+        return update_id
+
     def handle(self, path: str, headers: Message, body: bytes) -> tuple[int, dict, bytes]:
         ctype = {"Content-Type": "application/json"}
-        if path != f"/bot{self.token}/sendMessage":
-            return 404, ctype, json.dumps({"ok": False, "error_code": 404}).encode()
+        prefix = f"/bot{self.token}/"
+        if not path.startswith(prefix):
+            return 401, ctype, b'{"ok":false,"error_code":401,"description":"Unauthorized"}'
+        method = path[len(prefix) :]
+        if method == "getUpdates":
+            status, reply = self._get_updates(body)
+            return status, ctype, json.dumps(reply).encode()
+        if method != "sendMessage":
+            return 404, ctype, b'{"ok":false,"error_code":404,"description":"Not Found"}'
         with self.lock:
             if self._limited > 0:
                 self._limited -= 1
                 self.refused += 1
-                reply = {
-                    "ok": False,
-                    "error_code": 429,
-                    "description": f"Too Many Requests: retry after {self._retry_after}",
-                    "parameters": {"retry_after": self._retry_after},
-                }
-                return 429, ctype, json.dumps(reply).encode()
+                return 429, ctype, json.dumps(_too_many(self._retry_after)).encode()
             try:
                 msg = json.loads(body)
             except ValueError:
                 msg = {}
             if not msg.get("chat_id") or not msg.get("text"):
                 return 400, ctype, b'{"ok":false,"error_code":400,"description":"Bad Request"}'
+            if str(msg["chat_id"]) in self.blocked:
+                reply = {
+                    "ok": False,
+                    "error_code": 403,
+                    "description": "Forbidden: bot was blocked by the user",
+                }
+                return 403, ctype, json.dumps(reply).encode()
             self.messages.append(msg)
             result = {"message_id": len(self.messages), "chat": {"id": msg["chat_id"]}}
         return 200, ctype, json.dumps({"ok": True, "result": result}).encode()
 
+    def _get_updates(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        try:
+            params = json.loads(body) if body else {}
+            assert isinstance(params, dict)
+            offset, timeout = int(params.get("offset", 0)), float(params.get("timeout", 0))
+            limit = max(1, min(100, int(params.get("limit", 100))))
+        except (ValueError, TypeError, AssertionError):
+            return 400, {"ok": False, "error_code": 400, "description": "Bad Request"}
+        with self._changed:
+            self.polls.append(params)
+            if self._updates_limited > 0:
+                self._updates_limited -= 1
+                return 429, _too_many(self._updates_retry_after)
+            if isinstance(params.get("allowed_updates"), list):
+                self.allowed = list(params["allowed_updates"])
+            self._poller += 1
+            me = self._poller
+            self._changed.notify_all()  # an older poller still waiting: it is terminated
+            if offset > 0:
+                self.pending = [(i, u) for i, u in self.pending if i >= offset]
+            elif offset < 0:
+                self.pending = self.pending[offset:]
+            deadline = time.monotonic() + min(timeout, 50)
+            while True:
+                if self._poller != me:
+                    self.conflicts += 1
+                    return 409, {
+                        "ok": False,
+                        "error_code": 409,
+                        "description": "Conflict: terminated by other getUpdates request; "
+                        "make sure that only one bot instance is running",
+                    }
+                left = deadline - time.monotonic()
+                if self.pending or left <= 0 or self._closed:
+                    return 200, {"ok": True, "result": [u for _, u in self.pending[:limit]]}
+                self._changed.wait(left)
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+        super().close()
+
     def texts(self) -> list[str]:
         with self.lock:
             return [m["text"] for m in self.messages]
+
+    def texts_to(self, chat_id: int | str) -> list[str]:
+        with self.lock:
+            return [m["text"] for m in self.messages if str(m["chat_id"]) == str(chat_id)]
+
+
+def _too_many(retry_after: int) -> dict[str, Any]:
+    return {
+        "ok": False,
+        "error_code": 429,
+        "description": f"Too Many Requests: retry after {retry_after}",
+        "parameters": {"retry_after": retry_after},
+    }
 
 
 def history_ready(work: rq.DataRequest, status: int = rq.HISTORY_OK) -> rq.HistoryReadyNotification:

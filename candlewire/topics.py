@@ -28,6 +28,8 @@ class TopicError(ValueError):
 
 @dataclass(frozen=True)
 class Ticker:
+    """A parsed ``EXCHANGE:BASE/QUOTE``; ``str()`` gives it back."""
+
     exchange: str
     base: str
     quote: str
@@ -52,10 +54,12 @@ def check_id(value: str, what: str) -> str:
 
 
 def tick_type() -> str:
+    """The data type of trades: ``tick``."""
     return "tick"
 
 
 def ohlc_type(period_s: int) -> str:
+    """The data type of candles of ``period_s`` seconds: ``ohlc:60``."""
     return f"ohlc:{period_s}"
 
 
@@ -89,10 +93,12 @@ def demanded_ticker(subscription: str) -> str | None:
 
 
 def response_topic(client_id: str) -> str:
+    """A client's notifications (``notify="client"``), trigger acks and firings."""
     return f"RESPONSE:{client_id}"
 
 
 def history_ready_topic(request_id: str) -> str:
+    """One history request's notification (``notify="request"``)."""
     return f"HISTORY_READY:{request_id}"
 
 
@@ -102,6 +108,7 @@ def notification_prefixes() -> tuple[str, ...]:
 
 
 def metadata_update_topic() -> str:
+    """Where ``SymbolMetadataUpdated`` is published after a refresh is in Iceberg."""
     return METADATA_UPDATE
 
 
@@ -111,6 +118,7 @@ def work_prefix(exchange: str) -> str:
 
 
 def user_topic(user_id: str) -> str:
+    """A user's informational events on a container's XPUB."""
     return f"USER:{user_id}"
 
 

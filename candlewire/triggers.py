@@ -219,6 +219,7 @@ def add_request(
     critical: bool = False,
     request_id: str = "",
 ) -> cep.CEPTriggerRequest:
+    """The ADD request for ``cond`` on ``ticker``, as :meth:`Client.add_trigger` sends it."""
     req = cep.CEPTriggerRequest(
         trigger_id=trigger_id,
         client_id=client_id,

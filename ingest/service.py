@@ -106,9 +106,7 @@ class Ingestor:
     def start(self) -> Ingestor:
         self._started = time.monotonic()
         if self._serve_metrics:
-            self._http = MetricsServer(
-                self.metrics.registry, self.settings.bind_host, self.settings.port("ingest_metrics")
-            )
+            self._http = MetricsServer(self.metrics.registry, self.settings, "ingest_metrics")
         self._thread = threading.Thread(target=self._loop, name=f"ingest-{self.id}", daemon=True)
         self._thread.start()
         log.info("ingestor %s serving %s", self.id, ", ".join(self.exchanges))

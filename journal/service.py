@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from candlewire.config import Settings
 from candlewire.curve import Guard, serve
-from candlewire.runtime import MetricsServer, run_until_signal
+from candlewire.runtime import MetricsServer, bind, run_until_signal
 from candlewire.zmqutil import harden
 from journal.reader import JournalReader
 from proto import journal_pb2 as jr
@@ -66,7 +66,14 @@ class JournalService:
         self._guard = Guard.start(self._ctx, settings)
         self._sock = harden(self._ctx.socket(zmq.ROUTER), max_message_bytes=64 << 10)
         serve(self._sock, settings, "journal", "journal")
-        self._sock.bind(settings.bind("journal"))
+        try:
+            bind(self._sock, settings, "journal")
+        except OSError:
+            self._sock.close(linger=0)
+            if self._guard is not None:
+                self._guard.stop()
+            self._ctx.term()
+            raise
         self.reader = JournalReader(settings)
         self._http: MetricsServer | None = None
 
@@ -75,11 +82,7 @@ class JournalService:
 
     def start(self) -> JournalService:
         if self._serve_metrics:
-            self._http = MetricsServer(
-                self.metrics.registry,
-                self.settings.bind_host,
-                self.settings.port("journal_metrics"),
-            )
+            self._http = MetricsServer(self.metrics.registry, self.settings, "journal_metrics")
         self._running = True
         self._thread = threading.Thread(target=self._loop, name="journal", daemon=True)
         self._thread.start()

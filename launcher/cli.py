@@ -8,17 +8,28 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import json
 import logging
+import os
 import re
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from candlewire.config import POSTGRES_PASSWORD, Settings
+from candlewire.config import POSTGRES_PASSWORD, PortTaken, Settings
 from candlewire.curve import ROLES
 from candlewire.times import to_ms
 from candlewire.triggers import KINDS
-from launcher.render import FORMATS
+from launcher.render import FORMATS, WATCH_FORMATS
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from google.protobuf.message import Message
+
+    from candlewire.client import Item, Subscription
+    from candlewire.market import Candle, Tick
 
 # Third-party packages only the platform extra installs.
 PLATFORM_MODULES = frozenset(
@@ -185,17 +196,58 @@ def _trigger(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _watch(args: argparse.Namespace, settings: Settings) -> int:
-    from google.protobuf import json_format
-
+    """One line per message, a message fetched from the journal after a gap marked
+    ``repaired``; what was repaired or left out, summed up on standard error at the end."""
     from candlewire.client import Client
+    from launcher.render import LiveLines, live_record
+
+    lines = LiveLines()
+    console = None
+    if args.format == "text" and sys.stdout.isatty():  # piped, the same characters unstyled
+        from rich.console import Console
+
+        console = Console(soft_wrap=True, highlight=False)
+
+    def emit(item: Tick | Candle | Message, repaired: bool) -> None:
+        if args.format == "json":
+            print(json.dumps(live_record(item, repaired)), flush=True)
+        elif console is not None:
+            console.print(lines.line(item, repaired))
+        else:
+            print(lines.line(item, repaired).plain, flush=True)
 
     with Client(settings) as client:
-        messages = client.subscribe(args.ticker, args.type, since=args.since, raw=True)
-        for i, msg in enumerate(messages, start=1):
-            print(type(msg).__name__, json_format.MessageToJson(msg, indent=None), flush=True)
-            if args.count and i >= args.count:
-                break
+        sub = client.subscribe(args.ticker, args.type, since=args.since)
+        try:
+            for i, (item, repaired) in enumerate(marked(sub), start=1):
+                emit(item, repaired)
+                if args.count and i >= args.count:
+                    break
+        finally:
+            if sub.stats.gaps:
+                print(
+                    f"{sub.stats.gaps} sequence gaps repaired: {sub.stats.filled} messages "
+                    "fetched from the journal",
+                    file=sys.stderr,
+                )
+            if sub.stats.malformed:
+                print(
+                    f"{sub.stats.malformed} messages left out: a price or size not a decimal",
+                    file=sys.stderr,
+                )
     return 0
+
+
+def marked(sub: Subscription) -> Iterator[tuple[Item, bool]]:
+    """Each message of ``sub`` with whether it was fetched from the journal after a gap:
+    ``stats`` counts a fill's messages before its first is handed out, so the next that many
+    are the fill's."""
+    seen = owed = 0
+    for item in sub:
+        owed += sub.stats.filled - seen
+        seen = sub.stats.filled
+        yield item, owed > 0
+        owed = max(owed - 1, 0)
 
 
 def _gateway(args: argparse.Namespace, settings: Settings) -> int:
@@ -284,7 +336,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _keys(args: argparse.Namespace, settings: Settings) -> int:
-    from candlewire.curve import Keyring
+    from candlewire.curve import SERVERS, Keyring, MissingKey
 
     ring = Keyring(settings)
     if args.keys_command == "init":
@@ -299,10 +351,42 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print(f"{args.name} ({args.role}{', user ' + args.user if args.user else ''}): {path}")
+    elif args.keys_command == "export":
+        try:
+            export = ring.export(settings, args.name)
+        except (ValueError, MissingKey) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        write_secret(
+            args.output or f"candlewire-{args.name}.json",
+            json.dumps(export, indent=1, ensure_ascii=False),
+        )
+        if args.output != "-":
+            print(
+                f"{args.output or f'candlewire-{args.name}.json'} (0600, it holds a secret "
+                f"key): {args.name}'s key pair ({export['role']}), the relay's public key "
+                f"and {len(export['endpoints'])} endpoints",
+                file=sys.stderr,
+            )
     else:
+        servers = [(n, ring.public(n).decode()) for n in SERVERS if ring.has(n)]
+        for name, key in servers:  # the keys clients check their servers by
+            print(f"{name:<16} {'server':<10} {'-':<12} {key}")
         for key, peer in sorted(ring.allowed().items(), key=lambda kv: kv[1].name):
             print(f"{peer.name:<16} {peer.role:<10} {peer.user or '-':<12} {key}")
     return 0
+
+
+def write_secret(path: str, text: str) -> None:
+    """``text`` to ``path`` (``-``: standard output), readable by its owner only, also when
+    the file was there before with other modes."""
+    if path == "-":
+        print(text)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
 
 
 def _endpoints(args: argparse.Namespace, settings: Settings) -> int:
@@ -395,6 +479,14 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--type", default="tick", help="tick or ohlc:<period_s>")
     watch.add_argument("--count", type=int, default=0, help="stop after N messages")
     watch.add_argument(
+        "--format",
+        choices=WATCH_FORMATS,
+        default="text",
+        help="text: one aligned line per message (time, ticker, side size @ price or "
+        "O H L C V, forming or closed, 'repaired' if fetched after a gap); json: one object "
+        "per line, snake_case, decimals as strings, ISO times",
+    )
+    watch.add_argument(
         "--since",
         type=parse_since,
         default=None,
@@ -427,14 +519,29 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("id")
     trig_sub.add_parser("ls", help="list the triggers")
     trig.set_defaults(fn=_trigger)
-    keys = sub.add_parser("keys", help="CURVE keys: make them, allow clients, list them")
+    keys = sub.add_parser("keys", help="CURVE keys: make them, allow clients, list, export")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     keys_sub.add_parser("init", help="make the server and service key pairs (0600)")
     client = keys_sub.add_parser("add-client", help="make a client key pair and allow it")
     client.add_argument("name")
     client.add_argument("--role", required=True, choices=ROLES)
     client.add_argument("--user", help="the one user a container key speaks for")
-    keys_sub.add_parser("ls", help="list the allowed keys (public halves)")
+    keys_sub.add_parser("ls", help="list the server keys and the allowed keys (public halves)")
+    export = keys_sub.add_parser(
+        "export",
+        help="write one file for a client in another language",
+        description="Write one JSON file (mode 0600: it holds a secret key) with everything a "
+        "client in another language needs to act as NAME: format (candlewire-key/1), name, "
+        "role, user, curve (whether CURVE is on here), public_key and secret_key (NAME's pair, "
+        "z85), relay_public_key (z85), client_id_prefix (its client and request ids must start "
+        "with it when CURVE is on), and endpoints: for each endpoint NAME's role may use, "
+        "connect (addresses to dial: every relay) or bind (a port the gateway dials), "
+        "server and server_key (z85: set it as the socket's CURVE server key), and pattern.",
+    )
+    export.add_argument("name", help="a key made by `keys add-client` (or `keys init`)")
+    export.add_argument(
+        "--output", help="the file (default: candlewire-NAME.json; - for standard output)"
+    )
     keys.set_defaults(fn=_keys)
     sub.add_parser("endpoints", help="print the endpoint table").set_defaults(fn=_endpoints)
     for name, text in (("up", "start the local stack"), ("down", "stop it"), ("status", "health")):
@@ -461,6 +568,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    except PortTaken as exc:  # one line naming the port's setting, never a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except CandlewireError as exc:  # rejected, timed out, failed: one line, no traceback

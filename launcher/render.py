@@ -1,10 +1,12 @@
-"""Arrow tables as the CLI prints and writes them.
+"""Arrow tables and live messages as the CLI prints and writes them.
 
 People read decimals without the 18 trailing zeros the tables store
 (``12972.750000000000000000`` → ``12972.75``), aligned on the decimal point, and times in
 UTC without the offset. A table wider than the terminal loses whole columns, in a stated
 order (:data:`DROP_ORDER`, then right to left), never parts of cells, and says which; the
-machine formats (``csv``, ``json``, ``parquet``) write every column.
+machine formats (``csv``, ``json``, ``parquet``) write every column. ``candlewire watch``
+prints its messages the same way, one line each (:class:`LiveLines`), or as JSON lines
+(:func:`live_record`).
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import datetime
-from typing import IO
+from decimal import Decimal
+from typing import IO, Any
 
 import pyarrow as pa
+from google.protobuf.message import Message
+from rich.text import Text
 
-from candlewire.market import plain
+from candlewire.market import Candle, Tick, plain
 
 # The columns a narrow terminal loses first, first to last: what repeats on every row or
 # is bookkeeping before the prices. ``open_time`` and ``close`` go last of all.
@@ -41,17 +46,24 @@ FORMATS = ("table", "csv", "json", "parquet")
 
 def aligned(texts: Sequence[str | None]) -> list[str]:
     """Decimal texts padded so their points line up (integers where the point would be)."""
-    parts = [(t.partition(".")[0], t.partition(".")[2]) if t else ("", "") for t in texts]
+    parts = [_split(t) for t in texts]
     whole = max((len(w) for w, _ in parts), default=0)
     frac = max((len(f) for _, f in parts), default=0)
-    out = []
-    for t, (w, f) in zip(texts, parts, strict=True):
-        if not t:
-            out.append(" " * (whole + (frac + 1 if frac else 0)))
-            continue
-        tail = ("." + f.ljust(frac)) if f else " " * (frac + 1 if frac else 0)
-        out.append(w.rjust(whole) + tail)
-    return out
+    return [_pad(t, whole, frac) for t in texts]
+
+
+def _split(text: str | None) -> tuple[str, str]:
+    whole, _, frac = (text or "").partition(".")
+    return whole, frac
+
+
+def _pad(text: str | None, whole: int, frac: int) -> str:
+    """``text`` with its point at ``whole`` characters in and ``frac`` digits room after it."""
+    w, f = _split(text)
+    if not text:
+        return " " * (whole + (frac + 1 if frac else 0))
+    tail = ("." + f.ljust(frac)) if f else " " * (frac + 1 if frac else 0)
+    return w.rjust(whole) + tail
 
 
 def cell_texts(column: pa.ChunkedArray | pa.Array) -> list[str]:
@@ -64,9 +76,16 @@ def cell_texts(column: pa.ChunkedArray | pa.Array) -> list[str]:
     return ["" if v is None else str(v) for v in values]
 
 
-def _utc(value: datetime) -> str:
+def _utc(value: datetime, millis: bool = False) -> str:
+    """UTC without the offset; milliseconds when there are any (``millis``: always, so
+    lines printed one by one keep one width)."""
     text = value.strftime("%Y-%m-%d %H:%M:%S")
-    return text + (f".{value.microsecond // 1000:03d}" if value.microsecond else "")
+    return text + (f".{value.microsecond // 1000:03d}" if millis or value.microsecond else "")
+
+
+def iso(value: datetime) -> str:
+    """ISO 8601 UTC with a ``Z``: how the machine formats write a time."""
+    return value.isoformat().replace("+00:00", "Z")
 
 
 def fit(widths: dict[str, int], width: int) -> list[str]:
@@ -147,13 +166,7 @@ def _as_text(table: pa.Table) -> pa.Table:
         if pa.types.is_decimal(col.type):
             col = pa.array([None if v is None else plain(v) for v in col.to_pylist()], pa.string())
         elif pa.types.is_timestamp(col.type):
-            col = pa.array(
-                [
-                    None if v is None else v.isoformat().replace("+00:00", "Z")
-                    for v in col.to_pylist()
-                ],
-                pa.string(),
-            )
+            col = pa.array([None if v is None else iso(v) for v in col.to_pylist()], pa.string())
         columns.append(col)
     return pa.table(columns, names=table.column_names)
 
@@ -174,3 +187,112 @@ def to_file(table: pa.Table, path: str | None, fmt: str | None) -> str:
         with open(path, "wb") as f:
             write(table, fmt, f)
     return fmt
+
+
+# -- live messages, one line each (``candlewire watch``) --------------------------------------
+
+WATCH_FORMATS = ("text", "json")
+PRICES = ("open", "high", "low", "close", "volume")  # a candle's decimals, in print order
+STYLES = {"buy": "green", "sell": "red", "closed": "bold", "forming": "dim", "repaired": "yellow"}
+
+
+class LiveLines:
+    """``candlewire watch``'s lines for people: one per message, printed as it comes.
+
+    There is no table to measure first, so what has come so far sets each column's width:
+    decimal points line up, and move only when a wider value arrives. ``repaired`` marks a
+    message the subscription fetched from the journal after a sequence gap.
+    """
+
+    def __init__(self) -> None:
+        self._points: dict[str, tuple[int, int]] = {}  # decimal column -> (whole, frac)
+        self._widths: dict[str, int] = {"side": len("sell"), "state": len("forming")}
+
+    def line(self, item: Tick | Candle | Message, repaired: bool = False) -> Text:
+        if isinstance(item, Tick):
+            parts = [
+                (_utc(item.time, millis=True), "dim"),
+                (self._left("ticker", item.ticker), "bold"),
+                (self._left("side", item.side or "-"), STYLES.get(item.side, "")),
+                (f"{self._decimal('size', item.size)} @ {self._decimal('price', item.price)}", ""),
+            ]
+        elif isinstance(item, Candle):
+            state = "closed" if item.closed else "forming"
+            parts = [
+                (_utc(item.open_time), "dim"),
+                (self._left("ticker", item.ticker), "bold"),
+                (self._right("period", f"{item.period_s}s"), ""),
+                *((f"{f[0].upper()} {self._decimal(f, getattr(item, f))}", "") for f in PRICES),
+                (f"{self._right('trades', str(item.trade_count))} trades", ""),
+                (self._left("state", state), STYLES[state]),
+            ]
+        else:  # neither a tick nor a candle: as protobuf says it
+            from google.protobuf import json_format
+
+            parts = [
+                (type(item).__name__, "bold"),
+                (json_format.MessageToJson(item, indent=None), ""),
+            ]
+        if repaired:
+            parts.append(("repaired", STYLES["repaired"]))
+        text = Text()
+        for i, (part, style) in enumerate(parts):
+            text.append("  " if i else "")
+            text.append(part, style or None)
+        text.rstrip()
+        return text
+
+    def _decimal(self, column: str, value: Decimal) -> str:
+        text = plain(value)
+        w, f = _split(text)
+        whole, frac = self._points.get(column, (0, 0))
+        self._points[column] = whole, frac = max(whole, len(w)), max(frac, len(f))
+        return _pad(text, whole, frac)
+
+    def _left(self, column: str, text: str) -> str:
+        return text.ljust(self._grow(column, text))
+
+    def _right(self, column: str, text: str) -> str:
+        return text.rjust(self._grow(column, text))
+
+    def _grow(self, column: str, text: str) -> int:
+        self._widths[column] = width = max(self._widths.get(column, 0), len(text))
+        return width
+
+
+def live_record(item: Tick | Candle | Message, repaired: bool = False) -> dict[str, Any]:
+    """One message for machines (``watch --format json``): snake_case keys, decimals as exact
+    text, times as ISO 8601 UTC, and where it stands in its stream (absent for candles read
+    from Iceberg, which have no place in one)."""
+    if isinstance(item, Tick):
+        record: dict[str, Any] = {
+            "type": "tick",
+            "ticker": item.ticker,
+            "time": iso(item.time),
+            "price": plain(item.price),
+            "size": plain(item.size),
+            "side": item.side,
+            "trade_id": item.trade_id,
+        }
+    elif isinstance(item, Candle):
+        record = {
+            "type": "ohlc",
+            "ticker": item.ticker,
+            "period_s": item.period_s,
+            "open_time": iso(item.open_time),
+            **{f: plain(getattr(item, f)) for f in PRICES},
+            "trade_count": item.trade_count,
+            "closed": item.closed,
+        }
+    else:
+        from google.protobuf import json_format
+
+        return {
+            "type": type(item).__name__,
+            **json_format.MessageToDict(item, preserving_proto_field_name=True),
+            "repaired": repaired,
+        }
+    if item.stream.epoch:
+        record["stream"] = {"epoch": item.stream.epoch, "seq": item.stream.seq}
+    record["repaired"] = repaired
+    return record

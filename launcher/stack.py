@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from candlewire.config import KAFKA_PASSWORD, POSTGRES_PASSWORD, S3_SECRET_KEY, Settings
+from candlewire.config import (
+    KAFKA_PASSWORD,
+    POSTGRES_PASSWORD,
+    S3_SECRET_KEY,
+    Settings,
+    port_setting,
+)
+from candlewire.endpoints import ENDPOINTS
 from candlewire.secrets import ensure_secret
 
 Echo = Callable[[str], None]
@@ -264,9 +271,11 @@ class Stack:
                 and svc.port is not None
                 and port_open(getattr(svc, "host", None) or self.settings.host, svc.port)
             ):
+                names = [n for n in ENDPOINTS if self.settings.port(n) == svc.port]
+                setting = port_setting(names[0]) if names else port_setting("<name>")
                 raise StackError(
                     f"{svc.name}: port {svc.port} is taken by another process; stop it or "
-                    f"move {svc.name} with CANDLEWIRE_PORTS__<NAME>=<port>"
+                    f"move {svc.name} with {setting}=<port>"
                 )
             svc.start()
             echo(f"{svc.name}: up" + (f" on port {svc.port}" if svc.port else ""))
@@ -457,7 +466,8 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
             check=http_health(url, healthy_line),
             run_dir=run,
             log=logs / f"{name}.log",
-            env=env,
+            # Set, so it never floats: the health check reads this port.
+            env=env | {port_setting(metrics_port): str(settings.port(metrics_port))},
             start_timeout=start_timeout,
             prepare=prepare,
         )

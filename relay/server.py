@@ -39,10 +39,10 @@ from dataclasses import dataclass
 import zmq
 from google.protobuf.message import Message
 
-from candlewire.config import Settings
+from candlewire.config import PortTaken, Settings
 from candlewire.curve import Guard, Peer, peer_of, serve, user_id_of
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
-from candlewire.runtime import MetricsServer, run_until_signal
+from candlewire.runtime import MetricsServer, bind, run_until_signal
 from candlewire.topics import (
     TopicError,
     notification_prefixes,
@@ -161,27 +161,29 @@ class Relay:
         proxy_steer = self._ctx.socket(zmq.PAIR)
         proxy_steer.connect(steer_addr)
         try:
-            self._router.bind(s.bind("client_requests"))
-            self._work.bind(s.bind("work_queue"))
-            self._control.bind(s.bind("control"))
-            self._xpub.bind(s.bind("market_data"))
-            self._xsub.bind(s.bind("publisher_ingress"))
+            bind(self._router, s, "client_requests")
+            bind(self._work, s, "work_queue")
+            bind(self._control, s, "control")
+            bind(self._xpub, s, "market_data")
+            bind(self._xsub, s, "publisher_ingress")
             self._xsub.bind(f"inproc://relay-watch-{id(self)}")
             self._watch.connect(f"inproc://relay-watch-{id(self)}")
+            if self._serve_metrics:
+                self._http = MetricsServer(self.metrics.registry, s, "relay_metrics")
+        except PortTaken:  # names the port and its setting
+            proxy_steer.close(linger=0)
+            self._close_all()
+            raise
         except zmq.ZMQError as exc:
             proxy_steer.close(linger=0)
             self._close_all()
-            raise OSError(
-                f"relay cannot bind its ports ({exc}); is another relay running?"
-            ) from exc
+            raise OSError(f"relay cannot bind its ports ({exc})") from exc
         for endpoint in [s.connect("stream_pub"), s.connect("stream_live"), *s.extra_publishers]:
             self._xsub.connect(endpoint)
         if s.publisher_names:
             self._xsub.setsockopt(zmq.IPV6, 1)  # a name may resolve to IPv6 addresses
             self._rediscover()  # the first lookup before serving, on this thread
             self._take_dials()
-        if self._serve_metrics:
-            self._http = MetricsServer(self.metrics.registry, s.bind_host, s.port("relay_metrics"))
         proxy = threading.Thread(
             target=self._proxy, args=(proxy_steer,), name="relay-proxy", daemon=True
         )

@@ -94,12 +94,10 @@ class StreamingJob:
 
     def start(self) -> StreamingJob:
         settings = self.ctx.settings
+        if self._serve_metrics:  # first: a port that is taken stops the job before it starts
+            self._http = MetricsServer(self.ctx.metrics.registry, settings, "stream_metrics")
         for q in self.queries:
             self._start(q)
-        if self._serve_metrics:
-            self._http = MetricsServer(
-                self.ctx.metrics.registry, settings.bind_host, settings.port("stream_metrics")
-            )
         self.idle.start()
         self.desk.start()
         self.ctx.metrics.up.set(1)

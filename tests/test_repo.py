@@ -1,12 +1,10 @@
-"""Repository rules: lint, the README's promises, one source of truth for endpoints."""
+"""Repository rules: lint and the README's promises (the docs' are in test_docs.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
-
-from candlewire.endpoints import markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,12 +23,6 @@ def test_ruff_check() -> None:
 def test_ruff_format() -> None:
     out = ruff("format", "--check", ".")
     assert out.returncode == 0, out.stdout + out.stderr
-
-
-def test_readme_endpoint_table_matches_code() -> None:
-    assert markdown_table() in (REPO / "README.md").read_text(), (
-        "README endpoint table is stale: paste `candlewire endpoints`"
-    )
 
 
 def test_quick_start_is_two_commands() -> None:

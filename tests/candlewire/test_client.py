@@ -138,26 +138,38 @@ def test_subscribe_idle_timeout(settings, relay) -> None:
 
 
 def test_watch_cli_prints_live_messages(settings, relay, publisher, served) -> None:
+    """One aligned line per tick for people; one JSON object per line with ``--format json``."""
+    import json
     import os
+    import re
 
     env = {**os.environ, **settings.to_env()}
     stop = threading.Event()
     feeder = feed(publisher, "BINANCE:SOL/USDT|tick", stop)
     try:
-        out = subprocess.run(
-            candlewire_command("watch", "BINANCE:SOL/USDT", "--count", "2"),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=30,
+        out, machine = (
+            subprocess.run(
+                candlewire_command("watch", "BINANCE:SOL/USDT", "--count", "2", *extra),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            for extra in ([], ["--format", "json"])
         )
     finally:
         stop.set()
         feeder.join()
     lines = out.stdout.splitlines()
     assert out.returncode == 0, out.stderr
-    assert len(lines) == 2 and all(line.startswith("Tick {") for line in lines)
-    assert '"ticker": "BINANCE:SOL/USDT"' in lines[0]
+    line = r"2023-11-14 22:13:20\.\d{3}  BINANCE:SOL/USDT  sell  0\.01 @ \d+\.5"
+    assert len(lines) == 2 and all(re.fullmatch(line, x) for x in lines), lines
+    assert machine.returncode == 0, machine.stderr
+    records = [json.loads(x) for x in machine.stdout.splitlines()]
+    assert len(records) == 2
+    assert records[0]["ticker"] == "BINANCE:SOL/USDT" and records[0]["size"] == "0.01"
+    assert records[0]["time"].startswith("2023-11-14T22:13:20") and records[0]["side"] == "sell"
+    assert re.fullmatch(r"\d+\.5", records[0]["price"]) and records[0]["repaired"] is False
 
 
 def test_rejection_carries_relay_reason(settings, pipeline) -> None:

@@ -7,6 +7,7 @@ tick once, in order (consecutive source offsets), whatever was lost on the way.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -440,15 +441,17 @@ def test_async_late_joiner_and_the_watch_command(journal_settings, journal, stre
 
     assert asyncio.run(replay()) == list(range(300))
     out = subprocess.run(
-        candlewire_command("watch", feed.ticker, "--since", "5m", "--count", "300"),
+        candlewire_command(
+            "watch", feed.ticker, "--since", "5m", "--count", "300", "--format", "json"
+        ),
         env=os.environ | journal_settings.to_env(),
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.splitlines()
-    assert len(lines) == 300 and lines[0].startswith("Tick") and '"tradeId": "299"' in lines[-1]
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(lines) == 300 and lines[0]["type"] == "tick" and lines[-1]["trade_id"] == "299"
 
 
 def test_candles_older_than_the_journal_come_from_iceberg(

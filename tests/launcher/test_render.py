@@ -1,5 +1,6 @@
 """The CLI's tables: decimals as people write them, aligned on the point; a narrow terminal
-drops whole columns in the stated order; the machine formats keep every column exactly."""
+drops whole columns in the stated order; the machine formats keep every column exactly.
+``watch`` prints live messages the same way, one line each, or as JSON lines."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from decimal import Decimal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from candlewire._protocol import SubscriptionStats
 from candlewire.lake import NAMESPACE, catalog, ensure_tables
-from candlewire.market import plain
-from launcher.cli import main
-from launcher.render import DROP_ORDER, aligned, fit, print_table, to_file
+from candlewire.market import Candle, Tick, plain
+from launcher.cli import main, marked
+from launcher.render import DROP_ORDER, LiveLines, aligned, fit, live_record, print_table, to_file
+from proto import market_pb2
 from streaming.decode import ohlc_rows
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -108,3 +111,97 @@ def test_history_from_the_command_line(lakehouse, monkeypatch, capsys) -> None:
     assert main([*base, str(T0_MS + 2 * 3_600_000)]) == 0  # epoch ms works too
     printed = capsys.readouterr().out
     assert "2 rows" in printed and "12972.75" in printed
+
+
+# -- candlewire watch: one line per message ----------------------------------------------------
+
+
+def tick(price: str, size: str, side: int = market_pb2.SELL, seq: int = 1) -> Tick:
+    return Tick.from_proto(
+        market_pb2.Tick(
+            ticker="BINANCE:SOL/USDT",
+            trade_id=str(seq),
+            price=price,
+            size=size,
+            side=side,
+            exchange_time_ns=T0_MS * 1_000_000 + 1_500_000,
+            stream=market_pb2.StreamPosition(epoch=T0_MS, seq=seq),
+        )
+    )
+
+
+def candle(close: str, closed: bool) -> Candle:
+    return Candle.from_proto(
+        market_pb2.OHLC(
+            ticker="SIM:ETH/USDT",
+            period_s=60,
+            open_time_ms=T0_MS,
+            open="2001.5000",
+            high="2003.25",
+            low="12.000000000000000000",
+            close=close,
+            volume="13.402",
+            trade_count=41,
+            closed=closed,
+        )
+    )
+
+
+def test_watch_lines_align_ticks_as_they_come() -> None:
+    lines = LiveLines()
+    texts = [
+        lines.line(tick("100.50", "0.0100")).plain,
+        lines.line(tick("99.125", "12", market_pb2.BUY), repaired=True).plain,
+        lines.line(tick("1000", "0.5")).plain,
+    ]
+    assert texts[0] == "2024-01-01 00:00:00.001  BINANCE:SOL/USDT  sell  0.01 @ 100.5"
+    assert texts[1] == "2024-01-01 00:00:00.001  BINANCE:SOL/USDT  buy   12    @  99.125  repaired"
+    assert texts[2].endswith("sell   0.5  @ 1000")  # the widest so far sets the columns
+    assert texts[0].index("@") + 1 == texts[1].index("@") == texts[2].index("@")  # "12" widened
+
+
+def test_watch_lines_of_candles_say_forming_or_closed() -> None:
+    lines = LiveLines()
+    forming = lines.line(candle("2002", closed=False)).plain
+    closed = lines.line(candle("2002.75", closed=True)).plain
+    assert forming == (
+        "2024-01-01 00:00:00  SIM:ETH/USDT  60s  O 2001.5  H 2003.25  L 12  C 2002"
+        "  V 13.402  41 trades  forming"
+    )
+    assert closed.endswith("C 2002.75  V 13.402  41 trades  closed")
+    assert forming.index(" C ") == closed.index(" C ")
+
+
+def test_watch_json_lines_are_snake_case_with_exact_decimals_and_iso_times() -> None:
+    record = json.loads(json.dumps(live_record(tick("100.50", "0.0100"))))
+    assert record == {
+        "type": "tick",
+        "ticker": "BINANCE:SOL/USDT",
+        "time": "2024-01-01T00:00:00.001500Z",
+        "price": "100.5",
+        "size": "0.01",
+        "side": "sell",
+        "trade_id": "1",
+        "stream": {"epoch": T0_MS, "seq": 1},
+        "repaired": False,
+    }
+    ohlc = live_record(candle("2002.750000000000000001", closed=True), repaired=True)
+    assert ohlc["open_time"] == "2024-01-01T00:00:00Z" and ohlc["period_s"] == 60
+    assert ohlc["close"] == "2002.750000000000000001" and ohlc["low"] == "12"
+    assert (ohlc["closed"], ohlc["repaired"], ohlc["trade_count"]) == (True, True, 41)
+    assert "stream" not in ohlc  # read from Iceberg: no place in a stream
+
+
+def test_watch_marks_the_messages_a_gap_fill_brought() -> None:
+    class Filling:
+        """Three live messages, then a fill of two the stats count before handing out."""
+
+        def __init__(self) -> None:
+            self.stats = SubscriptionStats()
+
+        def __iter__(self):
+            for i, filled in enumerate([0, 0, 2, 0, 0]):
+                self.stats.filled += filled
+                yield i
+
+    assert [r for _, r in marked(Filling())] == [False, False, True, True, False]

@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+from candlewire.config import port_setting
 from launcher.stack import Stack, StackError, default_services
 from tests.support import free_settings
 
@@ -37,8 +38,16 @@ def test_port_taken_is_a_one_line_error(stack) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", stack.settings.port("client_requests")))
         s.listen()
-        with pytest.raises(StackError, match=r"port \d+ is taken by another process"):
+        with pytest.raises(StackError, match=r"port \d+ is taken by another process") as info:
             stack.up(lambda _: None)
+    assert f"{port_setting('client_requests')}=<port>" in str(info.value)
+
+
+def test_the_stack_sets_its_services_metrics_ports(stack) -> None:
+    """Its health checks read them, so they must not float to a free port."""
+    relay = stack.services[0]
+    port = stack.settings.port("relay_metrics")
+    assert relay.env[port_setting("relay_metrics")] == str(port)
 
 
 def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> None:
