@@ -2,7 +2,9 @@
 relays, two stream publishers the relays find by one DNS name, and a client given both
 relays. ``kill -9`` of a relay and then of a broker under the client loses no tick and no
 history request, the publishers' journal goes on being written with a broker gone, and
-every connection stays on the hosts' own addresses. Root only (CI runs as root)."""
+every connection stays on the hosts' own addresses. Root only. A scale-out run of its own
+(``make scale``, with the Spark and whole-pipeline runs beside it), outside the test run's
+25 minutes."""
 
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ from candlewire.config import Settings
 from candlewire.kafka import JOURNAL
 from launcher.netns import Lab
 
-pytestmark = pytest.mark.skipif(Lab.available() is not None, reason=str(Lab.available()))
+pytestmark = [
+    pytest.mark.scale,
+    pytest.mark.skipif(Lab.available() is not None, reason=str(Lab.available())),
+]
 SUBNET = "10.78.0"
 HISTORY = 10
 
