@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -252,7 +253,7 @@ def latency(settings, seconds: float, rate: float = 20.0) -> list[tuple[float, f
 
 def slow_ticks(settings, timed: list[tuple[float, float]], over_s: float = 0.05) -> None:
     """Where the tail comes from: the ticks slower than ``over_s``, by produce time, beside
-    the committing query's batches that ended in the latency window (its log)."""
+    the committing query's batches that ended in the latency window or just before (its log)."""
     if not timed:
         return
     start, end = timed[0][0], timed[-1][0] + 5
@@ -266,12 +267,13 @@ def slow_ticks(settings, timed: list[tuple[float, float]], over_s: float = 0.05)
         print(f"  {clock(t)} {x * 1000:6.0f} ms", flush=True)
     log = settings.state_dir / "logs" / "stream.log"
     if log.exists():
-        day = time.strftime("%Y-%m-%d", time.localtime(start))
+        stamp = re.compile(r"(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)")
         for line in log.read_text(errors="replace").splitlines():
-            if "ticks batch" in line and line.startswith(day):
-                stamp = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))  # local
-                if start <= stamp <= end:
-                    print(f"  {line[11:]}", flush=True)
+            m = stamp.search(line) if "ticks batch" in line else None
+            if m is not None:
+                at = time.mktime(time.strptime(" ".join(m.groups()), "%Y-%m-%d %H:%M:%S"))
+                if start - 30 <= at <= end:  # local time, as the job logs it
+                    print(f"  {line[m.start(2) :]}", flush=True)
 
 
 def feeds_phase(settings, n: int = 2000, timeout: float = 120.0) -> dict[str, int]:

@@ -113,6 +113,14 @@ def linked_user(gw) -> tuple[str, int]:
     return user, chat
 
 
+def started(gw, telegram) -> tuple[str, int]:
+    """A linked user whose chat has sent /start and been answered: a session is open."""
+    user, chat = linked_user(gw)
+    telegram.say(chat, "/start")
+    wait_for(lambda: texts_with(telegram, chat, "/stop"))
+    return user, chat
+
+
 def texts_with(telegram, chat: int, needle: str) -> list[str]:
     return [t for t in telegram.texts_to(chat) if needle in t]
 
@@ -218,10 +226,8 @@ def test_a_stalled_telegram_never_holds_up_the_fast_path(
 ) -> None:
     gw = make_gateway(gw_env, gw_config(telegram, telegram_queue=2))
     pub = make_publisher(gw_env)
-    user, chat = linked_user(gw)
+    user, chat = started(gw, telegram)
     ws = sign_in(gw_env, user)
-    telegram.say(chat, "/start")
-    wait_for(lambda: texts_with(telegram, chat, "/stop"))
     telegram.limit(calls=1, retry_after=4)
     events = [user_event(user, ev.INFORMATIONAL) for _ in range(10)]
     wait_for(lambda: pub.watched(user))
@@ -246,9 +252,7 @@ def test_a_user_who_blocks_the_bot_ends_the_session(
 ) -> None:
     gw = make_gateway(gw_env, gw_config(telegram))
     pub = make_publisher(gw_env)
-    user, chat = linked_user(gw)
-    telegram.say(chat, "/start")
-    wait_for(lambda: texts_with(telegram, chat, "/stop"))
+    user, chat = started(gw, telegram)
     telegram.blocked.add(str(chat))
     wait_for(lambda: pub.watched(user))
     assert pub.publish(user_event(user, ev.INFORMATIONAL)) is Route.XPUB
@@ -262,9 +266,7 @@ def test_a_session_outlives_a_gateway_restart_without_replaying_start(
 ) -> None:
     first = make_gateway(gw_env, gw_config(telegram))
     pub = make_publisher(gw_env)
-    user, chat = linked_user(first)
-    telegram.say(chat, "/start")
-    wait_for(lambda: texts_with(telegram, chat, "/stop"))
+    user, chat = started(first, telegram)
     wait_for(lambda: not telegram.pending)
     first.stop()
     wait_for(lambda: not pub.watched(user))
