@@ -294,6 +294,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
         default_services,
         live_ingestors,
         seed_symbol_metadata,
+        stack_rss,
     )
 
     console = Console()
@@ -311,10 +312,13 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
         elif args.command == "down":
             stack.down(console.print)
         else:
-            table = Table("service", "port", "pid", "health")
-            rows = stack.status()
+            table = Table("service", "port", "pid", "health", "RSS MiB", show_footer=True)
+            rows, rss = stack.status(), stack_rss(stack.services)
             for name, port, pid, health in rows:
-                table.add_row(name, str(port or "-"), str(pid or "-"), health)
+                mib = f"{rss[name]:,.0f}" if name in rss else "-"
+                table.add_row(name, str(port or "-"), str(pid or "-"), health, mib)
+            table.columns[0].footer = "all"
+            table.columns[4].footer = f"{sum(rss.values()):,.0f}"
             console.print(table)
             ingestors = live_ingestors(settings)
             live = Table("exchange", "live ingestors (heartbeats via the relay)")

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -536,6 +536,60 @@ def dagster_services(settings: Settings) -> list[Service]:
             start_timeout=120.0,
         ),
     ]
+
+
+# Memory: the RSS of each part, its whole process tree ------------------------------------
+
+
+def child_map() -> dict[int, list[int]]:
+    """Every process's children, from each /proc/<pid>/stat's ppid: one walk serves all
+    the trees measured at one moment."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # comm may hold spaces and parens
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def rss_mib(pid: int) -> float:
+    """One process's resident memory (VmRSS) in MiB; 0 once it has exited."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return 0.0  # gone, or a kernel thread
+
+
+def tree_rss_mib(pid: int, children: Mapping[int, list[int]] | None = None) -> float:
+    """RSS of a process and all its descendants in MiB: a service is its whole tree (the
+    stream job's driver forks Spark's JVM, which forks Python workers). Pages shared
+    between processes count once per process, as ``ps`` shows them."""
+    children = child_map() if children is None else children
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += rss_mib(p)
+        todo.extend(children.get(p, ()))
+    return total
+
+
+def stack_rss(services: list[Service]) -> dict[str, float]:
+    """MiB per running part of the stack, by the pid the launcher records for it."""
+    children = child_map()
+    return {
+        svc.name: tree_rss_mib(pid, children) for svc in services if (pid := svc.pid()) is not None
+    }
 
 
 def live_ingestors(settings: Settings, listen_s: float = 2.5) -> dict[str, dict[str, str]]:

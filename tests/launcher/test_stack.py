@@ -141,3 +141,41 @@ def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> N
     finally:
         stack.down(lambda _: None)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_part_s_rss_is_its_whole_process_tree() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from launcher.stack import rss_mib, tree_rss_mib
+
+    hog = "x = b'x' * (200 * 2**20); print('ready', flush=True); input()"  # pages touched
+    child = subprocess.Popen(
+        [sys.executable, "-c", hog], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        me = os.getpid()
+        assert rss_mib(child.pid) >= 200
+        assert tree_rss_mib(me) - rss_mib(me) >= 200  # the child counts with its parent
+    finally:
+        child.kill()
+        child.wait()
+    assert rss_mib(child.pid) == 0.0  # gone (reaped)
+
+
+def test_status_prints_each_part_s_rss(stack, monkeypatch, capsys) -> None:
+    from launcher.cli import main
+
+    stack.up(lambda _: None)
+    for name, value in stack.settings.to_env().items():
+        monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    main(["status"])
+    out = capsys.readouterr().out
+    assert "RSS MiB" in out
+    (relay,) = [line for line in out.splitlines() if " relay " in line]
+    assert "healthy" in relay
+    mib = int(relay.split("│")[-2].strip().replace(",", ""))
+    assert 20 <= mib <= 2000  # a Python process with pyzmq and protobuf loaded
