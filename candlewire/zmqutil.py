@@ -97,6 +97,11 @@ class Batches:
             asyncio.get_running_loop().call_soon(self._flush)
         self._outbox.append(frames)
 
+    def recheck(self) -> None:
+        """After another call on the socket (a subscribe), which may have taken the FD's edge
+        of a message that arrived meanwhile."""
+        self._check()
+
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []
         for frames in outbox:

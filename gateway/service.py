@@ -76,6 +76,7 @@ log = logging.getLogger("candlewire.gateway")
 
 PURGE_EVERY_S = 60.0
 CRITICAL_BATCH = 256  # critical events taken from the ROUTER in one loop turn
+INFORMATIONAL_BATCH = 256  # informational events taken from the SUB in one loop turn
 SEED_CANDLES = 90  # what the page draws
 
 
@@ -126,6 +127,7 @@ class Gateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._watching: Counter[str] = Counter()  # user -> browsers and chats (0, 1 or 2)
+        self._event_batches: Batches | None = None  # the SUB, once the fast path runs
         self.sessions = Sessions(
             self.gw.session_queue,
             self.gw.max_sessions_per_user,
@@ -393,12 +395,18 @@ class Gateway:
         self._watching[user_id] += 1
         if self._watching[user_id] == 1:
             self._events.subscribe(user_topic(user_id))
+            self._recheck_events()
 
     def _unwatch_user(self, user_id: str) -> None:
         self._watching[user_id] -= 1
         if self._watching[user_id] <= 0:
             del self._watching[user_id]
             self._events.unsubscribe(user_topic(user_id))
+            self._recheck_events()
+
+    def _recheck_events(self) -> None:
+        if self._event_batches is not None:
+            self._event_batches.recheck()
 
     def _slow(self, session: Session) -> None:
         self.metrics.slow_disconnects.inc()
@@ -417,21 +425,24 @@ class Gateway:
     # -- the fast path ----------------------------------------------------------------------
 
     async def _informational(self) -> None:
+        """Every event queued on the SUB is taken in one loop turn (:class:`Batches`): a
+        receive through pyzmq's asyncio socket made a future per event."""
+        self._event_batches = events = Batches(self._events)
         while True:
-            frames = await self._events.recv_multipart(copy=False)
-            try:
-                _, msg = decode_sub([f.bytes for f in frames])
-                event = expect(msg, ev.UserEvent)
-            except EnvelopeError as exc:
-                self.metrics.dropped.labels("user_events", exc.reason).inc()
-                continue
-            if not self._may_send(peer_of(frames[-1]), event, "events"):
-                continue
-            rendered = self.symbols.render(event)
-            sent = self.sessions.send(
-                event.user_id, event_message(event, rendered, "informational")
-            ) + self.telegram.deliver(event.user_id, rendered)  # never waits on HTTP
-            self.metrics.informational.labels("sent" if sent else "no_session").inc()
+            for frames in await events.recv(INFORMATIONAL_BATCH):
+                try:
+                    _, msg = decode_sub([f.bytes for f in frames])
+                    event = expect(msg, ev.UserEvent)
+                except EnvelopeError as exc:
+                    self.metrics.dropped.labels("user_events", exc.reason).inc()
+                    continue
+                if not self._may_send(peer_of(frames[-1]), event, "events"):
+                    continue
+                rendered = self.symbols.render(event)
+                sent = self.sessions.send(
+                    event.user_id, event_message(event, rendered, "informational")
+                ) + self.telegram.deliver(event.user_id, rendered)  # never waits on HTTP
+                self.metrics.informational.labels("sent" if sent else "no_session").inc()
 
     # -- the critical path ------------------------------------------------------------------
 
