@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from decimal import InvalidOperation
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import zmq
@@ -43,13 +44,15 @@ from candlewire._protocol import (
     new_id,
 )
 from candlewire.config import Settings
-from candlewire.history import Decimals, read_history
 from candlewire.market import Candle, Tick, typed
 from candlewire.topics import market_data_topic
 from candlewire.triggers import Condition, add_request
 from proto import cep_pb2 as cep
 from proto import market_pb2
 from proto import requests_pb2 as rq
+
+if TYPE_CHECKING:
+    from candlewire.history import Decimals
 
 # What a subscription yields (Message: with raw=True; RecordBatch: with batches=True).
 Item = Tick | Candle | Message | pa.RecordBatch
@@ -131,6 +134,10 @@ class Client:
         """Candles already in Iceberg, read with pyiceberg (partition-pruned). Times are
         ISO text, epoch ms, dates or datetimes (no zone: UTC). Prices are exact decimals at
         the smallest scale that holds them, or ``decimals="float"``."""
+        # Imported on the first read, not with the client: pyiceberg and SQLAlchemy are only
+        # for reading Iceberg, which a process that only requests or subscribes never does.
+        from candlewire.history import read_history
+
         return read_history(self.settings, ticker, period, start, end, decimals)
 
     def wait_ready(
@@ -357,6 +364,8 @@ class AsyncClient:
         decimals: Decimals = "decimal",
     ) -> pa.Table:
         """Like :meth:`Client.history`, in a worker thread so the event loop stays free."""
+        from candlewire.history import read_history  # on the first read, as Client.history
+
         return await asyncio.to_thread(
             read_history, self.settings, ticker, period, start, end, decimals
         )

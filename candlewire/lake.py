@@ -27,9 +27,8 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from candlewire.config import S3_SECRET_KEY, Settings
+from candlewire.config import NAMESPACE, S3_SECRET_KEY, Settings, db_parts
 
-NAMESPACE = "market"
 DEC = DecimalType(38, 18)
 
 
@@ -122,18 +121,9 @@ def table_name(settings: Settings, table: str) -> str:
     return f"{settings.catalog_name}.{NAMESPACE}.{table}"
 
 
-def _db_parts(settings: Settings) -> tuple[str, str, str]:
-    """(host:port/db, user, password) of the catalog database URL."""
-    url = urlsplit(settings.catalog_db())
-    where = f"{url.hostname}:{url.port or 5432}{url.path}"
-    return where, url.username or "", url.password or ""
-
-
 def sql_url(settings: Settings) -> str:
     """The catalog database for SQLAlchemy (psycopg2 driver)."""
-    where, user, password = _db_parts(settings)
-    auth = f"{user}:{password}@" if password else f"{user}@"
-    return f"postgresql+psycopg2://{auth}{where}"
+    return settings.sql_url()
 
 
 class StorageError(RuntimeError):
@@ -218,7 +208,7 @@ def catalog(settings: Settings) -> SqlCatalog:
 
 
 def spark_catalog_conf(settings: Settings) -> dict[str, str]:
-    where, user, password = _db_parts(settings)
+    where, user, password = db_parts(settings.catalog_db())
     prefix = f"spark.sql.catalog.{settings.catalog_name}"
     return {
         prefix: "org.apache.iceberg.spark.SparkCatalog",

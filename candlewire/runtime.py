@@ -21,6 +21,16 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from candlewire.config import PortTaken, Settings, port_setting
 
+# A JVM service that gives back the heap it no longer uses: G1 runs a concurrent cycle after
+# 30 s without a collection, then uncommits down to 30 % free. Without them an idle service
+# kept its peak heap resident for good (#36: the stack's RSS).
+JVM_RETURNS_HEAP = (
+    "-XX:+UseG1GC",
+    "-XX:G1PeriodicGCInterval=30000",
+    "-XX:MinHeapFreeRatio=10",
+    "-XX:MaxHeapFreeRatio=30",
+)
+
 log = logging.getLogger("candlewire")
 
 

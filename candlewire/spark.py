@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from candlewire.config import Settings
 from candlewire.lake import s3_environment, spark_catalog_conf
+from candlewire.runtime import JVM_RETURNS_HEAP
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -58,6 +59,9 @@ def spark_jars(settings: Settings) -> list[str]:
     return jars
 
 
+DRIVER_JVM_OPTIONS = " ".join(("-Xms256m", *JVM_RETURNS_HEAP))
+
+
 def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
     """Every setting the platform needs; a cluster only changes master and locations."""
     return {
@@ -73,7 +77,15 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",  # progress bars are noise in a service log
         "spark.driver.host": settings.host,
         "spark.driver.bindAddress": settings.bind_host,
-        "spark.driver.memory": "2g",
+        "spark.driver.memory": settings.spark_driver_memory,
+        "spark.driver.extraJavaOptions": DRIVER_JVM_OPTIONS,
+        # Spark keeps every job's, stage's and task's record for its UI and REST API, UI or
+        # not, up to 1,000 jobs and 100,000 tasks: a streaming job makes thousands an hour,
+        # so its heap grew for hours (#34's soak, #36). The last few hundred are plenty.
+        "spark.ui.retainedJobs": "200",
+        "spark.ui.retainedStages": "200",
+        "spark.ui.retainedTasks": "5000",
+        "spark.sql.ui.retainedExecutions": "100",
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),

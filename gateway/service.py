@@ -43,9 +43,6 @@ from websockets.http11 import Request, Response
 from candlewire import curve
 from candlewire.config import PortTaken, Settings
 from candlewire.curve import GATEWAY_KEY, Guard, Peer, dial, peer_of
-from candlewire.history import read_history
-from candlewire.lake import sql_url
-from candlewire.market import plain
 from candlewire.runtime import MetricsServer, bind, binding, run_until_signal
 from candlewire.topics import (
     market_data_topic,
@@ -183,7 +180,7 @@ class Gateway:
     async def _main(self) -> None:
         s, gw = self.settings, self.gw
         self._stopping = asyncio.Event()
-        self.directory = Directory(gw.directory_url or sql_url(s))
+        self.directory = Directory(gw.directory_url or s.sql_url())
         await asyncio.to_thread(self.directory.create)
         await asyncio.to_thread(self._reload_symbols)
         self.channels = build_channels(gw, self.sessions)
@@ -374,6 +371,8 @@ class Gateway:
     async def _seed_chart(self, session: Session, ticker: str, period: int) -> None:
         """The chart's recent past from the Iceberg ``ohlc`` table, so it does not start
         empty. Marked ``seed``: the page never lets one replace a live update."""
+        from candlewire.history import read_history  # pyiceberg: on a chart's first use
+
         topic, now = session.chart, int(time.time() * 1000)
         start = now - period * 1000 * SEED_CANDLES
         try:
@@ -614,6 +613,8 @@ def _error_topic(chart_topic: str) -> str:
 
 
 def _seed_candle(row: dict[str, Any]) -> dict[str, Any]:
+    from candlewire.market import plain
+
     return {
         "type": "candle",
         "seed": True,

@@ -19,7 +19,6 @@ from candlewire.config import PERIODS_S, Settings
 from candlewire.kafka import JOURNAL, consumer_config, journal_partition
 from candlewire.positions import describe, is_after
 from candlewire.topics import ohlc_type, parse_ticker, tick_type
-from journal.archive import archive_chunk
 from proto import journal_pb2 as jr
 from proto.envelope import EnvelopeError, expect, from_record
 from proto.market_pb2 import StreamPosition
@@ -141,6 +140,8 @@ class JournalReader:
             # from Iceberg up to the journal's oldest record, a position cannot be.
             if after is None:
                 boundary = oldest_ms if oldest_ms is not None else int(time.time() * 1000)
+                from journal.archive import archive_chunk  # pyiceberg: on first use only
+
                 archive_chunk(self.settings, req, boundary, reply)
                 return reply
             return self._out_of_range(reply, req, oldest_ms, describe(after))

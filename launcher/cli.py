@@ -21,7 +21,7 @@ from candlewire.config import POSTGRES_PASSWORD, PortTaken, Settings
 from candlewire.curve import ROLES
 from candlewire.times import to_ms
 from candlewire.triggers import KINDS
-from launcher.render import FORMATS, WATCH_FORMATS
+from launcher.formats import FORMATS, WATCH_FORMATS
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

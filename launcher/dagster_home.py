@@ -3,14 +3,17 @@ platform's PostgreSQL, telemetry off, and the processes ``make up`` runs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import socket
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 
 from candlewire.config import REPO_ROOT, Settings
 
-WORKSPACE = REPO_ROOT / "workspace.yaml"
+SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes on Linux, with its NUL
 MAX_CONCURRENT_RUNS = 2  # two cores: more runs only queue inside Spark and the relay
 
 
@@ -52,6 +55,59 @@ def env(settings: Settings) -> dict[str, str]:
     }
 
 
+LOCATION = "candlewire"  # the code location's name, as workspace.yaml gives it
+
+
+def code_socket(settings: Settings) -> Path:
+    """Where the code server listens: a Unix socket in the state dir, so no port to declare;
+    in the temp dir, named after the state dir, when that path is too long for a socket."""
+    path = (settings.state_dir / "run" / "dagster-code.sock").resolve()
+    if len(str(path)) <= SOCKET_PATH_MAX:
+        return path
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"candlewire-dagster-{digest}.sock"
+
+
+def code_server_argv(settings: Settings) -> list[str]:
+    """One process that loads ``orchestration.definitions`` and launches its runs. Without it
+    the webserver and the daemon each start their own (about 250 MiB each, #36)."""
+    return [
+        sys.executable,
+        "-m",
+        "dagster",
+        "api",
+        "grpc",
+        "--socket",
+        str(code_socket(settings)),
+        "--module-name",
+        "orchestration.definitions",
+        "--working-directory",
+        str(REPO_ROOT),
+        "--location-name",
+        LOCATION,
+    ]
+
+
+def served_workspace(settings: Settings) -> Path:
+    """``workspace.yaml``'s code location, served by the code server: what the stack's
+    webserver and daemon load. ``workspace.yaml`` itself stays for ``dagster dev``."""
+    path = dagster_home(settings) / "workspace.yaml"
+    server = {"socket": str(code_socket(settings)), "location_name": LOCATION}
+    path.write_text(json.dumps({"load_from": [{"grpc_server": server}]}, indent=2))
+    return path
+
+
+def code_server_health(settings: Settings) -> str | None:
+    """The code server accepts connections on its socket once the definitions loaded."""
+    path = code_socket(settings)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+        except OSError as exc:
+            return f"dagster code server on {path}: {exc}"
+    return None
+
+
 def webserver_argv(settings: Settings) -> list[str]:
     return [
         str(Path(sys.executable).with_name("dagster-webserver")),
@@ -60,12 +116,13 @@ def webserver_argv(settings: Settings) -> list[str]:
         "-p",
         str(settings.port("dagster")),
         "-w",
-        str(WORKSPACE),
+        str(served_workspace(settings)),
     ]
 
 
 def daemon_argv(settings: Settings) -> list[str]:
-    return [str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w", str(WORKSPACE)]
+    daemon = str(Path(sys.executable).with_name("dagster-daemon"))
+    return [daemon, "run", "-w", str(served_workspace(settings))]
 
 
 def graphql(settings: Settings, query: str, variables: dict | None = None) -> dict:
@@ -85,7 +142,7 @@ def graphql(settings: Settings, query: str, variables: dict | None = None) -> di
 
 # The GraphQL documents the UI sends to add a ticker partition, launch a partition backfill
 # and follow it; the tests and bench.backfill drive Dagster through them as a user would.
-REPO = {"repositoryLocationName": "candlewire", "repositoryName": "__repository__"}
+REPO = {"repositoryLocationName": LOCATION, "repositoryName": "__repository__"}
 ADD_PARTITION = """
 mutation($repo: RepositorySelector!, $name: String!, $key: String!) {
   addDynamicPartition(repositorySelector: $repo, partitionsDefName: $name, partitionKey: $key) {

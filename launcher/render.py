@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 from rich.text import Text
 
 from candlewire.market import Candle, Tick, plain
+from launcher.formats import FORMATS
 
 # The columns a narrow terminal loses first, first to last: what repeats on every row or
 # is bookkeeping before the prices. ``open_time`` and ``close`` go last of all.
@@ -41,7 +42,6 @@ DROP_ORDER = (
     "high",
     "low",
 )
-FORMATS = ("table", "csv", "json", "parquet")
 
 
 def aligned(texts: Sequence[str | None]) -> list[str]:
@@ -191,7 +191,6 @@ def to_file(table: pa.Table, path: str | None, fmt: str | None) -> str:
 
 # -- live messages, one line each (``candlewire watch``) --------------------------------------
 
-WATCH_FORMATS = ("text", "json")
 PRICES = ("open", "high", "low", "close", "volume")  # a candle's decimals, in print order
 STYLES = {"buy": "green", "sell": "red", "closed": "bold", "forming": "dim", "repaired": "yellow"}
 

@@ -509,12 +509,24 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
 
 
 def dagster_services(settings: Settings) -> list[Service]:
-    """Dagster's webserver (UI and GraphQL) and daemon (schedules, sensors, backfills)."""
+    """Dagster's code server (the definitions, and the runs it launches), its webserver (UI
+    and GraphQL) and its daemon (schedules, sensors, backfills)."""
     from launcher import dagster_home as home
 
     run, logs = settings.state_dir / "run", settings.state_dir / "logs"
     env = home.env(settings)
     return [
+        ProcessService(
+            name="dagster-code",
+            argv=lambda: home.code_server_argv(settings),
+            port=None,
+            check=lambda: home.code_server_health(settings),
+            run_dir=run,
+            log=logs / "dagster-code.log",
+            env=env,
+            prepare=lambda: home.code_socket(settings).unlink(missing_ok=True),
+            start_timeout=120.0,
+        ),
         ProcessService(
             name="dagster-webserver",
             argv=lambda: home.webserver_argv(settings),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from candlewire.config import REPO_ROOT
 from candlewire.kafka import scram_jaas
+from candlewire.runtime import JVM_RETURNS_HEAP
 
 LOG4J = REPO_ROOT / "jvm" / "log4j2-kafka.properties"
 
@@ -129,9 +130,9 @@ class KafkaBroker:
     def java(self, main: str, *args: str) -> list[str]:
         return [
             "java",
-            "-Xms256m",
+            "-Xms64m",
             f"-Xmx{self.heap}",
-            "-XX:+UseG1GC",
+            *JVM_RETURNS_HEAP,
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={LOG4J}",
             "-cp",

@@ -136,8 +136,11 @@ class LocalPostgres:
         if os.geteuid() == 0:
             shutil.chown(log, "postgres")
         addresses = ",".join(self.listen)
+        # The catalog and Dagster's storage are small: 32 MB of shared buffers hold them, and
+        # every backend's RSS counts the buffers it touched (the default 128 MB, #36).
         opts = (
-            f"-p {self.port} -c listen_addresses={addresses} -k {self.data} -c max_connections=200"
+            f"-p {self.port} -c listen_addresses={addresses} -k {self.data}"
+            " -c max_connections=200 -c shared_buffers=32MB"
         )
         self._run(
             [

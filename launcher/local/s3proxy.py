@@ -8,6 +8,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from candlewire.runtime import JVM_RETURNS_HEAP
+
 
 class S3ProxySetupError(RuntimeError):
     pass
@@ -55,7 +57,9 @@ class S3Proxy:
     def argv(self) -> list[str]:
         return [
             "java",
+            "-Xms32m",
             "-Xmx256m",
+            *JVM_RETURNS_HEAP,
             "-cp",
             f"{self.jars}/*",
             "org.gaul.s3proxy.Main",

@@ -2,14 +2,25 @@
 
 Both read the same ``CANDLEWIRE_*`` settings as every other service, so the code location
 points at whatever stack the environment names (``make up``'s by default).
+
+Nothing heavy is imported here at load time: the code server only lists definitions, and
+the client (pyarrow, pandas, pyiceberg) and Spark (pyspark, pyiceberg) are imported by the
+run that uses them (#36).
 """
 
-import dagster as dg
-from dagster_pyspark import PySparkResource
+from __future__ import annotations
 
-from candlewire.client import Client
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import dagster as dg
+
 from candlewire.config import Settings
-from candlewire.spark import spark_conf
+
+if TYPE_CHECKING:
+    from dagster_pyspark import PySparkResource
+
+    from candlewire.client import Client
 
 
 class CandlewireResource(dg.ConfigurableResource):
@@ -24,12 +35,26 @@ class CandlewireResource(dg.ConfigurableResource):
         return Settings()
 
     def client(self) -> Client:
+        # Imported here, not at load: the code server only lists definitions; a run imports
+        # the client (and its pyarrow, pandas, pyiceberg) when it runs.
+        from candlewire.client import Client
+
         return Client(self.settings())
 
 
-def spark_resource() -> PySparkResource:
-    """dagster-pyspark's resource with the platform's one session configuration."""
-    return PySparkResource(spark_config=spark_conf(Settings(), "candlewire-maintenance"))
+@dg.resource(description="dagster-pyspark's PySparkResource with the platform's one session.")
+def spark_resource(context: dg.InitResourceContext) -> Iterator[PySparkResource]:
+    """dagster-pyspark's resource with the platform's one session configuration, made when a
+    run starts: dagster_pyspark imports pyspark, and candlewire.spark pyiceberg, which the
+    code server, listing definitions only, never needs. The run's op gets the same
+    PySparkResource, set up (its session built) and torn down by dagster-pyspark itself."""
+    from dagster_pyspark import PySparkResource
+
+    from candlewire.spark import spark_conf
+
+    config = {"spark_config": spark_conf(Settings(), "candlewire-maintenance")}
+    with PySparkResource.from_resource_context_cm(context.replace_config(config)) as pyspark:
+        yield pyspark
 
 
 @dg.definitions
@@ -37,6 +62,6 @@ def resources() -> dg.Definitions:
     # In-process steps: our runs have one step each, and a second Python process per run
     # (the multiprocess executor's default) costs more than the step itself on small hosts.
     return dg.Definitions(
-        resources={"candlewire": CandlewireResource(), "pyspark": spark_resource()},
+        resources={"candlewire": CandlewireResource(), "pyspark": spark_resource},
         executor=dg.in_process_executor,
     )

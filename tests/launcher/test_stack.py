@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -87,9 +88,12 @@ def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> N
             "stream": "healthy",
             "journal": "healthy",
             "gateway": "healthy",
+            "dagster-code": "healthy",
             "dagster-webserver": "healthy",
             "dagster-daemon": "healthy",
         }
+        # One code server for the webserver and the daemon: neither starts its own (#36).
+        assert code_servers(stack) == ["dagster-code"]
         page = f"http://127.0.0.1:{settings.port('gateway_http')}/"
         with urllib.request.urlopen(page, timeout=10) as resp:
             assert b"<title>candlewire</title>" in resp.read()
@@ -141,6 +145,29 @@ def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> N
     finally:
         stack.down(lambda _: None)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def code_servers(stack: Stack) -> list[str]:
+    """The parts whose process tree runs a Dagster code server (``dagster api grpc``)."""
+    from launcher.stack import child_map
+
+    children = child_map()
+
+    def tree(pid: int) -> list[int]:
+        return [pid, *(p for c in children.get(pid, []) for p in tree(c))]
+
+    def serves_code(pid: int) -> bool:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return b"api" in argv and b"grpc" in argv
+
+    return [
+        name
+        for name, _, pid, _ in stack.status()
+        if isinstance(pid, int) and any(serves_code(p) for p in tree(pid))
+    ]
 
 
 def test_a_part_s_rss_is_its_whole_process_tree() -> None:

@@ -7,8 +7,8 @@ they produce: exchange feeds → Kafka topics → Iceberg tables. Dagster's own 
 
 import dagster as dg
 
+from candlewire.config import NAMESPACE
 from candlewire.kafka import OHLC_BATCHES, SYMBOL_METADATA, TICKS, TopicSpec
-from candlewire.lake import NAMESPACE
 
 EXCHANGES = dg.AssetKey(["exchanges"])
 

@@ -6,17 +6,23 @@ MERGE's read and its commit makes that MERGE fail validation, and the streaming 
 again; a maintenance step that loses such a race runs again the same way
 (``candlewire.spark.commit_sql``). Rewrites use partial progress, so a file group that loses
 a race is left for the next run instead of failing the others.
+
+Spark, pyiceberg and their helpers are imported in the functions that use them: the code
+server only lists definitions; a run imports them when it runs (#36).
 """
 
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import dagster as dg
-from dagster_pyspark import PySparkResource
 
 from candlewire.config import Settings
-from candlewire.lake import NAMESPACE, TABLES, table_name
-from candlewire.spark import commit_sql
 from orchestration.defs.assets.lineage import iceberg_key
+
+# For an annotation only (a local variable's, never evaluated). Not ``from __future__ import
+# annotations``: Dagster checks an op's ``context`` annotation as a class, which a string fails.
+if TYPE_CHECKING:
+    from dagster_pyspark import PySparkResource
 
 ORPHAN_AGE = timedelta(hours=24)
 KEEP_SNAPSHOTS = 100  # the streaming job finds its last committed batch in recent snapshots
@@ -32,6 +38,11 @@ def file_stats(spark, table: str) -> dict[str, int]:  # noqa: ANN001
 
 def maintain(spark, settings: Settings, table: str) -> dict[str, dict[str, int]]:  # noqa: ANN001
     """Compact data files and manifests, expire old snapshots, delete orphan files."""
+    # Imported when a run maintains a table, not at load: candlewire.lake and candlewire.spark
+    # import pyiceberg, which the code server, listing definitions only, never needs.
+    from candlewire.lake import NAMESPACE, table_name
+    from candlewire.spark import commit_sql
+
     full, short = table_name(settings, table), f"{NAMESPACE}.{table}"
     system = f"{settings.catalog_name}.system"
     cutoff = (datetime.now(UTC) - ORPHAN_AGE).strftime("%Y-%m-%d %H:%M:%S")
@@ -59,10 +70,17 @@ def maintain(spark, settings: Settings, table: str) -> dict[str, dict[str, int]]
     return {"before": before, "after": file_stats(spark, full)}
 
 
-@dg.op
-def compact_tables(context: dg.OpExecutionContext, pyspark: PySparkResource) -> None:
+# The resource by key rather than as a ``PySparkResource`` parameter: Dagster reads a
+# parameter's annotation when the op is defined, which would import dagster_pyspark (and
+# pyspark) in the code server, which only lists definitions.
+@dg.op(required_resource_keys={"pyspark"})
+def compact_tables(context: dg.OpExecutionContext) -> None:
     """Maintain every platform table; record files and bytes before and after on each."""
+    # Imported when the op runs: pyiceberg is not needed to list definitions.
+    from candlewire.lake import TABLES
+
     settings = Settings()
+    pyspark: PySparkResource = context.resources.pyspark
     spark = pyspark.spark_session
     for table in TABLES:
         stats = maintain(spark, settings, table)

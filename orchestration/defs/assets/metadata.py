@@ -9,9 +9,7 @@ exchange lists join ``ohlc_history``'s ticker partitions.
 import os
 
 import dagster as dg
-from pyiceberg.expressions import And, EqualTo
 
-from candlewire.lake import NAMESPACE, catalog
 from orchestration.defs.assets.history import TICKERS
 from orchestration.defs.assets.lineage import iceberg_key
 from orchestration.defs.resources import CandlewireResource
@@ -23,6 +21,12 @@ EXCHANGES = dg.StaticPartitionsDefinition(
 
 
 def listed_tickers(candlewire: CandlewireResource, exchange: str) -> list[str]:
+    # Imported when a refresh runs, not at load: pyiceberg (and the pyarrow and SQLAlchemy
+    # under it) is not needed by the code server, which only lists definitions.
+    from pyiceberg.expressions import And, EqualTo
+
+    from candlewire.lake import NAMESPACE, catalog
+
     table = catalog(candlewire.settings()).load_table(f"{NAMESPACE}.symbol_metadata")
     rows = table.scan(
         row_filter=And(
