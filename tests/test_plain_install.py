@@ -1,6 +1,7 @@
 """The plain install: a user who only wants the client gets no Spark, Dagster or ccxt.
 
-The project is installed without extras into a fresh venv (pip reuses its wheel cache), and
+The project is installed without extras into a fresh venv (pip reuses its wheel cache and
+skips byte-compiling what it installs: the test runs each module once), and
 that venv's client and CLI subscribe through a real relay. A service verb there names the
 install it needs instead of failing with a traceback.
 """
@@ -34,7 +35,7 @@ def plain_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp_path_factory.mktemp("plain") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     out = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(ROOT)],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", str(ROOT)],
         capture_output=True,
         text=True,
         timeout=600,
