@@ -91,12 +91,16 @@ class Sleep:
     seconds: float
 
 
+# What a subscription's procedure hands its caller: a message, or a replayed run as Arrow.
+Emitted = Message | pa.RecordBatch
+
+
 @dataclass(frozen=True)
 class Emit:
     """Hand a message (or a replayed run as a RecordBatch) to the caller of an iterator
     (``subscribe``); outcome: None."""
 
-    msg: Message | pa.RecordBatch
+    msg: Emitted
 
 
 @dataclass(frozen=True)
@@ -142,8 +146,9 @@ def drive(steps: Steps[T]) -> T:
     return run.result  # type: ignore[return-value]
 
 
-def drive_iter(steps: Steps[None]) -> Iterator[Message]:
-    """Run a procedure that emits messages, as a blocking iterator."""
+def drive_iter(steps: Steps[None]) -> Iterator[Emitted]:
+    """Run a procedure that emits messages (or replayed runs as RecordBatches, when asked
+    for batches), as a blocking iterator."""
     with Run(steps) as run:
         while (op := run.next()) is not None:
             if isinstance(op, EmitMany):
@@ -172,8 +177,9 @@ async def async_drive(steps: Steps[T]) -> T:
     return run.result  # type: ignore[return-value]
 
 
-async def async_drive_iter(steps: Steps[None]) -> AsyncIterator[Message]:
-    """Run a procedure that emits messages, as an async iterator."""
+async def async_drive_iter(steps: Steps[None]) -> AsyncIterator[Emitted]:
+    """Run a procedure that emits messages (or replayed runs as RecordBatches), as an async
+    iterator."""
     with Run(steps) as run:
         while (op := run.next()) is not None:
             if isinstance(op, EmitMany):

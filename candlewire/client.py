@@ -27,6 +27,7 @@ from candlewire._core import (
     SUBMIT_TIMEOUT_S,
     TRIGGER_TIMEOUT_S,
     ClientCore,
+    Emitted,
     async_drive,
     async_drive_iter,
     drive,
@@ -235,7 +236,7 @@ class Subscription:
     """The messages of one subscription, and what it had to repair (``stats``)."""
 
     def __init__(
-        self, messages: Iterator[Message], stats: SubscriptionStats, raw: bool = False
+        self, messages: Iterator[Emitted], stats: SubscriptionStats, raw: bool = False
     ) -> None:
         self._source = messages
         self._messages: Iterator[Item] = messages if raw else _typed(messages, stats)
@@ -256,7 +257,7 @@ class AsyncSubscription:
     """Like :class:`Subscription`, as an async iterator."""
 
     def __init__(
-        self, messages: AsyncIterator[Message], stats: SubscriptionStats, raw: bool = False
+        self, messages: AsyncIterator[Emitted], stats: SubscriptionStats, raw: bool = False
     ) -> None:
         self._source = messages
         self._messages: AsyncIterator[Item] = messages if raw else _typed_async(messages, stats)
@@ -273,7 +274,7 @@ class AsyncSubscription:
         await self._source.aclose()  # type: ignore[attr-defined]
 
 
-def _typed(messages: Iterator[Message], stats: SubscriptionStats) -> Iterator[Item]:
+def _typed(messages: Iterator[Emitted], stats: SubscriptionStats) -> Iterator[Item]:
     for msg in messages:
         try:
             yield typed(msg)
@@ -282,7 +283,7 @@ def _typed(messages: Iterator[Message], stats: SubscriptionStats) -> Iterator[It
 
 
 async def _typed_async(
-    messages: AsyncIterator[Message], stats: SubscriptionStats
+    messages: AsyncIterator[Emitted], stats: SubscriptionStats
 ) -> AsyncIterator[Item]:
     async for msg in messages:
         try:

@@ -99,8 +99,9 @@ class Candle:
         )
 
 
-def typed(msg: Message) -> Tick | Candle | Message:
-    """A Tick or OHLC message as its dataclass; anything else as it is."""
+def typed(msg: Message | pa.RecordBatch) -> Tick | Candle | Message | pa.RecordBatch:
+    """A Tick or OHLC message as its dataclass; anything else (a replayed run's
+    RecordBatch too) as it is."""
     if isinstance(msg, market_pb2.Tick):
         return Tick.from_proto(msg)
     if isinstance(msg, market_pb2.OHLC):
