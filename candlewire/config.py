@@ -227,8 +227,9 @@ class Settings(BaseSettings):
     project uses it instead of ``spark_master``. 0: none."""
     spark_ui: bool = False
     spark_driver_memory: str = "1g"
-    """The Spark driver's heap (in local mode the only executor too). 1g holds a full
-    ``stream_ticks_batch_max`` commit; the job's JVM then sits near 800 MiB idle (#36)."""
+    """The Spark driver's heap (in local mode the only executor too). With 1g the job's JVM
+    sat near 1 GiB RSS idle (1.1 to 1.7 GiB with 2g), and a one-batch burst of a million
+    ticks committed about 12 % slower than with 2g (docs/benchmarks.md, #36)."""
     checkpoint_dir: str | None = None
     """Streaming checkpoints (a shared filesystem on a cluster); default <state_dir>/checkpoints."""
     stream_trigger_s: float = 0.5

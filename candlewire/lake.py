@@ -121,11 +121,6 @@ def table_name(settings: Settings, table: str) -> str:
     return f"{settings.catalog_name}.{NAMESPACE}.{table}"
 
 
-def sql_url(settings: Settings) -> str:
-    """The catalog database for SQLAlchemy (psycopg2 driver)."""
-    return settings.sql_url()
-
-
 class StorageError(RuntimeError):
     pass
 
@@ -199,7 +194,7 @@ def storage_health(settings: Settings) -> str | None:
 def catalog(settings: Settings) -> SqlCatalog:
     return SqlCatalog(
         settings.catalog_name,
-        uri=sql_url(settings),
+        uri=settings.sql_url(),
         warehouse=settings.warehouse_uri(),
         # Spark's JDBC catalog writes the same tables; keep pyiceberg from altering them.
         init_catalog_tables="true",

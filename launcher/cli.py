@@ -263,13 +263,12 @@ def _gateway(args: argparse.Namespace, settings: Settings) -> int:
         import json
         from pathlib import Path
 
-        from candlewire.lake import sql_url
         from gateway.directory import Directory
 
         push = (
             json.loads(Path(args.push_subscription).read_text()) if args.push_subscription else None
         )
-        directory = Directory(gw.directory_url or sql_url(settings)).create()
+        directory = Directory(gw.directory_url or settings.sql_url()).create()
         directory.set_user(
             args.user, telegram_chat_id=args.telegram_chat, email=args.email, push_subscription=push
         )

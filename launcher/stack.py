@@ -513,40 +513,41 @@ def dagster_services(settings: Settings) -> list[Service]:
     and GraphQL) and its daemon (schedules, sensors, backfills)."""
     from launcher import dagster_home as home
 
-    run, logs = settings.state_dir / "run", settings.state_dir / "logs"
-    env = home.env(settings)
+    run, logs, env = settings.state_dir / "run", settings.state_dir / "logs", home.env(settings)
+
+    def part(
+        name: str,
+        argv: Callable[[Settings], list[str]],
+        check: Callable[[Settings], str | None],
+        port: int | None = None,
+        prepare: Callable[[], None] | None = None,
+    ) -> ProcessService:
+        return ProcessService(
+            name=name,
+            argv=lambda: argv(settings),
+            port=port,
+            check=lambda: check(settings),
+            run_dir=run,
+            log=logs / f"{name}.log",
+            env=env,
+            prepare=prepare,
+            start_timeout=120.0,
+        )
+
     return [
-        ProcessService(
-            name="dagster-code",
-            argv=lambda: home.code_server_argv(settings),
-            port=None,
-            check=lambda: home.code_server_health(settings),
-            run_dir=run,
-            log=logs / "dagster-code.log",
-            env=env,
+        part(
+            "dagster-code",
+            home.code_server_argv,
+            home.code_server_health,
             prepare=lambda: home.code_socket(settings).unlink(missing_ok=True),
-            start_timeout=120.0,
         ),
-        ProcessService(
-            name="dagster-webserver",
-            argv=lambda: home.webserver_argv(settings),
+        part(
+            "dagster-webserver",
+            home.webserver_argv,
+            home.webserver_health,
             port=settings.port("dagster"),
-            check=lambda: home.webserver_health(settings),
-            run_dir=run,
-            log=logs / "dagster-webserver.log",
-            env=env,
-            start_timeout=120.0,
         ),
-        ProcessService(
-            name="dagster-daemon",
-            argv=lambda: home.daemon_argv(settings),
-            port=None,
-            check=lambda: home.daemon_health(settings),
-            run_dir=run,
-            log=logs / "dagster-daemon.log",
-            env=env,
-            start_timeout=120.0,
-        ),
+        part("dagster-daemon", home.daemon_argv, home.daemon_health),
     ]
 
 
@@ -580,20 +581,25 @@ def rss_mib(pid: int) -> float:
     return 0.0  # gone, or a kernel thread
 
 
-def tree_rss_mib(pid: int, children: Mapping[int, list[int]] | None = None) -> float:
-    """RSS of a process and all its descendants in MiB: a service is its whole tree (the
-    stream job's driver forks Spark's JVM, which forks Python workers). Pages shared
-    between processes count once per process, as ``ps`` shows them."""
+def process_tree(pid: int, children: Mapping[int, list[int]] | None = None) -> list[int]:
+    """A process and all its descendants: a service is its whole tree (the stream job's
+    driver forks Spark's JVM, which forks Python workers)."""
     children = child_map() if children is None else children
-    total, todo, seen = 0.0, [pid], set()
+    tree, todo, seen = [], [pid], set()
     while todo:
         p = todo.pop()
         if p in seen:
             continue
         seen.add(p)
-        total += rss_mib(p)
+        tree.append(p)
         todo.extend(children.get(p, ()))
-    return total
+    return tree
+
+
+def tree_rss_mib(pid: int, children: Mapping[int, list[int]] | None = None) -> float:
+    """RSS of a process tree in MiB. Pages shared between processes count once per
+    process, as ``ps`` shows them."""
+    return sum(rss_mib(p) for p in process_tree(pid, children))
 
 
 def stack_rss(services: list[Service]) -> dict[str, float]:

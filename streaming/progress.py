@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from candlewire.config import Settings
-from candlewire.lake import sql_url
 from proto import market_pb2
 
 SCHEMA = """
@@ -89,7 +88,7 @@ class Completed:
 
 class Progress:
     def __init__(self, settings: Settings) -> None:
-        self.engine = sa.create_engine(sql_url(settings), pool_pre_ping=True)
+        self.engine = sa.create_engine(settings.sql_url(), pool_pre_ping=True)
         with self.engine.begin() as conn:
             for stmt in SCHEMA.split(";"):
                 if stmt.strip():

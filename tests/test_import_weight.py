@@ -39,3 +39,9 @@ def test_the_client_still_loads_on_first_use() -> None:
     """The lazy names resolve to the real objects: the public API is unchanged."""
     code = "import candlewire; from candlewire.client import Client; assert candlewire.Client is Client"
     assert "pyarrow" in loaded(code)
+
+
+def test_every_public_name_resolves() -> None:
+    """``__all__`` and the lazy table name the same things: ``import *`` gets them all."""
+    code = "from candlewire import *; import candlewire; assert dir(candlewire) == sorted(candlewire.__all__)"
+    assert "pyarrow" in loaded(code)  # the client among them

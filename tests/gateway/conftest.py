@@ -15,7 +15,6 @@ from candlewire import testing
 from candlewire.config import Settings
 from candlewire.curve import dial
 from candlewire.events import EventPublisher
-from candlewire.lake import sql_url
 from candlewire.testing import TelegramStandIn, open_session
 from gateway import Gateway, GatewaySettings, issue_token
 from gateway.directory import Directory, retries
@@ -52,7 +51,7 @@ def gw_env(lakehouse: Settings, tmp_path: Path) -> Iterator[Settings]:
 def forget_queued(settings: Settings) -> None:
     """Gateways share queued retries and Telegram sessions through PostgreSQL; one test's
     must not reach the next test's stand-ins."""
-    directory = Directory(sql_url(settings)).create()
+    directory = Directory(settings.sql_url()).create()
     SessionStore(directory.engine, "").create()
     with directory.engine.begin() as db:
         db.execute(sa.delete(retries))

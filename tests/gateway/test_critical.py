@@ -236,10 +236,9 @@ def test_kill_9_of_a_gateway_with_events_in_flight_loses_none_and_duplicates_non
             ack_timeout=2.0,
         )
         user = new_user()
-        from candlewire.lake import sql_url
         from gateway.directory import Directory
 
-        directory = Directory(sql_url(gw_env))
+        directory = Directory(gw_env.sql_url())
         directory.set_user(user, telegram_chat_id="11")
         directory.close()
         sent = []

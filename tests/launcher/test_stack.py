@@ -149,12 +149,9 @@ def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> N
 
 def code_servers(stack: Stack) -> list[str]:
     """The parts whose process tree runs a Dagster code server (``dagster api grpc``)."""
-    from launcher.stack import child_map
+    from launcher.stack import child_map, process_tree
 
     children = child_map()
-
-    def tree(pid: int) -> list[int]:
-        return [pid, *(p for c in children.get(pid, []) for p in tree(c))]
 
     def serves_code(pid: int) -> bool:
         try:
@@ -166,7 +163,7 @@ def code_servers(stack: Stack) -> list[str]:
     return [
         name
         for name, _, pid, _ in stack.status()
-        if isinstance(pid, int) and any(serves_code(p) for p in tree(pid))
+        if isinstance(pid, int) and any(serves_code(p) for p in process_tree(pid, children))
     ]
 
 
