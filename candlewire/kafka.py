@@ -32,7 +32,10 @@ JOURNAL = TopicSpec(
 # Registered CEP triggers, keyed by trigger_id: the latest record of each id is its state
 # (an ADD, or the REMOVE that ended it), so compaction keeps exactly the registry.
 TRIGGERS = TopicSpec("candlewire.triggers", 1, {"cleanup.policy": "compact"})
-TOPICS = (TICKS, OHLC_BATCHES, SYMBOL_METADATA, JOURNAL, TRIGGERS)
+# Gaps in ingestors' trade streams (#37), keyed by gap_id: the latest record of a gap is
+# its state (detected, repaired, unrepairable), so compaction keeps one record a gap.
+GAPS = TopicSpec("candlewire.gaps", 1, {"cleanup.policy": "compact"})
+TOPICS = (TICKS, OHLC_BATCHES, SYMBOL_METADATA, JOURNAL, TRIGGERS, GAPS)
 
 
 def journal_partition(topic: str) -> int:

@@ -67,6 +67,9 @@ OHLC_SCHEMA = Schema(
         # candles restored after a restart, then merge exactly. Empty for history rows.
         ("first_trade_ns", LongType(), False),
         ("last_trade_ns", LongType(), False),
+        # 0 as first closed; one more each time a late trade revised it (#37). Empty for
+        # history rows and rows written before revisions existed.
+        ("revision", IntegerType(), False),
     ),
     identifier_field_ids=[1, 2, 3],
 )

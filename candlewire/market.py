@@ -79,6 +79,9 @@ class Candle:
     volume: Decimal
     trade_count: int
     closed: bool  # False while the interval is still forming
+    # 0 as first closed; a closed candle corrected after trades lost upstream were fetched
+    # again comes again with this one higher, and the highest is final (docs: gaps)
+    revision: int
     stream: market_pb2.StreamPosition = field(compare=False, hash=False, repr=False)
 
     @classmethod
@@ -95,6 +98,7 @@ class Candle:
             volume=Decimal(m.volume),
             trade_count=m.trade_count,
             closed=m.closed,
+            revision=m.revision,
             stream=m.stream,
         )
 
@@ -144,13 +148,14 @@ CANDLE_SCHEMA = pa.schema(
         ("volume", DECIMAL),
         ("trade_count", pa.uint64()),
         ("closed", pa.bool_()),
+        ("revision", pa.uint32()),
         ("stream", POSITION),
     ]
 )
 _TICK = attrgetter("ticker", "price", "size", "side", "trade_id", "exchange_time_ns", "stream")
 _CANDLE = attrgetter(
     "ticker", "period_s", "open_time_ms", "open", "high", "low", "close", "volume",
-    "trade_count", "closed", "stream",
+    "trade_count", "closed", "revision", "stream",
 )  # fmt: skip
 _POSITION = attrgetter("epoch", "seq", "publish_time_ms", "source_partition", "source_offset")
 _SIDE_NAMES = pa.array(["", *(SIDES.get(v, "") for v in range(1, max(SIDES) + 1))])

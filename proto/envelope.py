@@ -54,6 +54,7 @@ MESSAGE_CLASSES: dict[int, type[Message]] = {
     T.JOURNAL_BATCH: journal_pb2.JournalBatch,
     T.USER_EVENT: events_pb2.UserEvent,
     T.EVENT_ACK: events_pb2.EventAck,
+    T.GAP: market_pb2.Gap,
 }
 TYPE_IDS: dict[type[Message], int] = {cls: type_id for type_id, cls in MESSAGE_CLASSES.items()}
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14proto/envelope.proto\x12\rcandlewire.v1*\x87\x04\n\x0bMessageType\x12\x1c\n\x18MESSAGE_TYPE_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x44\x41TA_REQUEST\x10\x01\x12\x14\n\x10INGESTOR_CONTROL\x10\x03\x12\x08\n\x04TICK\x10\x04\x12\x0f\n\x0bOHLC_CANDLE\x10\x05\x12\n\n\x06MARKET\x10\x06\x12\x17\n\x13\x43\x45P_TRIGGER_REQUEST\x10\t\x12\x13\n\x0f\x43\x45P_TRIGGER_ACK\x10\n\x12\x15\n\x11\x43\x45P_TRIGGER_EVENT\x10\x0b\x12\x0e\n\nOHLC_BATCH\x10\x0c\x12\x1d\n\x19SUBMIT_HISTORICAL_REQUEST\x10\x10\x12\x13\n\x0fSUBMIT_RESPONSE\x10\x11\x12\x1e\n\x1aHISTORY_READY_NOTIFICATION\x10\x12\x12\x1b\n\x17SYMBOL_METADATA_UPDATED\x10\x13\x12\x16\n\x12SUBSCRIPTION_ERROR\x10\x14\x12\r\n\tFEED_IDLE\x10\x15\x12\x0f\n\x0bSTREAM_HEAD\x10\x16\x12\x11\n\rFETCH_REQUEST\x10\x17\x12\x0f\n\x0b\x46\x45TCH_REPLY\x10\x18\x12\x11\n\rJOURNAL_BATCH\x10\x19\x12\x0e\n\nUSER_EVENT\x10 \x12\r\n\tEVENT_ACK\x10!\"\x04\x08\x02\x10\x02\"\x04\x08\x07\x10\x07\"\x04\x08\x08\x10\x08*\rDATA_RESPONSE*\x0cOHLC_REQUEST*\x08RESPONSEb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14proto/envelope.proto\x12\rcandlewire.v1*\x90\x04\n\x0bMessageType\x12\x1c\n\x18MESSAGE_TYPE_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x44\x41TA_REQUEST\x10\x01\x12\x14\n\x10INGESTOR_CONTROL\x10\x03\x12\x08\n\x04TICK\x10\x04\x12\x0f\n\x0bOHLC_CANDLE\x10\x05\x12\n\n\x06MARKET\x10\x06\x12\x17\n\x13\x43\x45P_TRIGGER_REQUEST\x10\t\x12\x13\n\x0f\x43\x45P_TRIGGER_ACK\x10\n\x12\x15\n\x11\x43\x45P_TRIGGER_EVENT\x10\x0b\x12\x0e\n\nOHLC_BATCH\x10\x0c\x12\x1d\n\x19SUBMIT_HISTORICAL_REQUEST\x10\x10\x12\x13\n\x0fSUBMIT_RESPONSE\x10\x11\x12\x1e\n\x1aHISTORY_READY_NOTIFICATION\x10\x12\x12\x1b\n\x17SYMBOL_METADATA_UPDATED\x10\x13\x12\x16\n\x12SUBSCRIPTION_ERROR\x10\x14\x12\r\n\tFEED_IDLE\x10\x15\x12\x0f\n\x0bSTREAM_HEAD\x10\x16\x12\x11\n\rFETCH_REQUEST\x10\x17\x12\x0f\n\x0b\x46\x45TCH_REPLY\x10\x18\x12\x11\n\rJOURNAL_BATCH\x10\x19\x12\x07\n\x03GAP\x10\x1a\x12\x0e\n\nUSER_EVENT\x10 \x12\r\n\tEVENT_ACK\x10!\"\x04\x08\x02\x10\x02\"\x04\x08\x07\x10\x07\"\x04\x08\x08\x10\x08*\rDATA_RESPONSE*\x0cOHLC_REQUEST*\x08RESPONSEb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.envelope_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MESSAGETYPE']._serialized_start=40
-  _globals['_MESSAGETYPE']._serialized_end=559
+  _globals['_MESSAGETYPE']._serialized_end=568
 # @@protoc_insertion_point(module_scope)

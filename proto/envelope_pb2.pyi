@@ -26,6 +26,7 @@ class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FETCH_REQUEST: _ClassVar[MessageType]
     FETCH_REPLY: _ClassVar[MessageType]
     JOURNAL_BATCH: _ClassVar[MessageType]
+    GAP: _ClassVar[MessageType]
     USER_EVENT: _ClassVar[MessageType]
     EVENT_ACK: _ClassVar[MessageType]
 MESSAGE_TYPE_UNSPECIFIED: MessageType
@@ -48,5 +49,6 @@ STREAM_HEAD: MessageType
 FETCH_REQUEST: MessageType
 FETCH_REPLY: MessageType
 JOURNAL_BATCH: MessageType
+GAP: MessageType
 USER_EVENT: MessageType
 EVENT_ACK: MessageType

@@ -20,7 +20,7 @@ class LiveFeed(_message.Message):
     def __init__(self, ticker: _Optional[str] = ..., clock_ns: _Optional[int] = ..., trade_ids: _Optional[_Iterable[str]] = ..., trade_times_ns: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LiveCandle(_message.Message):
-    __slots__ = ("ticker", "period_s", "open_ms", "open", "high", "low", "close", "volume", "trade_count", "first_trade_ns", "last_trade_ns")
+    __slots__ = ("ticker", "period_s", "open_ms", "open", "high", "low", "close", "volume", "trade_count", "first_trade_ns", "last_trade_ns", "closed", "revision")
     TICKER_FIELD_NUMBER: _ClassVar[int]
     PERIOD_S_FIELD_NUMBER: _ClassVar[int]
     OPEN_MS_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,8 @@ class LiveCandle(_message.Message):
     TRADE_COUNT_FIELD_NUMBER: _ClassVar[int]
     FIRST_TRADE_NS_FIELD_NUMBER: _ClassVar[int]
     LAST_TRADE_NS_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     ticker: str
     period_s: int
     open_ms: int
@@ -43,7 +45,9 @@ class LiveCandle(_message.Message):
     trade_count: int
     first_trade_ns: int
     last_trade_ns: int
-    def __init__(self, ticker: _Optional[str] = ..., period_s: _Optional[int] = ..., open_ms: _Optional[int] = ..., open: _Optional[str] = ..., high: _Optional[str] = ..., low: _Optional[str] = ..., close: _Optional[str] = ..., volume: _Optional[str] = ..., trade_count: _Optional[int] = ..., first_trade_ns: _Optional[int] = ..., last_trade_ns: _Optional[int] = ...) -> None: ...
+    closed: bool
+    revision: int
+    def __init__(self, ticker: _Optional[str] = ..., period_s: _Optional[int] = ..., open_ms: _Optional[int] = ..., open: _Optional[str] = ..., high: _Optional[str] = ..., low: _Optional[str] = ..., close: _Optional[str] = ..., volume: _Optional[str] = ..., trade_count: _Optional[int] = ..., first_trade_ns: _Optional[int] = ..., last_trade_ns: _Optional[int] = ..., closed: bool = ..., revision: _Optional[int] = ...) -> None: ...
 
 class LiveRestore(_message.Message):
     __slots__ = ("feeds", "candles", "offsets", "triggers")

@@ -19,6 +19,20 @@ class MarketStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRADING: _ClassVar[MarketStatus]
     HALTED: _ClassVar[MarketStatus]
     DELISTED: _ClassVar[MarketStatus]
+
+class GapCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GAP_CAUSE_UNSPECIFIED: _ClassVar[GapCause]
+    TRADE_ID_JUMP: _ClassVar[GapCause]
+    RECONNECT: _ClassVar[GapCause]
+    TAKEOVER: _ClassVar[GapCause]
+
+class GapStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GAP_STATUS_UNSPECIFIED: _ClassVar[GapStatus]
+    GAP_OPEN: _ClassVar[GapStatus]
+    GAP_REPAIRED: _ClassVar[GapStatus]
+    GAP_UNREPAIRABLE: _ClassVar[GapStatus]
 SIDE_UNSPECIFIED: Side
 BUY: Side
 SELL: Side
@@ -26,6 +40,14 @@ MARKET_STATUS_UNSPECIFIED: MarketStatus
 TRADING: MarketStatus
 HALTED: MarketStatus
 DELISTED: MarketStatus
+GAP_CAUSE_UNSPECIFIED: GapCause
+TRADE_ID_JUMP: GapCause
+RECONNECT: GapCause
+TAKEOVER: GapCause
+GAP_STATUS_UNSPECIFIED: GapStatus
+GAP_OPEN: GapStatus
+GAP_REPAIRED: GapStatus
+GAP_UNREPAIRABLE: GapStatus
 
 class Tick(_message.Message):
     __slots__ = ("ticker", "trade_id", "price", "size", "side", "exchange_time_ns", "ingest_time_ns", "stream")
@@ -80,7 +102,7 @@ class FeedIdle(_message.Message):
     def __init__(self, ticker: _Optional[str] = ..., event_time_ns: _Optional[int] = ..., last_trade_ns: _Optional[int] = ...) -> None: ...
 
 class OHLC(_message.Message):
-    __slots__ = ("ticker", "period_s", "open_time_ms", "open", "high", "low", "close", "volume", "trade_count", "closed", "update_time_ms", "stream")
+    __slots__ = ("ticker", "period_s", "open_time_ms", "open", "high", "low", "close", "volume", "trade_count", "closed", "update_time_ms", "stream", "revision")
     TICKER_FIELD_NUMBER: _ClassVar[int]
     PERIOD_S_FIELD_NUMBER: _ClassVar[int]
     OPEN_TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +115,7 @@ class OHLC(_message.Message):
     CLOSED_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     ticker: str
     period_s: int
     open_time_ms: int
@@ -105,7 +128,8 @@ class OHLC(_message.Message):
     closed: bool
     update_time_ms: int
     stream: StreamPosition
-    def __init__(self, ticker: _Optional[str] = ..., period_s: _Optional[int] = ..., open_time_ms: _Optional[int] = ..., open: _Optional[str] = ..., high: _Optional[str] = ..., low: _Optional[str] = ..., close: _Optional[str] = ..., volume: _Optional[str] = ..., trade_count: _Optional[int] = ..., closed: bool = ..., update_time_ms: _Optional[int] = ..., stream: _Optional[_Union[StreamPosition, _Mapping]] = ...) -> None: ...
+    revision: int
+    def __init__(self, ticker: _Optional[str] = ..., period_s: _Optional[int] = ..., open_time_ms: _Optional[int] = ..., open: _Optional[str] = ..., high: _Optional[str] = ..., low: _Optional[str] = ..., close: _Optional[str] = ..., volume: _Optional[str] = ..., trade_count: _Optional[int] = ..., closed: bool = ..., update_time_ms: _Optional[int] = ..., stream: _Optional[_Union[StreamPosition, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class HistoryRequestMetadata(_message.Message):
     __slots__ = ("request_id", "client_id", "notification_topic", "ticker", "period_s", "start_ms", "end_ms", "expected_pages", "expected_rows", "ingestor_id")
@@ -194,3 +218,33 @@ class SymbolMetadataUpdated(_message.Message):
     request_id: str
     added_tickers: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, exchange: _Optional[str] = ..., symbol_count: _Optional[int] = ..., added: _Optional[int] = ..., removed: _Optional[int] = ..., changed: _Optional[int] = ..., update_time_ms: _Optional[int] = ..., snapshot_id: _Optional[int] = ..., request_id: _Optional[str] = ..., added_tickers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Gap(_message.Message):
+    __slots__ = ("gap_id", "ticker", "cause", "from_ns", "to_ns", "from_trade_id", "to_trade_id", "status", "detected_ms", "repaired_ms", "refetched", "reason", "ingestor_id")
+    GAP_ID_FIELD_NUMBER: _ClassVar[int]
+    TICKER_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    FROM_NS_FIELD_NUMBER: _ClassVar[int]
+    TO_NS_FIELD_NUMBER: _ClassVar[int]
+    FROM_TRADE_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_TRADE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DETECTED_MS_FIELD_NUMBER: _ClassVar[int]
+    REPAIRED_MS_FIELD_NUMBER: _ClassVar[int]
+    REFETCHED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    INGESTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    gap_id: str
+    ticker: str
+    cause: GapCause
+    from_ns: int
+    to_ns: int
+    from_trade_id: str
+    to_trade_id: str
+    status: GapStatus
+    detected_ms: int
+    repaired_ms: int
+    refetched: int
+    reason: str
+    ingestor_id: str
+    def __init__(self, gap_id: _Optional[str] = ..., ticker: _Optional[str] = ..., cause: _Optional[_Union[GapCause, str]] = ..., from_ns: _Optional[int] = ..., to_ns: _Optional[int] = ..., from_trade_id: _Optional[str] = ..., to_trade_id: _Optional[str] = ..., status: _Optional[_Union[GapStatus, str]] = ..., detected_ms: _Optional[int] = ..., repaired_ms: _Optional[int] = ..., refetched: _Optional[int] = ..., reason: _Optional[str] = ..., ingestor_id: _Optional[str] = ...) -> None: ...

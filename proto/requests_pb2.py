@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14proto/requests.proto\x12\rcandlewire.v1\"\xec\x01\n\x0b\x44\x61taRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x04kind\x18\x02 \x01(\x0e\x32\x1e.candlewire.v1.DataRequestKind\x12\x0e\n\x06ticker\x18\x03 \x01(\t\x12\x10\n\x08\x65xchange\x18\x04 \x01(\t\x12\x10\n\x08period_s\x18\x05 \x01(\r\x12\x10\n\x08start_ms\x18\x06 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x07 \x01(\x03\x12\x11\n\tclient_id\x18\x08 \x01(\t\x12\x1a\n\x12notification_topic\x18\t \x01(\t\x12\x16\n\x0esubmit_time_ms\x18\n \x01(\x03\"\xe7\x02\n\x0fIngestorControl\x12,\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1c.candlewire.v1.ControlAction\x12\x0e\n\x06ticker\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12:\n\x06\x63onfig\x18\x04 \x03(\x0b\x32*.candlewire.v1.IngestorControl.ConfigEntry\x12\x10\n\x08\x65xchange\x18\x05 \x01(\t\x12\x13\n\x0bingestor_id\x18\x06 \x01(\t\x12+\n\x05state\x18\x07 \x01(\x0e\x32\x1c.candlewire.v1.IngestorState\x12\x0f\n\x07working\x18\x08 \x03(\t\x12\x0c\n\x04\x64one\x18\t \x03(\t\x12\x0f\n\x07time_ms\x18\n \x01(\x03\x12\x13\n\x0binterval_ms\x18\x0b \x01(\r\x1a-\n\x0b\x43onfigEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xaf\x01\n\x17SubmitHistoricalRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x0e\n\x06ticker\x18\x03 \x01(\t\x12\x10\n\x08period_s\x18\x04 \x01(\r\x12\x10\n\x08start_ms\x18\x05 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x06 \x01(\x03\x12)\n\x06notify\x18\x07 \x01(\x0e\x32\x19.candlewire.v1.NotifyMode\"\xb1\x01\n\x0eSubmitResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x06status\x18\x02 \x01(\x0e\x32\x1b.candlewire.v1.SubmitStatus\x12\x1a\n\x12notification_topic\x18\x03 \x01(\t\x12+\n\x06reason\x18\x04 \x01(\x0e\x32\x1b.candlewire.v1.RejectReason\x12\x15\n\rerror_message\x18\x05 \x01(\t\"\xa4\x02\n\x18HistoryReadyNotification\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.candlewire.v1.HistoryStatus\x12\x11\n\trow_count\x18\x03 \x01(\x04\x12\x15\n\riceberg_table\x18\x04 \x01(\t\x12\x0e\n\x06ticker\x18\x05 \x01(\t\x12\x10\n\x08period_s\x18\x06 \x01(\r\x12\x10\n\x08start_ms\x18\x07 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x08 \x01(\x03\x12\x15\n\rerror_message\x18\t \x01(\t\x12\x13\n\x0bsnapshot_id\x18\n \x01(\x03\x12\x19\n\x11\x63ompleted_time_ms\x18\x0b \x01(\x03\x12\x11\n\tclient_id\x18\x0c \x01(\t\"\x88\x01\n\x11SubscriptionError\x12\x0e\n\x06ticker\x18\x01 \x01(\t\x12+\n\x06reason\x18\x02 \x01(\x0e\x32\x1b.candlewire.v1.RejectReason\x12\x15\n\rerror_message\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x0f\n\x07time_ms\x18\x05 \x01(\x03*\x86\x01\n\x0f\x44\x61taRequestKind\x12!\n\x1d\x44\x41TA_REQUEST_KIND_UNSPECIFIED\x10\x00\x12\x0e\n\nHISTORICAL\x10\x01\x12\x16\n\x12REALTIME_SUBSCRIBE\x10\x02\x12\x13\n\x0fREALTIME_CANCEL\x10\x03\x12\x13\n\x0fSYMBOL_METADATA\x10\x04*f\n\rControlAction\x12\x1e\n\x1a\x43ONTROL_ACTION_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43\x41NCEL_REALTIME\x10\x01\x12\x11\n\rCONFIG_UPDATE\x10\x02\x12\r\n\tHEARTBEAT\x10\x03*]\n\rIngestorState\x12\x1e\n\x1aINGESTOR_STATE_UNSPECIFIED\x10\x00\x12\t\n\x05READY\x10\x01\x12\r\n\tAVAILABLE\x10\x02\x12\x08\n\x04\x42USY\x10\x03\x12\x08\n\x04\x44ONE\x10\x04*3\n\nNotifyMode\x12\x11\n\rNOTIFY_CLIENT\x10\x00\x12\x12\n\x0eNOTIFY_REQUEST\x10\x01*2\n\x0cSubmitStatus\x12\r\n\tSUBMIT_OK\x10\x00\x12\x13\n\x0fSUBMIT_REJECTED\x10\x01*\xa4\x02\n\x0cRejectReason\x12\x1d\n\x19REJECT_REASON_UNSPECIFIED\x10\x00\x12\x0e\n\nBAD_TICKER\x10\x01\x12\x0e\n\nBAD_PERIOD\x10\x02\x12\r\n\tBAD_RANGE\x10\x03\x12\x13\n\x0fRANGE_TOO_LARGE\x10\x04\x12\x12\n\x0e\x42\x41\x44_REQUEST_ID\x10\x05\x12\r\n\tMALFORMED\x10\x06\x12\x17\n\x13UNSUPPORTED_VERSION\x10\x07\x12\x13\n\x0fUNEXPECTED_TYPE\x10\x08\x12\x0f\n\x0bNO_INGESTOR\x10\t\x12\x12\n\x0eUNKNOWN_SYMBOL\x10\n\x12\x17\n\x13\x42\x41\x44_TRIGGER_REQUEST\x10\x0b\x12\x13\n\x0fNO_TRIGGER_DESK\x10\x0c\x12\r\n\tFORBIDDEN\x10\r*2\n\rHistoryStatus\x12\x0e\n\nHISTORY_OK\x10\x00\x12\x11\n\rHISTORY_ERROR\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14proto/requests.proto\x12\rcandlewire.v1\"\xec\x01\n\x0b\x44\x61taRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x04kind\x18\x02 \x01(\x0e\x32\x1e.candlewire.v1.DataRequestKind\x12\x0e\n\x06ticker\x18\x03 \x01(\t\x12\x10\n\x08\x65xchange\x18\x04 \x01(\t\x12\x10\n\x08period_s\x18\x05 \x01(\r\x12\x10\n\x08start_ms\x18\x06 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x07 \x01(\x03\x12\x11\n\tclient_id\x18\x08 \x01(\t\x12\x1a\n\x12notification_topic\x18\t \x01(\t\x12\x16\n\x0esubmit_time_ms\x18\n \x01(\x03\"\x91\x03\n\x0fIngestorControl\x12,\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1c.candlewire.v1.ControlAction\x12\x0e\n\x06ticker\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12:\n\x06\x63onfig\x18\x04 \x03(\x0b\x32*.candlewire.v1.IngestorControl.ConfigEntry\x12\x10\n\x08\x65xchange\x18\x05 \x01(\t\x12\x13\n\x0bingestor_id\x18\x06 \x01(\t\x12+\n\x05state\x18\x07 \x01(\x0e\x32\x1c.candlewire.v1.IngestorState\x12\x0f\n\x07working\x18\x08 \x03(\t\x12\x0c\n\x04\x64one\x18\t \x03(\t\x12\x0f\n\x07time_ms\x18\n \x01(\x03\x12\x13\n\x0binterval_ms\x18\x0b \x01(\r\x12(\n\x05tails\x18\x0c \x03(\x0b\x32\x19.candlewire.v1.StreamTail\x1a-\n\x0b\x43onfigEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\nStreamTail\x12\x0e\n\x06ticker\x18\x01 \x01(\t\x12\x10\n\x08trade_id\x18\x02 \x01(\t\x12\x0f\n\x07time_ns\x18\x03 \x01(\x03\"\xaf\x01\n\x17SubmitHistoricalRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x0e\n\x06ticker\x18\x03 \x01(\t\x12\x10\n\x08period_s\x18\x04 \x01(\r\x12\x10\n\x08start_ms\x18\x05 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x06 \x01(\x03\x12)\n\x06notify\x18\x07 \x01(\x0e\x32\x19.candlewire.v1.NotifyMode\"\xb1\x01\n\x0eSubmitResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x06status\x18\x02 \x01(\x0e\x32\x1b.candlewire.v1.SubmitStatus\x12\x1a\n\x12notification_topic\x18\x03 \x01(\t\x12+\n\x06reason\x18\x04 \x01(\x0e\x32\x1b.candlewire.v1.RejectReason\x12\x15\n\rerror_message\x18\x05 \x01(\t\"\xa4\x02\n\x18HistoryReadyNotification\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.candlewire.v1.HistoryStatus\x12\x11\n\trow_count\x18\x03 \x01(\x04\x12\x15\n\riceberg_table\x18\x04 \x01(\t\x12\x0e\n\x06ticker\x18\x05 \x01(\t\x12\x10\n\x08period_s\x18\x06 \x01(\r\x12\x10\n\x08start_ms\x18\x07 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x08 \x01(\x03\x12\x15\n\rerror_message\x18\t \x01(\t\x12\x13\n\x0bsnapshot_id\x18\n \x01(\x03\x12\x19\n\x11\x63ompleted_time_ms\x18\x0b \x01(\x03\x12\x11\n\tclient_id\x18\x0c \x01(\t\"\x88\x01\n\x11SubscriptionError\x12\x0e\n\x06ticker\x18\x01 \x01(\t\x12+\n\x06reason\x18\x02 \x01(\x0e\x32\x1b.candlewire.v1.RejectReason\x12\x15\n\rerror_message\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x0f\n\x07time_ms\x18\x05 \x01(\x03*\x86\x01\n\x0f\x44\x61taRequestKind\x12!\n\x1d\x44\x41TA_REQUEST_KIND_UNSPECIFIED\x10\x00\x12\x0e\n\nHISTORICAL\x10\x01\x12\x16\n\x12REALTIME_SUBSCRIBE\x10\x02\x12\x13\n\x0fREALTIME_CANCEL\x10\x03\x12\x13\n\x0fSYMBOL_METADATA\x10\x04*f\n\rControlAction\x12\x1e\n\x1a\x43ONTROL_ACTION_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43\x41NCEL_REALTIME\x10\x01\x12\x11\n\rCONFIG_UPDATE\x10\x02\x12\r\n\tHEARTBEAT\x10\x03*]\n\rIngestorState\x12\x1e\n\x1aINGESTOR_STATE_UNSPECIFIED\x10\x00\x12\t\n\x05READY\x10\x01\x12\r\n\tAVAILABLE\x10\x02\x12\x08\n\x04\x42USY\x10\x03\x12\x08\n\x04\x44ONE\x10\x04*3\n\nNotifyMode\x12\x11\n\rNOTIFY_CLIENT\x10\x00\x12\x12\n\x0eNOTIFY_REQUEST\x10\x01*2\n\x0cSubmitStatus\x12\r\n\tSUBMIT_OK\x10\x00\x12\x13\n\x0fSUBMIT_REJECTED\x10\x01*\xa4\x02\n\x0cRejectReason\x12\x1d\n\x19REJECT_REASON_UNSPECIFIED\x10\x00\x12\x0e\n\nBAD_TICKER\x10\x01\x12\x0e\n\nBAD_PERIOD\x10\x02\x12\r\n\tBAD_RANGE\x10\x03\x12\x13\n\x0fRANGE_TOO_LARGE\x10\x04\x12\x12\n\x0e\x42\x41\x44_REQUEST_ID\x10\x05\x12\r\n\tMALFORMED\x10\x06\x12\x17\n\x13UNSUPPORTED_VERSION\x10\x07\x12\x13\n\x0fUNEXPECTED_TYPE\x10\x08\x12\x0f\n\x0bNO_INGESTOR\x10\t\x12\x12\n\x0eUNKNOWN_SYMBOL\x10\n\x12\x17\n\x13\x42\x41\x44_TRIGGER_REQUEST\x10\x0b\x12\x13\n\x0fNO_TRIGGER_DESK\x10\x0c\x12\r\n\tFORBIDDEN\x10\r*2\n\rHistoryStatus\x12\x0e\n\nHISTORY_OK\x10\x00\x12\x11\n\rHISTORY_ERROR\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +33,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_INGESTORCONTROL_CONFIGENTRY']._loaded_options = None
   _globals['_INGESTORCONTROL_CONFIGENTRY']._serialized_options = b'8\001'
-  _globals['_DATAREQUESTKIND']._serialized_start=1433
-  _globals['_DATAREQUESTKIND']._serialized_end=1567
-  _globals['_CONTROLACTION']._serialized_start=1569
-  _globals['_CONTROLACTION']._serialized_end=1671
-  _globals['_INGESTORSTATE']._serialized_start=1673
-  _globals['_INGESTORSTATE']._serialized_end=1766
-  _globals['_NOTIFYMODE']._serialized_start=1768
-  _globals['_NOTIFYMODE']._serialized_end=1819
-  _globals['_SUBMITSTATUS']._serialized_start=1821
-  _globals['_SUBMITSTATUS']._serialized_end=1871
-  _globals['_REJECTREASON']._serialized_start=1874
-  _globals['_REJECTREASON']._serialized_end=2166
-  _globals['_HISTORYSTATUS']._serialized_start=2168
-  _globals['_HISTORYSTATUS']._serialized_end=2218
+  _globals['_DATAREQUESTKIND']._serialized_start=1540
+  _globals['_DATAREQUESTKIND']._serialized_end=1674
+  _globals['_CONTROLACTION']._serialized_start=1676
+  _globals['_CONTROLACTION']._serialized_end=1778
+  _globals['_INGESTORSTATE']._serialized_start=1780
+  _globals['_INGESTORSTATE']._serialized_end=1873
+  _globals['_NOTIFYMODE']._serialized_start=1875
+  _globals['_NOTIFYMODE']._serialized_end=1926
+  _globals['_SUBMITSTATUS']._serialized_start=1928
+  _globals['_SUBMITSTATUS']._serialized_end=1978
+  _globals['_REJECTREASON']._serialized_start=1981
+  _globals['_REJECTREASON']._serialized_end=2273
+  _globals['_HISTORYSTATUS']._serialized_start=2275
+  _globals['_HISTORYSTATUS']._serialized_end=2325
   _globals['_DATAREQUEST']._serialized_start=40
   _globals['_DATAREQUEST']._serialized_end=276
   _globals['_INGESTORCONTROL']._serialized_start=279
-  _globals['_INGESTORCONTROL']._serialized_end=638
-  _globals['_INGESTORCONTROL_CONFIGENTRY']._serialized_start=593
-  _globals['_INGESTORCONTROL_CONFIGENTRY']._serialized_end=638
-  _globals['_SUBMITHISTORICALREQUEST']._serialized_start=641
-  _globals['_SUBMITHISTORICALREQUEST']._serialized_end=816
-  _globals['_SUBMITRESPONSE']._serialized_start=819
-  _globals['_SUBMITRESPONSE']._serialized_end=996
-  _globals['_HISTORYREADYNOTIFICATION']._serialized_start=999
-  _globals['_HISTORYREADYNOTIFICATION']._serialized_end=1291
-  _globals['_SUBSCRIPTIONERROR']._serialized_start=1294
-  _globals['_SUBSCRIPTIONERROR']._serialized_end=1430
+  _globals['_INGESTORCONTROL']._serialized_end=680
+  _globals['_INGESTORCONTROL_CONFIGENTRY']._serialized_start=635
+  _globals['_INGESTORCONTROL_CONFIGENTRY']._serialized_end=680
+  _globals['_STREAMTAIL']._serialized_start=682
+  _globals['_STREAMTAIL']._serialized_end=745
+  _globals['_SUBMITHISTORICALREQUEST']._serialized_start=748
+  _globals['_SUBMITHISTORICALREQUEST']._serialized_end=923
+  _globals['_SUBMITRESPONSE']._serialized_start=926
+  _globals['_SUBMITRESPONSE']._serialized_end=1103
+  _globals['_HISTORYREADYNOTIFICATION']._serialized_start=1106
+  _globals['_HISTORYREADYNOTIFICATION']._serialized_end=1398
+  _globals['_SUBSCRIPTIONERROR']._serialized_start=1401
+  _globals['_SUBSCRIPTIONERROR']._serialized_end=1537
 # @@protoc_insertion_point(module_scope)

@@ -121,7 +121,7 @@ class DataRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[DataRequestKind, str]] = ..., ticker: _Optional[str] = ..., exchange: _Optional[str] = ..., period_s: _Optional[int] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., client_id: _Optional[str] = ..., notification_topic: _Optional[str] = ..., submit_time_ms: _Optional[int] = ...) -> None: ...
 
 class IngestorControl(_message.Message):
-    __slots__ = ("action", "ticker", "request_id", "config", "exchange", "ingestor_id", "state", "working", "done", "time_ms", "interval_ms")
+    __slots__ = ("action", "ticker", "request_id", "config", "exchange", "ingestor_id", "state", "working", "done", "time_ms", "interval_ms", "tails")
     class ConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,7 @@ class IngestorControl(_message.Message):
     DONE_FIELD_NUMBER: _ClassVar[int]
     TIME_MS_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    TAILS_FIELD_NUMBER: _ClassVar[int]
     action: ControlAction
     ticker: str
     request_id: str
@@ -151,7 +152,18 @@ class IngestorControl(_message.Message):
     done: _containers.RepeatedScalarFieldContainer[str]
     time_ms: int
     interval_ms: int
-    def __init__(self, action: _Optional[_Union[ControlAction, str]] = ..., ticker: _Optional[str] = ..., request_id: _Optional[str] = ..., config: _Optional[_Mapping[str, str]] = ..., exchange: _Optional[str] = ..., ingestor_id: _Optional[str] = ..., state: _Optional[_Union[IngestorState, str]] = ..., working: _Optional[_Iterable[str]] = ..., done: _Optional[_Iterable[str]] = ..., time_ms: _Optional[int] = ..., interval_ms: _Optional[int] = ...) -> None: ...
+    tails: _containers.RepeatedCompositeFieldContainer[StreamTail]
+    def __init__(self, action: _Optional[_Union[ControlAction, str]] = ..., ticker: _Optional[str] = ..., request_id: _Optional[str] = ..., config: _Optional[_Mapping[str, str]] = ..., exchange: _Optional[str] = ..., ingestor_id: _Optional[str] = ..., state: _Optional[_Union[IngestorState, str]] = ..., working: _Optional[_Iterable[str]] = ..., done: _Optional[_Iterable[str]] = ..., time_ms: _Optional[int] = ..., interval_ms: _Optional[int] = ..., tails: _Optional[_Iterable[_Union[StreamTail, _Mapping]]] = ...) -> None: ...
+
+class StreamTail(_message.Message):
+    __slots__ = ("ticker", "trade_id", "time_ns")
+    TICKER_FIELD_NUMBER: _ClassVar[int]
+    TRADE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    ticker: str
+    trade_id: str
+    time_ns: int
+    def __init__(self, ticker: _Optional[str] = ..., trade_id: _Optional[str] = ..., time_ns: _Optional[int] = ...) -> None: ...
 
 class SubmitHistoricalRequest(_message.Message):
     __slots__ = ("request_id", "client_id", "ticker", "period_s", "start_ms", "end_ms", "notify")

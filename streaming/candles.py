@@ -7,8 +7,10 @@ query and the real-time live path fold trades in the JVM by the same rules (``jv
 ``FeedState``); tests/streaming/test_live_jvm.py holds the two to the same candles.
 
 Event time is per feed (:mod:`streaming.feeds`): a feed's watermark is its own clock minus the
-lateness allowance. A late tick changes no candle (the caller leaves it out); a window whose
-end is at or behind its feed's watermark is final and leaves the state.
+lateness allowance. A window whose end is at or behind its feed's watermark is closed and
+leaves the forming state; it is kept, closed, until the dedup horizon passes its end, so a
+late trade within the horizon (:attr:`streaming.feeds.Verdict.REVISE`) revises it
+(:meth:`FormingCandles.revise`). A late tick beyond the horizon changes no candle.
 A candle exists only for a window with a trade: nothing is invented for quiet intervals.
 
 Each candle carries its first and last trade's event time, stored in ``ohlc`` too, so a tick
@@ -38,6 +40,8 @@ class Candle:
     trade_count: int
     first_trade_ns: int
     last_trade_ns: int
+    closed: bool = False
+    revision: int = 0  # 0 as first closed; one more each batch that revises it
 
     @property
     def key(self) -> Key:
@@ -78,6 +82,8 @@ def candle_from_row(row: dict) -> Candle:
         trade_count=int(row["trade_count"]),
         first_trade_ns=int(row["first_trade_ns"]),
         last_trade_ns=int(row["last_trade_ns"]),
+        closed=bool(row.get("closed") or False),
+        revision=int(row.get("revision") or 0),
     )
 
 
@@ -86,6 +92,7 @@ class FormingCandles:
 
     def __init__(self) -> None:
         self._open: dict[Key, Candle] = {}
+        self._closed: dict[Key, Candle] = {}  # within the dedup horizon: revisable
 
     def __len__(self) -> int:
         return len(self._open)
@@ -102,17 +109,61 @@ class FormingCandles:
             touched[p.key] = current
         return list(touched.values())
 
-    def evict(self, watermark_of: Callable[[str], int]) -> list[Candle]:
-        """Take out the windows their feed's watermark has passed (no tick can change them
-        any more) and return them: their last update is the one that says closed."""
+    def revise(
+        self, partials: Iterable[Candle], watermark_of: Callable[[str], int]
+    ) -> tuple[list[Candle], list[Candle]]:
+        """Fold in a batch's partials of revising ticks: into a forming window as
+        :meth:`merge` does, into a closed one as a revision (its revision one higher; a
+        closed window that had no trade starts at 1). Returns (forming touched, revised)."""
+        forming: list[Candle] = []
+        revised: dict[Key, Candle] = {}
+        for p in partials:
+            if p.key in self._open or not p.is_final(watermark_of(p.ticker)):
+                forming.append(p)
+                continue
+            current = self._closed.get(p.key)
+            if current is None:
+                p.closed = True
+                self._closed[p.key] = current = p
+            else:
+                current.absorb(p)
+            revised[p.key] = current
+        for c in revised.values():
+            c.revision += 1
+        return self.merge(forming), list(revised.values())
+
+    def evict(
+        self, watermark_of: Callable[[str], int], horizon_of: Callable[[str], int] | None = None
+    ) -> list[Candle]:
+        """Take out the windows their feed's watermark has passed and return them: their last
+        update is the one that says closed. They stay revisable until their feed's horizon
+        (``horizon_of``) passes their end."""
         final = [c for c in self._open.values() if c.is_final(watermark_of(c.ticker))]
         for c in final:
             del self._open[c.key]
+            c.closed = True
+            self._closed[c.key] = c
+        if horizon_of is not None:
+            gone = [k for k, c in self._closed.items() if c.end_ms <= horizon_of(c.ticker)]
+            for k in gone:
+                del self._closed[k]
         return final
 
-    def restore(self, candles: Iterable[Candle], watermark_of: Callable[[str], int]) -> None:
-        """The state as of a committed batch: its live ``ohlc`` rows still forming."""
-        self._open = {c.key: c for c in candles if not c.is_final(watermark_of(c.ticker))}
+    def restore(
+        self,
+        candles: Iterable[Candle],
+        watermark_of: Callable[[str], int],
+        horizon_of: Callable[[str], int] = lambda _ticker: 0,
+    ) -> None:
+        """The state as of a committed batch: its live ``ohlc`` rows still forming, and the
+        closed ones the horizon may still revise."""
+        self._open, self._closed = {}, {}
+        for c in candles:
+            if not c.closed and not c.is_final(watermark_of(c.ticker)):
+                self._open[c.key] = c
+            elif c.end_ms > horizon_of(c.ticker):
+                c.closed = True
+                self._closed[c.key] = c
 
     def tickers(self) -> dict[str, int]:
         """Each ticker with a forming candle, and the earliest end among its windows."""

@@ -10,8 +10,13 @@ Every tick is judged once, in the order Kafka holds it, by :meth:`Feeds.admit`:
 
 - **duplicate**: its (ticker, trade_id) was seen within the dedup horizon. It changes
   nothing: it is not stored again, not counted, not published.
-- **late**: older than its own feed's clock minus the lateness allowance. It is stored in
-  ``ticks`` and counted, and changes no candle.
+- **revise**: older than its own feed's clock minus the lateness allowance, but with a trade
+  id and within the dedup horizon, so a resend of it is still recognised: typically a trade
+  lost upstream and fetched again after a gap (docs/explanation/gaps.md). It is stored, and
+  folded into its candles: a forming one as any trade, a closed one as a *revision*, which
+  the live stream publishes again (closed, ``revision`` one higher) and ``ohlc`` takes.
+- **late**: as late, but beyond the horizon (or without a trade id): it could be a resend
+  nothing remembers, so it is stored in ``ticks`` and counted, and changes no candle.
 - **keep**: everything else.
 
 The verdict depends only on the ticks before it in Kafka, never on where micro-batches were
@@ -43,6 +48,7 @@ class Verdict(IntEnum):
     KEEP = 0
     LATE = 1
     DUPLICATE = 2
+    REVISE = 3
 
 
 @dataclass
@@ -77,11 +83,14 @@ class Feeds:
         if trade_id and trade_id in feed.seen:
             return Verdict.DUPLICATE
         late = feed.clock_ns > 0 and t_ns < feed.clock_ns - self.allowance_ns
+        revisable = late and bool(trade_id) and t_ns >= feed.clock_ns - self.horizon_ns
         if trade_id:
             feed.seen[trade_id] = t_ns
             feed.order.append((t_ns, trade_id))
         self._advance(feed, t_ns)
-        return Verdict.LATE if late else Verdict.KEEP
+        if not late:
+            return Verdict.KEEP
+        return Verdict.REVISE if revisable else Verdict.LATE
 
     def mark(self, ticker: str, t_ns: int) -> None:
         """An idle mark: the feed's clock moves to ``t_ns`` as if a trade happened then."""
@@ -105,6 +114,13 @@ class Feeds:
         if feed is None or feed.clock_ns == 0:
             return 0
         return (feed.clock_ns - self.allowance_ns) // 1_000_000
+
+    def horizon_start_ms(self, ticker: str) -> int:
+        """Closed windows of this feed ending at or before this can no longer be revised."""
+        feed = self.feeds.get(ticker)
+        if feed is None or feed.clock_ns == 0:
+            return 0
+        return (feed.clock_ns - self.horizon_ns) // 1_000_000
 
     def clock_ns(self, ticker: str) -> int:
         feed = self.feeds.get(ticker)

@@ -28,8 +28,13 @@ class StreamMetrics:
         )
         self.late = Counter(
             "candlewire_stream_late_ticks",
-            "Ticks older than their feed's clock less the allowance (kept in ticks, not in "
-            "candles)",
+            "Ticks older than their feed's clock less the allowance (kept in ticks; within the "
+            "dedup horizon they revise their candles, beyond it they change none)",
+            registry=r,
+        )
+        self.revised = Counter(
+            "candlewire_stream_revising_ticks",
+            "Late ticks within the dedup horizon, folded into their closed candles as revisions",
             registry=r,
         )
         self.duplicates = Counter(

@@ -71,7 +71,7 @@ class Restored:
 
     def forming(self, feeds: Feeds) -> FormingCandles:
         state = FormingCandles()
-        state.restore(map(candle_from_row, self.rows), feeds.watermark_ms)
+        state.restore(map(candle_from_row, self.rows), feeds.watermark_ms, feeds.horizon_start_ms)
         return state
 
 
@@ -111,13 +111,19 @@ class Ledger:
             oldest_ms = min(last.clocks.values()) // 1_000_000 - allowance_ms
         else:
             oldest_ms = last.watermark_ms
+        # The forming candles, and the closed ones the dedup horizon may still revise.
+        horizon_ms = int(self.ctx.settings.stream_dedup_horizon_s * 1000)
+        revisable_ms = oldest_ms + allowance_ms - horizon_ms
         rows = self._as_of(
             "ohlc",
             last.snapshot_id,
             "SELECT ticker, period_s, unix_millis(open_time) AS open_ms, open, high, low, "
-            "close, volume, trade_count, first_trade_ns, last_trade_ns FROM {table} "
-            "WHERE source = 'live' AND first_trade_ns IS NOT NULL AND NOT coalesce(closed, false) "
-            f"AND open_time >= {ts_literal(oldest_ms - DAY_MS)}",
+            "close, volume, trade_count, first_trade_ns, last_trade_ns, "
+            "coalesce(closed, false) AS closed, coalesce(revision, 0) AS revision FROM {table} "
+            "WHERE source = 'live' AND first_trade_ns IS NOT NULL "
+            f"AND open_time >= {ts_literal(min(oldest_ms, revisable_ms) - DAY_MS)} "
+            "AND (NOT coalesce(closed, false) OR "
+            f"unix_millis(open_time) + period_s * 1000 > {revisable_ms})",
         ).to_pylist()
         # A record of a release before per-feed time holds one watermark for every feed.
         clocks = last.clocks or {

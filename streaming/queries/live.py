@@ -116,6 +116,7 @@ class LiveQuery:
         topics: dict[str, bytes] = {}
         frames: list[tuple[bytes, bytes, int, int]] = []
         timely: list[tuple[str, int, Decimal, Decimal]] = []
+        revising: list[tuple[str, int, Decimal, Decimal]] = []
         resent = 0
         now = time.monotonic()
         for record, partition, offset in records:
@@ -134,11 +135,18 @@ class LiveQuery:
                 topic = topics[t.ticker] = market_data_topic(t.ticker, tick_type()).encode()
             frames.append((topic, record, partition, offset))
             self.heard[t.ticker] = (now, self.feeds.clock_ns(t.ticker))
-            if verdict is Verdict.KEEP:
-                timely.append((t.ticker, t.exchange_time_ns, Decimal(t.price), Decimal(t.size)))
+            if verdict is Verdict.KEEP or verdict is Verdict.REVISE:
+                tick = (t.ticker, t.exchange_time_ns, Decimal(t.price), Decimal(t.size))
+                (timely if verdict is Verdict.KEEP else revising).append(tick)
         updated = self.forming.merge(partial_candles(timely, PERIODS_S))
-        closed = self.forming.evict(self.feeds.watermark_ms)
-        return frames, updated, closed, resent
+        revised: list[Candle] = []
+        if revising:
+            forming, revised = self.forming.revise(
+                partial_candles(revising, PERIODS_S), self.feeds.watermark_ms
+            )
+            updated += forming
+        closed = self.forming.evict(self.feeds.watermark_ms, self.feeds.horizon_start_ms)
+        return frames, updated, closed + revised, resent
 
     def idle_marks(self, now: float | None = None) -> list[market_pb2.FeedIdle]:
         """Marks for feeds quiet for the idle timeout whose clock, moved on by the time they
@@ -177,6 +185,7 @@ class LiveQuery:
                 trade_count=c.trade_count,
                 closed=is_closed,
                 update_time_ms=now_ms,
+                revision=c.revision,
             )
             items.append((market_data_topic(c.ticker, ohlc_type(c.period_s)).encode(), candle))
         if items:

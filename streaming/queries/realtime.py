@@ -120,6 +120,8 @@ def restore_file(restored: Restored, directory: str, triggers: bytes = b"") -> P
             trade_count=int(r["trade_count"]),
             first_trade_ns=int(r["first_trade_ns"]),
             last_trade_ns=int(r["last_trade_ns"]),
+            closed=bool(r.get("closed") or False),
+            revision=int(r.get("revision") or 0),
         )
     path = Path(directory) / "live-restore.pb"
     path.write_bytes(state.SerializeToString())

@@ -12,7 +12,8 @@ Each ``stream_ticks_trigger_s`` the driver appends the stored ticks (kept and la
 with the run and batch id, see :mod:`streaming.recovery`), MERGEs the candles the batch
 changed or closed, by their absolute values, into ``ohlc``, and records the batch. It
 collects only one summary row per feed (clock, counts, offsets) and the changed candles. A
-late tick still lands in ``ticks`` (candles can be rebuilt from there) but changes no candle.
+late tick lands in ``ticks``; within the dedup horizon it also revises its candles, a closed
+one with its ``revision`` one higher (``streaming.feeds``' REVISE), and beyond it changes none.
 """
 
 from __future__ import annotations
@@ -52,8 +53,18 @@ CANDLE_FIELDS = (
     "closed",
     "first_trade_ns",
     "last_trade_ns",
+    "revision",
 )
-COUNTS = ("kept", "late_count", "duplicates", "marks", "no_trade_id", "bad", "registrations")
+COUNTS = (
+    "kept",
+    "late_count",
+    "revised_count",
+    "duplicates",
+    "marks",
+    "no_trade_id",
+    "bad",
+    "registrations",
+)
 
 
 class TicksQuery(TopicQuery):
@@ -134,6 +145,7 @@ class TicksQuery(TopicQuery):
         if batch_id > self.committed_candles:
             metrics.bad.labels(TICKS.name).inc(counts["bad"])
             metrics.late.inc(counts["late_count"])
+            metrics.revised.inc(counts["revised_count"])
             metrics.duplicates.labels(self.name).inc(counts["duplicates"])
             metrics.no_trade_id.inc(counts["no_trade_id"])
             candles = df.where(f"kind = {CANDLE}").select(*CANDLE_FIELDS).toArrow()
@@ -157,10 +169,12 @@ class TicksQuery(TopicQuery):
                 lap("compact")
         metrics.batches.labels(self.name).inc()
         log.info(
-            "ticks batch %d: %d ticks (%d late, %d resent, %d idle marks), %d candles changed; %s",
+            "ticks batch %d: %d ticks (%d late, %d of them revising candles, %d resent, "
+            "%d idle marks), %d candles changed; %s",
             batch_id,
             stored,
             counts["late_count"],
+            counts["revised_count"],
             counts["duplicates"],
             counts["marks"],
             changed,

@@ -139,38 +139,61 @@ def test_candles_equal_pandas_resample_for_every_period(pipeline) -> None:
         assert_candles(ohlc, ticker, ticks, period)
 
 
-def test_a_tick_behind_its_own_feed_is_stored_counted_and_changes_no_candle(pipeline) -> None:
+def test_a_late_trade_revises_its_closed_candles_and_one_beyond_the_horizon_changes_none(
+    pipeline,
+) -> None:
     """Late is relative to the tick's own feed: this feed's trades, 25 minutes behind another
-    feed's, all count; one two minutes behind its own clock is late (kept in ``ticks``,
-    counted), and changes no candle."""
+    feed's, all count. A trade two minutes behind its own clock (as a trade fetched again
+    after a gap is, #37) is stored, counted, and revises its closed candles: ``ohlc`` and the
+    last live update of every window equal pandas over every trade, and its closed 1-minute
+    candle comes again with revision 1. One beyond the dedup horizon is stored and counted,
+    and changes no candle."""
     ticker, ahead = (f"TEST:{f}{uuid.uuid4().hex[:6].upper()}/USDT" for f in "LM")
     now = int(time.time() * 1000)
     ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
     produce_ticks(pipeline, make_ticks(ahead, now - 5 * 60_000, 20, seed=1))
     wait_for(lambda: trades_in(ohlc, ahead, 60) == 20, timeout=90, interval=0.5)
-    ticks = make_ticks(ticker, now - 30 * 60_000, 200, seed=2)
-    produce_ticks(pipeline, ticks)
-    wait_for(lambda: trades_in(ohlc, ticker, 60) == 200, timeout=90, interval=0.5)
-    before = stream_metric(pipeline, "candlewire_stream_late_ticks_total")
-    clock = max(t.exchange_time_ns for t in ticks)
-    late = market_pb2.Tick(
-        ticker=ticker, trade_id="late", price="999", size="9", exchange_time_ns=clock - 120 * S
-    )
-    produce_ticks(pipeline, [late])
-    table = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
+    live = LiveUpdates(pipeline, [ticker])
+    try:
+        ticks = make_ticks(ticker, now - 30 * 60_000, 200, seed=2)
+        produce_ticks(pipeline, ticks)
+        wait_for(lambda: trades_in(ohlc, ticker, 60) == 200, timeout=90, interval=0.5)
+        before = stream_metric(pipeline, "candlewire_stream_late_ticks_total")
+        clock = max(t.exchange_time_ns for t in ticks)
+        horizon_ns = int(pipeline.stream_dedup_horizon_s * S)
+        late, too_late = (
+            market_pb2.Tick(
+                ticker=ticker, trade_id=i, price=p, size="9", exchange_time_ns=clock - behind
+            )
+            for i, p, behind in (("late", "999", 120 * S), ("too-late", "1", horizon_ns + 60 * S))
+        )
+        produce_ticks(pipeline, [late, too_late])
+        table = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
 
-    def stored() -> list[str]:
-        table.refresh()
-        return table.scan(row_filter=f"ticker = '{ticker}'").to_arrow()["trade_id"].to_pylist()
+        def stored() -> list[str]:
+            table.refresh()
+            return table.scan(row_filter=f"ticker = '{ticker}'").to_arrow()["trade_id"].to_pylist()
 
-    wait_for(lambda: "late" in stored(), timeout=60, interval=0.5)
-    wait_for(
-        lambda: stream_metric(pipeline, "candlewire_stream_late_ticks_total") > before,
-        timeout=30,
-    )
-    assert len(stored()) == 201
-    for period in PERIODS_S:
-        assert_candles(ohlc, ticker, ticks, period)
+        wait_for(lambda: {"late", "too-late"} <= set(stored()), timeout=60, interval=0.5)
+        wait_for(lambda: trades_in(ohlc, ticker, 60) == 201, timeout=60, interval=0.5)
+        wait_for(
+            lambda: stream_metric(pipeline, "candlewire_stream_late_ticks_total") >= before + 2,
+            timeout=30,
+        )
+        assert len(stored()) == 202
+        time.sleep(1.0)  # the live revision is on its way too
+        for period in PERIODS_S:
+            want = assert_candles(ohlc, ticker, [*ticks, late], period)
+            assert_live(live.last(ticker, period), want, (ticker, period))
+        minute = late.exchange_time_ns // 60_000_000_000 * 60_000
+        revised = live.last(ticker, 60)[minute]
+        assert revised.closed and revised.revision == 1 and revised.high == "999"
+        ohlc.refresh()
+        row = ohlc.scan(row_filter=f"ticker = '{ticker}' and period_s = 60").to_pandas()
+        row = row[row["open_time"] == pd.Timestamp(minute, unit="ms", tz="UTC")]
+        assert row["revision"].tolist() == [1] and row["closed"].tolist() == [True]
+    finally:
+        live.close()
 
 
 def test_history_end_to_end_through_the_relay(pipeline) -> None:

@@ -72,7 +72,9 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
           "marks", DataTypes.LongType,
           "no_trade_id", DataTypes.LongType,
           "bad", DataTypes.LongType,
-          "registrations", DataTypes.LongType);
+          "registrations", DataTypes.LongType,
+          "revision", DataTypes.IntegerType,
+          "revised_count", DataTypes.LongType);
 
   // Input columns: DecodeTick's row, the record's Kafka position and its raw control value.
   private static final String[] IN = {
@@ -149,7 +151,7 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
     }
     FeedState feed =
         state.exists()
-            ? FeedState.fromState(state.get(), allowanceNs)
+            ? FeedState.fromState(state.get(), allowanceNs, horizonNs)
             : new FeedState(ticker, 0);
     for (Row r : rows) {
       counts.read(r.getInt(at[PARTITION]), r.getLong(at[OFFSET]));
@@ -173,15 +175,19 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
         counts.duplicates++;
         continue;
       }
-      out.add(tick(r, verdict == FeedState.LATE));
+      out.add(tick(r, verdict != FeedState.KEEP));
       if (verdict == FeedState.LATE) {
         counts.late++;
+      } else if (verdict == FeedState.REVISE) {
+        counts.late++;
+        counts.revised++;
+        feed.revise(amounts[0], amounts[1], timeNs, periods, allowanceNs);
       } else {
         counts.kept++;
         feed.fold(amounts[0], amounts[1], timeNs, periods);
       }
     }
-    feed.evict(allowanceNs);
+    feed.evict(allowanceNs, horizonNs);
     feed.drainTouched(c -> out.add(candle(ticker, c)));
     counts.emit(ticker, feed.clockNs, out);
     state.update(feed.toState());
@@ -219,6 +225,7 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
     v[19] = c.firstNs;
     v[20] = c.lastNs;
     v[21] = c.closed;
+    v[30] = c.revision;
     return RowFactory.create(v);
   }
 
@@ -231,6 +238,7 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
     long noTradeId;
     long bad;
     long registrations;
+    long revised;
     final TreeMap<Integer, Long> lastOffsets = new TreeMap<>();
 
     void read(int partition, long offset) {
@@ -252,6 +260,7 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
         for (int i = 0; i < n.length; i++) {
           v[23 + i] = n[i];
         }
+        v[31] = first ? revised : 0L;
         out.add(RowFactory.create(v));
         first = false;
       }

@@ -23,12 +23,19 @@ final class FeedState {
   static final int KEEP = 0;
   static final int LATE = 1;
   static final int DUPLICATE = 2;
+  /** Late, but within the dedup horizon: stored, and folded in as a revision (#37). */
+  static final int REVISE = 3;
 
   final String ticker;
   long clockNs;
   private final HashMap<String, Long> seen = new HashMap<>();
   private final ArrayDeque<Seen> order = new ArrayDeque<>();
   private final HashMap<Window, Candle> forming = new HashMap<>();
+  /**
+   * Closed candles whose window ends within the dedup horizon: a late trade the horizon still
+   * deduplicates (a trade fetched again after a gap) revises them. Older windows cannot change.
+   */
+  private final HashMap<Window, Candle> closed = new HashMap<>();
   /** Candles changed since the publisher last looked (each once: {@code Candle.touched}). */
   private final ArrayList<Candle> touched = new ArrayList<>();
   /** The window each period's last tick went to: most ticks go to the same one again. */
@@ -36,6 +43,8 @@ final class FeedState {
 
   /** The earliest end among the forming windows ({@code Long.MAX_VALUE}: none). */
   private long earliestEndMs = Long.MAX_VALUE;
+  /** The earliest end among the kept closed windows ({@code Long.MAX_VALUE}: none). */
+  private long earliestClosedEndMs = Long.MAX_VALUE;
 
   long heardAtNanos;
   long heardClockNs;
@@ -53,18 +62,23 @@ final class FeedState {
     this.heardClockNs = clockNs;
   }
 
-  /** {@code Feeds.admit}: a resend changes nothing; a late tick moves no clock back. */
+  /**
+   * {@code Feeds.admit}: a resend changes nothing; a late tick moves no clock back. A late tick
+   * with a trade id inside the dedup horizon is a revision: the horizon guarantees a resend of
+   * it is recognised, so folding it in can never count a trade twice.
+   */
   int admit(String tradeId, long timeNs, long allowanceNs, long horizonNs) {
     boolean hasId = tradeId != null && !tradeId.isEmpty();
     if (hasId && seen.containsKey(tradeId)) {
       return DUPLICATE;
     }
     boolean late = clockNs > 0 && timeNs < clockNs - allowanceNs;
+    boolean revisable = late && hasId && timeNs >= clockNs - horizonNs;
     if (hasId) {
       keep(tradeId, timeNs);
     }
     advance(timeNs, horizonNs);
-    return late ? LATE : KEEP;
+    return !late ? KEEP : revisable ? REVISE : LATE;
   }
 
   /** An idle mark, or a trade: a clock only moves forward, and ids it leaves behind go. */
@@ -141,6 +155,46 @@ final class FeedState {
     }
   }
 
+  /**
+   * A {@link #REVISE}d tick into the window of each period: a window still forming takes it as
+   * a timely tick would; a closed one is revised (its revision goes up once per publication),
+   * or, if it had no trade, exists now as closed with revision 1.
+   */
+  void revise(BigDecimal price, BigDecimal size, long timeNs, int[] periods, long allowanceNs) {
+    long watermark = watermarkMs(allowanceNs);
+    long minuteMs = Math.floorDiv(timeNs, 60_000_000_000L) * 60_000L;
+    for (int period : periods) {
+      long periodMs = period * 1000L;
+      Window w = new Window(period, Math.floorDiv(minuteMs, periodMs) * periodMs);
+      long endMs = w.openMs() + periodMs;
+      Candle c = forming.get(w);
+      if (c != null) { // forming, or final but not yet evicted: closes with the tick in it
+        c.add(price, size, timeNs);
+        touch(c);
+        continue;
+      }
+      boolean isClosed = endMs <= watermark;
+      HashMap<Window, Candle> held = isClosed ? closed : forming;
+      c = held.get(w);
+      if (c == null) {
+        c = new Candle(w, price, size, timeNs);
+        c.closed = isClosed;
+        held.put(w, c);
+        if (isClosed) {
+          earliestClosedEndMs = Math.min(earliestClosedEndMs, endMs);
+        } else {
+          earliestEndMs = Math.min(earliestEndMs, endMs);
+        }
+      } else {
+        c.add(price, size, timeNs);
+      }
+      if (isClosed && !c.touched) {
+        c.revision++;
+      }
+      touch(c);
+    }
+  }
+
   private void touch(Candle c) {
     if (!c.touched) {
       c.touched = true;
@@ -148,8 +202,12 @@ final class FeedState {
     }
   }
 
-  /** {@code FormingCandles.evict}: windows the watermark has passed are final. */
-  void evict(long allowanceNs) {
+  /**
+   * {@code FormingCandles.evict}: windows the watermark has passed are final, and kept closed
+   * until the dedup horizon passes their end.
+   */
+  void evict(long allowanceNs, long horizonNs) {
+    forgetClosed(clockNs == 0 ? 0 : Math.floorDiv(clockNs - horizonNs, 1_000_000L));
     long watermark = watermarkMs(allowanceNs);
     if (earliestEndMs > watermark) {
       return; // nothing ends before the watermark: the common case, answered without a scan
@@ -163,6 +221,7 @@ final class FeedState {
         c.closed = true;
         touch(c);
         it.remove();
+        keepClosed(c);
       } else {
         first = Math.min(first, end);
       }
@@ -170,9 +229,36 @@ final class FeedState {
     earliestEndMs = first;
   }
 
-  void restore(LiveCandle c, long allowanceNs) {
+  private void keepClosed(Candle c) {
+    closed.put(c.window, c);
+    earliestClosedEndMs = Math.min(earliestClosedEndMs, c.window.openMs() + c.window.periodS() * 1000L);
+  }
+
+  /** Closed windows that end before the horizon's start: no tick may revise them any more. */
+  private void forgetClosed(long horizonStartMs) {
+    if (earliestClosedEndMs > horizonStartMs) {
+      return;
+    }
+    long first = Long.MAX_VALUE;
+    Iterator<Map.Entry<Window, Candle>> it = closed.entrySet().iterator();
+    while (it.hasNext()) {
+      Window w = it.next().getKey();
+      long end = w.openMs() + w.periodS() * 1000L;
+      if (end <= horizonStartMs) {
+        it.remove();
+      } else {
+        first = Math.min(first, end);
+      }
+    }
+    earliestClosedEndMs = first;
+  }
+
+  /** A candle as committed: forming, or closed and kept while the horizon may revise it. */
+  void restore(LiveCandle c, long allowanceNs, long horizonNs) {
     Window w = new Window(c.getPeriodS(), c.getOpenMs());
-    if (w.openMs() + w.periodS() * 1000L <= watermarkMs(allowanceNs)) {
+    long endMs = w.openMs() + w.periodS() * 1000L;
+    boolean isClosed = c.getClosed() || endMs <= watermarkMs(allowanceNs);
+    if (isClosed && clockNs > 0 && endMs <= Math.floorDiv(clockNs - horizonNs, 1_000_000L)) {
       return;
     }
     Candle candle = new Candle(w, new BigDecimal(c.getOpen()), BigDecimal.ZERO, c.getFirstTradeNs());
@@ -182,8 +268,14 @@ final class FeedState {
     candle.volume = new BigDecimal(c.getVolume());
     candle.count = c.getTradeCount();
     candle.lastNs = c.getLastTradeNs();
-    forming.put(w, candle);
-    earliestEndMs = Math.min(earliestEndMs, w.openMs() + w.periodS() * 1000L);
+    candle.revision = c.getRevision();
+    candle.closed = isClosed;
+    if (isClosed) {
+      keepClosed(candle);
+    } else {
+      forming.put(w, candle);
+      earliestEndMs = Math.min(earliestEndMs, endMs);
+    }
   }
 
   /** The earliest end among the forming windows, or -1 with none (idle marks). */
@@ -207,6 +299,7 @@ final class FeedState {
               .setVolume(text(c.volume))
               .setTradeCount(c.count)
               .setClosed(c.closed)
+              .setRevision(c.revision)
               .setUpdateTimeMs(nowMs)));
   }
 
@@ -230,8 +323,16 @@ final class FeedState {
     }
     LiveRestore.Builder state = LiveRestore.newBuilder().addFeeds(feed);
     for (Candle c : forming.values()) {
-      state.addCandles(
-          LiveCandle.newBuilder()
+      state.addCandles(candleState(c));
+    }
+    for (Candle c : closed.values()) {
+      state.addCandles(candleState(c));
+    }
+    return state.build().toByteArray();
+  }
+
+  private LiveCandle candleState(Candle c) {
+    return LiveCandle.newBuilder()
               .setTicker(ticker)
               .setPeriodS(c.window.periodS())
               .setOpenMs(c.window.openMs())
@@ -242,13 +343,14 @@ final class FeedState {
               .setVolume(text(c.volume))
               .setTradeCount(c.count)
               .setFirstTradeNs(c.firstNs)
-              .setLastTradeNs(c.lastNs));
-    }
-    return state.build().toByteArray();
+              .setLastTradeNs(c.lastNs)
+              .setClosed(c.closed)
+              .setRevision(c.revision)
+              .build();
   }
 
   /** {@link #toState}'s inverse. */
-  static FeedState fromState(byte[] bytes, long allowanceNs) {
+  static FeedState fromState(byte[] bytes, long allowanceNs, long horizonNs) {
     LiveRestore state;
     try {
       state = LiveRestore.parseFrom(bytes);
@@ -261,7 +363,7 @@ final class FeedState {
       feed.keep(f.getTradeIds(i), f.getTradeTimesNs(i));
     }
     for (LiveCandle c : state.getCandlesList()) {
-      feed.restore(c, allowanceNs);
+      feed.restore(c, allowanceNs, horizonNs);
     }
     return feed;
   }
@@ -283,6 +385,8 @@ final class FeedState {
     long lastNs;
     boolean closed;
     boolean touched;
+    /** 0 as first closed; one more each time a revised closed candle is published. */
+    int revision;
 
     Candle(Window window, BigDecimal price, BigDecimal size, long timeNs) {
       this.window = window;

@@ -159,7 +159,7 @@ public final class Live {
       feeds.put(f.getTicker(), feed);
     }
     for (LiveCandle c : state.getCandlesList()) {
-      feeds.computeIfAbsent(c.getTicker(), t -> new FeedState(t, 0)).restore(c, allowanceNs);
+      feeds.computeIfAbsent(c.getTicker(), t -> new FeedState(t, 0)).restore(c, allowanceNs, horizonNs);
     }
   }
 
@@ -212,7 +212,7 @@ public final class Live {
     if (idle) {
       synchronized (feed) {
         feed.advance(timeNs, horizonNs);
-        feed.evict(allowanceNs);
+        feed.evict(allowanceNs, horizonNs);
         queue(feed);
       }
       return;
@@ -244,8 +244,13 @@ public final class Live {
       return;
     }
     synchronized (feed) {
-      feed.fold(price, size, timeNs, periods);
-      feed.evict(allowanceNs);
+      if (verdict == FeedState.REVISE) {
+        late.increment();
+        feed.revise(price, size, timeNs, periods, allowanceNs);
+      } else {
+        feed.fold(price, size, timeNs, periods);
+      }
+      feed.evict(allowanceNs, horizonNs);
       queue(feed);
     }
   }
