@@ -94,6 +94,9 @@ class IngestSettings(BaseModel):
     tick_behind_s: float | None = Field(default=86_400.0, gt=0)
     """A live trade stamped further behind is dropped too (None: no bound). Recordings
     replayed on their original clock are exempt: their times are meant to be old."""
+    sim_faults: str = ""
+    """What SIM gets wrong on purpose, to watch gaps found and repaired: comma-separated
+    ``drop:20s@60s``, ``disconnect:20s@60s``, ``rest:off``, ``ids:opaque``."""
 
 
 class SecuritySettings(BaseModel):

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from candlewire.kafka import OHLC_BATCHES, SYMBOL_METADATA, TICKS
 from ingest.exchanges.base import Exchange, ExchangeError, RangeUnavailable, UnknownSymbol, pages
@@ -21,12 +22,17 @@ from proto import market_pb2
 from proto import requests_pb2 as rq
 from proto.envelope import derive
 
+if TYPE_CHECKING:
+    from ingest.gaps import GapWatch
+
+T = TypeVar("T")
 log = logging.getLogger("candlewire.ingest")
 RETRIES = 3
 BACKOFF_S = 0.5
 
 
-def _retry(fn, *args):  # noqa: ANN001 - thin wrapper
+def retry(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, tried again after transient exchange errors; final ones raise at once."""
     for attempt in range(RETRIES):
         try:
             return fn(*args)
@@ -52,7 +58,7 @@ def run_history(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink, ingest
     try:
         exchange.symbol(req.ticker)  # UnknownSymbol before any page is fetched
         for w in windows:
-            candles = _retry(exchange.ohlc_page, req.ticker, req.period_s, w)
+            candles = retry(exchange.ohlc_page, req.ticker, req.period_s, w)
             batch = market_pb2.OHLCBatch(request_id=req.request_id, page=w.index, rows=candles)
             if w.index == 0:
                 batch.metadata.CopyFrom(meta)
@@ -69,7 +75,7 @@ def run_history(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink, ingest
 
 
 def run_metadata(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink) -> int:
-    markets = _retry(exchange.markets)
+    markets = retry(exchange.markets)
     for m in markets:
         m.request_id = req.request_id
         m.snapshot_size = len(markets)
@@ -104,11 +110,13 @@ def run_stream(
     stop: threading.Event,
     window: tuple[float, float | None] = (60.0, None),
     dropped: Callable[[str], None] = lambda _reason: None,
+    gaps: GapWatch | None = None,
 ) -> int:
     """Produce live trades keyed by ticker until ``stop``, or until the exchange has no more
     (a replay at its end); reconnect on exchange errors. A trade with a price not above
     zero, a negative size or a time outside ``window`` (seconds ahead of and behind now) is
-    dropped and ``dropped(reason)`` told."""
+    dropped and ``dropped(reason)`` told. ``gaps`` hears every trade received and every
+    reconnect, to find the trades the stream missed (:mod:`ingest.gaps`)."""
     ahead_s, behind_s = window
     if exchange.recorded:
         behind_s = None
@@ -116,6 +124,8 @@ def run_stream(
     while not stop.is_set():
         try:
             for tick in exchange.trades(ticker, stop):
+                if gaps is not None:
+                    gaps.observe(tick)
                 problem = tick_problem(tick, time.time_ns(), ahead_s, behind_s)
                 if problem is not None:
                     dropped(problem)
@@ -129,5 +139,7 @@ def run_stream(
             raise
         except ExchangeError as exc:
             log.warning("stream %s: %s; reconnecting", ticker, exc)
+            if gaps is not None:
+                gaps.reconnected()
             stop.wait(1.0)
     return sent

@@ -5,7 +5,7 @@ Each ingestor gets its own registry so several can run in one process (tests, em
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class IngestMetrics:
@@ -28,6 +28,23 @@ class IngestMetrics:
             "candlewire_ingest_dropped_ticks",
             "Trades from exchanges not written, by reason (price, size, ahead, behind...)",
             ["reason"],
+            registry=r,
+        )
+        self.gaps = Counter(
+            "candlewire_ingest_gaps",
+            "Gaps in live streams: GAP_OPEN when found, then GAP_REPAIRED or GAP_UNREPAIRABLE",
+            ["cause", "status"],
+            registry=r,
+        )
+        self.refetched = Counter(
+            "candlewire_ingest_refetched_ticks",
+            "Trades of gaps fetched again and written to the ticks topic",
+            registry=r,
+        )
+        self.repair_seconds = Histogram(
+            "candlewire_ingest_gap_repair_seconds",
+            "From a gap's detection to its repair (or giving up)",
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800),
             registry=r,
         )
         self.state = Gauge("candlewire_ingest_state", "1 READY, 2 AVAILABLE, 3 BUSY", registry=r)

@@ -13,6 +13,10 @@ briefly disagree (a stalled heartbeat looks like a death), so two peers may both
 piece of work; for a live stream, which never ends by itself, the lower-ranked one yields
 as soon as it hears the other working on it. A peer that
 just started stays READY for a few heartbeats, learning the view before it takes work.
+
+Heartbeats also carry each live stream's last trade (``tails``). A peer that takes over
+the stream of one that died starts from that tail: the trades between it and its own first
+one form a TAKEOVER gap (:mod:`ingest.gaps`).
 """
 
 from __future__ import annotations
@@ -47,10 +51,14 @@ class PeerView:
     peers: dict[str, Peer] = field(default_factory=dict)
     done: OrderedDict[str, float] = field(default_factory=OrderedDict)
     done_limit: int = 10_000
+    # ticker → (peer, its stream's last trade) as last announced, while the peer streams it
+    tails: OrderedDict[str, tuple[str, rq.StreamTail]] = field(default_factory=OrderedDict)
+    tails_limit: int = 10_000
 
     def observe(self, hb: rq.IngestorControl, now: float) -> None:
         if hb.ingestor_id == self.self_id:
             return
+        self._observe_tails(hb)
         if hb.state == rq.DONE:
             self.peers.pop(hb.ingestor_id, None)
         else:
@@ -59,6 +67,35 @@ class PeerView:
             )
         for rid in hb.done:
             self.mark_done(rid, now)
+
+    def _observe_tails(self, hb: rq.IngestorControl) -> None:
+        """Remember the peer's tails; forget those of streams it ended while alive (a cancel
+        or a yield loses nothing), keep them when it says DONE (it hands them over)."""
+        announced = {t.ticker for t in hb.tails}
+        if hb.state != rq.DONE:
+            for ticker in [t for t, (pid, _) in self.tails.items() if pid == hb.ingestor_id]:
+                if ticker not in announced:
+                    del self.tails[ticker]
+        for tail in hb.tails:
+            self.tails[tail.ticker] = (hb.ingestor_id, tail)
+            self.tails.move_to_end(tail.ticker)
+        while len(self.tails) > self.tails_limit:
+            self.tails.popitem(last=False)
+
+    def takeover_tail(
+        self, ticker: str, now: float, now_ns: int, horizon_s: float
+    ) -> rq.StreamTail | None:
+        """The last trade a peer that is gone announced for ``ticker``, once, where a stream
+        we start now takes over from; None if a live peer announced it, or it is older
+        than ``horizon_s`` (a stream stopped that long ago left no gap worth filling)."""
+        entry = self.tails.get(ticker)
+        if entry is None:
+            return None
+        pid, tail = entry
+        if pid in self.alive(now):
+            return None
+        del self.tails[ticker]
+        return tail if tail.time_ns >= now_ns - horizon_s * 1e9 else None
 
     def mark_done(self, key: str, now: float) -> None:
         self.done[key] = now

@@ -6,7 +6,8 @@ connected into each relay's publisher ingress. Through that XPUB the relays hand
 market-data topic's first subscription and last unsubscription, so a subscriber anywhere
 starts its ticker's stream (on demand) and the last one leaving stops it after a grace
 period (:mod:`candlewire.demand`). Fetches run on a small thread pool, live streams on a
-thread each. Who does what is decided by :mod:`ingest.peers`.
+thread each. Who does what is decided by :mod:`ingest.peers`. Gaps a stream finds in its
+trades are repaired on the thread pool (:mod:`ingest.gaps`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 import zmq
 
@@ -28,6 +30,7 @@ from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import ingestor_topic, parse_ticker, work_prefix
 from candlewire.zmqutil import harden, pending, subscriptions
 from ingest.exchanges.base import Exchange, UnknownSymbol
+from ingest.gaps import GapDetector, GapRepairer, GapWatch
 from ingest.jobs import run_history, run_metadata, run_stream
 from ingest.metrics import IngestMetrics
 from ingest.peers import PeerView
@@ -53,6 +56,7 @@ class Job:
     exchange: str
     future: Future | None = None
     stop: threading.Event = field(default_factory=threading.Event)
+    gaps: GapWatch | None = None  # a live stream's
 
 
 class Ingestor:
@@ -97,6 +101,9 @@ class Ingestor:
         self._serve_metrics = metrics
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ingest-job")
         self._sink = KafkaSink(settings)
+        self._repairer = GapRepairer(
+            self._sink, self._pool, ahead_s=settings.ingest.tick_ahead_s, metrics=self.metrics
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._http: MetricsServer | None = None
@@ -335,6 +342,12 @@ class Ingestor:
         elif req.kind == rq.SYMBOL_METADATA:
             job.future = self._pool.submit(run_metadata, req, exchange, self._sink)
         else:
+            # A stream another ingestor was running when it died starts from its last trade.
+            tail = self.views[req.exchange].takeover_tail(
+                req.ticker, time.monotonic(), time.time_ns(), self.settings.stream_dedup_horizon_s
+            )
+            detector = GapDetector(req.ticker, exchange.sequential_ids, self.id, tail)
+            job.gaps = GapWatch(detector, partial(self._repairer.found, exchange))
             job.future = Future()
             threading.Thread(
                 target=self._stream, args=(req.ticker, exchange, job), name=key, daemon=True
@@ -353,6 +366,7 @@ class Ingestor:
                 job.stop,
                 (conf.tick_ahead_s, conf.tick_behind_s),
                 lambda reason: count(reason).inc(),
+                job.gaps,
             )
             job.future.set_result(sent)  # type: ignore[union-attr]
         except Exception as exc:
@@ -384,9 +398,9 @@ class Ingestor:
     def _heartbeat(self, beat: zmq.Socket, now: float, final: bool = False) -> None:
         state = rq.DONE if final else self.state(now)
         for name in self.exchanges:
-            working = [
-                k for k, j in self.jobs.items() if j.exchange == name and not j.stop.is_set()
-            ]
+            mine = [j for j in self.jobs.values() if j.exchange == name and not j.stop.is_set()]
+            working = [j.key for j in mine]
+            tails = [j.gaps.detector.tail for j in mine if j.gaps and j.gaps.detector.tail]
             hb = rq.IngestorControl(
                 action=rq.HEARTBEAT,
                 exchange=name,
@@ -396,5 +410,6 @@ class Ingestor:
                 done=list(self.recent_done[name]),
                 time_ms=int(time.time() * 1000),
                 interval_ms=int(self.heartbeat_s * 1000),
+                tails=tails,
             )
             beat.send_multipart(encode_topic(ingestor_topic(name), hb))

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from google.protobuf.message import Message
+    from rich.console import Console
 
     from candlewire.client import Item, Subscription
     from candlewire.market import Candle, Tick
@@ -56,7 +57,8 @@ def exchanges_of(args: argparse.Namespace, settings: Settings) -> list:
             if v is not None
         }
     )
-    return [make_exchange(spec, replay) for spec in args.exchange.split(",") if spec]
+    faults = settings.ingest.sim_faults if args.faults is None else args.faults
+    return [make_exchange(spec, replay, faults) for spec in args.exchange.split(",") if spec]
 
 
 def _ingest(args: argparse.Namespace, settings: Settings) -> int:
@@ -106,6 +108,16 @@ def speed_arg(text: str) -> float:
         return parse_speed(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def faults_arg(text: str) -> str:
+    from ingest.exchanges.sim import parse_faults
+
+    try:
+        parse_faults(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def time_arg(text: str) -> int:
@@ -324,6 +336,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
             for exchange, peers in sorted(ingestors.items()):
                 live.add_row(exchange, ", ".join(f"{i} {s}" for i, s in sorted(peers.items())))
             console.print(live if ingestors else "no live ingestor heard")
+            _print_gaps(settings, console)
             # Whether auth is on, never the secret itself.
             login = "password (scram-sha-256)" if settings.secret(POSTGRES_PASSWORD) else "none"
             console.print(f"PostgreSQL login: {login}")
@@ -336,6 +349,19 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 1
     return 0
+
+
+def _print_gaps(settings: Settings, console: Console) -> None:
+    """The gaps ingestors found in their streams, if any; never fails the status."""
+    from ingest.gaps import read_gaps
+    from launcher.render import gap_table
+
+    try:
+        gaps = read_gaps(settings, timeout_s=2.0)
+    except Exception as exc:  # Kafka down is reported above; say why here too
+        console.print(f"gaps: not read ({exc})")
+        return
+    console.print(gap_table(gaps) if gaps else "no gaps recorded in live streams")
 
 
 def _keys(args: argparse.Namespace, settings: Settings) -> int:
@@ -423,6 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--clock",
         choices=("original", "live"),
         help="REPLAY: trade times as recorded (default) or shifted to now",
+    )
+    ingest.add_argument(
+        "--faults",
+        type=faults_arg,
+        help="SIM: faults on purpose, e.g. drop:20s@60s,disconnect:5s@120s,rest:off,ids:opaque "
+        "(default: [ingest] sim_faults)",
     )
     ingest.add_argument("--stream", default="", help="comma-separated tickers to stream always")
     ingest.add_argument(

@@ -15,16 +15,18 @@ import io
 import json
 import sys
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import IO, Any
 
 import pyarrow as pa
 from google.protobuf.message import Message
+from rich.table import Table
 from rich.text import Text
 
 from candlewire.market import Candle, Tick, plain
 from launcher.formats import FORMATS
+from proto import market_pb2
 
 # The columns a narrow terminal loses first, first to last: what repeats on every row or
 # is bookkeeping before the prices. ``open_time`` and ``close`` go last of all.
@@ -295,3 +297,27 @@ def live_record(item: Tick | Candle | Message, repaired: bool = False) -> dict[s
         record["stream"] = {"epoch": item.stream.epoch, "seq": item.stream.seq}
     record["repaired"] = repaired
     return record
+
+
+def gap_table(gaps: Sequence[market_pb2.Gap], limit: int = 20) -> Table:
+    """Gaps in ingestors' streams as ``candlewire status`` shows them: open ones first, then
+    the most recently found; at most ``limit`` rows, and a caption saying how many more."""
+    ranked = sorted(gaps, key=lambda g: (g.status != market_pb2.GAP_OPEN, -g.detected_ms))
+    table = Table("ticker", "cause", "from → to (UTC)", "status", "refetched", "reason")
+    table.title = "gaps in live streams (candlewire.gaps)"
+    for g in ranked[:limit]:
+        start = datetime.fromtimestamp(g.from_ns / 1e9, UTC)
+        end = datetime.fromtimestamp(g.to_ns / 1e9, UTC)
+        until = _utc(end, True)
+        span = f"{_utc(start, True)} → {until[11:] if start.date() == end.date() else until}"
+        table.add_row(
+            g.ticker,
+            market_pb2.GapCause.Name(g.cause),
+            span,
+            market_pb2.GapStatus.Name(g.status).removeprefix("GAP_"),
+            str(g.refetched),
+            g.reason,
+        )
+    if len(ranked) > limit:
+        table.caption = f"{len(ranked) - limit} more not shown"
+    return table

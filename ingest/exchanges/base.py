@@ -1,7 +1,8 @@
 """The one small interface every exchange adapter implements.
 
 An adapter answers three questions: which markets exist, what candles a range holds (in
-pages), and what trades happen now. Everything else (Kafka, work queues, retries of whole
+pages), and what trades happen now; where the venue can, a fourth: which trades a past range
+held (:meth:`Exchange.refetch`, how a gap in a live stream is repaired). Everything else (Kafka, work queues, retries of whole
 requests) belongs to the ingestor, so an adapter is one file.
 """
 
@@ -79,8 +80,20 @@ class Exchange(ABC):
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
         """Live trades until ``stop`` is set."""
 
+    def refetch(
+        self, ticker: str, from_ns: int, to_ns: int, after_id: str | None = None
+    ) -> list[market_pb2.Tick]:
+        """The venue's trades with ``from_ns <= exchange_time_ns <= to_ns``, in time order,
+        fetched again over REST; the caller drops what its stream already sent.
+
+        ``after_id`` is the id of the trade at ``from_ns``, a hint for venues that page by
+        id. RangeUnavailable when the venue does not serve past trades (the default)."""
+        raise RangeUnavailable(f"{self.name} does not serve past trades")
+
     rows_per_page: int = 1000
     recorded: bool = False  # trades carry recorded times, not now's: exempt from "behind"
+    # Trade ids are consecutive integers per ticker, so a skipped number is a lost trade.
+    sequential_ids: bool = False
     _symbols: dict[str, Any]  # ticker → the adapter's own handle (symbol, recording, state)
 
     def symbol(self, ticker: str) -> Any:

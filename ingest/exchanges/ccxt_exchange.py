@@ -1,4 +1,5 @@
-"""Any ccxt exchange: ``load_markets``, paginated ``fetch_ohlcv``, ``watch_trades``.
+"""Any ccxt exchange: ``load_markets``, paginated ``fetch_ohlcv``, ``watch_trades``, and
+paginated ``fetch_trades`` to refetch a gap in the live stream.
 
 ccxt's own rate limiter stays on (``enableRateLimit``); our retries only wrap ccxt's
 transient errors. ``urls`` and ``options`` pass straight to ccxt, which is how the tests
@@ -15,10 +16,23 @@ from typing import Any
 
 import ccxt
 
-from ingest.exchanges.base import Exchange, ExchangeError, Page, UnknownSymbol, dec_str
+from ingest.exchanges.base import (
+    Exchange,
+    ExchangeError,
+    Page,
+    RangeUnavailable,
+    UnknownSymbol,
+    dec_str,
+)
 from proto import market_pb2
 
 TIMEFRAMES = {60: "1m", 300: "5m", 900: "15m", 3600: "1h", 14400: "4h", 86400: "1d"}
+# Venues whose trade ids are consecutive per symbol and whose REST trades page by
+# ``fromId``, with the watch_trades params that make the stream carry the same ids: Binance's
+# REST trades with time ranges are aggregate trades, so the stream watches aggTrade too.
+SEQUENTIAL: dict[str, dict[str, str]] = {"binance": {"name": "aggTrade"}}
+REFETCH_LIMIT = 1000
+HOUR_MS = 3_600_000  # the widest time window Binance's aggTrades answers
 
 
 def _num(value: Any) -> str:
@@ -31,6 +45,8 @@ class CcxtExchange(Exchange):
         self.name = name or exchange_id.upper()
         self.config = {"enableRateLimit": True, **config}
         self.client = getattr(ccxt, exchange_id)(self.config)
+        self.sequential_ids = exchange_id in SEQUENTIAL
+        self._watch_params = SEQUENTIAL.get(exchange_id, {})
         self._markets: list[market_pb2.Market] | None = None
         self._symbols: dict[str, str] = {}
 
@@ -101,6 +117,48 @@ class CcxtExchange(Exchange):
             since = int(rows[-1][0]) + period_s * 1000
         return out
 
+    def refetch(
+        self, ticker: str, from_ns: int, to_ns: int, after_id: str | None = None
+    ) -> list[market_pb2.Tick]:
+        """``fetch_trades`` page by page until past ``to_ns``: by ``fromId`` on venues with
+        sequential ids (from ``after_id``, else from the first trade of the time window),
+        by ``since`` elsewhere."""
+        symbol = self.symbol(ticker)
+        if not self.client.has.get("fetchTrades"):
+            raise RangeUnavailable(f"{self.exchange_id} does not serve past trades")
+        to_ms = to_ns // 1_000_000
+        cursor_ms = from_ns // 1_000_000
+        from_id = after_id if self.sequential_ids and after_id else None
+        seen: set[str] = set()
+        out: list[market_pb2.Tick] = []
+        while cursor_ms <= to_ms:
+            if from_id is not None:
+                params = {"fromId": int(from_id)}
+                rows = self._call(self.client.fetch_trades, symbol, None, REFETCH_LIMIT, params)
+            elif self.sequential_ids:
+                until = {"until": min(to_ms, cursor_ms + HOUR_MS - 1)}
+                rows = self._call(self.client.fetch_trades, symbol, cursor_ms, REFETCH_LIMIT, until)
+            else:
+                rows = self._call(self.client.fetch_trades, symbol, cursor_ms, REFETCH_LIMIT)
+            fresh = [r for r in rows if str(r["id"]) not in seen]
+            if not fresh:
+                if from_id is None and self.sequential_ids:
+                    cursor_ms += HOUR_MS  # an hour without trades; look in the next
+                    continue
+                break
+            for r in fresh:
+                seen.add(str(r["id"]))
+                if from_ns <= int(r["timestamp"]) * 1_000_000 <= to_ns:
+                    out.append(self._tick(ticker, r))
+            last = fresh[-1]
+            if int(last["timestamp"]) > to_ms:
+                break
+            if self.sequential_ids:
+                from_id = str(int(last["id"]) + 1)
+            else:
+                cursor_ms = int(last["timestamp"])
+        return out
+
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
         """Websocket trades through ccxt.pro when the exchange has them, else REST polling."""
         symbol = self.symbol(ticker)
@@ -127,7 +185,9 @@ class CcxtExchange(Exchange):
             while not stop.is_set():
                 try:
                     batch = loop.run_until_complete(
-                        asyncio.wait_for(client.watch_trades(symbol), 1.0)
+                        asyncio.wait_for(
+                            client.watch_trades(symbol, params=dict(self._watch_params)), 1.0
+                        )
                     )
                 except TimeoutError:
                     continue

@@ -6,21 +6,26 @@ walk of log-price in integer micro-units from a genesis time, and each minute ho
 from exactly the trades the live stream emits, vectorised with numpy, so candles asked for
 later always equal what was streamed. Prices and sizes are integer ticks and lots, so every
 decimal string is exact.
+
+SIM can also fail on purpose (:func:`parse_faults`), so the ingestor's gap detection and
+repair (:mod:`ingest.gaps`) can be watched at work: trades silently dropped, a stream that
+disconnects, a REST API that serves nothing, trade ids that are not numbers.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.exchanges.base import Exchange, Page, RangeUnavailable, fmt_fixed
+from ingest.exchanges.base import Exchange, ExchangeError, Page, RangeUnavailable, fmt_fixed
 from proto import market_pb2
 
 GENESIS_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
@@ -65,6 +70,61 @@ def fmt_fixed_column(values: np.ndarray, decimals: int) -> list[str]:
     return pc.binary_join_element_wise(sign, text, "").to_pylist()
 
 
+FAULT_SYNTAX = "drop:DURs@ATs, disconnect:DURs@ATs, rest:off, ids:opaque (e.g. drop:20s@60s)"
+_SECONDS = r"(\d+(?:\.\d+)?)s"
+_OUTAGE = re.compile(rf"(drop|disconnect):{_SECONDS}@{_SECONDS}")
+
+
+@dataclass(frozen=True)
+class Outage:
+    """``for_s`` seconds of trades from ``at_s`` after a ticker's stream first started are
+    not delivered; a disconnect also raises ExchangeError at its first, as a dropped
+    WebSocket would."""
+
+    kind: str  # "drop" or "disconnect"
+    at_s: float
+    for_s: float
+
+    def covers(self, offset_s: float) -> bool:
+        return self.at_s <= offset_s < self.at_s + self.for_s
+
+
+@dataclass(frozen=True)
+class Faults:
+    """What a SIM exchange gets wrong on purpose; parsed once by :func:`parse_faults`."""
+
+    outages: tuple[Outage, ...] = ()
+    rest_off: bool = False  # refetch serves nothing (RangeUnavailable)
+    opaque_ids: bool = False  # trade ids are hashes, not sequential numbers
+
+
+def parse_faults(spec: str) -> Faults:
+    """``drop:20s@60s,disconnect:5s@120s,rest:off,ids:opaque``: comma-separated faults;
+    durations and times in seconds, decimals allowed (``drop:1.5s@0.5s``)."""
+    outages: list[Outage] = []
+    rest_off = opaque_ids = False
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        if m := _OUTAGE.fullmatch(item):
+            kind, for_s, at_s = m.group(1), float(m.group(2)), float(m.group(3))
+            if for_s <= 0:
+                raise ValueError(f"SIM fault {item!r}: the duration must be above 0 s")
+            outages.append(Outage(kind, at_s, for_s))
+        elif item == "rest:off":
+            rest_off = True
+        elif item == "ids:opaque":
+            opaque_ids = True
+        else:
+            raise ValueError(f"SIM fault {item!r} is not one of: {FAULT_SYNTAX}")
+    return Faults(tuple(sorted(outages, key=lambda o: o.at_s)), rest_off, opaque_ids)
+
+
+def opaque_id(seed: int, ticker: str, index: int) -> str:
+    """A trade id with no order in it, as some venues hand out (``ids:opaque``)."""
+    return hashlib.blake2b(f"{seed}:{ticker}:{index}".encode(), digest_size=8).hexdigest()
+
+
 @dataclass
 class _Symbol:
     ticker: str
@@ -73,6 +133,8 @@ class _Symbol:
     p0: float
     key: np.uint64
     blocks: list[np.ndarray]  # cumulative log-price (micro units) at each minute, per block
+    started: float | None = None  # when its live stream first started: faults count from it
+    disconnected: set[Outage] = field(default_factory=set)  # disconnects already raised
 
 
 class SimExchange(Exchange):
@@ -84,9 +146,12 @@ class SimExchange(Exchange):
         seed: int = 42,
         genesis_ms: int = GENESIS_MS,
         rows_per_page: int = 1000,
+        faults: str | Faults = "",
     ) -> None:
         self.name = name
         self.seed = seed
+        self.faults = parse_faults(faults) if isinstance(faults, str) else faults
+        self.sequential_ids = not self.faults.opaque_ids
         self.per_minute = max(1, round(rate * 60))
         self.genesis_ms = genesis_ms
         self.rows_per_page = rows_per_page
@@ -216,6 +281,8 @@ class SimExchange(Exchange):
         t = self._minutes(sym, m0, m1)
         n = self.per_minute
         ids = (t["minute"] * n + t["j"]).tolist()  # columns as lists: no numpy scalars per tick
+        if self.faults.opaque_ids:
+            ids = [opaque_id(self.seed, ticker, i) for i in ids]
         buy, sell = market_pb2.BUY, market_pb2.SELL
         return [
             market_pb2.Tick(
@@ -237,8 +304,11 @@ class SimExchange(Exchange):
         ]
 
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
-        self.symbol(ticker)
+        sym = self.symbol(ticker)
         now_ms = int(time.time() * 1000)
+        with self._lock:
+            if sym.started is None:
+                sym.started = now_ms / 1000
         minute = (now_ms - self.genesis_ms) // MINUTE_MS
         while not stop.is_set():
             for tick in self.trade_batch(ticker, minute, minute + 1):
@@ -248,6 +318,37 @@ class SimExchange(Exchange):
                 while (wait := due - time.time()) > 0:
                     if stop.wait(min(wait, 0.5)):
                         return
+                if self._lost(sym, due):
+                    continue
                 tick.ingest_time_ns = time.time_ns()
                 yield tick
             minute += 1
+
+    def _lost(self, sym: _Symbol, due_s: float) -> bool:
+        """Whether a fault swallows the trade due at ``due_s``; a disconnect's first raises."""
+        offset = due_s - (sym.started or due_s)
+        outage = next((o for o in self.faults.outages if o.covers(offset)), None)
+        if outage is None:
+            return False
+        if outage.kind == "disconnect" and outage not in sym.disconnected:
+            sym.disconnected.add(outage)
+            raise ExchangeError(f"{self.name}: simulated disconnect for {outage.for_s:g} s")
+        return True
+
+    def refetch(
+        self, ticker: str, from_ns: int, to_ns: int, after_id: str | None = None
+    ) -> list[market_pb2.Tick]:
+        """Every trade of the walk in the range that has happened by now, exactly as streamed."""
+        self.symbol(ticker)
+        if self.faults.rest_off:
+            raise RangeUnavailable(f"{self.name}: the REST API serves no trades (rest:off)")
+        to_ns = min(to_ns, time.time_ns())
+        if from_ns < self.genesis_ms * 1_000_000:
+            raise RangeUnavailable(f"{self.name} history starts at {self.genesis_ms} ms")
+        if to_ns < from_ns:
+            return []
+        m0 = (from_ns // 1_000_000 - self.genesis_ms) // MINUTE_MS
+        m1 = (to_ns // 1_000_000 - self.genesis_ms) // MINUTE_MS + 1
+        return [
+            t for t in self.trade_batch(ticker, m0, m1) if from_ns <= t.exchange_time_ns <= to_ns
+        ]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
+import uuid
 from datetime import UTC, datetime
 
 import dagster as dg
 from confluent_kafka import Producer
 
 from candlewire import Client
-from candlewire.kafka import TICKS, producer_config
+from candlewire.kafka import GAPS, TICKS, ensure_topics, producer_config
 from candlewire.lake import NAMESPACE, catalog
 from orchestration.defs.assets.history import day_is_complete, no_duplicate_candles, ohlc_history
 from orchestration.defs.assets.metadata import symbol_metadata
@@ -62,6 +63,116 @@ def test_missing_minutes_are_listed() -> None:
     want = Want.of("2025-03-01|SIM:BTC/USDT")
     minutes = [want.start_ms + i * 60_000 for i in range(1440) if i not in (0, 61)]
     assert missing_minutes(want, minutes) == "2 of 1440 minutes missing: 00:00, 01:01"
+
+
+def test_a_missing_minute_is_healed_by_the_sensor_and_the_check_then_passes(platform_env) -> None:
+    from orchestration.definitions import defs as load
+    from orchestration.defs.healing import heal_incomplete_days
+
+    ticker, day = "SIM:BTC/USDT", "2025-02-14"
+    start = 1_739_491_200_000  # 2025-02-14
+    lost = start + 5 * 60_000  # 00:05 never fetched, as after an outage
+    with Client(platform_env) as client:
+        for a, b in ((start, lost), (lost + 60_000, start + DAY_MS)):
+            client.request_history(ticker, 60, a, b, timeout=180)
+    defs = load()
+    key = dg.MultiPartitionKey({"day": day, "ticker": ticker})
+    with (
+        dg.instance_for_test() as instance,
+        dg.partition_loading_context(dynamic_partitions_store=instance),
+    ):
+        instance.add_dynamic_partitions("tickers", [ticker])
+        # The check alone, as the UI runs it: a partition given by tags (materialize's
+        # partition_key needs a selected asset to find the partitions definition by).
+        checked = dg.materialize(
+            CHECKS,
+            selection=dg.AssetSelection.checks(day_is_complete),
+            tags={"dagster/partition": key},
+            instance=instance,
+            resources={"candlewire": CandlewireResource()},
+        )
+        (failed,) = checked.get_asset_check_evaluations()
+        assert not failed.passed
+        assert failed.metadata["missing_ranges"].value == {key: [[lost, lost + 60_000]]}
+
+        tick = heal_incomplete_days.evaluate_tick(
+            dg.build_sensor_context(instance=instance, definitions=defs)
+        )
+        (request,) = tick.run_requests
+        assert request.tags["candlewire/heal_ranges"] == "00:05"
+        healed = defs.resolve_job_def("heal_missing_minutes").execute_in_process(
+            run_config=request.run_config,
+            partition_key=request.partition_key,
+            tags=request.tags,
+            instance=instance,
+        )
+        assert healed.success
+        (mat,) = healed.asset_materializations_for_node("ohlc_history")
+        assert mat.metadata["healed_ranges"].value == [[lost, lost + 60_000]]
+        assert mat.metadata["healed_rows"].value == 1
+        checks = {e.check_name: e.passed for e in healed.get_asset_check_evaluations()}
+        assert checks == {"day_is_complete": True, "no_duplicate_candles": True}
+        again = heal_incomplete_days.evaluate_tick(
+            dg.build_sensor_context(instance=instance, cursor=tick.cursor, definitions=defs)
+        )
+        assert not again.run_requests
+        latest = instance.get_latest_asset_check_evaluation_record(day_is_complete.check_key)
+        assert latest.partition == key and latest.status.value == "SUCCEEDED"
+
+
+def gap(gap_id: str, status: int, **kw) -> market_pb2.Gap:
+    return market_pb2.Gap(
+        gap_id=gap_id,
+        ticker="TEST:GAP/USDT",
+        cause=market_pb2.GapCause.Value(gap_id.split("|")[1]),
+        from_ns=1_740_787_200_000_000_123,
+        to_ns=1_740_787_260_000_000_456,
+        from_trade_id="10",
+        to_trade_id="14",
+        status=status,
+        detected_ms=1_740_787_300_000,
+        ingestor_id="test",
+        **kw,
+    )
+
+
+def test_gaps_asset_writes_the_latest_state_of_each_gap(platform_env) -> None:
+    from orchestration.defs.assets.gaps import gaps
+
+    ensure_topics(platform_env)
+    run = uuid.uuid4().hex[:8]
+    one, two = f"TEST:GAP/USDT|TRADE_ID_JUMP|{run}1", f"TEST:GAP/USDT|RECONNECT|{run}2"
+    producer = Producer(producer_config(platform_env))
+    for record in (
+        gap(one, market_pb2.GAP_OPEN),
+        gap(two, market_pb2.GAP_OPEN),
+        gap(one, market_pb2.GAP_OPEN, reason="refetching"),
+        gap(one, market_pb2.GAP_REPAIRED, repaired_ms=1_740_787_400_000, refetched=3),
+    ):
+        producer.produce(GAPS.name, key=record.gap_id.encode(), value=to_record(record))
+    assert producer.flush(30) == 0
+
+    def run_asset() -> dict:
+        with dg.instance_for_test() as instance:
+            result = dg.materialize(
+                [gaps], instance=instance, resources={"candlewire": CandlewireResource()}
+            )
+        (mat,) = result.asset_materializations_for_node("gaps")
+        return {k: v.value for k, v in mat.metadata.items()}
+
+    meta = run_asset()
+    assert meta["open"] >= 1 and meta["repaired"] >= 1 and meta["dagster/row_count"] >= 2
+    table = catalog(platform_env).load_table(f"{NAMESPACE}.gaps")
+    mine = table.scan(row_filter=f"gap_id in ('{one}', '{two}')").to_arrow().to_pylist()
+    got = {r["gap_id"]: r for r in mine}
+    assert len(mine) == 2 and set(got) == {one, two}, "one row a gap"
+    assert got[one]["status"] == "GAP_REPAIRED" and got[one]["refetched"] == 3
+    assert got[one]["reason"] is None  # the latest record's, not the one before
+    assert got[one]["from_ns"] == 1_740_787_200_000_000_123
+    assert got[one]["repaired_time"] == datetime(2025, 3, 1, 0, 3, 20, tzinfo=UTC)
+    assert got[two]["status"] == "GAP_OPEN" and got[two]["cause"] == "RECONNECT"
+    assert got[two]["repaired_time"] is None
+    assert run_asset()["changed"] is False, "an unchanged topic writes no new snapshot"
 
 
 def test_symbol_metadata_refresh_reports_counts_and_feeds_ticker_partitions(platform_env) -> None:

@@ -28,12 +28,13 @@ def test_definitions_load_with_deprecations_as_errors() -> None:
         warnings.simplefilter("error", DeprecationWarning)
         defs = load()
     keys = {s.key.to_user_string() for s in defs.resolve_all_asset_specs()}
-    assert {"ohlc_history", "symbol_metadata", "kafka/ticks", "iceberg/ohlc"} <= keys
+    assert {"ohlc_history", "symbol_metadata", "gaps", "kafka/gaps", "iceberg/ohlc"} <= keys
     checks = {k.name for k in defs.resolve_asset_graph().asset_check_keys}
     assert checks == {"day_is_complete", "no_duplicate_candles"}
     assert {j.name for j in defs.resolve_all_job_defs()} >= {
         "iceberg_maintenance",
         "ohlc_history_backfill",
+        "heal_missing_minutes",
         "symbol_metadata_refresh",
     }
 
@@ -50,6 +51,8 @@ def test_lineage_runs_ingest_kafka_streaming_iceberg_to_history() -> None:
     assert parents("iceberg/ohlc") == {"kafka/ticks", "kafka/ohlc_batches"}
     assert parents("ohlc_history") == {"iceberg/ohlc", "symbol_metadata"}
     assert parents("symbol_metadata") == {"iceberg/symbol_metadata"}
+    assert parents("gaps") == {"kafka/gaps"} and parents("kafka/gaps") == {"exchanges"}
+    assert graph.get(dg.AssetKey("gaps")).kinds == {"iceberg"}
     spec = graph.get(dg.AssetKey(["kafka", "ticks"]))
     assert "kafka" in spec.kinds
 
@@ -63,8 +66,9 @@ def test_dg_check_defs_passes() -> None:
     assert "All definitions loaded successfully" in out.stdout + out.stderr
 
 
-def test_metadata_refreshes_every_exchange_once_a_day_by_automation_condition() -> None:
+def test_metadata_refreshes_daily_and_gaps_every_5_minutes_by_automation_condition() -> None:
     defs = load()
+    metadata, gaps = dg.AssetKey("symbol_metadata"), dg.AssetKey("gaps")
     with dg.instance_for_test() as instance:
         before = dg.evaluate_automation_conditions(
             defs, instance, evaluation_time=datetime(2026, 3, 1, 0, 59, tzinfo=UTC)
@@ -76,16 +80,29 @@ def test_metadata_refreshes_every_exchange_once_a_day_by_automation_condition() 
             evaluation_time=datetime(2026, 3, 1, 1, 1, tzinfo=UTC),
             cursor=before.cursor,
         )
-        requested = tick.get_requested_partitions(dg.AssetKey("symbol_metadata"))
-        assert requested == {"SIM", "BINANCE"} and tick.total_requested == 2
+        assert tick.get_requested_partitions(metadata) == {"SIM", "BINANCE"}
+        assert tick.get_num_requested(gaps) == 1 and tick.total_requested == 3
         later = dg.evaluate_automation_conditions(
             defs,
             instance,
-            evaluation_time=datetime(2026, 3, 1, 1, 30, tzinfo=UTC),
+            evaluation_time=datetime(2026, 3, 1, 1, 3, tzinfo=UTC),
             cursor=tick.cursor,
         )
         assert later.total_requested == 0, "once per cron tick"
+        next_tick = dg.evaluate_automation_conditions(
+            defs,
+            instance,
+            evaluation_time=datetime(2026, 3, 1, 1, 6, tzinfo=UTC),
+            cursor=later.cursor,
+        )
+        assert next_tick.get_num_requested(gaps) == 1 and next_tick.total_requested == 1
     assert defs.resolve_schedule_def("daily_maintenance").cron_schedule == "30 2 * * *"
+
+
+def test_healing_sensor_is_on_by_default_and_targets_the_heal_job() -> None:
+    sensor = load().resolve_sensor_def("heal_incomplete_days")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    assert sensor.job_name == "heal_missing_minutes"
 
 
 def test_new_ticker_sensor_backfills_only_new_tickers_and_is_off_by_default() -> None:

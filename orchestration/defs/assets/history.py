@@ -9,6 +9,10 @@ backfill into one range of days per ticker, each run covering up to ``PARTITIONS
 days. Every run submits its requests together (up to ``max_in_flight`` at once) and the
 pipeline fetches them in parallel.
 
+A run can also fetch only some minute ranges of one partition (``HistoryConfig.ranges``):
+``heal_missing_minutes`` runs (``orchestration/defs/healing.py``) do, to refetch what
+``day_is_complete`` found missing, and the checks then judge the repaired day.
+
 The client and pyarrow are imported where they are used: the code server only lists
 definitions; a run imports them when it runs (#36).
 """
@@ -58,6 +62,43 @@ class Want:
         day = datetime.combine(date.fromisoformat(dims["day"]), datetime.min.time(), UTC)
         start = int(day.timestamp() * 1000)
         return cls(key, dims["ticker"], start, start + DAY_MS)
+
+
+class MinuteRange(dg.Config):
+    """``[start_ms, end_ms)`` in epoch milliseconds, whole minutes."""
+
+    start_ms: int
+    end_ms: int
+
+
+class HistoryConfig(dg.Config):
+    ranges: list[MinuteRange] = []
+    """Fetch only these ranges of the run's one partition instead of its whole day: a heal
+    (one history request a range). Empty, the default: whole days."""
+
+
+def range_wants(wants: list[Want], ranges: list[MinuteRange]) -> list[Want]:
+    """One request a range, each inside the run's single partition: a heal run repairs one
+    day of one ticker, so ranges are meaningless across partitions."""
+    if len(wants) != 1:
+        raise dg.Failure(f"ranges given for {len(wants)} partitions; a heal run has one")
+    (day,) = wants
+    out = []
+    for r in ranges:
+        if not day.start_ms <= r.start_ms < r.end_ms <= day.end_ms:
+            raise dg.Failure(f"range {r.start_ms}-{r.end_ms} is not inside {day.key}")
+        out.append(Want(day.key, day.ticker, r.start_ms, r.end_ms))
+    return out
+
+
+def hhmm(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%H:%M")
+
+
+def describe_ranges(ranges: list[tuple[int, int]]) -> str:
+    """``00:05-00:06, 13:00``: each range's first and last minute, for people to read."""
+    step = PERIOD_S * 1000
+    return ", ".join(hhmm(s) if e - s == step else f"{hhmm(s)}-{hhmm(e - step)}" for s, e in ranges)
 
 
 @dataclass
@@ -114,18 +155,29 @@ def fetch(
     kinds={"iceberg"},
     group_name="history",
 )
-def ohlc_history(context: dg.AssetExecutionContext, candlewire: CandlewireResource) -> None:
+def ohlc_history(
+    context: dg.AssetExecutionContext, config: HistoryConfig, candlewire: CandlewireResource
+) -> None:
     """1-minute candles of one ticker for one UTC day, requested through the relay.
 
     An ERROR HistoryReady (unknown symbol, a range the exchange does not hold, exchange
-    failures) fails the run with each partition's reason.
+    failures) fails the run with each partition's reason. A heal (``config.ranges``) fetches
+    only those ranges and fails nothing: it materializes whatever it got, and the checks,
+    which run next, say what is still missing (which the healing sensor counts as a failed
+    attempt, so a range the venue cannot serve is given up rather than retried forever).
     """
     wants = [Want.of(k) for k in context.partition_keys]
-    context.log.info(f"requesting {len(wants)} partitions through the relay")
+    healing = bool(config.ranges)
+    if healing:
+        wants = range_wants(wants, config.ranges)
+    context.log.info(f"requesting {len(wants)} {'ranges' if healing else 'partitions'}")
     with candlewire.client() as client:
         out = fetch(
             client, wants, candlewire.max_in_flight, candlewire.history_timeout_s, context.log.info
         )
+    if healing:
+        _heal_metadata(context, out)
+        return
     for want, note, seconds in out.ok:
         context.add_asset_metadata(
             {
@@ -147,6 +199,24 @@ def ohlc_history(context: dg.AssetExecutionContext, candlewire: CandlewireResour
         )
 
 
+def _heal_metadata(context: dg.AssetExecutionContext, out: Outcome) -> None:
+    ok = sorted((w.start_ms, w.end_ms) for w, _, _ in out.ok)
+    failed = {describe_ranges([(w.start_ms, w.end_ms)]): reason for w, reason in out.failed}
+    for where, reason in failed.items():
+        context.log.warning(f"{context.partition_key} {where} not refetched: {reason}")
+    context.add_asset_metadata(
+        {
+            "healed_ranges": dg.MetadataValue.json([list(r) for r in ok]),
+            "healed": describe_ranges(ok),
+            "healed_rows": sum(int(note.row_count) for _, note, _ in out.ok),
+            "unserved": dg.MetadataValue.json(failed),
+            "duration_s": round(max((s for _, _, s in out.ok), default=0.0), 3),
+            "request_ids": dg.MetadataValue.json([note.request_id for _, note, _ in out.ok]),
+            **({"iceberg_snapshot_id": str(out.ok[-1][1].snapshot_id)} if out.ok else {}),
+        }
+    )
+
+
 def _minutes(candlewire: CandlewireResource, want: Want) -> list[int]:
     # Imported when a check runs, not at load: the code server only lists definitions.
     import pyarrow.compute as pc
@@ -157,31 +227,66 @@ def _minutes(candlewire: CandlewireResource, want: Want) -> list[int]:
     return [t // 1000 for t in times]
 
 
-def _check(context: dg.AssetCheckExecutionContext, judge) -> dg.AssetCheckResult:  # noqa: ANN001
-    bad: dict[str, str] = {}
+Judge = Callable[[Want, list[int]], object]
+
+
+def _check(
+    context: dg.AssetCheckExecutionContext, judge: Judge, **details: Judge
+) -> dg.AssetCheckResult:
+    """``judge`` says what is wrong with a partition ("" if nothing); each of ``details``
+    adds machine-readable metadata about the failing partitions under its name."""
+    bad: dict[str, object] = {}
+    extra: dict[str, dict[str, object]] = {name: {} for name in details}
     resource: CandlewireResource = context.resources.candlewire
     for key in context.partition_keys:
         want = Want.of(key)
-        problem = judge(want, _minutes(resource, want))
+        minutes = _minutes(resource, want)
+        problem = judge(want, minutes)
         if problem:
             bad[key] = problem
+            for name, detail in details.items():
+                extra[name][key] = detail(want, minutes)
     return dg.AssetCheckResult(
         passed=not bad,
         metadata={
             "partitions_checked": len(context.partition_keys),
             "failing": dg.MetadataValue.json(bad),
+            **{name: dg.MetadataValue.json(v) for name, v in extra.items()},
         },
     )
 
 
+def _missing(want: Want, minutes: list[int]) -> list[int]:
+    expected = set(range(want.start_ms, want.end_ms, PERIOD_S * 1000))
+    return sorted(expected - set(minutes))
+
+
 def missing_minutes(want: Want, minutes: list[int]) -> str:
     """A 24/7 market has a candle for every minute of a day; list the ones it lacks."""
-    expected = set(range(want.start_ms, want.end_ms, PERIOD_S * 1000))
-    missing = sorted(expected - set(minutes))
+    missing = _missing(want, minutes)
     if not missing:
         return ""
-    shown = ", ".join(datetime.fromtimestamp(m / 1000, UTC).strftime("%H:%M") for m in missing[:20])
+    shown = ", ".join(hhmm(m) for m in missing[:20])
     return f"{len(missing)} of 1440 minutes missing: {shown}{' …' if len(missing) > 20 else ''}"
+
+
+def merge_minutes(missing: list[int]) -> list[tuple[int, int]]:
+    """Sorted minute starts (ms) as ``[start, end)`` ranges of consecutive minutes: one
+    history request a range heals them, instead of one a minute."""
+    ranges: list[tuple[int, int]] = []
+    step = PERIOD_S * 1000
+    for m in missing:
+        if ranges and ranges[-1][1] == m:
+            ranges[-1] = (ranges[-1][0], m + step)
+        else:
+            ranges.append((m, m + step))
+    return ranges
+
+
+def missing_ranges(want: Want, minutes: list[int]) -> list[list[int]]:
+    """What ``heal_incomplete_days`` reads from a failed ``day_is_complete``: the missing
+    minutes as ``[start_ms, end_ms)`` ranges (JSON lists)."""
+    return [list(r) for r in merge_minutes(_missing(want, minutes))]
 
 
 def duplicate_keys(want: Want, minutes: list[int]) -> str:
@@ -193,8 +298,10 @@ def duplicate_keys(want: Want, minutes: list[int]) -> str:
     asset=ohlc_history, partitions_def=PARTITIONS, required_resource_keys={"candlewire"}
 )
 def day_is_complete(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-    """Every minute of the day has its candle (SIM and crypto markets trade 24/7)."""
-    return _check(context, missing_minutes)
+    """Every minute of the day has its candle (SIM and crypto markets trade 24/7). A failure
+    records the missing ranges by partition (``missing_ranges``), which the healing sensor
+    refetches."""
+    return _check(context, missing_minutes, missing_ranges=missing_ranges)
 
 
 @dg.asset_check(

@@ -2,13 +2,14 @@
 
 Ingestors and the Spark streaming job run outside Dagster; these specs only describe what
 they produce: exchange feeds → Kafka topics → Iceberg tables. Dagster's own assets
-(``symbol_metadata``, ``ohlc_history``) then sit downstream of the tables they fill.
+(``symbol_metadata``, ``ohlc_history``) then sit downstream of the tables they fill, and
+``gaps`` downstream of the topic it reads.
 """
 
 import dagster as dg
 
 from candlewire.config import NAMESPACE
-from candlewire.kafka import OHLC_BATCHES, SYMBOL_METADATA, TICKS, TopicSpec
+from candlewire.kafka import GAPS, OHLC_BATCHES, SYMBOL_METADATA, TICKS, TopicSpec
 
 EXCHANGES = dg.AssetKey(["exchanges"])
 
@@ -53,6 +54,7 @@ SPECS = [
     _topic(TICKS, "Live trades keyed by ticker"),
     _topic(OHLC_BATCHES, "Historical candle pages, first page carrying __metadata"),
     _topic(SYMBOL_METADATA, "Exchange markets snapshots (compacted)"),
+    _topic(GAPS, "Gaps in the live trade streams, latest state per gap_id (compacted)"),
     _table("ticks", [TICKS], "Every trade"),
     _table("ohlc", [TICKS, OHLC_BATCHES], "Candles of every period, live and historical"),
     _table("symbol_metadata", [SYMBOL_METADATA], "Markets per exchange"),

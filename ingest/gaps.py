@@ -1,0 +1,348 @@
+"""Trades lost upstream (#37): found as a live stream's trades arrive, fetched again over REST.
+
+A stream can miss trades three ways: the venue skips a trade id (on venues that number
+trades consecutively per symbol), the connection drops and reconnects, or the ingestor that
+streamed the ticker dies and a peer takes over from the last trade it announced in its
+heartbeat. :class:`GapDetector` is told each of these as it happens and answers with a
+:class:`~proto.market_pb2.Gap`; it does no I/O, so each rule is tested on its own.
+
+:class:`GapRepairer` records the gap in ``candlewire.gaps`` (keyed by gap id, compacted: a
+gap's latest record is its state), then on the ingestor's thread pool fetches the range
+again with :meth:`Exchange.refetch`, drops what the stream already sent, produces the rest
+to ``candlewire.ticks`` like live trades, and records the gap again as repaired or
+unrepairable. The stream thread never waits for a venue's REST API.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
+from typing import TYPE_CHECKING
+
+from candlewire.kafka import GAPS, TICKS, consumer_config
+from ingest.exchanges.base import Exchange, ExchangeError
+from ingest.jobs import retry, tick_problem
+from proto import market_pb2
+from proto.envelope import EnvelopeError, from_record
+from proto.requests_pb2 import StreamTail
+
+if TYPE_CHECKING:
+    from candlewire.config import Settings
+    from ingest.metrics import IngestMetrics
+    from ingest.sink import KafkaSink
+
+log = logging.getLogger("candlewire.ingest")
+S_NS = 1_000_000_000
+REFETCH_CHUNK_NS = 60 * S_NS  # one refetch call's time window: bounds a repair's memory
+# Without sequential ids a reconnect's last trade seen is not proof that nothing just before
+# it was lost in flight, so the repair looks this far further back (and drops what was sent).
+RECONNECT_LOOKBACK_NS = 5 * S_NS
+RECENT_IDS = 200_000
+RECENT_HORIZON_NS = 600 * S_NS
+
+
+def gap_id(ticker: str, cause: int, from_ns: int) -> str:
+    return f"{ticker}|{market_pb2.GapCause.Name(cause)}|{from_ns}"
+
+
+def new_gap(
+    ticker: str, cause: int, before: StreamTail, after: StreamTail, ingestor_id: str
+) -> market_pb2.Gap:
+    """The one place a Gap is built: open, from the last trade before to the first after."""
+    return market_pb2.Gap(
+        gap_id=gap_id(ticker, cause, before.time_ns),
+        ticker=ticker,
+        cause=cause,
+        from_ns=before.time_ns,
+        to_ns=after.time_ns,
+        from_trade_id=before.trade_id,
+        to_trade_id=after.trade_id,
+        status=market_pb2.GAP_OPEN,
+        detected_ms=int(time.time() * 1000),
+        ingestor_id=ingestor_id,
+    )
+
+
+def tail_of(tick: market_pb2.Tick) -> StreamTail:
+    return StreamTail(ticker=tick.ticker, trade_id=tick.trade_id, time_ns=tick.exchange_time_ns)
+
+
+def missing_ids(gap: market_pb2.Gap) -> int | None:
+    """How many trades a gap between two sequential ids lacks; None when ids are not numbers."""
+    try:
+        return int(gap.to_trade_id) - int(gap.from_trade_id) - 1
+    except ValueError:
+        return None
+
+
+class GapDetector:
+    """One stream's gaps, from what it is told: each trade, each reconnect; sans I/O.
+
+    ``tail`` is the last trade a dead peer announced for this ticker: the stream then
+    starts as a takeover, and its first trade closes the gap from there.
+    """
+
+    def __init__(
+        self, ticker: str, sequential: bool, ingestor_id: str = "", tail: StreamTail | None = None
+    ) -> None:
+        self.ticker = ticker
+        self.sequential = sequential
+        self.ingestor_id = ingestor_id
+        self._last = tail
+        self._cause: int | None = market_pb2.TAKEOVER if tail is not None else None
+
+    @property
+    def tail(self) -> StreamTail | None:
+        """The last trade received (the highest id on a sequential venue)."""
+        return self._last
+
+    def reconnected(self) -> None:
+        """The stream dropped; the next trade tells whether anything was lost meanwhile."""
+        if self._last is not None:
+            self._cause = market_pb2.RECONNECT
+
+    def observe(self, tick: market_pb2.Tick) -> market_pb2.Gap | None:
+        """The gap this trade closes, if any."""
+        before, cause, here = self._last, self._cause, tail_of(tick)
+        self._cause = None
+        if before is None:
+            self._last = here
+            return None
+        if self.sequential:
+            try:
+                step = int(tick.trade_id) - int(before.trade_id)
+            except ValueError:
+                step = 1  # not a number after all: nothing to tell from it
+            if step <= 0:  # a trade we have already passed: the question stays open
+                self._cause = cause
+                return None
+            self._last = here
+            if step == 1:  # consecutive ids: nothing lost, reconnect or not
+                return None
+            cause = cause or market_pb2.TRADE_ID_JUMP
+        else:
+            self._last = here
+            if cause is None:
+                return None
+        return new_gap(self.ticker, cause, before, here, self.ingestor_id)
+
+
+class RecentIds:
+    """Trade ids a stream sent lately, bounded by count and by event time, so a repair on a
+    venue without sequential ids can drop what the stream already sent. Thread-safe: the
+    stream adds, a repair asks."""
+
+    def __init__(self, limit: int = RECENT_IDS, horizon_ns: int = RECENT_HORIZON_NS) -> None:
+        self.limit, self.horizon_ns = limit, horizon_ns
+        self._order: deque[tuple[int, str]] = deque()
+        self._ids: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, trade_id: str, time_ns: int) -> None:
+        with self._lock:
+            self._ids[trade_id] = time_ns
+            self._order.append((time_ns, trade_id))
+            while self._order and (
+                len(self._order) > self.limit or self._order[0][0] < time_ns - self.horizon_ns
+            ):
+                old_ns, old_id = self._order.popleft()
+                if self._ids.get(old_id) == old_ns:
+                    del self._ids[old_id]
+
+    @property
+    def oldest_ns(self) -> int:
+        """The event time of the oldest id remembered (0: none)."""
+        with self._lock:
+            return self._order[0][0] if self._order else 0
+
+    def __contains__(self, trade_id: object) -> bool:
+        with self._lock:
+            return trade_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+class GapWatch:
+    """What ``run_stream`` tells about one stream: its detector, the ids it sent (on venues
+    without sequential ids) and where found gaps go."""
+
+    def __init__(
+        self,
+        detector: GapDetector,
+        found: Callable[[market_pb2.Gap, RecentIds | None], object],
+    ) -> None:
+        self.detector = detector
+        self.recent = None if detector.sequential else RecentIds()
+        self._found = found
+
+    def observe(self, tick: market_pb2.Tick) -> None:
+        gap = self.detector.observe(tick)
+        if self.recent is not None:
+            self.recent.add(tick.trade_id, tick.exchange_time_ns)
+        if gap is not None:
+            log.warning(
+                "%s: %s gap after trade %s, before %s",
+                gap.ticker,
+                market_pb2.GapCause.Name(gap.cause),
+                gap.from_trade_id,
+                gap.to_trade_id,
+            )
+            self._found(gap, self.recent)
+
+    def reconnected(self) -> None:
+        self.detector.reconnected()
+
+
+def _chunks(from_ns: int, to_ns: int) -> Iterator[tuple[int, int]]:
+    """Inclusive, non-overlapping windows covering [from_ns, to_ns]: no trade in two."""
+    lo = from_ns
+    while lo <= to_ns:
+        hi = min(lo + REFETCH_CHUNK_NS - 1, to_ns)
+        yield lo, hi
+        lo = hi + 1
+
+
+class GapRepairer:
+    """Records gaps and repairs them on ``executor``, writing through ``sink``."""
+
+    def __init__(
+        self,
+        sink: KafkaSink,
+        executor: Executor,
+        *,
+        ahead_s: float = 60.0,
+        metrics: IngestMetrics | None = None,
+    ) -> None:
+        self.sink, self.executor = sink, executor
+        self.ahead_s = ahead_s
+        self.metrics = metrics
+
+    def found(
+        self, exchange: Exchange, gap: market_pb2.Gap, recent: RecentIds | None
+    ) -> Future | None:
+        """Record the gap as open now; repair it on the executor."""
+        self._record(gap)
+        try:
+            return self.executor.submit(self.repair, exchange, gap, recent)
+        except RuntimeError:  # the ingestor is stopping: the gap stays open, and says so
+            log.warning("gap %s left open: the ingestor is stopping", gap.gap_id)
+            return None
+
+    def repair(
+        self, exchange: Exchange, gap: market_pb2.Gap, recent: RecentIds | None
+    ) -> market_pb2.Gap:
+        """Fetch the gap's trades again, produce those not sent yet, record the outcome."""
+        sequential = exchange.sequential_ids and missing_ids(gap) is not None
+        start = gap.from_ns
+        if not sequential and gap.cause == market_pb2.RECONNECT and recent is not None:
+            # Not before the oldest trade it remembers sending: what came earlier, it
+            # cannot tell from what it missed (and a peer may have sent it).
+            start = max(start - RECONNECT_LOOKBACK_NS, min(start, recent.oldest_ns))
+        produced: set[str] = set()
+        served, failure = 0, None
+        try:
+            for lo, hi in _chunks(start, gap.to_ns):
+                after = gap.from_trade_id if lo == gap.from_ns else None
+                for tick in retry(exchange.refetch, gap.ticker, lo, hi, after):
+                    if not self._wanted(tick, gap, sequential, recent) or tick.trade_id in produced:
+                        continue
+                    served += 1
+                    tick.ingest_time_ns = time.time_ns()
+                    if tick_problem(tick, time.time_ns(), self.ahead_s, None) is None:
+                        self.sink.send(TICKS.name, gap.ticker, tick)
+                        produced.add(tick.trade_id)
+        except ExchangeError as exc:
+            failure = f"the venue would not serve the range: {exc or type(exc).__name__}"
+        self.sink.flush()
+        done = market_pb2.Gap()
+        done.CopyFrom(gap)
+        done.refetched = len(produced)
+        done.repaired_ms = int(time.time() * 1000)
+        missing = missing_ids(gap) if sequential else None
+        if failure is None and missing is not None and served < missing:
+            failure = f"the venue served {served} of {missing} missing trades"
+        done.status = market_pb2.GAP_REPAIRED if failure is None else market_pb2.GAP_UNREPAIRABLE
+        done.reason = failure or ""
+        self._record(done)
+        if self.metrics is not None:
+            self.metrics.refetched.inc(len(produced))
+            self.metrics.repair_seconds.observe(
+                max(0.0, done.repaired_ms / 1000 - gap.detected_ms / 1000)
+            )
+        log.info(
+            "gap %s %s: %d trades fetched again%s",
+            gap.gap_id,
+            market_pb2.GapStatus.Name(done.status),
+            done.refetched,
+            f" ({failure})" if failure else "",
+        )
+        return done
+
+    @staticmethod
+    def _wanted(
+        tick: market_pb2.Tick, gap: market_pb2.Gap, sequential: bool, recent: RecentIds | None
+    ) -> bool:
+        """Whether a refetched trade is one the stream missed."""
+        if sequential:
+            try:
+                return int(gap.from_trade_id) < int(tick.trade_id) < int(gap.to_trade_id)
+            except ValueError:
+                return False
+        if tick.trade_id in (gap.from_trade_id, gap.to_trade_id):
+            return False
+        return recent is None or tick.trade_id not in recent
+
+    def _record(self, gap: market_pb2.Gap) -> None:
+        self.sink.send(GAPS.name, gap.gap_id, gap)
+        if self.metrics is not None:
+            cause = market_pb2.GapCause.Name(gap.cause)
+            self.metrics.gaps.labels(cause, market_pb2.GapStatus.Name(gap.status)).inc()
+
+
+def read_gaps(
+    settings: Settings, timeout_s: float = 3.0, limit: int = 10_000
+) -> list[market_pb2.Gap]:
+    """Every gap's latest record in ``candlewire.gaps`` (at most ``limit`` records read per
+    partition, the newest); empty when the topic is missing or empty, without waiting."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(consumer_config(settings, f"candlewire-gaps-{uuid.uuid4().hex[:12]}"))
+    try:
+        topic = consumer.list_topics(GAPS.name, timeout=timeout_s).topics.get(GAPS.name)
+        if topic is None or topic.error is not None:
+            return []
+        ends: dict[int, int] = {}
+        starts = []
+        for p in topic.partitions:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(GAPS.name, p), timeout=timeout_s
+            )
+            if high > low:
+                ends[p] = high
+                starts.append(TopicPartition(GAPS.name, p, max(low, high - limit)))
+        if not ends:
+            return []
+        consumer.assign(starts)
+        latest: dict[str, market_pb2.Gap] = {}
+        deadline = time.monotonic() + timeout_s
+        while ends and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error() is not None:
+                continue
+            if msg.offset() >= ends.get(msg.partition(), 0) - 1:
+                ends.pop(msg.partition(), None)
+            try:
+                record = from_record(msg.value() or b"")
+            except EnvelopeError:
+                continue  # a tombstone, or not ours
+            if isinstance(record, market_pb2.Gap):
+                latest[record.gap_id] = record
+        return list(latest.values())
+    finally:
+        consumer.close()

@@ -1,0 +1,363 @@
+"""Trades lost upstream are found and fetched again (#37): the detector's rules, SIM's faults,
+repairs through a stream, and a takeover between two ingestors through Kafka."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from rich.console import Console
+
+from candlewire.kafka import GAPS, TICKS
+from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS, Faults, Outage, SimExchange, parse_faults
+from ingest.gaps import GapDetector, GapRepairer, GapWatch, RecentIds, read_gaps
+from ingest.jobs import run_stream
+from ingest.peers import PeerView
+from ingest.service import Ingestor, stream_key
+from launcher.render import gap_table
+from proto import market_pb2
+from proto import requests_pb2 as rq
+from tests.ingest.test_service import live  # noqa: F401 - the relay + Kafka fixture
+from tests.support import read_topic, wait_for
+
+T = "SIM:BTC/USDT"
+S = 1_000_000_000
+
+
+def tick(trade_id: str | int, at_s: float) -> market_pb2.Tick:
+    return market_pb2.Tick(
+        ticker=T, trade_id=str(trade_id), price="1", size="1", exchange_time_ns=int(at_s * S)
+    )
+
+
+# -- SIM's faults ----------------------------------------------------------------------------
+
+
+def test_fault_specs_parse() -> None:
+    faults = parse_faults("drop:20s@60s, disconnect:1.5s@0.5s,rest:off,ids:opaque,drop:1s@90s")
+    assert faults == Faults(
+        (Outage("disconnect", 0.5, 1.5), Outage("drop", 60, 20), Outage("drop", 90, 1)),
+        rest_off=True,
+        opaque_ids=True,
+    )
+    assert parse_faults("") == Faults()
+    assert not SimExchange(faults="ids:opaque").sequential_ids and SimExchange().sequential_ids
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("drop:20@60s", "is not one of"),
+        ("drop:20s", "is not one of"),
+        ("rest:on", "is not one of"),
+        ("lag:5s@1s", "is not one of"),
+        ("drop:0s@1s", "above 0 s"),
+    ],
+)
+def test_bad_fault_specs_say_what_is_wrong(spec: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says) as err:
+        SimExchange(faults=spec)
+    assert repr(spec) in str(err.value)
+
+
+def test_sim_refetch_serves_what_it_streams() -> None:
+    m0 = (1_700_006_400_000 - GENESIS_MS) // MINUTE_MS
+    for faults in ("", "ids:opaque"):
+        sim = SimExchange(rate=2.0, faults=faults)
+        batch = sim.trade_batch(T, m0, m0 + 3)
+        got = sim.refetch(T, batch[5].exchange_time_ns, batch[200].exchange_time_ns)
+        assert got == batch[5:201]
+    with pytest.raises(Exception, match="rest:off"):
+        SimExchange(faults="rest:off").refetch(T, batch[0].exchange_time_ns, time.time_ns())
+
+
+# -- the detector ------------------------------------------------------------------------------
+
+
+def feed(detector: GapDetector, *events: market_pb2.Tick | str) -> list[market_pb2.Gap]:
+    gaps = []
+    for e in events:
+        if e == "reconnect":
+            detector.reconnected()
+        elif (gap := detector.observe(e)) is not None:  # type: ignore[arg-type]
+            gaps.append(gap)
+    return gaps
+
+
+def test_a_skipped_trade_id_is_a_gap() -> None:
+    gaps = feed(GapDetector(T, True, "ing-1"), tick(1, 1), tick(2, 2), tick(6, 6), tick(7, 7))
+    (gap,) = gaps
+    assert (gap.cause, gap.from_trade_id, gap.to_trade_id, gap.from_ns, gap.to_ns) == (
+        market_pb2.TRADE_ID_JUMP,
+        "2",
+        "6",
+        2 * S,
+        6 * S,
+    )
+    assert gap.gap_id == f"{T}|TRADE_ID_JUMP|{2 * S}" and gap.status == market_pb2.GAP_OPEN
+    assert gap.ingestor_id == "ing-1" and gap.detected_ms > 0
+
+
+def test_a_reconnect_is_a_gap_only_when_ids_jump_across_it() -> None:
+    (gap,) = feed(GapDetector(T, True), tick(1, 1), "reconnect", tick(5, 9))
+    assert (gap.cause, gap.from_trade_id, gap.to_trade_id) == (market_pb2.RECONNECT, "1", "5")
+    assert feed(GapDetector(T, True), tick(1, 1), "reconnect", tick(2, 9)) == []
+    assert feed(GapDetector(T, True), "reconnect", tick(1, 1), tick(2, 2)) == []
+
+
+def test_without_sequential_ids_every_reconnect_is_a_gap_and_nothing_else() -> None:
+    detector = GapDetector(T, False)
+    assert feed(detector, tick("b7", 1), tick("a1", 2), tick("zz", 3)) == []
+    (gap,) = feed(detector, "reconnect", tick("c3", 9), tick("d4", 10))
+    assert (gap.cause, gap.from_trade_id, gap.to_trade_id) == (market_pb2.RECONNECT, "zz", "c3")
+
+
+def test_a_takeover_starts_from_the_dead_peers_tail() -> None:
+    tail = rq.StreamTail(ticker=T, trade_id="10", time_ns=10 * S)
+    (gap,) = feed(GapDetector(T, True, tail=tail), tick(15, 15), tick(16, 16))
+    assert (gap.cause, gap.from_trade_id, gap.to_trade_id) == (market_pb2.TAKEOVER, "10", "15")
+    # The new stream overlaps the old one, or follows it without a hole: nothing lost.
+    assert feed(GapDetector(T, True, tail=tail), tick(9, 9), tick(11, 11)) == []
+    assert feed(GapDetector(T, True, tail=tail), tick(11, 11)) == []
+    (gap,) = feed(GapDetector(T, False, tail=tail), tick("x", 12))
+    assert gap.cause == market_pb2.TAKEOVER and gap.from_ns == 10 * S
+
+
+def test_recent_ids_are_bounded_by_count_and_time() -> None:
+    recent = RecentIds(limit=3, horizon_ns=10 * S)
+    for i in range(5):
+        recent.add(f"t{i}", i * S)
+    assert len(recent) == 3 and "t1" not in recent and "t2" in recent
+    recent.add("late", 13 * S)  # t2 is now more than 10 s older
+    assert "t2" not in recent and {"t3", "t4", "late"} == {x for x in recent._ids}
+
+
+def test_peers_remember_tails_while_streaming_and_hand_them_over_once() -> None:
+    view = PeerView("me")
+    tail = rq.StreamTail(ticker=T, trade_id="7", time_ns=time.time_ns())
+
+    def beat(state: int = rq.BUSY, tails: tuple = (tail,)) -> rq.IngestorControl:
+        return rq.IngestorControl(
+            action=rq.HEARTBEAT, ingestor_id="peer", state=state, interval_ms=100, tails=tails
+        )
+
+    now_ns = time.time_ns()
+    view.observe(beat(), 100.0)
+    assert view.takeover_tail(T, 100.1, now_ns, 600) is None  # the peer is alive
+    assert view.takeover_tail(T, 101.0, now_ns, 600) == tail  # dead: 3 beats missed
+    assert view.takeover_tail(T, 101.0, now_ns, 600) is None  # handed over once
+    view.observe(beat(), 100.0)
+    view.observe(beat(tails=()), 100.1)  # it stopped streaming while alive: nothing lost
+    assert view.takeover_tail(T, 101.0, now_ns, 600) is None
+    view.observe(beat(state=rq.DONE), 100.2)  # it shut down: its tail is handed over
+    assert view.takeover_tail(T, 100.3, now_ns, 600) == tail
+    view.observe(beat(), 100.0)
+    assert view.takeover_tail(T, 101.0, now_ns + 601 * S, 600) is None  # too old
+
+
+# -- repairs of a SIM stream with faults --------------------------------------------------------
+
+
+class Sink:
+    """Records what would go to Kafka."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, object]] = []
+
+    def send(self, topic: str, key: str, msg: object) -> None:
+        self.records.append((topic, key, msg))
+
+    def flush(self, timeout: float = 60.0) -> None:
+        pass
+
+    def ticks(self) -> list[market_pb2.Tick]:
+        return [m for topic, _, m in self.records if topic == TICKS.name]
+
+    def gaps(self) -> list[market_pb2.Gap]:
+        return [m for topic, _, m in self.records if topic == GAPS.name]
+
+
+def stream(sim: SimExchange, seconds: float, ticker: str = T) -> Sink:
+    """``run_stream`` for ``seconds`` with gaps found and repaired, every repair finished."""
+    sink, stop = Sink(), threading.Event()
+    with ThreadPoolExecutor(2) as pool:
+        repairer = GapRepairer(sink, pool)  # type: ignore[arg-type]
+        detector = GapDetector(ticker, sim.sequential_ids, "ing-test")
+        watch = GapWatch(detector, lambda gap, recent: repairer.found(sim, gap, recent))
+        timer = threading.Timer(seconds, stop.set)
+        timer.start()
+        run_stream(ticker, sim, sink, stop, (60, None), gaps=watch)  # type: ignore[arg-type]
+    return sink
+
+
+def fields(t: market_pb2.Tick) -> tuple:
+    return (t.trade_id, t.price, t.size, t.side, t.exchange_time_ns)
+
+
+def sim_span(sim: SimExchange, ticks: list[market_pb2.Tick]) -> list[tuple]:
+    """SIM's trades from the first to the last of ``ticks``, as ``fields``."""
+    lo, hi = min(t.exchange_time_ns for t in ticks), max(t.exchange_time_ns for t in ticks)
+    m0, m1 = ((ns // 1_000_000 - GENESIS_MS) // MINUTE_MS for ns in (lo, hi))
+    return [fields(t) for t in sim.trade_batch(T, m0, m1 + 1) if lo <= t.exchange_time_ns <= hi]
+
+
+def outcome(sink: Sink) -> market_pb2.Gap:
+    """The one gap the stream had, as finally recorded (open first, then its outcome)."""
+    records = sink.gaps()
+    assert [g.status for g in records] == [market_pb2.GAP_OPEN, records[-1].status]
+    assert len({g.gap_id for g in records}) == 1
+    return records[-1]
+
+
+def test_dropped_trades_are_found_by_id_and_fetched_again() -> None:
+    sim = SimExchange(symbols={"BTC/USDT": 30_000.0}, rate=50.0, faults="drop:0.5s@0.4s")
+    sink = stream(sim, 1.3)
+    ticks = sink.ticks()
+    gap = outcome(sink)
+    assert (gap.cause, gap.status, gap.reason) == (
+        market_pb2.TRADE_ID_JUMP,
+        market_pb2.GAP_REPAIRED,
+        "",
+    )
+    lost = int(gap.to_trade_id) - int(gap.from_trade_id) - 1
+    assert lost >= 15 and gap.refetched == lost and gap.repaired_ms >= gap.detected_ms
+    ids = [t.trade_id for t in ticks]
+    assert len(ids) == len(set(ids)), "a trade was produced twice"
+    assert sorted(map(fields, ticks)) == sorted(sim_span(sim, ticks))
+    assert all(t.ingest_time_ns for t in ticks)
+
+
+def test_a_venue_that_serves_nothing_leaves_the_gap_unrepairable() -> None:
+    sim = SimExchange(symbols={"BTC/USDT": 30_000.0}, rate=50.0, faults="drop:0.5s@0.4s,rest:off")
+    sink = stream(sim, 1.3)
+    gap = outcome(sink)
+    assert gap.status == market_pb2.GAP_UNREPAIRABLE and gap.refetched == 0
+    assert "rest:off" in gap.reason
+    ids = [int(t.trade_id) for t in sink.ticks()]
+    assert len(ids) == len(set(ids)) and not set(
+        range(int(gap.from_trade_id) + 1, int(gap.to_trade_id))
+    ) & set(ids)
+
+
+def test_a_venue_that_serves_part_says_how_much() -> None:
+    sim = SimExchange(symbols={"BTC/USDT": 30_000.0}, rate=50.0, faults="drop:0.5s@0.4s")
+    serve = sim.refetch
+    sim.refetch = lambda *a: serve(*a)[::2]  # type: ignore[method-assign]
+    sink = stream(sim, 1.3)
+    gap = outcome(sink)
+    missing = int(gap.to_trade_id) - int(gap.from_trade_id) - 1
+    assert gap.status == market_pb2.GAP_UNREPAIRABLE and 0 < gap.refetched < missing
+    assert gap.reason == f"the venue served {gap.refetched} of {missing} missing trades"
+    ids = [t.trade_id for t in sink.ticks()]
+    assert len(ids) == len(set(ids))
+
+
+def test_without_sequential_ids_a_reconnect_refetches_its_window_and_doubles_nothing() -> None:
+    sim = SimExchange(
+        symbols={"BTC/USDT": 30_000.0}, rate=50.0, faults="ids:opaque,disconnect:0.3s@0.4s"
+    )
+    sink = stream(sim, 2.2)  # down at 0.4 s, back after run_stream's 1 s pause
+    ticks = sink.ticks()
+    gap = outcome(sink)
+    assert (gap.cause, gap.status) == (market_pb2.RECONNECT, market_pb2.GAP_REPAIRED)
+    assert gap.refetched >= 40  # about a second of trades at 50 a second
+    ids = [t.trade_id for t in ticks]
+    assert len(ids) == len(set(ids)), "a trade was produced twice"
+    assert sorted(map(fields, ticks)) == sorted(sim_span(sim, ticks))
+
+
+# -- a takeover between two ingestors, through Kafka -------------------------------------------
+
+
+class Freezable(SimExchange):
+    """SIM whose stream can go quiet without ending, as a hung process's would."""
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.frozen = threading.Event()
+
+    def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
+        for t in super().trades(ticker, stop):
+            if self.frozen.is_set():
+                stop.wait()
+                return
+            yield t
+
+
+def hears_working(ingestor: Ingestor, exchange: str, peer_id: str, key: str) -> bool:
+    peer = ingestor.views[exchange].alive(time.monotonic()).get(peer_id)
+    return peer is not None and key in peer.working
+
+
+def test_a_peer_takes_a_dead_ingestors_stream_over_and_fills_the_gap(live) -> None:  # noqa: F811
+    name = f"GAP{uuid.uuid4().hex[:6].upper()}"
+    ticker, key = f"{name}:G1/USDT", stream_key(f"{name}:G1/USDT")
+
+    def ingestor(ingestor_id: str) -> Ingestor:
+        sim = Freezable(name=name, symbols={"G1/USDT": 10.0}, rate=50.0)
+        return Ingestor(
+            live,
+            [sim],
+            ingestor_id=ingestor_id,
+            heartbeat_s=0.2,
+            warmup_beats=2,
+            metrics=False,
+            always_on=[ticker],
+            on_demand=False,
+        ).start()
+
+    first = ingestor("ing-first")
+    second = None
+    try:
+        wait_for(lambda: key in first.jobs, timeout=10)
+        second = ingestor("ing-second")  # after: it hears the first streaming, and waits
+        wait_for(lambda: hears_working(second, name, "ing-first", key), timeout=10)
+        time.sleep(0.5)
+        first.exchanges[name].frozen.set()  # type: ignore[attr-defined]
+        time.sleep(0.6)  # its heartbeats still announce the last trade it sent
+        first._heartbeat = lambda *a, **k: None  # type: ignore[method-assign] - then it dies
+        first.stop()
+
+        def repaired() -> bool:
+            gaps = [g for g in read_gaps(live, 2) if g.ticker == ticker]
+            return any(g.status != market_pb2.GAP_OPEN for g in gaps)
+
+        wait_for(repaired, timeout=15)
+        time.sleep(0.5)
+        job = second.jobs[key]
+        second.stop()
+        wait_for(job.future.done, timeout=5)  # type: ignore[union-attr]
+        last = int(job.gaps.detector.tail.trade_id)  # type: ignore[union-attr]
+        second._sink.flush(30)
+        first._sink.flush(30)
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    (gap,) = [g for g in read_gaps(live, 3) if g.ticker == ticker]
+    assert (gap.cause, gap.status, gap.ingestor_id) == (
+        market_pb2.TAKEOVER,
+        market_pb2.GAP_REPAIRED,
+        "ing-second",
+    )
+    assert gap.refetched == int(gap.to_trade_id) - int(gap.from_trade_id) - 1 > 0
+
+    def mine(records: list) -> list[market_pb2.Tick]:
+        return [r for r in records if isinstance(r, market_pb2.Tick) and r.ticker == ticker]
+
+    def ids_of(records: list) -> list[int]:
+        return [int(t.trade_id) for t in mine(records)]
+
+    ids = ids_of(read_topic(live, TICKS.name, lambda rs: last in ids_of(rs), timeout=30))
+    assert len(ids) == len(set(ids)), "a trade is in the ticks topic twice"
+    assert sorted(ids) == list(range(min(ids), max(ids) + 1)), "a trade is missing"
+    assert int(gap.from_trade_id) in ids and int(gap.to_trade_id) in ids
+    out = Console(width=160, file=io.StringIO())
+    out.print(gap_table([gap]))
+    shown = out.file.getvalue()  # type: ignore[attr-defined]
+    assert all(word in shown for word in (ticker, "TAKEOVER", "REPAIRED", str(gap.refetched)))

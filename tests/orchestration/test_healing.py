@@ -1,0 +1,130 @@
+"""Self-healing history without the platform: the ranges a failed check yields, and the
+sensor's decisions on ``day_is_complete`` evaluations recorded in a test instance (the
+end-to-end heal is in test_assets.py)."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from orchestration.defs.assets.history import Want, merge_minutes, missing_ranges
+from orchestration.defs.healing import HealCursor, heal_incomplete_days, plan_heals
+
+MIN = 60_000
+KEY = "2025-03-01|SIM:BTC/USDT"
+
+
+def test_missing_minutes_merge_into_ranges() -> None:
+    assert merge_minutes([]) == []
+    assert merge_minutes([0, MIN, 2 * MIN, 5 * MIN, 7 * MIN, 8 * MIN]) == [
+        (0, 3 * MIN),
+        (5 * MIN, 6 * MIN),
+        (7 * MIN, 9 * MIN),
+    ]
+    want = Want.of(KEY)
+    have = [want.start_ms + i * MIN for i in range(1440) if i not in (0, 1, 61, 1439)]
+    day = want.start_ms
+    assert missing_ranges(want, have) == [
+        [day, day + 2 * MIN],
+        [day + 61 * MIN, day + 62 * MIN],
+        [day + 1439 * MIN, want.end_ms],
+    ]
+
+
+def test_plan_heals_counts_attempts_per_range_and_gives_up() -> None:
+    attempts: dict[str, dict[str, int]] = {}
+    r1, r2 = (0, MIN), (5 * MIN, 7 * MIN)
+    first = plan_heals({KEY: [r1, r2]}, attempts)
+    assert first.heal == {KEY: [r1, r2]} and not first.given_up
+    second = plan_heals({KEY: [r1]}, attempts)  # r2 healed; r1 still missing
+    assert second.heal == {KEY: [r1]}
+    third = plan_heals({KEY: [r1, (6 * MIN, 7 * MIN)]}, attempts)
+    # r1 was tried twice; what is left of r2 is a new, smaller range: progress, so try it.
+    assert third.given_up == {KEY: [r1]} and third.heal == {KEY: [(6 * MIN, 7 * MIN)]}
+    assert attempts[KEY] == {f"0-{MIN}": 2, f"{5 * MIN}-{7 * MIN}": 1, f"{6 * MIN}-{7 * MIN}": 1}
+
+
+def evaluation(passed: bool, ranges: dict[str, list[list[int]]] | None = None, partition=KEY):
+    metadata = {"missing_ranges": dg.MetadataValue.json(ranges)} if ranges is not None else {}
+    return dg.AssetCheckEvaluation(
+        asset_key=dg.AssetKey("ohlc_history"),
+        check_name="day_is_complete",
+        passed=passed,
+        metadata=metadata,
+        partition=partition,
+    )
+
+
+def record(instance: dg.DagsterInstance, result: dg.AssetCheckEvaluation) -> None:
+    """An evaluation recorded by a finished run, as a run of the check records it."""
+
+    @dg.op
+    def evaluate(context) -> None:  # not annotated: a string (__future__) fails the check
+        context.log_event(result)
+
+    @dg.job
+    def check_run() -> None:
+        evaluate()
+
+    assert check_run.execute_in_process(instance=instance).success
+
+
+def tick(instance: dg.DagsterInstance, cursor: str | None) -> dg.SensorResult:
+    from orchestration.definitions import defs
+
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs())
+    return heal_incomplete_days.evaluate_tick(ctx)
+
+
+def test_sensor_heals_each_failed_range_twice_then_gives_up_and_says_so() -> None:
+    day = Want.of(KEY).start_ms
+    gone = [[day + 5 * MIN, day + 7 * MIN]]
+    with (
+        dg.instance_for_test() as instance,
+        dg.partition_loading_context(dynamic_partitions_store=instance),
+    ):
+        instance.add_dynamic_partitions("tickers", ["SIM:BTC/USDT"])
+        idle = tick(instance, None)
+        assert not idle.run_requests and "no incomplete days" in idle.skip_message
+
+        record(instance, evaluation(False, {KEY: gone}))
+        first = tick(instance, idle.cursor)
+        (req,) = first.run_requests
+        assert req.partition_key == KEY
+        assert req.run_config["ops"]["ohlc_history"]["config"]["ranges"] == [
+            {"start_ms": gone[0][0], "end_ms": gone[0][1]}
+        ]
+        assert req.tags["candlewire/heal_ticker"] == "SIM:BTC/USDT"
+        assert req.tags["candlewire/heal_ranges"] == "00:05-00:06"
+        assert req.tags["candlewire/heal_attempt"] == "1"
+        assert not tick(instance, first.cursor).run_requests, "one failure, one heal"
+
+        # The heal did not help: its check fails on the same range. One more try, then none.
+        record(instance, evaluation(False, {KEY: gone}))
+        second = tick(instance, first.cursor)
+        assert [r.tags["candlewire/heal_attempt"] for r in second.run_requests] == ["2"]
+        record(instance, evaluation(False, {KEY: gone}))
+        third = tick(instance, second.cursor)
+        assert not third.run_requests
+        assert third.skip_message == f"gave up on {KEY} 00:05-00:06"
+
+        # A later pass forgets the attempts: a new loss of the same minutes heals again.
+        record(instance, evaluation(True))
+        cleared = tick(instance, third.cursor)
+        assert HealCursor.load(cleared.cursor).attempts == {}
+        record(instance, evaluation(False, {KEY: gone}))
+        assert len(tick(instance, cleared.cursor).run_requests) == 1
+
+
+def test_sensor_heals_every_failing_partition_of_a_range_run() -> None:
+    """A backfill run checks many partitions and records one evaluation, with no partition."""
+    other = "2025-03-02|SIM:ETH/USDT"
+    with (
+        dg.instance_for_test() as instance,
+        dg.partition_loading_context(dynamic_partitions_store=instance),
+    ):
+        instance.add_dynamic_partitions("tickers", ["SIM:BTC/USDT", "SIM:ETH/USDT"])
+        ranges = {KEY: [[1, 2]], other: [[3, 4], [5, 6]], "2025-03-01|SIM:GONE/USDT": [[1, 2]]}
+        record(instance, evaluation(False, ranges, partition=None))
+        result = tick(instance, None)
+        assert sorted(r.partition_key for r in result.run_requests) == sorted([KEY, other])
+        assert len({r.run_key for r in result.run_requests}) == 2
