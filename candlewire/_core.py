@@ -501,6 +501,8 @@ class ClientCore:
                 req, sent = seq.request(until, 0, new_id("f")), False
                 continue
             msgs = seq.accept_chunk(msgs, filled=not replay)
+            if replay:
+                msgs = final_revisions(msgs)
             finished = (until is None and reply.done) or (until is not None and seq.reached(until))
             if finished and msgs:
                 yield from hand_out(msgs, seq, batches)
@@ -545,6 +547,16 @@ def chunk_messages(reply: jr.FetchReply) -> list[Message]:
         for run in reply.runs:
             msgs.extend(run.ticks or run.candles)
         return msgs
+
+
+def final_revisions(msgs: list[Message]) -> list[Message]:
+    """A late joiner's catch-up without the closed candles a later revision in the same chunk
+    replaced (a trade lost upstream was fetched again, #37): it gets a window's final value,
+    not each correction on the way. Live, every revision is delivered as it comes."""
+    if not msgs or not isinstance(msgs[0], market_pb2.OHLC) or not any(m.revision for m in msgs):
+        return msgs
+    last = {m.open_time_ms: i for i, m in enumerate(msgs) if m.closed}
+    return [m for i, m in enumerate(msgs) if not m.closed or last[m.open_time_ms] == i]
 
 
 def hand_out(msgs: list[Message], seq: Sequence, batches: bool) -> Steps[None]:

@@ -14,7 +14,7 @@ from pyiceberg.transforms import DayTransform, IdentityTransform
 
 from candlewire.lake import NAMESPACE, OHLC_SCHEMA, TABLES, catalog, ensure_tables
 
-NEW_COLUMNS = ("first_trade_ns", "last_trade_ns")
+NEW_COLUMNS = ("first_trade_ns", "last_trade_ns", "revision")
 
 
 def test_an_older_ohlc_table_gains_columns_and_month_partitions(lakehouse, tmp_path) -> None:
@@ -65,3 +65,4 @@ def test_an_older_ohlc_table_gains_columns_and_month_partitions(lakehouse, tmp_p
     rows = table.scan(row_filter="ticker = 'X:A/B' and period_s = 60").to_arrow().to_pylist()
     assert len(rows) == 1
     assert rows[0]["trade_count"] == 3 and rows[0]["first_trade_ns"] is None
+    assert rows[0]["revision"] is None

@@ -144,6 +144,7 @@ def test_a_run_as_arrow_holds_what_the_typed_messages_hold_row_for_row() -> None
             volume="1000000.123",
             trade_count=i,
             closed=i % 2 == 0,
+            revision=i // 2,  # a closed candle corrected after a gap comes again, one higher
             stream=market_pb2.StreamPosition(epoch=2, seq=i + 1, source_offset=-1),
         )
         for i in range(5)
@@ -151,6 +152,8 @@ def test_a_run_as_arrow_holds_what_the_typed_messages_hold_row_for_row() -> None
     batch, dropped = as_batch(candles)
     assert dropped == 0 and batch.schema == CANDLE_SCHEMA
     assert batch_rows(batch) == [as_row(typed(c)) for c in candles]
+    assert [typed(c).revision for c in candles] == batch.column("revision").to_pylist()
+    assert batch.column("revision").to_pylist() == [0, 0, 1, 1, 2]
 
 
 def test_rows_arrow_cannot_hold_are_dropped_and_counted_and_the_rest_kept() -> None:

@@ -454,6 +454,49 @@ def test_async_late_joiner_and_the_watch_command(journal_settings, journal, stre
     assert len(lines) == 300 and lines[0]["type"] == "tick" and lines[-1]["trade_id"] == "299"
 
 
+def test_a_late_joiner_gets_a_revised_candle_s_final_value_and_a_live_one_each_revision(
+    journal_settings, journal, stream_pub, relay
+) -> None:
+    """#37: a closed candle corrected after a gap is published again, revision one higher. A
+    late joiner whose ``since`` is before the correction gets the window's final value only;
+    a subscriber that is live gets each revision once."""
+    feed = TickFeed(stream_pub)
+    topic = market_data_topic(feed.ticker, "ohlc:60").encode()
+    minute = (int(time.time()) // 60 - 5) * 60_000
+
+    def candle(i: int, close: str, closed: bool, revision: int = 0) -> market_pb2.OHLC:
+        return market_pb2.OHLC(
+            ticker=feed.ticker, period_s=60, open_time_ms=minute + 60_000 * i, open="1",
+            high="2", low="1", close=close, volume="1", trade_count=1, closed=closed,
+            revision=revision,
+        )  # fmt: skip
+
+    since = int(time.time() * 1000) - 1_000
+    for c in (
+        candle(0, "1.5", False),
+        candle(0, "1.6", True),
+        candle(1, "1.7", False),
+        candle(0, "1.8", True, revision=1),  # trades fetched again after a gap
+        candle(1, "1.9", True),
+    ):
+        stream_pub.publish_candles([(topic, c)])
+    stream_pub._journal.flush(10)
+    time.sleep(0.5)
+    with Client(journal_settings) as client:
+        sub = client.subscribe(feed.ticker, "ohlc:60", since=since, idle_timeout=30)
+        got = [next(sub) for _ in range(4)]
+        stream_pub.publish_candles([(topic, candle(1, "2.0", True, revision=1))])
+        live = next(sub)
+        sub.close()
+    assert [(str(c.close), c.closed, c.revision) for c in got] == [
+        ("1.5", False, 0),
+        ("1.7", False, 0),
+        ("1.8", True, 1),
+        ("1.9", True, 0),
+    ]
+    assert (str(live.close), live.closed, live.revision) == ("2.0", True, 1)
+
+
 def test_candles_older_than_the_journal_come_from_iceberg(
     journal_settings, journal, stream_pub
 ) -> None:

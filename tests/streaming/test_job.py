@@ -201,53 +201,58 @@ def test_a_dropped_window_is_found_fetched_again_and_corrected_into_every_candle
 ) -> None:
     """#37 end to end: SIM drops 14 s of its live stream; the ingestor finds the trade-id
     jump, fetches the range again over SIM's REST and produces it, and the trades more than
-    the allowance behind revise their closed candles. Then, for every period, ``ohlc`` equals
-    a pandas resample of every trade SIM made over the span, the dropped ones included, and
-    no trade is stored twice. (The live stream's last updates are not held to it yet: in this
-    run the real-time path counted more trades into a repaired window than ``ohlc``, an open
-    bug of #37 that tests/streaming/test_live_jvm.py's random late trades do not show.)"""
+    the allowance behind revise their closed candles. Then, for every period, ``ohlc`` and
+    the last live update of each window equal a pandas resample of every trade SIM made over
+    the span, the dropped ones included, and no trade is stored twice."""
     from ingest.gaps import read_gaps
     from ingest.service import Ingestor
 
     name = f"GAP{uuid.uuid4().hex[:4].upper()}"
     ticker = f"{name}:BTC/USDT"
     sim = SimExchange(name=name, symbols={"BTC/USDT": 30_000.0}, rate=20, faults="drop:14s@2s")
-    ingestor = Ingestor(
-        pipeline, [sim], always_on=[ticker], heartbeat_s=0.2, warmup_beats=2, metrics=False
-    ).start()
-    try:
+    ticks = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
+    ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
 
-        def repaired() -> list[market_pb2.Gap]:
-            return [
-                g
-                for g in read_gaps(pipeline)
-                if g.ticker == ticker and g.status == market_pb2.GAP_REPAIRED
-            ]
-
-        (gap,) = wait_for(repaired, timeout=60, interval=0.5)
-        time.sleep(3.0)  # trades after the repair too
-    finally:
-        ingestor.stop()
-    assert gap.cause == market_pb2.TRADE_ID_JUMP and gap.refetched > 200
-    table = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
+    def repaired() -> list[market_pb2.Gap]:
+        gaps = read_gaps(pipeline)
+        return [g for g in gaps if g.ticker == ticker and g.status == market_pb2.GAP_REPAIRED]
 
     def stored() -> pd.DataFrame:
-        table.refresh()
-        return table.scan(
+        ticks.refresh()
+        return ticks.scan(
             row_filter=f"ticker = '{ticker}'", selected_fields=("trade_id", "exchange_time_ns")
         ).to_pandas()
 
-    ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
-    wait_for(lambda: trades_in(ohlc, ticker, 60) == len(stored()) > 0, timeout=90, interval=1.0)
-    got = stored()
-    first, last = int(got["exchange_time_ns"].min()), int(got["exchange_time_ns"].max())
-    m0 = (first // 1_000_000 - sim.genesis_ms) // 60_000
-    m1 = (last // 1_000_000 - sim.genesis_ms) // 60_000 + 1
-    made = [t for t in sim.trade_batch(ticker, m0, m1) if first <= t.exchange_time_ns <= last]
-    assert sorted(got["trade_id"]) == sorted(t.trade_id for t in made), "each trade once"
-    assert any(gap.from_ns < t.exchange_time_ns < gap.to_ns for t in made)
-    for period in PERIODS_S:
-        assert_candles(ohlc, ticker, made, period)
+    def committed() -> bool:
+        """Every trade published live is stored and counted in ``ohlc``: the last batch."""
+        ids = set(stored()["trade_id"])
+        return set(live.trades[ticker]) <= ids and trades_in(ohlc, ticker, 60) == len(ids)
+
+    live = LiveUpdates(pipeline, [ticker])
+    try:
+        ingestor = Ingestor(
+            pipeline, [sim], always_on=[ticker], heartbeat_s=0.2, warmup_beats=2, metrics=False
+        ).start()
+        try:
+            (gap,) = wait_for(repaired, timeout=60, interval=0.5)
+            time.sleep(3.0)  # trades after the repair too
+        finally:
+            ingestor.stop()
+        assert gap.cause == market_pb2.TRADE_ID_JUMP and gap.refetched > 200
+        wait_for(committed, timeout=90, interval=1.0)
+        got = stored()
+        first, last = int(got["exchange_time_ns"].min()), int(got["exchange_time_ns"].max())
+        m0 = (first // 1_000_000 - sim.genesis_ms) // 60_000
+        m1 = (last // 1_000_000 - sim.genesis_ms) // 60_000 + 1
+        made = [t for t in sim.trade_batch(ticker, m0, m1) if first <= t.exchange_time_ns <= last]
+        assert sorted(got["trade_id"]) == sorted(t.trade_id for t in made), "each trade once"
+        assert any(gap.from_ns < t.exchange_time_ns < gap.to_ns for t in made)
+        time.sleep(1.0)  # the last live updates are on their way too
+        for period in PERIODS_S:
+            want = assert_candles(ohlc, ticker, made, period)
+            assert_live(live.last(ticker, period), want, (ticker, period))
+    finally:
+        live.close()
 
 
 def test_history_end_to_end_through_the_relay(pipeline) -> None:
