@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 from bench.kafka import perf_test_records_per_s, start_broker
 from candlewire.kafka import TICKS, consumer_config, ensure_topics
 from ingest.exchanges.sim import SimExchange
+from ingest.gaps import GapDetector, GapWatch
 from ingest.jobs import run_stream
 from ingest.sink import KafkaSink
 
@@ -50,8 +51,12 @@ def sim_ticks_per_s(settings, seconds: float) -> float:
     """SIM ticks/s one ingestor's stream writes into the ticks topic, over ``seconds``."""
     sink = KafkaSink(settings)
     stop = threading.Event()
+    # As an Ingestor streams: every trade through its gap detector (#37).
+    gaps = GapWatch(GapDetector("SIM:BTC/USDT", sequential=True), lambda _gap, _recent: None)
     worker = threading.Thread(
-        target=run_stream, args=("SIM:BTC/USDT", Flood(rate=60.0), sink, stop)
+        target=run_stream,
+        args=("SIM:BTC/USDT", Flood(rate=60.0), sink, stop),
+        kwargs={"gaps": gaps},
     )
     before = topic_size(settings)
     worker.start()

@@ -361,3 +361,19 @@ def test_a_peer_takes_a_dead_ingestors_stream_over_and_fills_the_gap(live) -> No
     out.print(gap_table([gap]))
     shown = out.file.getvalue()  # type: ignore[attr-defined]
     assert all(word in shown for word in (ticker, "TAKEOVER", "REPAIRED", str(gap.refetched)))
+
+
+def test_the_tail_is_the_last_trade_through_runs_of_consecutive_ids_and_a_jump() -> None:
+    """Consecutive ids take the detector's fast path; the tail a heartbeat announces and the
+    gap a jump opens still name the last trade exactly."""
+    d = GapDetector(T, True)
+    assert [d.observe(tick(i, i)) for i in range(1, 6)] == [None] * 5
+    assert d.tail is not None and (d.tail.trade_id, d.tail.time_ns) == ("5", 5 * S)
+    gap = d.observe(tick(9, 9))
+    assert gap is not None and (gap.from_trade_id, gap.to_trade_id) == ("5", "9")
+    assert d.observe(tick(8, 8)) is None, "an id already passed opens nothing"
+    assert d.tail.trade_id == "9"
+    assert d.observe(tick(10, 10)) is None and d.tail.trade_id == "10"
+    d.reconnected()
+    gap = d.observe(tick(12, 12))
+    assert gap is not None and gap.cause == market_pb2.RECONNECT

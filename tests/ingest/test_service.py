@@ -201,7 +201,10 @@ def test_an_ingestor_takes_work_from_every_relay_and_a_request_sent_to_two_once(
     assert metas.count(only_b) == 1, "work sent through relay B was not fetched"
 
 
-def subprocess_ingestor(settings, ingestor_id: str, exchange: str = "SIM") -> subprocess.Popen:
+def subprocess_ingestor(
+    settings, ingestor_id: str, exchange: str = "SIM", stream: list[str] = ()
+) -> subprocess.Popen:
+    """``candlewire ingest`` as a process of its own (kill -9 tests); ``stream``: always on."""
     env = {**os.environ, **settings.to_env(), "CANDLEWIRE_PORTS__INGEST_METRICS": "0"}
     return subprocess.Popen(
         candlewire_command(
@@ -210,6 +213,7 @@ def subprocess_ingestor(settings, ingestor_id: str, exchange: str = "SIM") -> su
             exchange,
             "--id",
             ingestor_id,
+            *(("--stream", ",".join(stream)) if stream else ()),
         ),
         env=env,
         stdout=subprocess.DEVNULL,

@@ -22,7 +22,13 @@ from candlewire.config import PERIODS_S
 from candlewire.kafka import TICKS, producer_config
 from candlewire.lake import NAMESPACE, catalog
 from candlewire.market import Tick
-from candlewire.topics import market_data_topic, metadata_update_topic, ohlc_type, work_prefix
+from candlewire.topics import (
+    ingestor_topic,
+    market_data_topic,
+    metadata_update_topic,
+    ohlc_type,
+    work_prefix,
+)
 from ingest.exchanges.base import Page
 from ingest.exchanges.sim import SimExchange
 from proto import market_pb2
@@ -204,18 +210,91 @@ def test_a_dropped_window_is_found_fetched_again_and_corrected_into_every_candle
     the allowance behind revise their closed candles. Then, for every period, ``ohlc`` and
     the last live update of each window equal a pandas resample of every trade SIM made over
     the span, the dropped ones included, and no trade is stored twice."""
-    from ingest.gaps import read_gaps
     from ingest.service import Ingestor
 
     name = f"GAP{uuid.uuid4().hex[:4].upper()}"
     ticker = f"{name}:BTC/USDT"
     sim = SimExchange(name=name, symbols={"BTC/USDT": 30_000.0}, rate=20, faults="drop:14s@2s")
-    ticks = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
-    ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
+    live = LiveUpdates(pipeline, [ticker])
+    try:
+        ingestor = Ingestor(
+            pipeline, [sim], always_on=[ticker], heartbeat_s=0.2, warmup_beats=2, metrics=False
+        ).start()
+        try:
+            gap = wait_for(lambda: repaired_gap(pipeline, ticker), timeout=60, interval=0.5)
+            time.sleep(3.0)  # trades after the repair too
+        finally:
+            ingestor.stop()
+        assert gap.cause == market_pb2.TRADE_ID_JUMP and gap.refetched > 200
+        made = assert_healed(pipeline, sim, ticker, live)
+        assert sum(gap.from_ns < t.exchange_time_ns < gap.to_ns for t in made) == gap.refetched
+    finally:
+        live.close()
 
-    def repaired() -> list[market_pb2.Gap]:
-        gaps = read_gaps(pipeline)
-        return [g for g in gaps if g.ticker == ticker and g.status == market_pb2.GAP_REPAIRED]
+
+def test_a_takeover_after_kill_9_fetches_what_the_dead_ingestor_missed(pipeline, ctx) -> None:
+    """#37: two ingestor processes hold the same always-on ticker, and one streams it. After
+    kill -9 of that one its peer takes over three heartbeats later; it knows from the dead
+    one's last heartbeat where the stream stopped, and fetches the range again. The candles
+    then equal pandas over every trade SIM made, and no trade is stored twice (what the dead
+    one sent after its last heartbeat comes again, and is dropped as a resend)."""
+    from tests.ingest.test_service import subprocess_ingestor
+
+    exchange = f"TKO{uuid.uuid4().hex[:4].upper()}"
+    ticker = f"{exchange}:BTC/USDT"
+    beats = ctx.socket(zmq.SUB)
+    beats.subscribe(ingestor_topic(exchange))
+    beats.connect(pipeline.connect("market_data"))
+
+    def streaming() -> str | None:
+        while beats.poll(100):
+            _, hb = decode_sub(beats.recv_multipart())
+            if f"stream:{ticker}" in hb.working:
+                return hb.ingestor_id
+        return None
+
+    live = LiveUpdates(pipeline, [ticker])
+    spec, ids = f"{exchange}=sim", ("ing-tko-a", "ing-tko-b")
+    procs = {i: subprocess_ingestor(pipeline, i, spec, stream=[ticker]) for i in ids}
+    try:
+        owner = wait_for(streaming, timeout=60)
+        time.sleep(6.0)  # trades flowing
+        procs[owner].send_signal(signal.SIGKILL)
+        procs[owner].wait()
+        gap = wait_for(lambda: repaired_gap(pipeline, ticker), timeout=60, interval=0.5)
+        time.sleep(3.0)
+        for p in procs.values():
+            p.terminate()
+            p.wait(30)
+        assert gap.cause == market_pb2.TAKEOVER and gap.ingestor_id != owner
+        made = assert_healed(pipeline, SimExchange(name=exchange), ticker, live)
+        assert any(gap.from_ns < t.exchange_time_ns < gap.to_ns for t in made)
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+        live.close()
+        beats.close(0)
+
+
+def repaired_gap(settings, ticker: str) -> market_pb2.Gap | None:
+    """The ticker's gap, once its ingestor recorded it repaired."""
+    from ingest.gaps import read_gaps
+
+    gaps = read_gaps(settings)
+    return next(
+        (g for g in gaps if g.ticker == ticker and g.status == market_pb2.GAP_REPAIRED), None
+    )
+
+
+def assert_healed(
+    settings, sim: SimExchange, ticker: str, live: LiveUpdates
+) -> list[market_pb2.Tick]:
+    """Once every trade published live is committed: each trade SIM made over the span is
+    stored once, and for every period ``ohlc`` and the last live update of each window equal
+    pandas over them all. Returns those trades."""
+    ticks = catalog(settings).load_table(f"{NAMESPACE}.ticks")
+    ohlc = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
 
     def stored() -> pd.DataFrame:
         ticks.refresh()
@@ -224,35 +303,21 @@ def test_a_dropped_window_is_found_fetched_again_and_corrected_into_every_candle
         ).to_pandas()
 
     def committed() -> bool:
-        """Every trade published live is stored and counted in ``ohlc``: the last batch."""
         ids = set(stored()["trade_id"])
         return set(live.trades[ticker]) <= ids and trades_in(ohlc, ticker, 60) == len(ids)
 
-    live = LiveUpdates(pipeline, [ticker])
-    try:
-        ingestor = Ingestor(
-            pipeline, [sim], always_on=[ticker], heartbeat_s=0.2, warmup_beats=2, metrics=False
-        ).start()
-        try:
-            (gap,) = wait_for(repaired, timeout=60, interval=0.5)
-            time.sleep(3.0)  # trades after the repair too
-        finally:
-            ingestor.stop()
-        assert gap.cause == market_pb2.TRADE_ID_JUMP and gap.refetched > 200
-        wait_for(committed, timeout=90, interval=1.0)
-        got = stored()
-        first, last = int(got["exchange_time_ns"].min()), int(got["exchange_time_ns"].max())
-        m0 = (first // 1_000_000 - sim.genesis_ms) // 60_000
-        m1 = (last // 1_000_000 - sim.genesis_ms) // 60_000 + 1
-        made = [t for t in sim.trade_batch(ticker, m0, m1) if first <= t.exchange_time_ns <= last]
-        assert sorted(got["trade_id"]) == sorted(t.trade_id for t in made), "each trade once"
-        assert any(gap.from_ns < t.exchange_time_ns < gap.to_ns for t in made)
-        time.sleep(1.0)  # the last live updates are on their way too
-        for period in PERIODS_S:
-            want = assert_candles(ohlc, ticker, made, period)
-            assert_live(live.last(ticker, period), want, (ticker, period))
-    finally:
-        live.close()
+    wait_for(committed, timeout=90, interval=1.0)
+    got = stored()
+    first, last = int(got["exchange_time_ns"].min()), int(got["exchange_time_ns"].max())
+    m0 = (first // 1_000_000 - sim.genesis_ms) // 60_000
+    m1 = (last // 1_000_000 - sim.genesis_ms) // 60_000 + 1
+    made = [t for t in sim.trade_batch(ticker, m0, m1) if first <= t.exchange_time_ns <= last]
+    assert sorted(got["trade_id"]) == sorted(t.trade_id for t in made), "each trade once"
+    time.sleep(1.0)  # the last live updates are on their way too
+    for period in PERIODS_S:
+        want = assert_candles(ohlc, ticker, made, period)
+        assert_live(live.last(ticker, period), want, (ticker, period))
+    return made
 
 
 def test_history_end_to_end_through_the_relay(pipeline) -> None:
