@@ -31,9 +31,9 @@ import pandas as pd
 from bench.soak import candle_rows, expected_candles
 from bench.stack import private_stack, wait_until_warm
 from candlewire.config import PERIODS_S, Settings
+from candlewire.gaps import read_gaps
 from candlewire.lake import NAMESPACE, catalog
 from ingest.exchanges.sim import MINUTE_MS, SimExchange
-from ingest.gaps import read_gaps
 from ingest.service import Ingestor
 from proto import market_pb2
 
@@ -55,7 +55,9 @@ def wait_for_gap(settings: Settings, timeout: float) -> market_pb2.Gap:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         done = [
-            g for g in read_gaps(settings) if g.ticker == TICKER and g.status != market_pb2.GAP_OPEN
+            g
+            for g in read_gaps(settings).listed()
+            if g.ticker == TICKER and g.status != market_pb2.GAP_OPEN
         ]
         if done:
             return done[0]

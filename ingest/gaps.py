@@ -18,21 +18,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING
 
-from candlewire.kafka import GAPS, TICKS, consumer_config
+from candlewire.kafka import GAPS, TICKS
 from ingest.exchanges.base import Exchange, ExchangeError
 from ingest.jobs import retry, tick_problem
 from proto import market_pb2
-from proto.envelope import EnvelopeError, from_record
 from proto.requests_pb2 import StreamTail
 
 if TYPE_CHECKING:
-    from candlewire.config import Settings
     from ingest.metrics import IngestMetrics
     from ingest.sink import KafkaSink
 
@@ -332,46 +329,3 @@ class GapRepairer:
         if self.metrics is not None:
             cause = market_pb2.GapCause.Name(gap.cause)
             self.metrics.gaps.labels(cause, market_pb2.GapStatus.Name(gap.status)).inc()
-
-
-def read_gaps(
-    settings: Settings, timeout_s: float = 3.0, limit: int = 10_000
-) -> list[market_pb2.Gap]:
-    """Every gap's latest record in ``candlewire.gaps`` (at most ``limit`` records read per
-    partition, the newest); empty when the topic is missing or empty, without waiting."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(consumer_config(settings, f"candlewire-gaps-{uuid.uuid4().hex[:12]}"))
-    try:
-        topic = consumer.list_topics(GAPS.name, timeout=timeout_s).topics.get(GAPS.name)
-        if topic is None or topic.error is not None:
-            return []
-        ends: dict[int, int] = {}
-        starts = []
-        for p in topic.partitions:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(GAPS.name, p), timeout=timeout_s
-            )
-            if high > low:
-                ends[p] = high
-                starts.append(TopicPartition(GAPS.name, p, max(low, high - limit)))
-        if not ends:
-            return []
-        consumer.assign(starts)
-        latest: dict[str, market_pb2.Gap] = {}
-        deadline = time.monotonic() + timeout_s
-        while ends and time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None or msg.error() is not None:
-                continue
-            if msg.offset() >= ends.get(msg.partition(), 0) - 1:
-                ends.pop(msg.partition(), None)
-            try:
-                record = from_record(msg.value() or b"")
-            except EnvelopeError:
-                continue  # a tombstone, or not ours
-            if isinstance(record, market_pb2.Gap):
-                latest[record.gap_id] = record
-        return list(latest.values())
-    finally:
-        consumer.close()

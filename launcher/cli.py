@@ -351,13 +351,16 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+STATUS_GAPS_READ = 10_000  # records of the gaps topic `status` reads at most, the newest
+
+
 def _print_gaps(settings: Settings, console: Console) -> None:
     """The gaps ingestors found in their streams, if any; never fails the status."""
-    from ingest.gaps import read_gaps
+    from candlewire.gaps import read_gaps
     from launcher.render import gap_table
 
     try:
-        gaps = read_gaps(settings, timeout_s=2.0)
+        gaps = read_gaps(settings, timeout_s=2.0, limit=STATUS_GAPS_READ).listed()
     except Exception as exc:  # Kafka down is reported above; say why here too
         console.print(f"gaps: not read ({exc})")
         return

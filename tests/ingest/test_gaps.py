@@ -13,9 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from rich.console import Console
 
+from candlewire.gaps import read_gaps
 from candlewire.kafka import GAPS, TICKS
 from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS, Faults, Outage, SimExchange, parse_faults
-from ingest.gaps import GapDetector, GapRepairer, GapWatch, RecentIds, read_gaps
+from ingest.gaps import GapDetector, GapRepairer, GapWatch, RecentIds
 from ingest.jobs import run_stream
 from ingest.peers import PeerView
 from ingest.service import Ingestor, stream_key
@@ -324,7 +325,7 @@ def test_a_peer_takes_a_dead_ingestors_stream_over_and_fills_the_gap(live) -> No
         first.stop()
 
         def repaired() -> bool:
-            gaps = [g for g in read_gaps(live, 2) if g.ticker == ticker]
+            gaps = [g for g in read_gaps(live, 2).listed() if g.ticker == ticker]
             return any(g.status != market_pb2.GAP_OPEN for g in gaps)
 
         wait_for(repaired, timeout=15)
@@ -339,7 +340,7 @@ def test_a_peer_takes_a_dead_ingestors_stream_over_and_fills_the_gap(live) -> No
         first.stop()
         if second is not None:
             second.stop()
-    (gap,) = [g for g in read_gaps(live, 3) if g.ticker == ticker]
+    (gap,) = [g for g in read_gaps(live, 3).listed() if g.ticker == ticker]
     assert (gap.cause, gap.status, gap.ingestor_id) == (
         market_pb2.TAKEOVER,
         market_pb2.GAP_REPAIRED,

@@ -279,9 +279,9 @@ def test_a_takeover_after_kill_9_fetches_what_the_dead_ingestor_missed(pipeline,
 
 def repaired_gap(settings, ticker: str) -> market_pb2.Gap | None:
     """The ticker's gap, once its ingestor recorded it repaired."""
-    from ingest.gaps import read_gaps
+    from candlewire.gaps import read_gaps
 
-    gaps = read_gaps(settings)
+    gaps = read_gaps(settings).listed()
     return next(
         (g for g in gaps if g.ticker == ticker and g.status == market_pb2.GAP_REPAIRED), None
     )

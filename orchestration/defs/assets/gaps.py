@@ -11,14 +11,13 @@ only lists definitions (#36).
 """
 
 import os
-import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from candlewire.config import NAMESPACE, Settings
-from candlewire.kafka import GAPS, consumer_config
+from candlewire.config import NAMESPACE
+from candlewire.kafka import GAPS
 from orchestration.defs.assets.lineage import kafka_key
 from orchestration.defs.resources import CandlewireResource
 from proto import market_pb2
@@ -38,50 +37,6 @@ GAPS_CRON = os.environ.get("CANDLEWIRE_GAPS_CRON", "*/5 * * * *")
 REFRESH = dg.AutomationCondition.cron_tick_passed(GAPS_CRON, "UTC") & ~(
     dg.AutomationCondition.in_progress()
 )
-
-
-def read_gaps(settings: Settings, timeout: float = READ_TIMEOUT_S) -> tuple[dict, int]:
-    """The latest record of every gap in the topic (a tombstone deletes its gap), and how
-    many records could not be decoded (skipped, not fatal: one bad record must not hide
-    every other gap)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-    from proto.envelope import EnvelopeError, expect, from_record
-
-    consumer = Consumer(
-        consumer_config(settings, "candlewire-dagster-gaps", **{"enable.partition.eof": True})
-    )
-    try:
-        topic = consumer.list_topics(GAPS.name, timeout=10).topics.get(GAPS.name)
-        if topic is None or topic.error is not None:
-            return {}, 0  # no ingestor has created it yet: no gaps
-        parts = [TopicPartition(GAPS.name, p, OFFSET_BEGINNING) for p in topic.partitions]
-        consumer.assign(parts)
-        todo, gaps, bad = {p.partition for p in parts}, {}, 0
-        deadline = time.monotonic() + timeout
-        while todo:
-            if time.monotonic() > deadline:
-                raise dg.Failure(f"{GAPS.name} not read to its end within {timeout:.0f} s")
-            for msg in consumer.consume(num_messages=500, timeout=1.0):
-                err = msg.error()
-                if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        raise dg.Failure(f"reading {GAPS.name}: {err}")
-                    todo.discard(msg.partition())
-                    continue
-                key = (msg.key() or b"").decode()
-                if msg.value() is None:
-                    gaps.pop(key, None)
-                    continue
-                try:
-                    gap = expect(from_record(msg.value()), market_pb2.Gap)
-                except EnvelopeError:
-                    bad += 1
-                    continue
-                gaps[key or gap.gap_id] = gap
-        return gaps, bad
-    finally:
-        consumer.close()
 
 
 def gaps_schema() -> "Schema":
@@ -146,10 +101,14 @@ def gaps_table(gaps: dict, schema: "Schema") -> "pa.Table":
 )
 def gaps(context: dg.AssetExecutionContext, candlewire: CandlewireResource) -> dg.MaterializeResult:
     """Every gap the ingestors recorded, one row each in its latest state; counts by status."""
+    from candlewire.gaps import read_gaps
     from candlewire.lake import catalog
 
     settings = candlewire.settings()
-    found, bad = read_gaps(settings)
+    log = read_gaps(settings, READ_TIMEOUT_S)
+    if not log.complete:
+        raise dg.Failure(f"{GAPS.name} not read to its end within {READ_TIMEOUT_S:.0f} s")
+    found, bad = log.gaps, log.undecodable
     if bad:
         context.log.warning(f"{bad} records of {GAPS.name} could not be decoded; skipped")
     cat = catalog(settings)
