@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 JARS   := .cache/jvm
 MVN    := mvn -q -B -s jvm/maven-settings.xml
 
-.PHONY: install jvm web system-packages test fuzz up down status bench bench-quick soak gaps-long scale scale-bench lint docs proto clean
+.PHONY: install jvm web system-packages test test-long fuzz up down status bench bench-quick soak gaps-long scale scale-bench lint docs proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,11 @@ install: $(STAMP) jvm web system-packages
 
 test: install
 	$(PY) -m pytest
+
+# The restart edge cases that take minutes each (marked `long`), left out of `make test` to
+# keep CI under 25 minutes.
+test-long: install
+	$(PY) -m pytest -m long -p no:cacheprovider
 
 # The decoders' differential fuzz at length (CI runs 3,000 records of one seed), and
 # 1,000,000 hostile frames on each bound socket while good traffic flows (CI sends 20,000).

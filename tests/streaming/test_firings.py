@@ -277,6 +277,7 @@ def restart(settings, engine: str) -> None:
     RUNNING.append(start_job(settings.model_copy(update={"stream_live_engine": engine})))
 
 
+@pytest.mark.long
 def test_each_engine_goes_on_from_the_other_ones_record(live_pipeline, tickers) -> None:
     """The real-time engine evaluates in the JVM, the micro-batch one in a query of its own;
     both record the same state (proto/cep.proto's CepState), so a job restarted on the other

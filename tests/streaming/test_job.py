@@ -245,7 +245,7 @@ def test_lost_windows_are_found_fetched_again_and_corrected_into_every_candle(pi
                 cause: wait_for(lambda t=t: repaired_gap(pipeline, t), timeout=GAP_S + 60)
                 for cause, t in tickers.items()
             }
-            time.sleep(3.0)  # trades after the repair too
+            time.sleep(1.0)  # trades after the repair too
         finally:
             ingestor.stop()
         for cause, gap in gaps.items():
@@ -288,12 +288,12 @@ def test_a_takeover_after_kill_9_fetches_what_the_dead_ingestor_missed(pipeline,
     procs = {i: subprocess_ingestor(pipeline, i, spec, stream=[ticker]) for i in ids}
     try:
         wait_for(streaming, timeout=60)
-        time.sleep(4.0)  # trades flowing
+        time.sleep(2.0)  # trades flowing
         owner = wait_for(streaming, timeout=30)
         procs[owner].send_signal(signal.SIGKILL)
         procs[owner].wait()
         gap = wait_for(lambda: repaired_gap(pipeline, ticker), timeout=60, interval=0.5)
-        time.sleep(3.0)
+        time.sleep(1.0)  # trades after the repair too
         for p in procs.values():
             p.terminate()
             p.wait(30)
@@ -551,6 +551,7 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
         _replace_module_job(pipeline)
 
 
+@pytest.mark.long
 def test_restart_after_maintenance_expired_the_recorded_snapshot(pipeline) -> None:
     """The forming candles are restored from ``ohlc`` as of the last recorded commit. If
     snapshot expiry removed that snapshot while the job was down, the table as it is now
