@@ -33,7 +33,7 @@ from bench.stack import private_stack, wait_until_warm
 from candlewire.config import PERIODS_S, Settings
 from candlewire.gaps import read_gaps
 from candlewire.lake import NAMESPACE, catalog
-from ingest.exchanges.sim import MINUTE_MS, SimExchange
+from ingest.exchanges.sim import SimExchange
 from ingest.service import Ingestor
 from proto import market_pb2
 
@@ -42,12 +42,8 @@ TICKER = "GAPSIM:BTC/USDT"
 
 def sim_trades(sim: SimExchange, from_ns: int, to_ns: int) -> list[tuple[int, str, str]]:
     """(time, price, size) of every trade SIM made in [from_ns, to_ns]: the oracle's input."""
-    m0 = (from_ns // 1_000_000 - sim.genesis_ms) // MINUTE_MS
-    m1 = (to_ns // 1_000_000 - sim.genesis_ms) // MINUTE_MS + 1
     return [
-        (t.exchange_time_ns, t.price, t.size)
-        for t in sim.trade_batch(TICKER, m0, m1)
-        if from_ns <= t.exchange_time_ns <= to_ns
+        (t.exchange_time_ns, t.price, t.size) for t in sim.trades_between(TICKER, from_ns, to_ns)
     ]
 
 
@@ -82,12 +78,7 @@ def gap_repaired(settings: Settings, sim: SimExchange, gap: market_pb2.Gap) -> b
     SIM's trades up to its own last trade."""
     missing = {
         t.trade_id
-        for t in sim.trade_batch(
-            TICKER,
-            (gap.from_ns // 1_000_000 - sim.genesis_ms) // MINUTE_MS,
-            (gap.to_ns // 1_000_000 - sim.genesis_ms) // MINUTE_MS + 1,
-        )
-        if gap.from_ns < t.exchange_time_ns < gap.to_ns
+        for t in sim.trades_between(TICKER, gap.from_ns + 1, gap.to_ns - 1)  # both received
     }
     ticks = stored_ticks(settings)
     if not missing <= set(ticks["trade_id"]):

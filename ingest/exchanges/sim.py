@@ -345,6 +345,11 @@ class SimExchange(Exchange):
         to_ns = min(to_ns, time.time_ns())
         if from_ns < self.genesis_ms * 1_000_000:
             raise RangeUnavailable(f"{self.name} history starts at {self.genesis_ms} ms")
+        return self.trades_between(ticker, from_ns, to_ns)
+
+    def trades_between(self, ticker: str, from_ns: int, to_ns: int) -> list[market_pb2.Tick]:
+        """Every trade of the walk with from_ns <= time <= to_ns, whatever a fault did to the
+        stream: what the REST API serves, and the tests' and benches' oracle."""
         if to_ns < from_ns:
             return []
         m0 = (from_ns // 1_000_000 - self.genesis_ms) // MINUTE_MS

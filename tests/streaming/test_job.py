@@ -340,9 +340,7 @@ def assert_healed(
     wait_for(committed, timeout=90, interval=1.0)
     got = stored()
     first, last = int(got["exchange_time_ns"].min()), int(got["exchange_time_ns"].max())
-    m0 = (first // 1_000_000 - sim.genesis_ms) // 60_000
-    m1 = (last // 1_000_000 - sim.genesis_ms) // 60_000 + 1
-    made = [t for t in sim.trade_batch(ticker, m0, m1) if first <= t.exchange_time_ns <= last]
+    made = sim.trades_between(ticker, first, last)
     assert sorted(got["trade_id"]) == sorted(t.trade_id for t in made), "each trade once"
     time.sleep(1.0)  # the last live updates are on their way too
     for period in PERIODS_S:

@@ -173,22 +173,22 @@ final class FeedState {
         touch(c);
         continue;
       }
-      boolean isClosed = endMs <= watermark;
-      HashMap<Window, Candle> held = isClosed ? closed : forming;
-      c = held.get(w);
+      if (endMs > watermark) { // still forming, and no trade in it yet
+        c = new Candle(w, price, size, timeNs);
+        forming.put(w, c);
+        earliestEndMs = Math.min(earliestEndMs, endMs);
+        touch(c);
+        continue;
+      }
+      c = closed.get(w);
       if (c == null) {
         c = new Candle(w, price, size, timeNs);
-        c.closed = isClosed;
-        held.put(w, c);
-        if (isClosed) {
-          earliestClosedEndMs = Math.min(earliestClosedEndMs, endMs);
-        } else {
-          earliestEndMs = Math.min(earliestEndMs, endMs);
-        }
+        c.closed = true;
+        keepClosed(c);
       } else {
         c.add(price, size, timeNs);
       }
-      if (isClosed && !c.touched) {
+      if (!c.touched) {
         c.revision++;
       }
       touch(c);
