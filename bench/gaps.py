@@ -15,8 +15,9 @@ The last line is JSON.
 
     python -m bench.gaps [--drop-s 20] [--at-s 30] [--rate 20] [--tail-s 20] [--ticks-trigger-s S]
 
-``repair_s`` includes waiting for the committing query's next batch, every
-``stream_ticks_trigger_s`` (30 s by default); the live stream publishes the revisions at once.
+``repair_s`` includes the committing query's next run, which the live path brings forward
+when it revises a closed candle (``streaming.pacing``), and the bench's own polling of
+Iceberg (about a second); the live stream publishes the revisions at once.
 """
 
 from __future__ import annotations

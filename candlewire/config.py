@@ -239,8 +239,9 @@ class Settings(BaseSettings):
     """Micro-batch interval of the streaming job's history and metadata queries."""
     stream_ticks_trigger_s: float = 30.0
     """Micro-batch interval of tick and candle commits to Iceberg, like a Flink Iceberg sink's
-    checkpoint interval. Live updates never wait for it. Each commit costs seconds of Spark
-    work whatever its size: at 5 s the idle job kept more than one of two cores busy."""
+    checkpoint interval. Live updates never wait for it, and a commit comes sooner when the
+    live path revised a closed candle (``streaming.pacing``). Each commit costs seconds of
+    Spark work whatever its size: at 5 s the idle job kept more than one of two cores busy."""
     stream_ticks_batch_max: int = 3_000_000
     """Most ticks in one commit (held in memory while committed, about 100 bytes each);
     3M every 30 s allows 100k ticks/s."""

@@ -27,6 +27,9 @@ class JobContext:
     # Set by the metadata query once a new snapshot of symbol metadata is in, before it
     # says so on METADATA_UPDATE: the trigger desk then reloads before judging a ticker.
     symbols_changed: threading.Event = field(default_factory=threading.Event)
+    # Set by the live path when it folds a late trade into a closed candle: the committing
+    # query then runs before its interval is up (streaming.pacing).
+    candles_revised: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
     def open(cls, settings: Settings, spark: SparkSession) -> JobContext:

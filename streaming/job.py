@@ -21,6 +21,7 @@ import time
 
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
 from candlewire.config import Settings
 from candlewire.kafka import TICKS, ensure_topics, producer_config
@@ -30,6 +31,7 @@ from proto.envelope import to_record
 from streaming.context import JobContext
 from streaming.desk import TriggerDesk
 from streaming.firings import FiringDesk
+from streaming.pacing import PacedQuery
 from streaming.queries import Query
 from streaming.queries.cep import CepQuery
 from streaming.queries.history import HistoryQuery
@@ -105,20 +107,36 @@ class StreamingJob:
         return self
 
     def _start(self, q: Query) -> None:
-        # One FAIR pool per query (spark_conf sets FAIR mode): commits and MERGEs do not
-        # hold up the live query's next batch, which is what subscribers wait for.
-        self.ctx.spark.sparkContext.setLocalProperty("spark.scheduler.pool", q.name)
         if isinstance(q, RealTimeLiveQuery):
+            self._pool(q)
             self.running[q.name] = q.start()
-            return
-        self.running[q.name] = (
+        elif isinstance(q, TicksQuery):
+            self.running[q.name] = PacedQuery(
+                q,
+                lambda: self._stream(q, available_now=True),
+                self.ctx.candles_revised,
+                lambda error: self._may_restart(q, error),
+            )
+        else:
+            self.running[q.name] = self._stream(q)
+
+    def _pool(self, q: Query | RealTimeLiveQuery) -> None:
+        """One FAIR pool per query (spark_conf sets FAIR mode): commits and MERGEs do not
+        hold up the live query's next batch, which is what subscribers wait for. A local
+        property of the calling thread, which the query's own thread inherits."""
+        self.ctx.spark.sparkContext.setLocalProperty("spark.scheduler.pool", q.name)
+
+    def _stream(self, q: Query, available_now: bool = False) -> StreamingQuery:
+        self._pool(q)
+        writer = (
             q.source()
             .writeStream.foreachBatch(q.batch)
             .queryName(f"candlewire-{q.name}")
             .option("checkpointLocation", q.checkpoint)
-            .trigger(processingTime=f"{int(q.trigger_s * 1000)} milliseconds")
-            .start()
         )
+        if available_now:
+            return writer.trigger(availableNow=True).start()
+        return writer.trigger(processingTime=f"{int(q.trigger_s * 1000)} milliseconds").start()
 
     def stop(self) -> None:
         """Each query stops after its batch in flight (a commit finishes rather than being
@@ -147,11 +165,7 @@ class StreamingJob:
         failed = [q for q in self.queries if not self.running[q.name].isActive]
         for q in failed:
             error = self.running[q.name].exception()
-            if _progress_report_npe(error) and self._restarts[q.name] < RESTARTS:
-                self._restarts[q.name] += 1
-                log.warning(
-                    "query %s hit SPARK-55271 after its batch committed; restarting", q.name
-                )
+            if self._may_restart(q, error):
                 self._start(q)
                 continue
             log.error("query %s stopped: %s", q.name, error)
@@ -159,6 +173,13 @@ class StreamingJob:
         if isinstance(self.live, RealTimeLiveQuery) and not self.live.healthy():
             log.error("the real-time live path's publishing thread stopped")
             return False
+        return True
+
+    def _may_restart(self, q: Query, error: object) -> bool:
+        if not _progress_report_npe(error) or self._restarts[q.name] >= RESTARTS:
+            return False
+        self._restarts[q.name] += 1
+        log.warning("query %s hit SPARK-55271 after its batch committed; restarting", q.name)
         return True
 
 

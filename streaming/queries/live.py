@@ -104,6 +104,8 @@ class LiveQuery:
         if frames:
             self.ctx.publisher.publish_ticks(frames)
         self._publish_candles(updated, closed)
+        if any(c.revision for c in closed):
+            self.ctx.candles_revised.set()
         metrics.published.labels("tick").inc(len(frames))
         metrics.published.labels("ohlc").inc(len(updated) + len(closed))
         metrics.duplicates.labels(self.name).inc(resent)

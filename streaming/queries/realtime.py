@@ -72,6 +72,7 @@ COUNTERS = (
     "journal_errors",
     "publishing",
     "refused",
+    "revised",
 )
 
 
@@ -222,6 +223,8 @@ class RealTimeLiveQuery:
             metrics.published.labels("tick").inc(delta["ticks"])
             metrics.published.labels("ohlc").inc(delta["candles"])
             metrics.duplicates.labels(self.name).inc(delta["duplicates"])
+            if delta["revised"]:
+                self.ctx.candles_revised.set()
 
     def _send(self) -> None:
         """The JVM's firings as they come; the triggers' state every ``stream_cep_record_s``."""

@@ -207,14 +207,16 @@ GAP_S = float(os.environ.get("CANDLEWIRE_TEST_GAP_S", "20"))
 
 
 def test_lost_windows_are_found_fetched_again_and_corrected_into_every_candle(pipeline) -> None:
-    """#37 end to end, two venues side by side. One numbers its trades and drops a window of
-    its live stream: the ingestor finds the trade-id jump. The other does not number them and
-    drops the connection for as long: only the reconnect gives it away, and the ingestor
+    """#37 end to end, three venues side by side. One numbers its trades and drops a window
+    of its live stream: the ingestor finds the trade-id jump. The other does not number them
+    and drops the connection for as long: only the reconnect gives it away, and the ingestor
     fetches the window around it again. Both ranges are fetched again over SIM's REST and
     produced; the trades more than the allowance behind revise their closed candles. Then,
     for every period, ``ohlc`` and the last live update of each window equal a pandas
     resample of every trade SIM made over the span, the lost ones included, and no trade is
-    stored twice."""
+    stored twice. The third drops a window too, but its REST serves nothing: the gap stays
+    recorded as unrepairable with its reason, and its candles are pandas over the trades
+    it streamed, exactly: nothing changed them."""
     from ingest.service import Ingestor
 
     tag = uuid.uuid4().hex[:4].upper()
@@ -229,30 +231,44 @@ def test_lost_windows_are_found_fetched_again_and_corrected_into_every_candle(pi
             faults=f"ids:opaque,disconnect:{GAP_S}s@2s",
         ),
     }
+    closed = SimExchange(
+        name=f"UNR{tag}",
+        symbols={"BTC/USDT": 30_000.0},
+        rate=20,
+        faults=f"drop:{GAP_S}s@2s,rest:off",
+    )
     tickers = {cause: f"{sim.name}:BTC/USDT" for cause, sim in venues.items()}
-    live = LiveUpdates(pipeline, list(tickers.values()))
+    unrepaired = f"{closed.name}:BTC/USDT"
+    live = LiveUpdates(pipeline, [*tickers.values(), unrepaired])
     try:
         ingestor = Ingestor(
             pipeline,
-            list(venues.values()),
-            always_on=list(tickers.values()),
+            [*venues.values(), closed],
+            always_on=[*tickers.values(), unrepaired],
             heartbeat_s=0.2,
             warmup_beats=2,
             metrics=False,
         ).start()
         try:
             gaps = {
-                cause: wait_for(lambda t=t: repaired_gap(pipeline, t), timeout=GAP_S + 60)
+                cause: wait_for(lambda t=t: ended_gap(pipeline, t), timeout=GAP_S + 60)
                 for cause, t in tickers.items()
             }
+            gap = wait_for(lambda: ended_gap(pipeline, unrepaired), timeout=GAP_S + 60)
             time.sleep(1.0)  # trades after the repair too
         finally:
             ingestor.stop()
-        for cause, gap in gaps.items():
-            assert gap.cause == cause and gap.refetched > 10 * GAP_S
+        for cause, repaired in gaps.items():
+            assert repaired.cause == cause and repaired.status == market_pb2.GAP_REPAIRED
+            assert repaired.refetched > 10 * GAP_S
             made = assert_healed(pipeline, venues[cause], tickers[cause], live)
-            lost = sum(gap.from_ns < t.exchange_time_ns < gap.to_ns for t in made)
-            assert lost == gap.refetched, "the lost trades, fetched again once"
+            lost = sum(repaired.from_ns < t.exchange_time_ns < repaired.to_ns for t in made)
+            assert lost == repaired.refetched, "the lost trades, fetched again once"
+        assert gap.status == market_pb2.GAP_UNREPAIRABLE and gap.refetched == 0
+        assert gap.cause == market_pb2.TRADE_ID_JUMP and "would not serve" in gap.reason
+        streamed = assert_healed(pipeline, closed, unrepaired, live, lost=gap)
+        assert len(closed.trades_between(unrepaired, gap.from_ns, gap.to_ns)) > 10 * GAP_S
+        assert not any(gap.from_ns < t.exchange_time_ns < gap.to_ns for t in streamed)
     finally:
         live.close()
 
@@ -308,22 +324,29 @@ def test_a_takeover_after_kill_9_fetches_what_the_dead_ingestor_missed(pipeline,
         beats.close(0)
 
 
-def repaired_gap(settings, ticker: str) -> market_pb2.Gap | None:
-    """The ticker's gap, once its ingestor recorded it repaired."""
+def ended_gap(settings, ticker: str, status: int | None = None) -> market_pb2.Gap | None:
+    """The ticker's gap, once its ingestor recorded it repaired or unrepairable (or
+    ``status``)."""
     from candlewire.gaps import read_gaps
 
     gaps = read_gaps(settings).listed()
-    return next(
-        (g for g in gaps if g.ticker == ticker and g.status == market_pb2.GAP_REPAIRED), None
+    ended = (
+        {status} if status is not None else {market_pb2.GAP_REPAIRED, market_pb2.GAP_UNREPAIRABLE}
     )
+    return next((g for g in gaps if g.ticker == ticker and g.status in ended), None)
+
+
+def repaired_gap(settings, ticker: str) -> market_pb2.Gap | None:
+    return ended_gap(settings, ticker, market_pb2.GAP_REPAIRED)
 
 
 def assert_healed(
-    settings, sim: SimExchange, ticker: str, live: LiveUpdates
+    settings, sim: SimExchange, ticker: str, live: LiveUpdates, lost: market_pb2.Gap | None = None
 ) -> list[market_pb2.Tick]:
-    """Once every trade published live is committed: each trade SIM made over the span is
-    stored once, and for every period ``ohlc`` and the last live update of each window equal
-    pandas over them all. Returns those trades."""
+    """Once every trade published live is committed: each trade SIM made over the span
+    (but those inside an unrepaired gap, ``lost``) is stored once, and for every period
+    ``ohlc`` and the last live update of each window equal pandas over them all. Returns
+    those trades."""
     ticks = catalog(settings).load_table(f"{NAMESPACE}.ticks")
     ohlc = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
 
@@ -341,6 +364,8 @@ def assert_healed(
     got = stored()
     first, last = int(got["exchange_time_ns"].min()), int(got["exchange_time_ns"].max())
     made = sim.trades_between(ticker, first, last)
+    if lost is not None:
+        made = [t for t in made if not lost.from_ns < t.exchange_time_ns < lost.to_ns]
     assert sorted(got["trade_id"]) == sorted(t.trade_id for t in made), "each trade once"
     time.sleep(1.0)  # the last live updates are on their way too
     for period in PERIODS_S:

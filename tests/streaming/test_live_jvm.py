@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from decimal import Decimal
 
 import pytest
@@ -21,6 +22,7 @@ from candlewire.testing import free_settings, wait_for
 from proto import market_pb2
 from proto.envelope import from_record, to_record
 from streaming.candles import changed
+from streaming.feeds import Verdict
 from streaming.queries.live import LiveQuery
 from streaming.queries.realtime import live_conf, parse_counters, restore_file
 from streaming.recovery import Restored
@@ -110,6 +112,14 @@ def reference(settings, restored: Restored, records, seed: int):
     q.feeds = restored.feeds(settings)
     q.forming = restored.forming(q.feeds)
     q.heard = {}
+    verdicts: Counter[Verdict] = Counter()
+    admit = q.feeds.admit
+
+    def counted(*args: object) -> Verdict:
+        verdicts[v := admit(*args)] += 1  # type: ignore[arg-type]
+        return v
+
+    q.feeds.admit = counted  # type: ignore[method-assign]
     rng = random.Random(seed)
     ticks: list[tuple[str, int]] = []
     last: dict[tuple[str, int, int], tuple] = {}
@@ -121,7 +131,7 @@ def reference(settings, restored: Restored, records, seed: int):
         for c, is_closed in changed(updated, closed):
             last[c.key] = (c.open, c.high, c.low, c.close, c.volume, c.trade_count, is_closed)
         i += n
-    return ticks, last
+    return ticks, last, verdicts[Verdict.REVISE]
 
 
 def as_values(c: market_pb2.OHLC) -> tuple:
@@ -170,7 +180,7 @@ def feed_records(seed: int, n: int, tickers: list[str]) -> list[tuple[bytes, int
 
 
 def compare(live: JvmLive, settings, restored: Restored, records, seed: int) -> None:
-    want_ticks, want_last = reference(settings, restored, records, seed)
+    want_ticks, want_last, revising = reference(settings, restored, records, seed)
     live.offer(records)
     live.drain(len(want_ticks))
     got = [(topic, pos.source_offset) for topic, _, pos in live.ticks]
@@ -186,6 +196,7 @@ def compare(live: JvmLive, settings, restored: Restored, records, seed: int) -> 
     assert counters["duplicates"] + counters["bad"] + marks == len(records) - len(want_ticks)
     assert counters["publishing"] == 1
     assert counters["journal_errors"] == 0
+    assert counters["revised"] == revising  # what brings the next commit forward
 
 
 def test_the_jvm_live_path_publishes_what_the_micro_batch_one_does(
@@ -196,6 +207,7 @@ def test_the_jvm_live_path_publishes_what_the_micro_batch_one_does(
     try:
         tickers = [f"LIVEJVM:{c}/USD" for c in "ABC"]
         compare(live, settings, Restored(), feed_records(7, 6000, tickers), seed=7)
+        assert live.counters()["revised"] > 0
         assert any(c.closed for c in live.candles.values())
         assert live.heads > 0
     finally:
@@ -277,7 +289,7 @@ def test_what_a_relay_sends_up_the_live_xpub_that_is_no_subscription_is_counted(
     rng = random.Random("live")
     try:
         records = feed_records(11, 2000, ["LIVEFUZZ:A/USD"])
-        want_ticks, _ = reference(settings, Restored(), records, seed=11)
+        want_ticks, *_ = reference(settings, Restored(), records, seed=11)
         for i in range(0, len(records), 100):
             live.offer(records[i : i + 100])
             blast(fuzzer, lambda: [not_subscription(rng)], FRAMES // 20)

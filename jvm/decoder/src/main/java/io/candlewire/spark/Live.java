@@ -73,6 +73,7 @@ public final class Live {
   final LongAdder read = new LongAdder();
   final LongAdder duplicates = new LongAdder();
   final LongAdder late = new LongAdder();
+  final LongAdder revised = new LongAdder();
   final LongAdder bad = new LongAdder();
 
   private Live(Properties conf) throws IOException {
@@ -134,18 +135,19 @@ public final class Live {
    * per element), in this order: records read, ticks published, candle updates published,
    * duplicates, late ticks, bad records, messages a full relay queue did not take, journal
    * write errors; 1 while the publishing thread runs; frames a relay sent up that are no
-   * subscription.
+   * subscription; late ticks folded into closed candles (revisions).
    */
   public static String counters() {
     Live live = current;
     if (live == null) {
-      return "0,0,0,0,0,0,0,0,0,0";
+      return "0,0,0,0,0,0,0,0,0,0,0";
     }
     LiveOut o = live.out;
     long[] values = {
       live.read.sum(), o.sentTicks.get(), o.sentCandles.get(), live.duplicates.sum(),
       live.late.sum(), live.bad.sum(), o.dropped.get(), o.journalErrors.get(),
-      live.publisher.isAlive() && live.failure == null ? 1 : 0, o.refused.get()
+      live.publisher.isAlive() && live.failure == null ? 1 : 0, o.refused.get(),
+      live.revised.sum()
     };
     return Arrays.stream(values).mapToObj(Long::toString).collect(Collectors.joining(","));
   }
@@ -246,6 +248,7 @@ public final class Live {
     synchronized (feed) {
       if (verdict == FeedState.REVISE) {
         late.increment();
+        revised.increment();
         feed.revise(price, size, timeNs, periods, allowanceNs);
       } else {
         feed.fold(price, size, timeNs, periods);

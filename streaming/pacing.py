@@ -1,0 +1,112 @@
+"""The committing query's pace: every ``stream_ticks_trigger_s``, and sooner when a closed
+candle was revised (#37).
+
+A processing-time trigger cannot be woken early, and each Iceberg commit costs seconds of
+Spark work whatever its size, so the commit interval cannot simply be short. Instead the
+driver runs the query as a series of ``availableNow`` runs, each committing what Kafka holds
+when it starts (in batches of at most ``stream_ticks_batch_max``) on the same checkpoint and
+state store, so the result is the processing-time trigger's. Between runs it waits for the
+interval, or for the context's ``candles_revised``: the live path sets it when it folds a
+late trade into a closed candle, so a repaired gap reaches ``ohlc`` in seconds, not at the
+next interval. Hurried runs keep ``HURRY_GAP_S`` apart, so a stream of late trades cannot keep
+the commits running back to back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from streaming.queries import Query
+
+log = logging.getLogger("candlewire.stream")
+
+# After a hurry: let the rest of a refetched burst reach Kafka before the run fixes its end.
+SETTLE_S = 0.5
+# Idle time between a run's end and a hurried run's start, at the least.
+HURRY_GAP_S = 2.0
+
+
+class PacedQuery:
+    """A query run by the driver's clock; quacks like the ``StreamingQuery`` the job checks
+    (``isActive``, ``exception()``, ``stop()``)."""
+
+    def __init__(
+        self,
+        q: Query,
+        start: Callable[[], StreamingQuery],
+        hurry: threading.Event,
+        retry: Callable[[BaseException], bool],
+    ) -> None:
+        """``start`` starts one ``availableNow`` run; ``retry`` says whether a failed run may
+        simply run again."""
+        self.q, self._start, self._hurry, self._retry = q, start, hurry, retry
+        self._stopping = threading.Event()
+        self._run: StreamingQuery | None = None
+        self._error: BaseException | None = None
+        self.runs = 0
+        self._thread = threading.Thread(target=self._loop, name=f"pace-{q.name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def isActive(self) -> bool:
+        return self._thread.is_alive()
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def stop(self) -> None:
+        """The run in flight stops after its batch, as a running query's stop does."""
+        self._stopping.set()
+        self._hurry.set()
+        run = self._run
+        if run is not None:
+            run.stop()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        interval = self.q.trigger_s
+        while not self._stopping.is_set():
+            began = time.monotonic()
+            self._hurry.clear()  # what is flagged from here on needs a run after this one
+            if not self._run_once():
+                return
+            ended = time.monotonic()
+            if self._hurry.wait(max(0.0, began + interval - ended)):
+                if self._stopping.is_set():
+                    return
+                self._stopping.wait(max(SETTLE_S, ended + HURRY_GAP_S - time.monotonic()))
+
+    def _run_once(self) -> bool:
+        self.runs += 1
+        began = time.perf_counter()
+        try:
+            self._run = self._start()
+            started = time.perf_counter()
+            if self._stopping.is_set():
+                self._run.stop()
+            self._run.awaitTermination()
+            log.debug(
+                "%s run %d: started in %.2f s, done in %.2f s",
+                self.q.name,
+                self.runs,
+                started - began,
+                time.perf_counter() - began,
+            )
+            return True
+        except Exception as exc:
+            if self._stopping.is_set():
+                return False
+            if self._retry(exc):
+                return True
+            log.error("query %s stopped: %s", self.q.name, exc)
+            self._error = exc
+            return False
+        finally:
+            self._run = None

@@ -1,0 +1,127 @@
+"""The committing query's pace (streaming.pacing): a run at start and every interval, one
+soon after the live path revised a candle, and a failed run ends the query with its error."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from candlewire.testing import wait_for
+from streaming import pacing
+from streaming.pacing import PacedQuery
+from streaming.queries.realtime import COUNTERS, RealTimeLiveQuery
+
+
+class Run:
+    """A StreamingQuery that terminates at once, or with ``error``."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error, self.stopped = error, False
+
+    def awaitTermination(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+class Starts:
+    def __init__(self, errors: list[Exception | None] | None = None) -> None:
+        self.at: list[float] = []
+        self.errors = list(errors or [])
+
+    def __call__(self) -> Run:
+        self.at.append(time.monotonic())
+        return Run(self.errors.pop(0) if self.errors else None)
+
+
+def paced(
+    starts: Starts, interval: float, retry=lambda _: False
+) -> tuple[PacedQuery, threading.Event]:
+    hurry = threading.Event()
+    q = SimpleNamespace(name="ticks", trigger_s=interval)
+    return PacedQuery(q, starts, hurry, retry), hurry  # type: ignore[arg-type]
+
+
+@pytest.fixture(autouse=True)
+def quick(monkeypatch) -> None:
+    monkeypatch.setattr(pacing, "SETTLE_S", 0.05)
+    monkeypatch.setattr(pacing, "HURRY_GAP_S", 0.2)
+
+
+def test_runs_at_start_and_every_interval() -> None:
+    starts = Starts()
+    query, _ = paced(starts, interval=0.3)
+    try:
+        wait_for(lambda: len(starts.at) >= 4, timeout=5)
+        gaps = [b - a for a, b in zip(starts.at, starts.at[1:], strict=False)]
+        assert all(g >= 0.29 for g in gaps), gaps
+        assert query.isActive and query.exception() is None
+    finally:
+        query.stop()
+    assert not query.isActive
+
+
+def test_a_revised_candle_brings_the_next_run_forward_and_stop_ends_it() -> None:
+    starts = Starts()
+    query, hurry = paced(starts, interval=3600)
+    try:
+        wait_for(lambda: len(starts.at) == 1, timeout=5)
+        time.sleep(0.3)
+        assert len(starts.at) == 1  # an hour to the next one
+        hurry.set()
+        wait_for(lambda: len(starts.at) == 2, timeout=5)
+        hurry.set()  # flagged again: another run, no sooner than the gap after the last
+        wait_for(lambda: len(starts.at) == 3, timeout=5)
+        assert starts.at[2] - starts.at[1] >= 0.2
+    finally:
+        began = time.monotonic()
+        query.stop()
+    assert time.monotonic() - began < 5  # not waiting out the interval
+    assert not query.isActive
+
+
+def test_a_failed_run_ends_the_query_unless_it_may_run_again() -> None:
+    boom = RuntimeError("SPARK-55271")
+    starts = Starts([boom])
+    query, _ = paced(starts, interval=0.1, retry=lambda e: e is boom)
+    try:
+        wait_for(lambda: len(starts.at) >= 3, timeout=5)  # it ran again
+        assert query.isActive
+    finally:
+        query.stop()
+    fatal = RuntimeError("disk full")
+    starts = Starts([fatal])
+    query, _ = paced(starts, interval=0.1)
+    wait_for(lambda: not query.isActive, timeout=5)
+    assert query.exception() is fatal and len(starts.at) == 1
+
+
+def test_the_real_time_live_path_flags_its_revisions() -> None:
+    """The JVM's ``revised`` counter moving sets the context's ``candles_revised``."""
+    values = dict.fromkeys(COUNTERS, 0)
+    ctx = SimpleNamespace(
+        candles_revised=threading.Event(),
+        metrics=SimpleNamespace(
+            published=SimpleNamespace(labels=lambda _: SimpleNamespace(inc=lambda _: None)),
+            duplicates=SimpleNamespace(labels=lambda _: SimpleNamespace(inc=lambda _: None)),
+        ),
+    )
+    live = RealTimeLiveQuery.__new__(RealTimeLiveQuery)
+    live.ctx, live._counted, live._stop = ctx, dict(values), threading.Event()
+    live._live = SimpleNamespace(counters=lambda: ",".join(str(values[c]) for c in COUNTERS))
+    poller = threading.Thread(target=live._poll, daemon=True)
+    poller.start()
+    try:
+        values["ticks"] = 5
+        time.sleep(0.3)
+        assert not ctx.candles_revised.is_set()
+        values["revised"] = 1
+        wait_for(ctx.candles_revised.is_set, timeout=5)
+    finally:
+        live._stop.set()
+        poller.join(2)
