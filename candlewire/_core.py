@@ -481,6 +481,7 @@ class ClientCore:
             seq.stats.gaps += 1
         deadline = time.monotonic() + FILL_TIMEOUT_S
         req, sent = seq.request(until, 0, new_id("f")), False
+        held: list[Message] = []  # a catch-up's candles, until the next chunk is seen
         while True:
             reply = yield from journal.call(req, deadline, sent)
             if reply.status == jr.FETCH_OUT_OF_RANGE:
@@ -501,12 +502,13 @@ class ClientCore:
                 req, sent = seq.request(until, 0, new_id("f")), False
                 continue
             msgs = seq.accept_chunk(msgs, filled=not replay)
-            if replay:
-                msgs = final_revisions(msgs)
+            out = msgs
+            if replay:  # candles: the previous chunk goes out once this one is seen
+                out, held = final_revisions(held, msgs)
             finished = (until is None and reply.done) or (until is not None and seq.reached(until))
-            if finished and msgs:
-                yield from hand_out(msgs, seq, batches)
             if finished:
+                yield from hand_out(out, seq, batches)
+                yield from hand_out(held, seq, batches)
                 return
             if msgs:
                 deadline = time.monotonic() + FILL_TIMEOUT_S
@@ -522,7 +524,7 @@ class ClientCore:
             sent = bool(msgs)
             if sent:  # read ahead while the caller takes this chunk
                 yield Send(journal.connected(), encode(req))
-                yield from hand_out(msgs, seq, batches)
+                yield from hand_out(out, seq, batches)
 
 
 @contextmanager
@@ -549,14 +551,27 @@ def chunk_messages(reply: jr.FetchReply) -> list[Message]:
         return msgs
 
 
-def final_revisions(msgs: list[Message]) -> list[Message]:
-    """A late joiner's catch-up without the closed candles a later revision in the same chunk
-    replaced (a trade lost upstream was fetched again, #37): it gets a window's final value,
-    not each correction on the way. Live, every revision is delivered as it comes."""
-    if not msgs or not isinstance(msgs[0], market_pb2.OHLC) or not any(m.revision for m in msgs):
-        return msgs
-    last = {m.open_time_ms: i for i, m in enumerate(msgs) if m.closed}
-    return [m for i, m in enumerate(msgs) if not m.closed or last[m.open_time_ms] == i]
+def final_revisions(
+    held: list[Message], msgs: list[Message]
+) -> tuple[list[Message], list[Message]]:
+    """A late joiner's catch-up without the closed candles a later revision replaced (a
+    trade lost upstream was fetched again, #37): it gets a window's final value, not each
+    correction on the way. Candles are held back one chunk, so a revision up to a whole
+    chunk later is seen wherever the chunks are cut. Returns what goes out now (the held
+    chunk) and what is held next (this one); other messages are not held. Live, every
+    revision is delivered as it comes."""
+    if not msgs:
+        return [], held
+    if not isinstance(msgs[0], market_pb2.OHLC):
+        return ([*held, *msgs] if held else msgs), []
+    if any(m.revision for m in msgs):
+        both = [*held, *msgs]
+        last = {m.open_time_ms: i for i, m in enumerate(both) if m.closed}
+        keep = [not m.closed or last[m.open_time_ms] == i for i, m in enumerate(both)]
+        n = len(held)
+        held = [m for m, k in zip(held, keep[:n], strict=True) if k]
+        msgs = [m for m, k in zip(msgs, keep[n:], strict=True) if k]
+    return held, msgs
 
 
 def hand_out(msgs: list[Message], seq: Sequence, batches: bool) -> Steps[None]:

@@ -37,6 +37,7 @@ from proto.market_pb2 import StreamPosition
 Notify = Literal["client", "request"]
 Since = TimeLike | StreamPosition | None  # where a subscription starts: a time or a position
 
+FETCH_MESSAGES = 0  # asked per journal chunk; 0: as many as the service gives (50k)
 FIRINGS_REMEMBERED = 100_000  # (trigger_id, firing) pairs kept to drop repeats
 MAX_QUEUED_FIRINGS = 100_000  # firings not yet taken; beyond, new ones are dropped
 # Monitor events that change whether a SUB socket can receive.
@@ -329,7 +330,9 @@ class Sequence:
     def request(
         self, until: StreamPosition | None, cursor: int, request_id: str
     ) -> jr.FetchRequest:
-        req = jr.FetchRequest(request_id=request_id, topic=self.topic, cursor=cursor)
+        req = jr.FetchRequest(
+            request_id=request_id, topic=self.topic, cursor=cursor, max_messages=FETCH_MESSAGES
+        )
         if self.last is not None:
             req.after.CopyFrom(self.last)
         else:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from candlewire import _protocol
 from candlewire.client import Client
 from candlewire.config import Settings
 from candlewire.errors import FellBehind
@@ -454,12 +455,15 @@ def test_async_late_joiner_and_the_watch_command(journal_settings, journal, stre
     assert len(lines) == 300 and lines[0]["type"] == "tick" and lines[-1]["trade_id"] == "299"
 
 
+@pytest.mark.parametrize("chunk", [0, 2], ids=["one-chunk", "cut-between"])
 def test_a_late_joiner_gets_a_revised_candle_s_final_value_and_a_live_one_each_revision(
-    journal_settings, journal, stream_pub, relay
+    journal_settings, journal, stream_pub, relay, monkeypatch, chunk
 ) -> None:
     """#37: a closed candle corrected after a gap is published again, revision one higher. A
-    late joiner whose ``since`` is before the correction gets the window's final value only;
-    a subscriber that is live gets each revision once."""
+    late joiner whose ``since`` is before the correction gets the window's final value only,
+    also when the journal's chunks fall between the candle and its revision; a subscriber
+    that is live gets each revision once."""
+    monkeypatch.setattr(_protocol, "FETCH_MESSAGES", chunk)
     feed = TickFeed(stream_pub)
     topic = market_data_topic(feed.ticker, "ohlc:60").encode()
     minute = (int(time.time()) // 60 - 5) * 60_000
