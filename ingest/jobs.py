@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ingest.gaps import GapWatch
 
 T = TypeVar("T")
+INF = float("inf")
 log = logging.getLogger("candlewire.ingest")
 RETRIES = 3
 BACKOFF_S = 0.5
@@ -88,14 +89,20 @@ def tick_problem(
     tick: market_pb2.Tick, now_ns: int, ahead_s: float, behind_s: float | None
 ) -> str | None:
     """Why a trade from an exchange is not fit for the ticks topic, or None."""
-    try:
-        price, size = Decimal(tick.price), Decimal(tick.size)
-    except (InvalidOperation, ValueError):
-        return "not_decimal"
-    if not price.is_finite() or price <= 0:
-        return "price"
-    if not size.is_finite() or size < 0:
-        return "size"
+    price_text, size_text = tick.price, tick.size
+    try:  # a string float() reads as positive and finite, Decimal reads so too
+        fit = 0.0 < float(price_text) < INF and 0.0 < float(size_text) < INF
+    except ValueError:
+        fit = False
+    if not fit:  # the exact judgement: a decimal finite where a float is not, or none at all
+        try:
+            price, size = Decimal(price_text), Decimal(size_text)
+        except (InvalidOperation, ValueError):
+            return "not_decimal"
+        if not price.is_finite() or price <= 0:
+            return "price"
+        if not size.is_finite() or size < 0:
+            return "size"
     if tick.exchange_time_ns > now_ns + ahead_s * 1e9:
         return "ahead"
     if behind_s is not None and tick.exchange_time_ns < now_ns - behind_s * 1e9:

@@ -57,6 +57,10 @@ MESSAGE_CLASSES: dict[int, type[Message]] = {
     T.GAP: market_pb2.Gap,
 }
 TYPE_IDS: dict[type[Message], int] = {cls: type_id for type_id, cls in MESSAGE_CLASSES.items()}
+# A Kafka record's first two bytes per type (version, type id): one lookup per record.
+_RECORD_HEADS: dict[type[Message], bytes] = {
+    cls: bytes([PROTOCOL_VERSION, type_id]) for cls, type_id in TYPE_IDS.items()
+}
 
 M = TypeVar("M", bound=Message)
 
@@ -291,7 +295,10 @@ def expect(msg: Message, cls: type[M]) -> M:
 
 def to_record(msg: Message) -> bytes:
     """Kafka value: the envelope's two frames concatenated."""
-    return VERSION_FRAME + bytes([type_id(msg)]) + msg.SerializeToString()
+    head = _RECORD_HEADS.get(type(msg))
+    if head is None:
+        raise UnknownMessageType(f"{type(msg).__name__} has no envelope type id")
+    return head + msg.SerializeToString()
 
 
 def from_record(value: bytes) -> Message:

@@ -31,6 +31,13 @@ def tick(price: str = "1.5", size: str = "2", at: int = NOW) -> market_pb2.Tick:
         (tick(price="abc"), "not_decimal"),
         (tick(size="-0.1"), "size"),
         (tick(size="nan"), "size"),
+        # Beyond a float's range, a decimal still: judged exactly, not as a float would be.
+        (tick(price="1e-400"), None),
+        (tick(price="1e400", size="1e999"), None),
+        (tick(size="-1e-400"), "size"),
+        (tick(size="-0"), None),
+        (tick(price="0x10"), "not_decimal"),
+        (tick(price="-inf"), "price"),
         (tick(at=NOW + 59 * S), None),
         (tick(at=NOW + 61 * S), "ahead"),
         (tick(at=NOW - 3599 * S), None),
