@@ -11,9 +11,12 @@ from pyspark.sql import DataFrame, SparkSession
 from candlewire.config import Settings
 from candlewire.kafka import spark_options
 from streaming.metrics import StreamMetrics
+from streaming.pacing import CommitDue
 from streaming.progress import Progress
 from streaming.publisher import StreamPublisher
 from streaming.tables import Tables
+
+DEFAULT_COMMIT_AFTER = Settings.model_fields["stream_ticks_commit_after"].default
 
 
 @dataclass
@@ -27,9 +30,8 @@ class JobContext:
     # Set by the metadata query once a new snapshot of symbol metadata is in, before it
     # says so on METADATA_UPDATE: the trigger desk then reloads before judging a ticker.
     symbols_changed: threading.Event = field(default_factory=threading.Event)
-    # Set by the live path when it folds a late trade into a closed candle: the committing
-    # query then runs before its interval is up (streaming.pacing).
-    candles_revised: threading.Event = field(default_factory=threading.Event)
+    # Told by the live path what it reads: the committing query's next run comes sooner.
+    commit_due: CommitDue = field(default_factory=lambda: CommitDue(DEFAULT_COMMIT_AFTER))
 
     @classmethod
     def open(cls, settings: Settings, spark: SparkSession) -> JobContext:
@@ -41,6 +43,7 @@ class JobContext:
             publisher=StreamPublisher(settings),
             progress=Progress(settings),
             metrics=StreamMetrics(),
+            commit_due=CommitDue(settings.stream_ticks_commit_after),
         )
 
     def kafka(self, topic: str, max_per_trigger: int | None = 500_000, **options: str) -> DataFrame:

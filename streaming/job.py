@@ -114,7 +114,7 @@ class StreamingJob:
             self.running[q.name] = PacedQuery(
                 q,
                 lambda: self._stream(q, available_now=True),
-                self.ctx.candles_revised,
+                self.ctx.commit_due.event,
                 lambda error: self._may_restart(q, error),
             )
         else:

@@ -1,15 +1,17 @@
 """The committing query's pace: every ``stream_ticks_trigger_s``, and sooner when a closed
-candle was revised (#37).
+candle was revised (#37) or a batch's worth of ticks is waiting (#34).
 
 A processing-time trigger cannot be woken early, and each Iceberg commit costs seconds of
 Spark work whatever its size, so the commit interval cannot simply be short. Instead the
 driver runs the query as a series of ``availableNow`` runs, each committing what Kafka holds
 when it starts (in batches of at most ``stream_ticks_batch_max``) on the same checkpoint and
 state store, so the result is the processing-time trigger's. Between runs it waits for the
-interval, or for the context's ``candles_revised``: the live path sets it when it folds a
-late trade into a closed candle, so a repaired gap reaches ``ohlc`` in seconds, not at the
-next interval. Hurried runs keep ``HURRY_GAP_S`` apart, so a stream of late trades cannot keep
-the commits running back to back.
+interval, or for :class:`CommitDue`, which the live path tells what it reads: a late trade
+folded into a closed candle, so a repaired gap reaches ``ohlc`` in seconds, not at the next
+interval; and every ``stream_ticks_commit_after`` ticks, so a burst is committed as soon as
+there is a batch's worth of it, as a Kafka Connect sink flushes at a size or an interval. A
+hurried run starts at least ``HURRY_GAP_S`` after the last one ended, so late trades or a
+flood cannot keep the commits running back to back.
 """
 
 from __future__ import annotations
@@ -31,6 +33,30 @@ log = logging.getLogger("candlewire.stream")
 SETTLE_S = 0.5
 # Idle time between a run's end and a hurried run's start, at the least.
 HURRY_GAP_S = 2.0
+
+
+class CommitDue:
+    """What brings the committing query's next run forward; the live path's threads call it."""
+
+    def __init__(self, after_ticks: int) -> None:
+        self.event = threading.Event()
+        self.after_ticks = after_ticks
+        self._read = 0
+        self._lock = threading.Lock()
+
+    def revised(self) -> None:
+        """A closed candle changed: ``ohlc`` holds a stale value."""
+        self.event.set()
+
+    def read(self, n: int) -> None:
+        """``n`` more records of the ticks topic arrived."""
+        with self._lock:
+            self._read += n
+            due = self._read >= self.after_ticks
+            if due:
+                self._read = 0
+        if due:
+            self.event.set()
 
 
 class PacedQuery:

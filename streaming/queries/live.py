@@ -105,7 +105,8 @@ class LiveQuery:
             self.ctx.publisher.publish_ticks(frames)
         self._publish_candles(updated, closed)
         if any(c.revision for c in closed):
-            self.ctx.candles_revised.set()
+            self.ctx.commit_due.revised()
+        self.ctx.commit_due.read(table.num_rows)
         metrics.published.labels("tick").inc(len(frames))
         metrics.published.labels("ohlc").inc(len(updated) + len(closed))
         metrics.duplicates.labels(self.name).inc(resent)

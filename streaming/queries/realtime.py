@@ -224,7 +224,8 @@ class RealTimeLiveQuery:
             metrics.published.labels("ohlc").inc(delta["candles"])
             metrics.duplicates.labels(self.name).inc(delta["duplicates"])
             if delta["revised"]:
-                self.ctx.candles_revised.set()
+                self.ctx.commit_due.revised()
+            self.ctx.commit_due.read(delta["read"])
 
     def _send(self) -> None:
         """The JVM's firings as they come; the triggers' state every ``stream_cep_record_s``."""

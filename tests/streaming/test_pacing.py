@@ -11,7 +11,7 @@ import pytest
 
 from candlewire.testing import wait_for
 from streaming import pacing
-from streaming.pacing import PacedQuery
+from streaming.pacing import CommitDue, PacedQuery
 from streaming.queries.realtime import COUNTERS, RealTimeLiveQuery
 
 
@@ -102,10 +102,12 @@ def test_a_failed_run_ends_the_query_unless_it_may_run_again() -> None:
 
 
 def test_the_real_time_live_path_flags_its_revisions() -> None:
-    """The JVM's ``revised`` counter moving sets the context's ``candles_revised``."""
+    """The JVM's ``revised`` counter moving makes the next commit due, as does reading a
+    batch's worth of records."""
     values = dict.fromkeys(COUNTERS, 0)
+    due = CommitDue(after_ticks=1_000)
     ctx = SimpleNamespace(
-        candles_revised=threading.Event(),
+        commit_due=due,
         metrics=SimpleNamespace(
             published=SimpleNamespace(labels=lambda _: SimpleNamespace(inc=lambda _: None)),
             duplicates=SimpleNamespace(labels=lambda _: SimpleNamespace(inc=lambda _: None)),
@@ -117,11 +119,18 @@ def test_the_real_time_live_path_flags_its_revisions() -> None:
     poller = threading.Thread(target=live._poll, daemon=True)
     poller.start()
     try:
-        values["ticks"] = 5
+        values["ticks"] = values["read"] = 999
         time.sleep(0.3)
-        assert not ctx.candles_revised.is_set()
+        assert not due.event.is_set()
         values["revised"] = 1
-        wait_for(ctx.candles_revised.is_set, timeout=5)
+        wait_for(due.event.is_set, timeout=5)
+        due.event.clear()
+        values["read"] = 1_500
+        wait_for(due.event.is_set, timeout=5)  # 1,000 read since the last time
+        due.event.clear()
+        values["read"] = 2_400
+        time.sleep(0.3)
+        assert not due.event.is_set()  # 900 since
     finally:
         live._stop.set()
         poller.join(2)
