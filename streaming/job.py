@@ -175,7 +175,7 @@ class StreamingJob:
             return False
         return True
 
-    def _may_restart(self, q: Query, error: object) -> bool:
+    def _may_restart(self, q: Query | RealTimeLiveQuery, error: object) -> bool:
         if not _progress_report_npe(error) or self._restarts[q.name] >= RESTARTS:
             return False
         self._restarts[q.name] += 1

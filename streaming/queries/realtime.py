@@ -56,6 +56,7 @@ log = logging.getLogger("candlewire.stream.live")
 FIRINGS_WAIT_MS = 100  # how long one call for the JVM's firings waits for the first
 
 REALTIME_BATCH = "5 minutes"
+SUBMITTED_WITHIN_S = 60  # how long start() waits for the first batch's job
 LIVE_CLASS = "io.candlewire.spark.Live"
 WRITER_CLASS = "io.candlewire.spark.LiveWriter"
 # Threads beyond the real-time tasks, for the committing, history and metadata queries.
@@ -191,7 +192,19 @@ class RealTimeLiveQuery:
             .trigger(jvm.org.apache.spark.sql.streaming.Trigger.RealTime(REALTIME_BATCH))
             .start()
         )
-        return StreamingQuery(jquery)
+        query = StreamingQuery(jquery)
+        # A stop before the first batch's Spark job is submitted finds no job to cancel and
+        # then waits out that whole batch (REALTIME_BATCH, minutes): return once it is.
+        tracker, group = spark.sparkContext.statusTracker(), str(query.runId)
+        deadline = time.monotonic() + SUBMITTED_WITHIN_S
+        while not tracker.getJobIdsForGroup(group) and query.isActive:
+            if time.monotonic() > deadline:
+                log.warning(
+                    "the live query's first batch is not running after %d s", SUBMITTED_WITHIN_S
+                )
+                break
+            time.sleep(0.05)
+        return query
 
     def healthy(self) -> bool:
         """The JVM's publishing thread runs: without it nothing reaches subscribers."""
