@@ -16,8 +16,6 @@ from streaming.progress import Progress
 from streaming.publisher import StreamPublisher
 from streaming.tables import Tables
 
-DEFAULT_COMMIT_AFTER = Settings.model_fields["stream_ticks_commit_after"].default
-
 
 @dataclass
 class JobContext:
@@ -27,11 +25,11 @@ class JobContext:
     publisher: StreamPublisher
     progress: Progress
     metrics: StreamMetrics
+    # Told by the live path what it reads: the committing query's next run comes sooner.
+    commit_due: CommitDue
     # Set by the metadata query once a new snapshot of symbol metadata is in, before it
     # says so on METADATA_UPDATE: the trigger desk then reloads before judging a ticker.
     symbols_changed: threading.Event = field(default_factory=threading.Event)
-    # Told by the live path what it reads: the committing query's next run comes sooner.
-    commit_due: CommitDue = field(default_factory=lambda: CommitDue(DEFAULT_COMMIT_AFTER))
 
     @classmethod
     def open(cls, settings: Settings, spark: SparkSession) -> JobContext:

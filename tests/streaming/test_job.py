@@ -308,11 +308,12 @@ def test_a_takeover_after_kill_9_fetches_what_the_dead_ingestor_missed(pipeline,
         owner = wait_for(streaming, timeout=30)
         procs[owner].send_signal(signal.SIGKILL)
         procs[owner].wait()
-        gap = wait_for(lambda: repaired_gap(pipeline, ticker), timeout=60, interval=0.5)
+        gap = wait_for(lambda: ended_gap(pipeline, ticker), timeout=60, interval=0.5)
         time.sleep(1.0)  # trades after the repair too
         for p in procs.values():
             p.terminate()
             p.wait(30)
+        assert gap.status == market_pb2.GAP_REPAIRED
         assert gap.cause == market_pb2.TAKEOVER and gap.ingestor_id != owner
         made = assert_healed(pipeline, SimExchange(name=exchange), ticker, live)
         assert any(gap.from_ns < t.exchange_time_ns < gap.to_ns for t in made)
@@ -324,20 +325,13 @@ def test_a_takeover_after_kill_9_fetches_what_the_dead_ingestor_missed(pipeline,
         beats.close(0)
 
 
-def ended_gap(settings, ticker: str, status: int | None = None) -> market_pb2.Gap | None:
-    """The ticker's gap, once its ingestor recorded it repaired or unrepairable (or
-    ``status``)."""
+def ended_gap(settings, ticker: str) -> market_pb2.Gap | None:
+    """The ticker's gap, once its ingestor recorded it repaired or unrepairable."""
     from candlewire.gaps import read_gaps
 
     gaps = read_gaps(settings).listed()
-    ended = (
-        {status} if status is not None else {market_pb2.GAP_REPAIRED, market_pb2.GAP_UNREPAIRABLE}
-    )
+    ended = (market_pb2.GAP_REPAIRED, market_pb2.GAP_UNREPAIRABLE)
     return next((g for g in gaps if g.ticker == ticker and g.status in ended), None)
-
-
-def repaired_gap(settings, ticker: str) -> market_pb2.Gap | None:
-    return ended_gap(settings, ticker, market_pb2.GAP_REPAIRED)
 
 
 def assert_healed(
