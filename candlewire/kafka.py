@@ -6,8 +6,10 @@ request id for history pages) so each key's order holds within its partition.
 
 from __future__ import annotations
 
+import time
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 from candlewire.config import KAFKA_PASSWORD, Settings
 
@@ -145,7 +147,26 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     if missing:
         for fut in admin.create_topics(missing, request_timeout=timeout).values():
             fut.result()
+        _await_leaders(admin, [t.topic for t in missing], timeout)
     return [t.topic for t in missing]
+
+
+def _await_leaders(admin: Any, names: list[str], timeout: float) -> None:
+    """Until the metadata any broker answers lists each topic with a leader for every
+    partition: a cluster's controller acks a creation before its peers know the topic."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = admin.list_topics(timeout=timeout).topics
+        if all(
+            name in topics
+            and topics[name].partitions
+            and all(p.leader >= 0 for p in topics[name].partitions.values())
+            for name in names
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics {names} have no leader after {timeout:.0f}s")
+        time.sleep(0.1)
 
 
 def kafka_health(settings: Settings, brokers: int = 1) -> str | None:

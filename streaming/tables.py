@@ -6,6 +6,7 @@ a history range checked empty cannot fill before its append lands.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterable
 
@@ -19,6 +20,7 @@ from candlewire.spark import commit_sql
 from streaming.metrics import Laps
 from streaming.sql import literal, literals, ts_literal
 
+log = logging.getLogger("candlewire.stream")
 OHLC_KEY = [("ticker", "ascending"), ("period_s", "ascending"), ("open_time", "ascending")]
 
 
@@ -51,23 +53,33 @@ class Tables:
         ).collect()
         return max((int(r.b) for r in rows), default=-1)
 
-    def compact_ohlc(self, tickers: Iterable[str], since_ms: int) -> None:
+    def compact_ohlc(self, tickers: Iterable[str], since_ms: int) -> bool:
         """Rewrite ``ohlc``'s files of these tickers' windows opened at or after ``since_ms``
         that hold deletes or are small, with the deletes applied (merge-on-read leaves a data
         file and a delete file in every partition a MERGE touches). Only those partitions: a
         rewrite loses its commit to any other writer of the files it rewrites. Under the
         writers' lock: the rewritten files are numbered after the deletes they absorb (so
-        those deletes are dangling and go), which is safe only with no MERGE in between."""
+        those deletes are dangling and go), which is safe only with no MERGE in between.
+
+        One commit, without partial progress: Iceberg's partial-progress committer thread
+        spins a core while file groups wait, and for good when a rewrite is interrupted
+        before it closes (apache/iceberg#12086). False when the rewrite failed: it is only a
+        tidy-up, so the caller keeps the tickers and tries again at its next turn."""
         where = f"ticker IN ({literals(tickers)}) AND open_time >= {ts_literal(since_ms)}"
-        with self._ohlc_lock:
-            commit_sql(
-                self.spark,
-                f"CALL {self.system}.rewrite_data_files(table => '{NAMESPACE}.ohlc', "
-                f"where => {literal(where)}, options => map("
-                "'min-input-files', '2', 'delete-file-threshold', '1', "
-                "'partial-progress.enabled', 'true', 'remove-dangling-deletes', 'true', "
-                "'use-starting-sequence-number', 'false'))",
-            )
+        try:
+            with self._ohlc_lock:
+                commit_sql(
+                    self.spark,
+                    f"CALL {self.system}.rewrite_data_files(table => '{NAMESPACE}.ohlc', "
+                    f"where => {literal(where)}, options => map("
+                    "'min-input-files', '2', 'delete-file-threshold', '1', "
+                    "'partial-progress.enabled', 'false', 'remove-dangling-deletes', 'true', "
+                    "'use-starting-sequence-number', 'false'))",
+                )
+        except Exception as exc:  # a lost race with maintenance, or a stopping session
+            log.warning("compacting ohlc failed; it is tried again later: %s", exc)
+            return False
+        return True
 
     def upsert_ohlc(
         self, rows: pa.Table, view: str, *, append_if_new: bool = False, lap: Laps | None = None

@@ -163,8 +163,8 @@ class TicksQuery(TopicQuery):
                 and self.merged_since_ms is not None
                 and time.monotonic() - self.compacted > self.compact_s
             ):
-                self.ctx.tables.compact_ohlc(self.merged, self.merged_since_ms)
-                self.merged, self.merged_since_ms = set(), None
+                if self.ctx.tables.compact_ohlc(self.merged, self.merged_since_ms):
+                    self.merged, self.merged_since_ms = set(), None
                 self.compacted = time.monotonic()
                 lap("compact")
         metrics.batches.labels(self.name).inc()

@@ -42,7 +42,14 @@ def test_three_brokers_on_their_own_addresses(cluster) -> None:
 def test_topics_are_replicated_three_times_with_two_in_sync(cluster) -> None:
     settings, _ = cluster
     admin = AdminClient(client_auth(settings))
-    md = admin.list_topics(timeout=10)
+    # Each broker learns a topic from the controller's log; the one asked may be behind.
+    wanted = {spec.name for spec in TOPICS}
+
+    def listed() -> object:
+        md = admin.list_topics(timeout=10)
+        return md if wanted <= set(md.topics) else None
+
+    md = wait_for(listed, timeout=30)
     for spec in TOPICS:
         parts = md.topics[spec.name].partitions.values()
         assert {len(p.replicas) for p in parts} == {3}, spec.name
