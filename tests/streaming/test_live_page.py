@@ -26,20 +26,24 @@ def test_the_live_page_charts_what_the_job_makes(
         browser.find_element(By.ID, "signin-button").click()  # charts SIM:BTC/USDT, 1m
 
         def last() -> tuple | None:
-            bars = browser.execute_script("return window.cwChart.prices.data()")
-            volumes = browser.execute_script("return window.cwChart.volume.data()")
+            """The last bar and the count of plotted updates, read in one script: a plot
+            between two reads would move the bar without the count the test compares."""
+            bars, volumes, updates = browser.execute_script(
+                "const c = window.cwChart;"
+                "return [c.prices.data(), c.volume.data(),"
+                " Number(document.getElementById('chart').dataset.updates)];"
+            )
             if not bars:
                 return None
-            return (bars[-1]["time"], bars[-1]["close"], volumes[-1]["value"])
+            return (bars[-1]["time"], bars[-1]["close"], volumes[-1]["value"], updates)
 
         wait = WebDriverWait(browser, 120, poll_frequency=0.5)
         first = wait.until(lambda b: last())
-        updates = int(browser.find_element(By.ID, "chart").get_attribute("data-updates"))
         # SIM trades about once a second: the job's next live update moves the last candle
         # (a later close or a larger volume, or the next minute's candle).
-        moved = wait.until(lambda b: (now := last()) != first and now)
+        moved = wait.until(lambda b: (now := last()) is not None and now[:3] != first[:3] and now)
         assert moved[0] >= first[0]
-        assert int(browser.find_element(By.ID, "chart").get_attribute("data-updates")) > updates
+        assert moved[3] > first[3]
         axes = browser.execute_script(
             "const c = window.cwChart.chart;"
             "return [c.priceScale('right').width(), c.timeScale().height()];"
