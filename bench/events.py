@@ -8,6 +8,10 @@
    WebSocket client; each is timed from publish to the client's receipt;
 3. raw: the same UserEvent envelopes XPUB → SUB with nothing in between.
 
+In 2 and 3 the reader runs in a process of its own, as a browser does: sharing the
+publisher's interpreter lock, it was what the informational figure measured (the gateway
+was about half busy).
+
 The last line is JSON, including informational_vs_raw. ``python -m bench.events``
 """
 
@@ -16,10 +20,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import zmq
@@ -94,67 +102,96 @@ def critical(settings: Settings, n: int, window: int) -> dict:
     }
 
 
+def _session_reader(settings: Settings, user: str, n: int, out: Connection) -> None:
+    """The browser's side, in a process of its own: signs in, reads ``n`` events, and sends
+    back the time it read the last and each event's latency from its publish."""
+    ws = sign_in(settings, user)
+    out.send("signed in")
+    latencies: list[float] = []
+    while len(latencies) < n:
+        msg = json.loads(ws.recv(timeout=30))
+        if msg["type"] == "event":
+            latencies.append(time.time() - msg["data"]["sent"])
+    out.send((time.time(), latencies))
+    ws.close()
+
+
+def _sub_reader(port: int, n: int, quiet_s: float, out: Connection) -> None:
+    """The raw path's SUB, in a process of its own. PUB/SUB drops at a full high-water
+    mark, so it stops once nothing has arrived for ``quiet_s`` and reports what it got."""
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.subscribe(b"USER:bench")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    got, last = 0, time.time()
+    while got < n and sub.poll(int(quiet_s * 1000)):
+        sub.recv_multipart()
+        got += 1
+        last = time.time()
+    out.send((got, last))
+    ctx.destroy(linger=0)
+
+
+def _reader(target: Callable[..., None], *args: object) -> tuple[BaseProcess, Connection]:
+    """A reader in its own process (spawned: this one runs ZMQ threads), so the publisher's
+    Python and the reader's never share one interpreter lock, as a browser and a service
+    never do."""
+    mp = multiprocessing.get_context("spawn")
+    here, there = mp.Pipe()
+    proc = mp.Process(target=target, args=(*args, there), daemon=True)
+    proc.start()
+    return proc, here
+
+
+def _answer(conn: Connection, timeout: float) -> object:
+    if not conn.poll(timeout):
+        raise TimeoutError(f"the reader said nothing in {timeout:.0f} s")
+    return conn.recv()
+
+
 def informational(settings: Settings, n: int, journal: Path) -> dict:
     user = new_user()
-    ws = sign_in(settings, user)
-    with EventPublisher(settings, journal=journal) as pub:
-        deadline = time.monotonic() + 10
-        while not pub.watched(user):
-            assert time.monotonic() < deadline, "the gateway never subscribed"
-            time.sleep(0.01)
-        latencies: list[float] = []
-        done = threading.Event()
-
-        def read() -> None:
-            while len(latencies) < n:
-                msg = json.loads(ws.recv(timeout=30))
-                if msg["type"] == "event":
-                    latencies.append(time.time() - msg["data"]["sent"])
-            done.set()
-
-        reader = threading.Thread(target=read)
-        reader.start()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            pub.publish(user_event(user, ev.INFORMATIONAL, payload={"sent": time.time()}))
-        done.wait(120)
-        elapsed = time.perf_counter() - t0
-        reader.join()
-    ws.close()
+    proc, reader = _reader(_session_reader, settings, user, n)
+    try:
+        _answer(reader, 60)  # signed in
+        with EventPublisher(settings, journal=journal) as pub:
+            deadline = time.monotonic() + 10
+            while not pub.watched(user):
+                assert time.monotonic() < deadline, "the gateway never subscribed"
+                time.sleep(0.01)
+            t0 = time.time()
+            for _ in range(n):
+                pub.publish(user_event(user, ev.INFORMATIONAL, payload={"sent": time.time()}))
+            done_at, latencies = _answer(reader, 120)
+    finally:
+        proc.join(10)
+        proc.kill()
     return {
-        "events_per_s": n / elapsed,
+        "events_per_s": n / (done_at - t0),
         "p50_ms": pct(latencies, 0.5),
         "p99_ms": pct(latencies, 0.99),
     }
 
 
 def raw(n: int, quiet_s: float = 2.0) -> tuple[float, int]:
-    """XPUB → SUB with nothing in between: (events/s received, events lost). PUB/SUB drops
-    at a full high-water mark, so the reader stops once nothing has arrived for ``quiet_s``
-    and reports the loss instead of waiting forever."""
+    """XPUB → SUB with nothing in between: (events/s received, events lost)."""
     ctx = zmq.Context()
-    pub, sub = ctx.socket(zmq.XPUB), ctx.socket(zmq.SUB)
+    pub = ctx.socket(zmq.XPUB)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
-    sub.subscribe(b"USER:bench")
-    sub.connect(f"tcp://127.0.0.1:{port}")
-    pub.recv()  # the subscription arrived
-    frames = encode_topic("USER:bench", user_event("bench", ev.INFORMATIONAL, payload={"sent": 0}))
-    got, last = 0, time.perf_counter()
-
-    def read() -> None:
-        nonlocal got, last
-        while got < n and sub.poll(int(quiet_s * 1000)):
-            sub.recv_multipart()
-            got += 1
-            last = time.perf_counter()
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        pub.send_multipart(frames)
-    reader.join()
-    ctx.destroy(linger=0)
+    proc, reader = _reader(_sub_reader, port, n, quiet_s)
+    try:
+        pub.recv()  # the subscription arrived
+        frames = encode_topic(
+            "USER:bench", user_event("bench", ev.INFORMATIONAL, payload={"sent": 0})
+        )
+        t0 = time.time()
+        for _ in range(n):
+            pub.send_multipart(frames)
+        got, last = _answer(reader, 120)
+    finally:
+        proc.join(10)
+        proc.kill()
+        ctx.destroy(linger=0)
     return got / max(last - t0, 1e-9), n - got
 
 
