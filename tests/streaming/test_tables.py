@@ -3,6 +3,8 @@ cost flat (every MERGE leaves a data file and a delete file in each partition it
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from decimal import Decimal
 
@@ -67,3 +69,43 @@ def test_compaction_leaves_one_file_per_partition_and_every_value(lakehouse, spa
         (60, 5, Decimal(5)),
         (3600, 5, Decimal(5)),
     ]
+
+
+def committer_threads(spark) -> set[int]:
+    """Iceberg's partial-progress committer threads alive in the driver, by thread id."""
+    threads = spark._jvm.java.lang.Thread.getAllStackTraces().keySet().toArray()
+    return {t.getId() for t in threads if t.getName() == "Committer-Service"}
+
+
+def test_a_compaction_stopped_midway_leaves_no_thread_spinning(lakehouse, spark) -> None:
+    """Stopping the query that compacts interrupts the rewrite before it closes. Iceberg's
+    partial-progress committer thread then stays for the life of the driver, spinning a core
+    when a finished file group was waiting (apache/iceberg#12086): the job's compaction must
+    not start one."""
+    tables = Tables(lakehouse, spark)
+    before = committer_threads(spark)
+    ticker = f"TEST:S{uuid.uuid4().hex[:6].upper()}/USDT"
+    for close in range(1, 9):  # many small files and deletes: a rewrite that takes a while
+        tables.upsert_ohlc(candles(ticker, 30, close), "cw_test_stopped")
+    started = threading.Event()
+
+    def compact(_df, _batch_id: int) -> None:
+        started.set()
+        tables.compact_ohlc([ticker], T0)
+
+    query = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 1)
+        .load()
+        .writeStream.foreachBatch(compact)
+        .trigger(once=True)
+        .start()
+    )
+    assert started.wait(60)
+    status = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + 30
+    while not status.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.02)  # the rewrite's Spark job has started
+    query.stop()  # interrupts the stream's thread, and the rewrite in it
+    query.awaitTermination(30)
+    assert committer_threads(spark) - before == set()
