@@ -32,7 +32,7 @@ from pathlib import Path
 
 import zmq
 
-from bench.stats import pct
+from bench.stats import pct, process_cpu_s
 from candlewire.config import Settings
 from candlewire.events import EventPublisher
 from candlewire.testing import (
@@ -149,7 +149,9 @@ def _answer(conn: Connection, timeout: float) -> object:
     return conn.recv()
 
 
-def informational(settings: Settings, n: int, journal: Path) -> dict:
+def informational(settings: Settings, n: int, journal: Path, gateway_pid: int) -> dict:
+    """Also the gateway's CPU per event: unlike the rate, it does not depend on what else
+    shares the machine's two cores."""
     user = new_user()
     proc, reader = _reader(_session_reader, settings, user, n)
     try:
@@ -159,10 +161,11 @@ def informational(settings: Settings, n: int, journal: Path) -> dict:
             while not pub.watched(user):
                 assert time.monotonic() < deadline, "the gateway never subscribed"
                 time.sleep(0.01)
-            t0 = time.time()
+            t0, cpu0 = time.time(), process_cpu_s(gateway_pid)
             for _ in range(n):
                 pub.publish(user_event(user, ev.INFORMATIONAL, payload={"sent": time.time()}))
             done_at, latencies = _answer(reader, 120)
+            cpu = process_cpu_s(gateway_pid) - cpu0
     finally:
         proc.join(10)
         proc.kill()
@@ -170,6 +173,7 @@ def informational(settings: Settings, n: int, journal: Path) -> dict:
         "events_per_s": n / (done_at - t0),
         "p50_ms": pct(latencies, 0.5),
         "p99_ms": pct(latencies, 0.99),
+        "gateway_cpu_us_per_event": cpu / n * 1e6,
     }
 
 
@@ -219,7 +223,7 @@ def main() -> None:
     try:
         crit = critical(settings, args.critical, args.window)
         print(f"critical: {crit}", flush=True)
-        info = informational(settings, args.informational, base / "pending.db")
+        info = informational(settings, args.informational, base / "pending.db", gateway.pid)
         print(f"informational: {info}", flush=True)
         raw_rate, raw_lost = raw(args.informational)
         print(f"raw XPUB->SUB: {raw_rate:.0f} events/s, {raw_lost} lost", flush=True)
@@ -236,6 +240,7 @@ def main() -> None:
         "informational_events_per_s": round(info["events_per_s"]),
         "informational_p50_ms": round(info["p50_ms"], 2),
         "informational_p99_ms": round(info["p99_ms"], 2),
+        "informational_gateway_cpu_us_per_event": round(info["gateway_cpu_us_per_event"], 1),
         "raw_xpub_sub_events_per_s": round(raw_rate),
         "raw_xpub_sub_lost": raw_lost,
         "informational_vs_raw": round(info["events_per_s"] / raw_rate, 3),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from bench.stats import process_cpu_s
 from candlewire.config import Settings
 from candlewire.curve import Keyring, dial
 from candlewire.testing import candlewire_command, free_settings
@@ -65,13 +66,6 @@ def cpu_s() -> float:
     """This process's CPU time so far, its libzmq I/O threads (where CURVE runs) included."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def process_cpu_s(pid: int) -> float:
-    """Another process's CPU time so far (Linux ``/proc``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def subscriber(

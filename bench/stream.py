@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import statistics
@@ -48,7 +47,7 @@ from confluent_kafka import Producer
 
 from bench.spark_read import kafka_source, read_rate
 from bench.stack import private_stack, stream_metric, wait_until_warm
-from bench.stats import pct
+from bench.stats import pct, process_cpu_s
 from candlewire.kafka import TICKS, producer_config
 from candlewire.lake import NAMESPACE, catalog
 from candlewire.spark import build_session
@@ -67,12 +66,6 @@ def busy_seconds(settings, query: str) -> float:
 
 def published_ticks(settings) -> float:
     return stream_metric(settings, 'candlewire_stream_published_total{kind="tick"}')
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of one process so far (its threads included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def job_pids(settings) -> tuple[int, int]:
@@ -138,7 +131,7 @@ def throughput(
     base, base_live = committed_ticks(settings), published_ticks(settings)
     busy = busy_seconds(settings, "ticks")
     pids = job_pids(settings)
-    cpu = [cpu_seconds(p) for p in pids]
+    cpu = [process_cpu_s(p) for p in pids]
     t0 = time.perf_counter()
     for i, value in enumerate(values):
         while True:
@@ -158,7 +151,7 @@ def throughput(
     # CPU per million committed ticks: the driver's Python process (what cannot scale out),
     # and the JVM, which in local mode is both Spark's driver and its one executor.
     per_million = 1e6 / n
-    cpu = [(cpu_seconds(p) - c) * per_million for p, c in zip(pids, cpu, strict=True)]
+    cpu = [(process_cpu_s(p) - c) * per_million for p, c in zip(pids, cpu, strict=True)]
     if spy is not None:
         spy.wait(60)
     if jfr:

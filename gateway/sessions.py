@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.channels import DELIVERED, Outcome, Result
 from gateway.directory import UserAddress
-from gateway.symbols import Rendered
+from gateway.symbols import EVENT_TYPES, PRIORITIES, Rendered, enum_name
 from proto import events_pb2 as ev
 
 log = logging.getLogger("candlewire.gateway.sessions")
@@ -118,8 +118,8 @@ def event_message(event: ev.UserEvent, rendered: Rendered, path: str) -> dict[st
         "type": "event",
         "path": path,
         "event_id": event.event_id,
-        "event_type": ev.EventType.Name(event.event_type),
-        "priority": ev.Priority.Name(event.delivery.priority),
+        "event_type": enum_name(EVENT_TYPES, event.event_type),
+        "priority": enum_name(PRIORITIES, event.delivery.priority),
         "timestamp": event.timestamp,
         "title": rendered.title,
         "text": rendered.text,

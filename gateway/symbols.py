@@ -15,6 +15,15 @@ from candlewire.symbols import SymbolCatalog as BaseCatalog
 from candlewire.topics import TopicError, parse_ticker
 from proto import events_pb2 as ev
 
+# Enum names by number, looked up per event (``EnumTypeWrapper.Name`` costs a microsecond).
+EVENT_TYPES = {v.number: v.name for v in ev.EventType.DESCRIPTOR.values}
+PRIORITIES = {v.number: v.name for v in ev.Priority.DESCRIPTOR.values}
+
+
+def enum_name(names: dict[int, str], number: int) -> str:
+    """A value's name; a number this build does not know (a newer sender) as the number."""
+    return names.get(number) or str(number)
+
 
 @dataclass(frozen=True)
 class Rendered:
@@ -59,7 +68,7 @@ class SymbolCatalog(BaseCatalog):
 
     def render(self, event: ev.UserEvent) -> Rendered:
         """Title and text for people; JSON payloads are shown field by field."""
-        kind = ev.EventType.Name(event.event_type).replace("_", " ").lower()
+        kind = enum_name(EVENT_TYPES, event.event_type).replace("_", " ").lower()
         try:
             data = json.loads(event.payload) if event.payload else {}
         except (ValueError, UnicodeDecodeError):

@@ -188,3 +188,22 @@ def test_a_client_that_does_not_read_is_disconnected_not_buffered(
     stalled.close()
     assert pub.watched(user)
     reader.close()
+
+
+def test_an_event_of_a_type_this_build_does_not_know_is_shown_by_its_number(tmp_path) -> None:
+    """Enum names come from a table read per event; a newer sender's value is its number."""
+    from gateway.sessions import event_message
+    from gateway.symbols import SymbolCatalog
+    from tests.support import free_settings
+
+    symbols = SymbolCatalog(free_settings(tmp_path))
+    known = user_event("u1", ev.INFORMATIONAL, payload={"ticker": "SIM:BTC/USDT"})
+    shown = event_message(known, symbols.render(known), "informational")
+    assert (shown["event_type"], shown["priority"]) == (
+        ev.EventType.Name(known.event_type),
+        "INFORMATIONAL",
+    )
+    newer = user_event("u1", ev.INFORMATIONAL)
+    newer.event_type, newer.delivery.priority = 250, 9
+    shown = event_message(newer, symbols.render(newer), "informational")
+    assert (shown["event_type"], shown["priority"], shown["title"]) == ("250", "9", "250")
