@@ -42,7 +42,7 @@ from websockets.http11 import Request, Response
 
 from candlewire import curve
 from candlewire.config import PortTaken, Settings
-from candlewire.curve import GATEWAY_KEY, Guard, Peer, dial, peer_of
+from candlewire.curve import GATEWAY_KEY, Guard, Peer, dial, peer_reader
 from candlewire.runtime import MetricsServer, bind, binding, run_until_signal
 from candlewire.topics import (
     market_data_topic,
@@ -430,8 +430,7 @@ class Gateway:
         """Every event queued on the SUB is taken in one loop turn (:class:`Batches`): a
         receive through pyzmq's asyncio socket made a future per event."""
         self._event_batches = events = Batches(self._events)
-        # Without CURVE no message has a User-Id: asking raises, a fifth of a slow event.
-        keyed = bool(self.settings.security.curve)
+        peer_of = peer_reader(self.settings)
         counted = self.metrics.informational
         sent_to, no_session = counted.labels("sent"), counted.labels("no_session")
         while True:
@@ -442,8 +441,7 @@ class Gateway:
                 except EnvelopeError as exc:
                     self.metrics.dropped.labels("user_events", exc.reason).inc()
                     continue
-                peer = peer_of(frames[-1]) if keyed else None
-                if not self._may_send(peer, event, "events"):
+                if not self._may_send(peer_of(frames[-1]), event, "events"):
                     continue
                 rendered = self.symbols.render(event)
                 sent = self.sessions.send(
@@ -457,6 +455,7 @@ class Gateway:
         """Every event queued on the ROUTER is taken in one loop turn, so the events in flight
         share their database round trips (:class:`~gateway.critical.Batcher`)."""
         slots = asyncio.Semaphore(self.gw.max_inflight)
+        peer_of = peer_reader(self.settings)
         self._acks = router = Batches(self._router)
         while True:
             for raw in await router.recv(CRITICAL_BATCH):
