@@ -59,13 +59,7 @@ def spark_jars(settings: Settings) -> list[str]:
     return jars
 
 
-# GCTimeRatio=2: G1 grows the heap only when collections take more than a third of the time
-# (default: one thirteenth). The job allocates hundreds of MiB a second even when idle (each
-# micro-batch's tasks, plans and Parquet readers), so at the default every burst of short
-# pauses grew the heap it then kept: 580-810 MiB committed for 170-290 MiB in use, and the
-# JVM at 1.37-1.56 GiB RSS idle. With 2 it held 264 MiB and 1.1 GiB, and bench.stream's
-# rates and latency were unchanged (docs/benchmarks.md, #36).
-DRIVER_JVM_OPTIONS = " ".join(("-Xms256m", "-XX:GCTimeRatio=2", *JVM_RETURNS_HEAP))
+DRIVER_JVM_OPTIONS = " ".join(("-Xms256m", *JVM_RETURNS_HEAP))
 
 
 def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
