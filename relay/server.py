@@ -40,7 +40,7 @@ import zmq
 from google.protobuf.message import Message
 
 from candlewire.config import PortTaken, Settings
-from candlewire.curve import Guard, Peer, peer_of, serve, user_id_of
+from candlewire.curve import Guard, Peer, peer_of, peer_reader, serve, user_id_of
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, bind, run_until_signal
 from candlewire.topics import (
@@ -385,6 +385,7 @@ class Relay:
         poller.register(self._work, zmq.POLLIN)
         poller.register(self._watch, zmq.POLLIN)
         poller.register(self._control, zmq.POLLIN)
+        peer = peer_reader(self.settings)
         self._up_since = time.monotonic()
         while not self._stop.is_set():
             events = poller.poll(100)
@@ -403,7 +404,7 @@ class Relay:
                     frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                self._handle([f.bytes for f in frames], peer_of(frames[-1]))
+                self._handle([f.bytes for f in frames], peer(frames[-1]))
         self._release_held(float("inf"))  # accepted work is not lost to a clean stop
 
     def _track_ingestors(self) -> None:
