@@ -96,7 +96,8 @@ class IngestSettings(BaseModel):
     replayed on their original clock are exempt: their times are meant to be old."""
     sim_faults: str = ""
     """What SIM gets wrong on purpose, to watch gaps found and repaired: comma-separated
-    ``drop:20s@60s``, ``disconnect:20s@60s``, ``rest:off``, ``ids:opaque``."""
+    ``drop:20s@60s``, ``disconnect:20s@60s``, ``rest:off``, ``ids:opaque``, and for books
+    ``book:checksum@30s``, ``book:skip@30s``."""
 
 
 class SecuritySettings(BaseModel):

@@ -16,6 +16,7 @@ is watched while at least one of its data topics is.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from candlewire.topics import demanded_ticker, subscription_error_topic
@@ -44,15 +45,18 @@ class Demand:
     """Watched tickers, and since when the unwatched ones have been idle.
 
     ``grace_s=None`` keeps no idle times: for a watcher that only asks what is watched now.
+    ``accepts`` says which ticker a subscription watches (trades and candles by default;
+    :func:`candlewire.topics.demanded_book` for books).
     """
 
     grace_s: float | None
     topics: dict[str, set[str]] = field(default_factory=dict)
     idle_since: dict[str, float] = field(default_factory=dict)
+    accepts: Callable[[str], str | None] = demanded_ticker
 
     def apply(self, subscribed: bool, topic: str, now: float) -> tuple[str, bool] | None:
         """Feed one subscription change; return (ticker, watched) when the ticker flips."""
-        ticker = demanded_ticker(topic)
+        ticker = self.accepts(topic)
         if ticker is None:
             return None
         held = self.topics.setdefault(ticker, set())

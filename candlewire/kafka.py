@@ -37,7 +37,9 @@ TRIGGERS = TopicSpec("candlewire.triggers", 1, {"cleanup.policy": "compact"})
 # Gaps in ingestors' trade streams (#37), keyed by gap_id: the latest record of a gap is
 # its state (detected, repaired, unrepairable), so compaction keeps one record a gap.
 GAPS = TopicSpec("candlewire.gaps", 1, {"cleanup.policy": "compact"})
-TOPICS = (TICKS, OHLC_BATCHES, SYMBOL_METADATA, JOURNAL, TRIGGERS, GAPS)
+# L2 books (#38): each ticker's snapshots and the deltas after them, in its one partition.
+BOOKS = TopicSpec("candlewire.books", 3, {"retention.ms": str(7 * 86_400_000)})
+TOPICS = (TICKS, OHLC_BATCHES, SYMBOL_METADATA, JOURNAL, TRIGGERS, GAPS, BOOKS)
 
 
 def journal_partition(topic: str) -> int:

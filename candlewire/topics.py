@@ -63,6 +63,11 @@ def ohlc_type(period_s: int) -> str:
     return f"ohlc:{period_s}"
 
 
+def book_type() -> str:
+    """The data type of L2 order books (#38): ``book``."""
+    return "book"
+
+
 def market_data_topic(ticker: str, data_type: str) -> str:
     """``{ticker}|{data_type}``, e.g. ``BINANCE:BTC/USDT|tick`` or ``…|ohlc:60``."""
     return f"{ticker}|{data_type}"
@@ -84,6 +89,19 @@ def demanded_ticker(subscription: str) -> str | None:
         return None
     data = rest == "" or tick_type().startswith(rest) or ohlc_type(0).startswith(rest[:5])
     if not data:
+        return None
+    try:
+        parse_ticker(ticker)
+    except TopicError:
+        return None
+    return ticker
+
+
+def demanded_book(subscription: str) -> str | None:
+    """The ticker whose order book a SUB subscription asks for (exactly ``T|book``), else
+    None: books are streamed only for those who ask, not for every ``T|`` watcher."""
+    ticker, sep, rest = subscription.partition("|")
+    if not sep or rest != book_type():
         return None
     try:
         parse_ticker(ticker)

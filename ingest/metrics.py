@@ -47,4 +47,11 @@ class IngestMetrics:
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800),
             registry=r,
         )
+        self.book_events = Counter(
+            "candlewire_ingest_book_events",
+            "L2 book updates not written: gap and checksum (each followed by a fresh snapshot), "
+            "malformed",
+            ["event"],
+            registry=r,
+        )
         self.state = Gauge("candlewire_ingest_state", "1 READY, 2 AVAILABLE, 3 BUSY", registry=r)

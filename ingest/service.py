@@ -27,9 +27,10 @@ from candlewire.config import Settings
 from candlewire.curve import INGESTOR_KEY, dial
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
-from candlewire.topics import ingestor_topic, parse_ticker, work_prefix
+from candlewire.topics import demanded_book, ingestor_topic, parse_ticker, work_prefix
 from candlewire.zmqutil import harden, pending, subscriptions
-from ingest.exchanges.base import Exchange, UnknownSymbol
+from ingest.books import BookStream
+from ingest.exchanges.base import Exchange, NoBook, UnknownSymbol
 from ingest.gaps import GapDetector, GapRepairer, GapWatch
 from ingest.jobs import run_history, run_metadata, run_stream
 from ingest.metrics import IngestMetrics
@@ -45,9 +46,17 @@ def stream_key(ticker: str) -> str:
     return f"stream:{ticker}"
 
 
-def demand_id(ticker: str) -> str:
-    """request_id of a stream held because someone subscribes (not an explicit request)."""
-    return f"demand:{ticker}"
+def book_key(ticker: str) -> str:
+    """A ticker's L2 book stream (#38): a job of its own, started by ``T|book`` demand."""
+    return f"book:{ticker}"
+
+
+LIVE_KEYS = ("stream:", "book:")  # jobs that run until stopped, one thread each
+
+
+def demand_id(key: str) -> str:
+    """request_id of a live job held because someone subscribes (not an explicit request)."""
+    return f"demand:{key.removeprefix('stream:')}"
 
 
 @dataclass
@@ -93,7 +102,9 @@ class Ingestor:
                     exchange=exchange,
                 )
         self.on_demand = on_demand
-        self.demand = Demand(settings.demand_grace_s if grace_s is None else grace_s)
+        grace = settings.demand_grace_s if grace_s is None else grace_s
+        self.demand = Demand(grace)
+        self.book_demand = Demand(grace, accepts=demanded_book)
         self.failed: dict[str, tuple[int, str, float]] = {}  # ticker -> reason, text, next report
         self.jobs: dict[str, Job] = {}
         self.recent_done: dict[str, deque[str]] = {n: deque(maxlen=200) for n in self.exchanges}
@@ -254,35 +265,41 @@ class Ingestor:
 
     def _drain_subscriptions(self, beat: zmq.Socket, now: float) -> None:
         for subscribed, topic in subscriptions(beat):
-            change = self.demand.apply(subscribed, topic, now)
-            if change is None or not self.on_demand:
-                continue
-            ticker, watched = change
-            exchange = parse_ticker(ticker).exchange
-            if watched and exchange in self.exchanges and stream_key(ticker) not in self.pending:
-                log.info("%s: %s has a subscriber; streaming on demand", self.id, ticker)
-                self.metrics.received.labels("demand").inc()
-                self.pending[stream_key(ticker)] = rq.DataRequest(
-                    request_id=demand_id(ticker),
-                    kind=rq.REALTIME_SUBSCRIBE,
-                    ticker=ticker,
-                    exchange=exchange,
-                )
+            for demand, key_of in ((self.demand, stream_key), (self.book_demand, book_key)):
+                change = demand.apply(subscribed, topic, now)
+                if change is None or not self.on_demand:
+                    continue
+                ticker, watched = change
+                exchange, key = parse_ticker(ticker).exchange, key_of(ticker)
+                if watched and exchange in self.exchanges and key not in self.pending:
+                    log.info("%s: %s has a subscriber; streaming on demand", self.id, key)
+                    self.metrics.received.labels("demand").inc()
+                    self.pending[key] = rq.DataRequest(
+                        request_id=demand_id(key),
+                        kind=rq.REALTIME_SUBSCRIBE,
+                        ticker=ticker,
+                        exchange=exchange,
+                    )
 
     def _expire(self, now: float) -> None:
         """Stop on-demand streams whose last subscriber left a grace period ago."""
+        for key in map(book_key, self.book_demand.expired(now)):
+            req = self.pending.get(key)
+            if req is not None and req.request_id == demand_id(key):
+                del self.pending[key]
+                self._stop_job(key)
         for ticker in self.demand.expired(now):
             self.failed.pop(ticker, None)
             key = stream_key(ticker)
             req = self.pending.get(key)
-            if req is None or req.request_id != demand_id(ticker):
+            if req is None or req.request_id != demand_id(key):
                 continue  # always-on or explicitly requested: not ours to stop
             del self.pending[key]
             if key in self.jobs:
                 # Tell every ingestor of the exchange, as an operator's cancel would.
                 self._cancel(ticker)
                 cancel = rq.IngestorControl(
-                    request_id=f"{demand_id(ticker)}:{int(now * 1000)}",
+                    request_id=f"{demand_id(key)}:{int(now * 1000)}",
                     action=rq.CANCEL_REALTIME,
                     exchange=req.exchange,
                     ticker=ticker,
@@ -312,14 +329,17 @@ class Ingestor:
     def _cancel(self, ticker: str) -> None:
         key = stream_key(ticker)
         self.pending.pop(key, None)
+        self._stop_job(key)
+
+    def _stop_job(self, key: str) -> None:
         job = self.jobs.pop(key, None)
         if job is not None:
             job.stop.set()
-            log.info("stream %s cancelled", ticker)
+            log.info("%s cancelled", key)
 
     def _schedule(self, now: float) -> None:
         for key, job in list(self.jobs.items()):
-            if key.startswith("stream:") and self.views[job.exchange].outranked(key, now):
+            if key.startswith(LIVE_KEYS) and self.views[job.exchange].outranked(key, now):
                 log.info("%s: %s is streamed by a higher-ranked peer too; yielding", self.id, key)
                 job.stop.set()
                 del self.jobs[key]
@@ -341,6 +361,11 @@ class Ingestor:
             job.future = self._pool.submit(run_history, req, exchange, self._sink, self.id)
         elif req.kind == rq.SYMBOL_METADATA:
             job.future = self._pool.submit(run_metadata, req, exchange, self._sink)
+        elif key.startswith("book:"):
+            job.future = Future()
+            threading.Thread(
+                target=self._book, args=(req.ticker, exchange, job), name=key, daemon=True
+            ).start()
         else:
             # A stream another ingestor was running when it died starts from its last trade.
             tail = self.views[req.exchange].takeover_tail(
@@ -372,12 +397,20 @@ class Ingestor:
         except Exception as exc:
             job.future.set_exception(exc)  # type: ignore[union-attr]
 
+    def _book(self, ticker: str, exchange: Exchange, job: Job) -> None:
+        count = self.metrics.book_events.labels
+        stream = BookStream(ticker, exchange, self._sink, lambda event: count(event).inc())
+        try:
+            job.future.set_result(stream.run(job.stop))  # type: ignore[union-attr]
+        except Exception as exc:
+            job.future.set_exception(exc)  # type: ignore[union-attr]
+
     def _reap(self, now: float) -> None:
         for key, job in list(self.jobs.items()):
             if job.future is None or not job.future.done():
                 continue
             del self.jobs[key]
-            kind = "stream" if key.startswith("stream:") else "fetch"
+            kind = "stream" if key.startswith(LIVE_KEYS) else "fetch"
             exc = job.future.exception()
             self.metrics.completed.labels(kind, "error" if exc else "ok").inc()
             if exc is not None:
@@ -390,8 +423,10 @@ class Ingestor:
                 self.recent_done[job.exchange].append(key)
             elif exc is not None:
                 self.pending.pop(key, None)  # unknown symbol: do not restart
-                if isinstance(exc, UnknownSymbol):
+                if isinstance(exc, UnknownSymbol) and key.startswith("stream:"):
                     self.failed[key.removeprefix("stream:")] = (rq.UNKNOWN_SYMBOL, str(exc), now)
+                elif isinstance(exc, NoBook):
+                    log.warning("%s: %s", key, exc)
             elif not job.stop.is_set():  # it ended by itself: a replay reached its end
                 self.pending.pop(key, None)
 

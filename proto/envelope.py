@@ -18,7 +18,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from proto import cep_pb2, envelope_pb2, events_pb2, journal_pb2, market_pb2, requests_pb2
+from proto import book_pb2, cep_pb2, envelope_pb2, events_pb2, journal_pb2, market_pb2, requests_pb2
 
 PROTOCOL_VERSION = 1
 VERSION_FRAME = bytes([PROTOCOL_VERSION])
@@ -55,6 +55,8 @@ MESSAGE_CLASSES: dict[int, type[Message]] = {
     T.USER_EVENT: events_pb2.UserEvent,
     T.EVENT_ACK: events_pb2.EventAck,
     T.GAP: market_pb2.Gap,
+    T.BOOK_DELTA: book_pb2.BookDelta,
+    T.BOOK_SNAPSHOT: book_pb2.BookSnapshot,
 }
 TYPE_IDS: dict[type[Message], int] = {cls: type_id for type_id, cls in MESSAGE_CLASSES.items()}
 # A Kafka record's first two bytes per type (version, type id): one lookup per record.

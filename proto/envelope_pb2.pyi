@@ -27,6 +27,8 @@ class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FETCH_REPLY: _ClassVar[MessageType]
     JOURNAL_BATCH: _ClassVar[MessageType]
     GAP: _ClassVar[MessageType]
+    BOOK_DELTA: _ClassVar[MessageType]
+    BOOK_SNAPSHOT: _ClassVar[MessageType]
     USER_EVENT: _ClassVar[MessageType]
     EVENT_ACK: _ClassVar[MessageType]
 MESSAGE_TYPE_UNSPECIFIED: MessageType
@@ -50,5 +52,7 @@ FETCH_REQUEST: MessageType
 FETCH_REPLY: MessageType
 JOURNAL_BATCH: MessageType
 GAP: MessageType
+BOOK_DELTA: MessageType
+BOOK_SNAPSHOT: MessageType
 USER_EVENT: MessageType
 EVENT_ACK: MessageType

@@ -23,6 +23,23 @@ from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, encode_topic
 
 
+class RecordingSink:
+    """Stands in for ingest's KafkaSink: records what would go to Kafka, in order."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, Message]] = []
+
+    def send(self, topic: str, key: str, msg: Message) -> None:
+        self.records.append((topic, key, msg))
+
+    def flush(self, timeout: float = 60.0) -> None:
+        pass
+
+    def sent(self, topic: str) -> list:
+        """The messages sent to one topic."""
+        return [m for t, _, m in self.records if t == topic]
+
+
 class FakeIngestor:
     """An ingestor's work-queue side: SUB with exchange prefixes."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from proto import market_pb2
+from proto import book_pb2, market_pb2
 
 
 class ExchangeError(Exception):
@@ -28,6 +28,10 @@ class UnknownSymbol(ExchangeError):
 
 class RangeUnavailable(ExchangeError):
     """The exchange holds no data for (part of) the range. Final."""
+
+
+class NoBook(ExchangeError):
+    """The adapter serves no order book for this ticker. Final."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,16 @@ class Exchange(ABC):
         ``after_id`` is the id of the trade at ``from_ns``, a hint for venues that page by
         id. RangeUnavailable when the venue does not serve past trades (the default)."""
         raise RangeUnavailable(f"{self.name} does not serve past trades")
+
+    def book_snapshot(self, ticker: str) -> book_pb2.BookSnapshot:
+        """The venue's whole L2 book now (its REST snapshot), best levels first."""
+        raise NoBook(f"{self.name} serves no order book")
+
+    def book_deltas(self, ticker: str, stop: threading.Event) -> Iterator[book_pb2.BookDelta]:
+        """Live L2 updates until ``stop`` is set, from the moment of the call: a snapshot
+        fetched after it overlaps them, and :class:`candlewire.book.BookSync` drops the
+        overlap."""
+        raise NoBook(f"{self.name} serves no order book")
 
     rows_per_page: int = 1000
     recorded: bool = False  # trades carry recorded times, not now's: exempt from "behind"

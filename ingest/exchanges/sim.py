@@ -25,8 +25,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.exchanges import sim_book
 from ingest.exchanges.base import Exchange, ExchangeError, Page, RangeUnavailable, fmt_fixed
-from proto import market_pb2
+from proto import book_pb2, market_pb2
 
 GENESIS_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
 MINUTE_MS = 60_000
@@ -70,9 +71,13 @@ def fmt_fixed_column(values: np.ndarray, decimals: int) -> list[str]:
     return pc.binary_join_element_wise(sign, text, "").to_pylist()
 
 
-FAULT_SYNTAX = "drop:DURs@ATs, disconnect:DURs@ATs, rest:off, ids:opaque (e.g. drop:20s@60s)"
+FAULT_SYNTAX = (
+    "drop:DURs@ATs, disconnect:DURs@ATs, rest:off, ids:opaque, book:checksum@ATs, "
+    "book:skip@ATs (e.g. drop:20s@60s)"
+)
 _SECONDS = r"(\d+(?:\.\d+)?)s"
 _OUTAGE = re.compile(rf"(drop|disconnect):{_SECONDS}@{_SECONDS}")
+_BOOK_FAULT = re.compile(rf"book:(checksum|skip)@{_SECONDS}")
 
 
 @dataclass(frozen=True)
@@ -96,12 +101,16 @@ class Faults:
     outages: tuple[Outage, ...] = ()
     rest_off: bool = False  # refetch serves nothing (RangeUnavailable)
     opaque_ids: bool = False  # trade ids are hashes, not sequential numbers
+    # Book deltas gone wrong, (kind, at_s): the first delta from at_s after the book stream
+    # started loses a level change under the true checksum ("checksum"), or is not sent.
+    book: tuple[tuple[str, float], ...] = ()
 
 
 def parse_faults(spec: str) -> Faults:
-    """``drop:20s@60s,disconnect:5s@120s,rest:off,ids:opaque``: comma-separated faults;
-    durations and times in seconds, decimals allowed (``drop:1.5s@0.5s``)."""
+    """``drop:20s@60s,disconnect:5s@120s,rest:off,ids:opaque,book:skip@30s``: comma-separated
+    faults; durations and times in seconds, decimals allowed (``drop:1.5s@0.5s``)."""
     outages: list[Outage] = []
+    book: list[tuple[str, float]] = []
     rest_off = opaque_ids = False
     for item in (part.strip() for part in spec.split(",")):
         if not item:
@@ -111,13 +120,20 @@ def parse_faults(spec: str) -> Faults:
             if for_s <= 0:
                 raise ValueError(f"SIM fault {item!r}: the duration must be above 0 s")
             outages.append(Outage(kind, at_s, for_s))
+        elif m := _BOOK_FAULT.fullmatch(item):
+            book.append((m.group(1), float(m.group(2))))
         elif item == "rest:off":
             rest_off = True
         elif item == "ids:opaque":
             opaque_ids = True
         else:
             raise ValueError(f"SIM fault {item!r} is not one of: {FAULT_SYNTAX}")
-    return Faults(tuple(sorted(outages, key=lambda o: o.at_s)), rest_off, opaque_ids)
+    return Faults(
+        tuple(sorted(outages, key=lambda o: o.at_s)),
+        rest_off,
+        opaque_ids,
+        tuple(sorted(book, key=lambda f: f[1])),
+    )
 
 
 def opaque_id(seed: int, ticker: str, index: int) -> str:
@@ -135,6 +151,7 @@ class _Symbol:
     blocks: list[np.ndarray]  # cumulative log-price (micro units) at each minute, per block
     started: float | None = None  # when its live stream first started: faults count from it
     disconnected: set[Outage] = field(default_factory=set)  # disconnects already raised
+    book_started: float | None = None  # when its book stream first started: book faults
 
 
 class SimExchange(Exchange):
@@ -357,3 +374,77 @@ class SimExchange(Exchange):
         return [
             t for t in self.trade_batch(ticker, m0, m1) if from_ns <= t.exchange_time_ns <= to_ns
         ]
+
+    # -- the order book (#38, ingest.exchanges.sim_book) ------------------------------------
+
+    def _book_states(
+        self, sym: _Symbol, n0: int, n1: int
+    ) -> list[tuple[int, int, tuple[sim_book.Side, sim_book.Side]]]:
+        """(n, time in ns, (bids, asks)) of updates n0 <= n < n1; update n follows trade n."""
+        per = self.per_minute
+        m0 = n0 // per
+        t = self._minutes(sym, m0, n1 // per + 1)  # through trade n1, the last one's next
+        price, size = t["price"].tolist(), t["size"].tolist()
+        buy, time_us = t["buy"].tolist(), t["time_us"].tolist()
+        key, base = int(sym.key), m0 * per
+        grid = sim_book.grid_ticks(round(sym.p0 * 10**PRICE_DECIMALS))
+        return [
+            (
+                n,
+                time_us[n - base] * 1000,
+                sim_book.levels(key, grid, n, price[k], buy[k], size[k]),
+            )
+            for n in range(n0, n1)
+            for k in (n + 1 - base,)
+        ]
+
+    def _book_text(self, ticker: str) -> sim_book.BookText:
+        return sim_book.BookText(ticker, PRICE_DECIMALS, SIZE_DECIMALS)
+
+    def book_at(self, ticker: str, n: int) -> book_pb2.BookSnapshot:
+        """The book right after update ``n``: the oracle a client's book is held to."""
+        ((n, time_ns, (bids, asks)),) = self._book_states(self.symbol(ticker), n, n + 1)
+        return self._book_text(ticker).snapshot(n, time_ns, bids, asks, book_pb2.SNAPSHOT_START)
+
+    def book_seq_at(self, ticker: str, time_ns: int) -> int:
+        """The last update at or before ``time_ns``."""
+        sym = self.symbol(ticker)
+        minute = (time_ns // 1_000_000 - self.genesis_ms) // MINUTE_MS
+        times = self._minutes(sym, minute, minute + 1)["time_us"] * 1000
+        return minute * self.per_minute + int(np.searchsorted(times, time_ns, "right")) - 1
+
+    def book_snapshot(self, ticker: str) -> book_pb2.BookSnapshot:
+        return self.book_at(ticker, self.book_seq_at(ticker, time.time_ns()))
+
+    def book_deltas(self, ticker: str, stop: threading.Event) -> Iterator[book_pb2.BookDelta]:
+        sym = self.symbol(ticker)
+        start_ns = time.time_ns()
+        with self._lock:
+            if sym.book_started is None:
+                sym.book_started = start_ns / 1e9
+        return self._book_stream(sym, start_ns, stop)
+
+    def _book_stream(
+        self, sym: _Symbol, start_ns: int, stop: threading.Event
+    ) -> Iterator[book_pb2.BookDelta]:
+        text, per = self._book_text(sym.ticker), self.per_minute
+        faults = [f for f in self.faults.book if f[1] > start_ns / 1e9 - (sym.book_started or 0)]
+        n = self.book_seq_at(sym.ticker, start_ns) + 1
+        prev = self._book_states(sym, n - 1, n)[0][2]
+        while not stop.is_set():
+            states = self._book_states(sym, n, (n // per + 1) * per)
+            for n, time_ns, book in states:
+                while (wait := time_ns / 1e9 - time.time()) > 0:
+                    if stop.wait(min(wait, 0.5)):
+                        return
+                delta = text.delta(n, time_ns, prev, book)
+                prev = book
+                offset = time_ns / 1e9 - (sym.book_started or 0)
+                if faults and offset >= faults[0][1]:
+                    kind, _ = faults.pop(0)
+                    if kind == "skip":
+                        continue
+                    delta = sim_book.corrupt(delta)
+                delta.ingest_time_ns = time.time_ns()
+                yield delta
+            n += 1

@@ -24,7 +24,7 @@ from launcher.render import gap_table
 from proto import market_pb2
 from proto import requests_pb2 as rq
 from tests.ingest.test_service import live  # noqa: F401 - the relay + Kafka fixture
-from tests.support import read_topic, wait_for
+from tests.support import RecordingSink, read_topic, wait_for
 
 T = "SIM:BTC/USDT"
 S = 1_000_000_000
@@ -164,23 +164,12 @@ def test_peers_remember_tails_while_streaming_and_hand_them_over_once() -> None:
 # -- repairs of a SIM stream with faults --------------------------------------------------------
 
 
-class Sink:
-    """Records what would go to Kafka."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[str, str, object]] = []
-
-    def send(self, topic: str, key: str, msg: object) -> None:
-        self.records.append((topic, key, msg))
-
-    def flush(self, timeout: float = 60.0) -> None:
-        pass
-
+class Sink(RecordingSink):
     def ticks(self) -> list[market_pb2.Tick]:
-        return [m for topic, _, m in self.records if topic == TICKS.name]
+        return self.sent(TICKS.name)
 
     def gaps(self) -> list[market_pb2.Gap]:
-        return [m for topic, _, m in self.records if topic == GAPS.name]
+        return self.sent(GAPS.name)
 
 
 def stream(sim: SimExchange, seconds: float, ticker: str = T) -> Sink:

@@ -8,8 +8,10 @@ import time
 
 import pytest
 
+from candlewire.kafka import TICKS
 from ingest.jobs import run_stream, tick_problem
 from proto import market_pb2
+from tests.support import RecordingSink
 
 NOW = time.time_ns()
 S = 1_000_000_000
@@ -58,24 +60,16 @@ class Listing:
         yield from self.ticks
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.sent: list[market_pb2.Tick] = []
-
-    def send(self, topic: str, key: str, msg: market_pb2.Tick) -> None:
-        self.sent.append(msg)
-
-
 @pytest.mark.parametrize("recorded", [False, True])
 def test_bad_trades_are_dropped_and_counted_good_ones_sent(recorded: bool) -> None:
     now = time.time_ns()
     good, old = tick(at=now), tick(at=now - 7 * 86_400 * S)
     ticks = [good, tick(price="-5", at=now), tick(at=now + 3600 * S), old, tick(size="-1")]
-    sink, dropped = Sink(), []
+    sink, dropped = RecordingSink(), []
     sent = run_stream(
         "SIM:BTC/USDT", Listing(ticks, recorded), sink, threading.Event(), (60, 86_400),
         dropped.append,
     )  # fmt: skip
     kept = [good, old] if recorded else [good]
-    assert sink.sent == kept and sent == len(kept)
+    assert sink.sent(TICKS.name) == kept and sent == len(kept)
     assert sorted(dropped) == sorted(["price", "ahead", "size", *([] if recorded else ["behind"])])

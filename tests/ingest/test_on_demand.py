@@ -224,3 +224,42 @@ def test_exchange_without_live_ingestor_gets_its_error(relay) -> None:
     with Client(relay.settings) as client, pytest.raises(SubscriptionFailed) as info:
         next(client.subscribe("NOBODY:BTC/USDT", "ohlc:60", idle_timeout=15))
     assert info.value.reason == "NO_INGESTOR" and info.value.error.source == "relay"
+
+
+def test_a_book_subscriber_starts_the_book_stream_alone_and_checked_records_land(
+    relay, ctx
+) -> None:
+    """``T|book`` demand (#38): the book job starts, not the trade stream, and a client
+    replaying candlewire.books gets SIM's own book; leaving stops it after the grace."""
+    from candlewire.book import Book, BookSync, Verdict
+    from candlewire.kafka import BOOKS
+    from ingest.service import book_key
+    from proto import book_pb2
+    from tests.support import read_topic
+
+    s, ticker = relay.settings, "SIMK:A/USDT"
+    exchange = sim("SIMK")
+    ing = start_ingestor(s, exchange, grace_s=GRACE_S, ingestor_id="k1")
+    try:
+        time.sleep(1.0)  # past warm-up
+        watcher = Watcher(ctx, s, ticker, "book")
+        wait_for(lambda: book_key(ticker) in ing.jobs)
+        assert stream_key(ticker) not in ing.jobs, "a book subscriber streams no trades"
+
+        def mine(rs: list) -> list:
+            return [r for r in rs if getattr(r, "ticker", None) == ticker]
+
+        records = mine(read_topic(s, BOOKS.name, lambda rs: len(mine(rs)) >= 30))
+        assert isinstance(records[0], book_pb2.BookSnapshot)
+        client = BookSync(ticker)
+        client.on_snapshot(records[0])
+        assert all(client.on_delta(d) is Verdict.APPLIED for d in records[1:])
+        assert client.book is not None
+        truth = Book.from_snapshot(exchange.book_at(ticker, client.book.seq))
+        assert client.book.same_levels(truth)
+
+        watcher.close()
+        wait_for(lambda: book_key(ticker) not in ing.jobs, timeout=GRACE_S + 5)
+        assert book_key(ticker) not in ing.pending
+    finally:
+        ing.stop()

@@ -36,8 +36,9 @@ def test_table_covers_every_type_id_in_the_spec() -> None:
     # SubscriptionError: realtime on demand's answer to unservable subscriptions; FeedIdle: a
     # quiet feed's clock, in the ticks topic; StreamHead, FetchRequest, FetchReply: sequenced
     # live streams and the journal service; JournalBatch: a record of the journal topic;
-    # Gap: a range an ingestor's trade stream missed, in candlewire.gaps
-    ours = {0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1A}
+    # Gap: a range an ingestor's trade stream missed, in candlewire.gaps; BookDelta and
+    # BookSnapshot: L2 books (#38)
+    ours = {0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1A, 0x1B, 0x1C}
     assert set(MESSAGE_CLASSES) == spec_ids | ours
     assert len(set(MESSAGE_CLASSES.values())) == len(spec_ids | ours)
 

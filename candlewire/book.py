@@ -1,0 +1,252 @@
+"""Level-2 order books (#38): one book, and the one judgement of which update comes next.
+
+Sans-I/O, like :mod:`candlewire.market`: the ingestor runs :class:`BookSync` on a venue's
+updates before anything reaches Kafka, and the client runs the same class on a live
+stream's, so "apply, drop as stale, or ask for a fresh snapshot" is decided in one place.
+
+The rule, for a delta numbered ``venue_seq`` whose predecessor is ``prev_seq`` (``venue_seq
+- 1`` when the venue sends none), on a book that includes every update up to ``seq``:
+
+- ``venue_seq <= seq``: already in the book (a repeat, or older than the snapshot): dropped;
+- ``prev_seq > seq``: an update between them is missing: the book is no longer trusted;
+- otherwise applied. ``prev_seq < seq`` is an overlap, as venues that number a delta by its
+  first and last update send right after a snapshot; levels carry absolute sizes, so
+  applying it again is exact.
+
+After applying, a venue checksum (when the delta has one and the venue's formula is known)
+must equal the book's; a mismatch untrusts the book too. An untrusted book applies nothing
+until the next snapshot: its deltas wait in a bounded buffer, and those newer than the
+snapshot are applied on top of it, which is what closes the seam between a REST snapshot
+and a stream already running (cryptofeed#1016, #1082).
+"""
+
+from __future__ import annotations
+
+import enum
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+
+from proto import book_pb2
+
+Level = tuple[Decimal, Decimal]
+Checksum = Callable[["Book"], int]
+BUFFER_LIMIT = 10_000  # deltas held while a book waits for its snapshot
+
+
+class BookError(ValueError):
+    """A level that is no decimal price and size; the update is dropped and counted."""
+
+
+def _is_zero(size: str) -> bool:
+    """A size of zero in any spelling ("0", "0.000"): the level is removed."""
+    return not size.strip("0.")
+
+
+Parsed = list[tuple[Decimal, str, str]]
+
+
+def _parse(updates: Iterable[book_pb2.BookLevel]) -> Parsed:
+    """Each level as (price, price text, size text); "" for a size of zero (a removal)."""
+    out = []
+    for level in updates:
+        price, size = level.price, level.size
+        try:
+            key = Decimal(price)
+            if not size or Decimal(size) < 0 or not key.is_finite() or key <= 0:
+                raise InvalidOperation
+        except InvalidOperation:
+            raise BookError(f"level {price!r} x {size!r} is no price and size") from None
+        out.append((key, price, "" if _is_zero(size) else size))
+    return out
+
+
+def _put(side: dict[Decimal, tuple[str, str]], levels: Parsed) -> None:
+    for key, price, size in levels:
+        if size:
+            side[key] = (price, size)
+        else:
+            side.pop(key, None)
+
+
+@dataclass
+class Book:
+    """A ticker's book as of venue update ``seq``: price → (price text, size text) per side.
+
+    The venue's own texts are kept, because checksums are computed over them; the views
+    (:meth:`bids`, :meth:`asks`) give Decimals, best first.
+    """
+
+    ticker: str
+    seq: int = 0
+    time_ns: int = 0
+    _bids: dict[Decimal, tuple[str, str]] = field(default_factory=dict)
+    _asks: dict[Decimal, tuple[str, str]] = field(default_factory=dict)
+
+    @classmethod
+    def from_snapshot(cls, snap: book_pb2.BookSnapshot) -> Book:
+        book = cls(snap.ticker, snap.venue_seq, snap.exchange_time_ns)
+        _put(book._bids, _parse(snap.bids))
+        _put(book._asks, _parse(snap.asks))
+        return book
+
+    def apply(self, delta: book_pb2.BookDelta) -> None:
+        """Apply unconditionally; :class:`BookSync` decides whether a delta belongs here.
+        A malformed level raises BookError before the book changes."""
+        bids, asks = _parse(delta.bids), _parse(delta.asks)
+        _put(self._bids, bids)
+        _put(self._asks, asks)
+        self.seq, self.time_ns = delta.venue_seq, delta.exchange_time_ns
+
+    def bids(self, depth: int | None = None) -> list[Level]:
+        """Bid levels, highest price first."""
+        return [(p, Decimal(self._bids[p][1])) for p in self._prices(self._bids, True, depth)]
+
+    def asks(self, depth: int | None = None) -> list[Level]:
+        """Ask levels, lowest price first."""
+        return [(p, Decimal(self._asks[p][1])) for p in self._prices(self._asks, False, depth)]
+
+    def texts(self, bid: bool, depth: int | None = None) -> list[tuple[str, str]]:
+        """One side's levels as the venue spelled them, best first: what checksums read."""
+        side = self._bids if bid else self._asks
+        return [side[p] for p in self._prices(side, bid, depth)]
+
+    @staticmethod
+    def _prices(side: dict[Decimal, tuple[str, str]], bid: bool, depth: int | None) -> list:
+        prices = sorted(side, reverse=bid)
+        return prices if depth is None else prices[:depth]
+
+    def snapshot(
+        self, reason: book_pb2.SnapshotReason = book_pb2.SNAPSHOT_PERIODIC
+    ) -> book_pb2.BookSnapshot:
+        """The whole book as a BookSnapshot, best levels first."""
+        return book_pb2.BookSnapshot(
+            ticker=self.ticker,
+            venue_seq=self.seq,
+            exchange_time_ns=self.time_ns,
+            bids=[book_pb2.BookLevel(price=p, size=s) for p, s in self.texts(True)],
+            asks=[book_pb2.BookLevel(price=p, size=s) for p, s in self.texts(False)],
+            reason=reason,
+        )
+
+    def same_levels(self, other: Book) -> bool:
+        """Equal prices and sizes on both sides, whatever the spelling."""
+        return self.bids() == other.bids() and self.asks() == other.asks()
+
+
+def okx_checksum(book: Book) -> int:
+    """OKX's: CRC-32 of the best 25 bids and asks interleaved, ``bidPx:bidSz:askPx:askSz:…``
+    (a side that runs out leaves the other's levels alone). OKX sends it signed; here it is
+    unsigned, as ``BookDelta.checksum`` holds it."""
+    bids, asks = book.texts(True, 25), book.texts(False, 25)
+    parts: list[str] = []
+    for i in range(max(len(bids), len(asks))):
+        if i < len(bids):
+            parts.extend(bids[i])
+        if i < len(asks):
+            parts.extend(asks[i])
+    return zlib.crc32(":".join(parts).encode())
+
+
+def _kraken_text(value: str) -> str:
+    return value.replace(".", "").lstrip("0")
+
+
+def kraken_checksum(book: Book) -> int:
+    """Kraken's (WebSocket v1): CRC-32 of the best 10 asks then the best 10 bids, each price
+    and size without its decimal point and leading zeros, concatenated."""
+    text = "".join(
+        _kraken_text(price) + _kraken_text(size)
+        for price, size in (*book.texts(False, 10), *book.texts(True, 10))
+    )
+    return zlib.crc32(text.encode())
+
+
+# The formula of each venue that sends a checksum, by exchange name (SIM uses OKX's).
+CHECKSUMS: dict[str, Checksum] = {"OKX": okx_checksum, "KRAKEN": kraken_checksum}
+CHECKSUMS["SIM"] = okx_checksum
+
+
+class Verdict(enum.Enum):
+    """What :meth:`BookSync.on_delta` did with a delta."""
+
+    APPLIED = "applied"
+    STALE = "stale"  # already in the book: a repeat, or older than its snapshot
+    WAITING = "waiting"  # no trusted book yet: held for the next snapshot
+    GAP = "gap"  # an update before it is missing: a new snapshot is needed
+    CHECKSUM = "checksum"  # the book disagrees with the venue's checksum: a new snapshot
+    MALFORMED = "malformed"  # a level that is no price and size: dropped
+
+
+@dataclass
+class BookSync:
+    """A book kept right across snapshots and deltas; ``needs_snapshot`` says when a fresh
+    one must be fetched. Counters say what happened, for metrics and tests."""
+
+    ticker: str
+    checksum: Checksum | None = None
+    buffer_limit: int = BUFFER_LIMIT
+    book: Book | None = None
+    counts: dict[Verdict, int] = field(default_factory=lambda: dict.fromkeys(Verdict, 0))
+    _held: deque[book_pb2.BookDelta] = field(default_factory=deque)
+
+    @property
+    def needs_snapshot(self) -> bool:
+        return self.book is None
+
+    def on_snapshot(self, snap: book_pb2.BookSnapshot) -> list[tuple[book_pb2.BookDelta, Verdict]]:
+        """Start over from ``snap``; the held deltas newer than it are applied on top.
+        Returns each held delta with its verdict (one can still show a gap). A malformed
+        snapshot raises BookError and leaves the book as it was."""
+        self.book = Book.from_snapshot(snap)
+        held, self._held = self._held, deque()
+        return [(d, self.on_delta(d)) for d in held]
+
+    def on_delta(self, delta: book_pb2.BookDelta) -> Verdict:
+        verdict = self._judge(delta)
+        self.counts[verdict] += 1
+        return verdict
+
+    def _judge(self, delta: book_pb2.BookDelta) -> Verdict:
+        book = self.book
+        if book is None:
+            if len(self._held) >= self.buffer_limit:
+                self._held.popleft()  # the oldest: a snapshot will come after it anyway
+            self._held.append(delta)
+            return Verdict.WAITING
+        if delta.venue_seq <= book.seq:
+            return Verdict.STALE
+        prev = delta.prev_seq or delta.venue_seq - 1
+        if prev > book.seq:
+            self._untrust(delta)
+            return Verdict.GAP
+        try:
+            book.apply(delta)
+        except BookError:
+            return Verdict.MALFORMED
+        if (
+            self.checksum is not None
+            and delta.HasField("checksum")
+            and self.checksum(book) != delta.checksum
+        ):
+            self.book = None  # this delta is in it, so it is not held again
+            return Verdict.CHECKSUM
+        return Verdict.APPLIED
+
+    def _untrust(self, delta: book_pb2.BookDelta) -> None:
+        self.book = None
+        self._held.append(delta)
+
+
+def replay(
+    snapshot: book_pb2.BookSnapshot, deltas: Sequence[book_pb2.BookDelta]
+) -> tuple[Book, list[Verdict]]:
+    """A book rebuilt from a snapshot and the deltas after it (the history path's)."""
+    sync = BookSync(snapshot.ticker)
+    sync.on_snapshot(snapshot)
+    verdicts = [sync.on_delta(d) for d in deltas]  # no snapshot held anything back
+    if sync.book is None:
+        raise BookError(f"{snapshot.ticker}: deltas after seq {snapshot.venue_seq} have a gap")
+    return sync.book, verdicts
