@@ -50,7 +50,7 @@ from candlewire.errors import (
     TriggerRefused,
 )
 from candlewire.market import Candle, Tick, as_batch
-from candlewire.positions import describe
+from candlewire.positions import describe, run_items
 from candlewire.topics import check_id, metadata_update_topic, response_topic
 from proto import cep_pb2 as cep
 from proto import journal_pb2 as jr
@@ -547,7 +547,7 @@ def chunk_messages(reply: jr.FetchReply) -> list[Message]:
     with paused_gc():
         msgs: list[Message] = []
         for run in reply.runs:
-            msgs.extend(run.ticks or run.candles)
+            msgs.extend(run_items(run))
         return msgs
 
 

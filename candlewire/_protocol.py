@@ -16,10 +16,12 @@ from typing import Literal
 import zmq
 from google.protobuf.message import Message
 
+from candlewire.book import JOIN_LOOKBACK_S, BookFeed
 from candlewire.errors import HistoryFailed, ProtocolError, RequestRejected, SubscriptionFailed
 from candlewire.positions import is_after, is_next
 from candlewire.times import TimeLike, to_ms
 from candlewire.topics import (
+    book_type,
     check_id,
     history_ready_topic,
     market_data_topic,
@@ -250,7 +252,10 @@ class MarketFilter:
             self.dropped += 1
             return None
         if topic == self.error_topic and isinstance(msg, rq.SubscriptionError):
-            raise SubscriptionFailed(msg)
+            # The error topic is the ticker's: a missing book fails only book subscribers.
+            if msg.reason != rq.NO_BOOK or self.topic.endswith(f"|{book_type()}"):
+                raise SubscriptionFailed(msg)
+            return None
         return msg if topic == self.topic else None
 
 
@@ -340,6 +345,20 @@ class Sequence:
         if until is not None:
             req.until.CopyFrom(until)
         return req
+
+
+def book_start(ticker: str, since: Since, depth: int | None) -> tuple[int, BookFeed]:
+    """Where a book subscription replays the journal from, and the feed that keeps its book.
+
+    A book starts from a snapshot: the replay begins a snapshot interval before ``since``
+    (or before now), and the book is handed out from ``since`` on (live: at once)."""
+    if isinstance(since, StreamPosition) or hasattr(since, "stream"):
+        raise TypeError("a book subscription starts from a time (since=), not a position")
+    if depth is not None and depth < 1:
+        raise ValueError(f"depth {depth} must be 1 or more")
+    start_ms = int(time.time() * 1000) if since is None else to_ms(since, "since")
+    feed = BookFeed(ticker, depth, from_ns=0 if since is None else start_ms * 1_000_000)
+    return start_ms - int(JOIN_LOOKBACK_S * 1000), feed
 
 
 class ConnectionState:

@@ -30,36 +30,58 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
 from proto import book_pb2
+from proto.market_pb2 import StreamPosition
 
 Level = tuple[Decimal, Decimal]
 Checksum = Callable[["Book"], int]
 BUFFER_LIMIT = 10_000  # deltas held while a book waits for its snapshot
+# Ingestors write a snapshot of each book at least this often, so a reader that starts this
+# far back finds one: a subscriber replays the journal from there (``JOIN_LOOKBACK_S``),
+# and a rebuild from Iceberg looks back as far for its snapshot.
+SNAPSHOT_EVERY_S = 30.0
+JOIN_LOOKBACK_S = SNAPSHOT_EVERY_S + 5.0
 
 
 class BookError(ValueError):
     """A level that is no decimal price and size; the update is dropped and counted."""
 
 
-def _is_zero(size: str) -> bool:
-    """A size of zero in any spelling ("0", "0.000"): the level is removed."""
-    return not size.strip("0.")
-
-
 Parsed = list[tuple[Decimal, str, str]]
+INF = float("inf")
+PRICE_CACHE = 1 << 17  # price texts kept parsed; a book's levels recur, its sizes do not
+_prices: dict[str, Decimal] = {}
+
+
+def _price(text: str) -> Decimal:
+    """A level's price: a finite decimal above 0, parsed once per spelling."""
+    try:
+        price = Decimal(text)
+    except (InvalidOperation, TypeError):
+        price = Decimal(-1)
+    if not price.is_finite() or price <= 0:
+        raise BookError(f"level price {text!r} is no decimal above 0")
+    if len(_prices) >= PRICE_CACHE:
+        _prices.clear()
+    _prices[text] = price
+    return price
 
 
 def _parse(updates: Iterable[book_pb2.BookLevel]) -> Parsed:
-    """Each level as (price, price text, size text); "" for a size of zero (a removal)."""
-    out = []
+    """Each level as (price, price text, size text); "" for a size of zero in any spelling
+    ("0", "0.000"): a removal. A size is judged as a float, like a trade's
+    (:func:`ingest.jobs.tick_problem`): a finite number not below 0."""
+    out: Parsed = []
+    append, prices = out.append, _prices
     for level in updates:
         price, size = level.price, level.size
+        key = prices.get(price) or _price(price)
         try:
-            key = Decimal(price)
-            if not size or Decimal(size) < 0 or not key.is_finite() or key <= 0:
-                raise InvalidOperation
-        except InvalidOperation:
-            raise BookError(f"level {price!r} x {size!r} is no price and size") from None
-        out.append((key, price, "" if _is_zero(size) else size))
+            amount = float(size)
+        except ValueError:
+            amount = -1.0
+        if not 0.0 <= amount < INF:  # NaN fails both
+            raise BookError(f"level {price!r} size {size!r} is no decimal of 0 or more")
+        append((key, price, size if amount else ""))
     return out
 
 
@@ -84,6 +106,8 @@ class Book:
     time_ns: int = 0
     _bids: dict[Decimal, tuple[str, str]] = field(default_factory=dict)
     _asks: dict[Decimal, tuple[str, str]] = field(default_factory=dict)
+    depth: int | None = None  # the views' default depth (a subscription's ``depth=``)
+    position: StreamPosition | None = None  # of the last message applied, when subscribed
 
     @classmethod
     def from_snapshot(cls, snap: book_pb2.BookSnapshot) -> Book:
@@ -101,12 +125,14 @@ class Book:
         self.seq, self.time_ns = delta.venue_seq, delta.exchange_time_ns
 
     def bids(self, depth: int | None = None) -> list[Level]:
-        """Bid levels, highest price first."""
-        return [(p, Decimal(self._bids[p][1])) for p in self._prices(self._bids, True, depth)]
+        """Bid levels, highest price first; ``depth`` of them (default: the book's own)."""
+        side = self._bids
+        return [(p, Decimal(side[p][1])) for p in self._prices(side, True, depth or self.depth)]
 
     def asks(self, depth: int | None = None) -> list[Level]:
-        """Ask levels, lowest price first."""
-        return [(p, Decimal(self._asks[p][1])) for p in self._prices(self._asks, False, depth)]
+        """Ask levels, lowest price first; ``depth`` of them (default: the book's own)."""
+        side = self._asks
+        return [(p, Decimal(side[p][1])) for p in self._prices(side, False, depth or self.depth)]
 
     def texts(self, bid: bool, depth: int | None = None) -> list[tuple[str, str]]:
         """One side's levels as the venue spelled them, best first: what checksums read."""
@@ -140,7 +166,12 @@ def okx_checksum(book: Book) -> int:
     """OKX's: CRC-32 of the best 25 bids and asks interleaved, ``bidPx:bidSz:askPx:askSz:…``
     (a side that runs out leaves the other's levels alone). OKX sends it signed; here it is
     unsigned, as ``BookDelta.checksum`` holds it."""
-    bids, asks = book.texts(True, 25), book.texts(False, 25)
+    return okx_checksum_of(book.texts(True, 25), book.texts(False, 25))
+
+
+def okx_checksum_of(bids: Sequence[tuple[str, str]], asks: Sequence[tuple[str, str]]) -> int:
+    """:func:`okx_checksum` of levels already sorted best first (a venue computing its own)."""
+    bids, asks = bids[:25], asks[:25]
     parts: list[str] = []
     for i in range(max(len(bids), len(asks))):
         if i < len(bids):
@@ -238,6 +269,39 @@ class BookSync:
     def _untrust(self, delta: book_pb2.BookDelta) -> None:
         self.book = None
         self._held.append(delta)
+
+
+@dataclass
+class BookFeed:
+    """A subscription's book: offer it each message of ``{ticker}|book``; it answers with the
+    book when the message changed it (and the book is trusted), else None. Before
+    ``from_ns`` (a ``since=``) the book is built but not handed out."""
+
+    ticker: str
+    depth: int | None = None
+    from_ns: int = 0
+    sync: BookSync = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sync = BookSync(self.ticker)
+
+    def offer(self, msg: object) -> Book | None:
+        if isinstance(msg, book_pb2.BookDelta):
+            if self.sync.on_delta(msg) is not Verdict.APPLIED:
+                return None
+        elif isinstance(msg, book_pb2.BookSnapshot):
+            try:
+                self.sync.on_snapshot(msg)
+            except BookError:
+                self.sync.counts[Verdict.MALFORMED] += 1
+                return None
+        else:
+            return None
+        book = self.sync.book
+        if book is None or book.time_ns < self.from_ns:
+            return None
+        book.depth, book.position = self.depth, msg.stream
+        return book
 
 
 def replay(

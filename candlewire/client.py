@@ -42,11 +42,13 @@ from candlewire._protocol import (
     SubscriptionStats,
     TimeLike,
     TriggerCall,
+    book_start,
     new_id,
 )
+from candlewire.book import Book, BookFeed, Verdict
 from candlewire.config import Settings
 from candlewire.market import Candle, Tick, typed
-from candlewire.topics import market_data_topic
+from candlewire.topics import book_type, market_data_topic
 from candlewire.triggers import Condition, add_request
 from proto import cep_pb2 as cep
 from proto import market_pb2
@@ -55,8 +57,9 @@ from proto import requests_pb2 as rq
 if TYPE_CHECKING:
     from candlewire.history import Decimals
 
-# What a subscription yields (Message: with raw=True; RecordBatch: with batches=True).
-Item = Tick | Candle | Message | pa.RecordBatch
+# What a subscription yields (Message: with raw=True; RecordBatch: with batches=True; Book:
+# a "book" subscription's maintained book).
+Item = Tick | Candle | Book | Message | pa.RecordBatch
 
 
 class Client:
@@ -126,19 +129,27 @@ class Client:
     def history(
         self,
         ticker: str,
-        period: int,
-        start: TimeLike,
-        end: TimeLike,
+        period: int | str,
+        start: TimeLike | None = None,
+        end: TimeLike | None = None,
         *,
+        at: TimeLike | None = None,
         decimals: Decimals = "decimal",
-    ) -> pa.Table:
+    ) -> pa.Table | Book:
         """Candles already in Iceberg, read with pyiceberg (partition-pruned). Times are
         ISO text, epoch ms, dates or datetimes (no zone: UTC). Prices are exact decimals at
-        the smallest scale that holds them, or ``decimals="float"``."""
+        the smallest scale that holds them, or ``decimals="float"``.
+
+        ``history(ticker, "book", at=T)`` is the L2 book as of T instead, rebuilt from the
+        last snapshot before T and the deltas after it."""
         # Imported on the first read, not with the client: pyiceberg and SQLAlchemy are only
         # for reading Iceberg, which a process that only requests or subscribes never does.
-        from candlewire.history import read_history
+        from candlewire.history import read_book, read_history
 
+        if period == book_type():
+            return read_book(self.settings, ticker, _required(at, "at"))
+        period = int(period)
+        start, end = _required(start, "start"), _required(end, "end")
         return read_history(self.settings, ticker, period, start, end, decimals)
 
     def wait_ready(
@@ -206,6 +217,7 @@ class Client:
         idle_timeout: float | None = None,
         raw: bool = False,
         batches: bool = False,
+        depth: int | None = None,
     ) -> Subscription:
         """Yield every tick or candle of one topic once, in order, until closed: as
         :class:`~candlewire.market.Tick` and :class:`~candlewire.market.Candle` (Decimal
@@ -226,20 +238,39 @@ class Client:
         :data:`~candlewire.market.TICK_SCHEMA` or :data:`~candlewire.market.CANDLE_SCHEMA`
         (prices DECIMAL(38,18) like the Iceberg tables); live messages still come one by
         one. The positions and the no-gap, no-repeat rules are the same at the seam.
+
+        ``data_type="book"`` yields the ticker's L2 :class:`~candlewire.book.Book`, kept
+        from a snapshot and the deltas after it, each time an update changed it (the same
+        object, maintained; its ``bids()`` and ``asks()`` give ``depth`` levels). ``since``
+        (a time) starts it from the last snapshot before then.
         """
+        feed = None
+        if data_type == book_type():
+            since, feed = book_start(ticker, since, depth)
+            batches = False
         seq = Sequence(market_data_topic(ticker, data_type))
         steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq, batches)
-        return Subscription(drive_iter(steps), seq.stats, raw)
+        return Subscription(drive_iter(steps), seq.stats, raw, feed)
 
 
 class Subscription:
     """The messages of one subscription, and what it had to repair (``stats``)."""
 
     def __init__(
-        self, messages: Iterator[Emitted], stats: SubscriptionStats, raw: bool = False
+        self,
+        messages: Iterator[Emitted],
+        stats: SubscriptionStats,
+        raw: bool = False,
+        books: BookFeed | None = None,
     ) -> None:
         self._source = messages
-        self._messages: Iterator[Item] = messages if raw else _typed(messages, stats)
+        self._messages: Iterator[Item] = (
+            _booked(messages, books, stats)
+            if books is not None
+            else messages
+            if raw
+            else _typed(messages, stats)
+        )
         self.stats = stats
 
     def __iter__(self) -> Iterator[Item]:
@@ -257,10 +288,20 @@ class AsyncSubscription:
     """Like :class:`Subscription`, as an async iterator."""
 
     def __init__(
-        self, messages: AsyncIterator[Emitted], stats: SubscriptionStats, raw: bool = False
+        self,
+        messages: AsyncIterator[Emitted],
+        stats: SubscriptionStats,
+        raw: bool = False,
+        books: BookFeed | None = None,
     ) -> None:
         self._source = messages
-        self._messages: AsyncIterator[Item] = messages if raw else _typed_async(messages, stats)
+        self._messages: AsyncIterator[Item] = (
+            _booked_async(messages, books, stats)
+            if books is not None
+            else messages
+            if raw
+            else _typed_async(messages, stats)
+        )
         self.stats = stats
 
     def __aiter__(self) -> AsyncIterator[Item]:
@@ -280,6 +321,32 @@ def _typed(messages: Iterator[Emitted], stats: SubscriptionStats) -> Iterator[It
             yield typed(msg)
         except InvalidOperation:
             stats.malformed += 1
+
+
+def _required(value: TimeLike | None, name: str) -> TimeLike:
+    if value is None:
+        raise TypeError(f"history() needs {name}=")
+    return value
+
+
+def _booked(
+    messages: Iterator[Emitted], feed: BookFeed, stats: SubscriptionStats
+) -> Iterator[Book]:
+    for msg in messages:
+        book = feed.offer(msg)
+        stats.malformed = feed.sync.counts[Verdict.MALFORMED]
+        if book is not None:
+            yield book
+
+
+async def _booked_async(
+    messages: AsyncIterator[Emitted], feed: BookFeed, stats: SubscriptionStats
+) -> AsyncIterator[Book]:
+    async for msg in messages:
+        book = feed.offer(msg)
+        stats.malformed = feed.sync.counts[Verdict.MALFORMED]
+        if book is not None:
+            yield book
 
 
 async def _typed_async(
@@ -358,15 +425,20 @@ class AsyncClient:
     async def history(
         self,
         ticker: str,
-        period: int,
-        start: TimeLike,
-        end: TimeLike,
+        period: int | str,
+        start: TimeLike | None = None,
+        end: TimeLike | None = None,
         *,
+        at: TimeLike | None = None,
         decimals: Decimals = "decimal",
-    ) -> pa.Table:
+    ) -> pa.Table | Book:
         """Like :meth:`Client.history`, in a worker thread so the event loop stays free."""
-        from candlewire.history import read_history  # on the first read, as Client.history
+        from candlewire.history import read_book, read_history  # on the first read
 
+        if period == book_type():
+            return await asyncio.to_thread(read_book, self.settings, ticker, _required(at, "at"))
+        period = int(period)
+        start, end = _required(start, "start"), _required(end, "end")
         return await asyncio.to_thread(
             read_history, self.settings, ticker, period, start, end, decimals
         )
@@ -437,8 +509,13 @@ class AsyncClient:
         idle_timeout: float | None = None,
         raw: bool = False,
         batches: bool = False,
+        depth: int | None = None,
     ) -> AsyncSubscription:
         """Like :meth:`Client.subscribe`, as an async iterator."""
+        feed = None
+        if data_type == book_type():
+            since, feed = book_start(ticker, since, depth)
+            batches = False
         seq = Sequence(market_data_topic(ticker, data_type))
         steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq, batches)
-        return AsyncSubscription(async_drive_iter(steps), seq.stats, raw)
+        return AsyncSubscription(async_drive_iter(steps), seq.stats, raw, feed)

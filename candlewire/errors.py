@@ -43,7 +43,8 @@ class HistoryFailed(CandlewireError):
 
 
 class SubscriptionFailed(CandlewireError):
-    """Nothing will flow for a subscribed ticker: ``reason`` is NO_INGESTOR or UNKNOWN_SYMBOL."""
+    """Nothing will flow for a subscribed ticker: ``reason`` is NO_INGESTOR, UNKNOWN_SYMBOL or
+    (a book subscription) NO_BOOK."""
 
     def __init__(self, error: rq.SubscriptionError) -> None:
         self.error = error

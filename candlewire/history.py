@@ -10,8 +10,16 @@ from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+from pyiceberg.expressions import (
+    And,
+    EqualTo,
+    GreaterThan,
+    GreaterThanOrEqual,
+    LessThan,
+    LessThanOrEqual,
+)
 
+from candlewire.book import SNAPSHOT_EVERY_S, Book, replay
 from candlewire.config import Settings
 from candlewire.lake import NAMESPACE, catalog
 from candlewire.times import TimeLike, to_ms
@@ -113,3 +121,66 @@ def _by_open_time(table: pa.Table) -> pa.Table:
     if len(times) < 2 or pc.all(pc.less_equal(times[:-1], times[1:])).as_py():
         return ordered
     return ordered.sort_by("open_time")
+
+
+def read_book(settings: Settings, ticker: str, at: TimeLike) -> Book:
+    """The L2 book as of ``at``, rebuilt from Iceberg: the last snapshot at or before it,
+    and the deltas after that snapshot up to ``at``. LookupError when no snapshot is held
+    within a day before ``at``."""
+    from proto import book_pb2
+
+    at_ms = to_ms(at, "at")
+    at_ns = (at_ms + 1) * 1_000_000 - 1  # every update within the millisecond
+    cat = catalog(settings)
+    snap = None
+    for lookback_ms in (int(4 * SNAPSHOT_EVERY_S * 1000), 86_400_000):
+        rows = (
+            cat.load_table(f"{NAMESPACE}.book_snapshots")
+            .scan(
+                row_filter=And(
+                    EqualTo("ticker", ticker),
+                    GreaterThanOrEqual("exchange_time", _iso(at_ms - lookback_ms)),
+                    LessThanOrEqual("exchange_time_ns", at_ns),
+                )
+            )
+            .to_arrow()
+        )
+        if rows.num_rows:
+            last = rows.sort_by([("exchange_time_ns", "descending"), ("venue_seq", "descending")])
+            snap = _book_message(book_pb2.BookSnapshot, last.slice(0, 1).to_pylist()[0])
+            break
+    if snap is None:
+        raise LookupError(f"no {ticker} book snapshot within a day before {_iso(at_ms)}")
+    deltas = (
+        cat.load_table(f"{NAMESPACE}.book_deltas")
+        .scan(
+            row_filter=And(
+                EqualTo("ticker", ticker),
+                GreaterThanOrEqual("exchange_time", _iso(snap.exchange_time_ns // 1_000_000)),
+                GreaterThan("venue_seq", snap.venue_seq),
+                LessThanOrEqual("exchange_time_ns", at_ns),
+            )
+        )
+        .to_arrow()
+        .sort_by("venue_seq")
+    )
+    book, _ = replay(snap, [_book_message(book_pb2.BookDelta, r) for r in deltas.to_pylist()])
+    return book
+
+
+def _book_message(cls: type, row: dict) -> object:
+    """A book table's row as the message it was written from (sizes of removed levels 0)."""
+
+    def levels(side: list[dict] | None) -> list[dict[str, str]]:
+        return [{"price": str(lv["price"]), "size": str(lv["size"])} for lv in side or []]
+
+    msg = cls(
+        ticker=row["ticker"],
+        venue_seq=row["venue_seq"],
+        exchange_time_ns=row["exchange_time_ns"],
+        bids=levels(row["bids"]),
+        asks=levels(row["asks"]),
+    )
+    if row.get("prev_seq"):
+        msg.prev_seq = row["prev_seq"]
+    return msg

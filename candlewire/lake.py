@@ -21,9 +21,11 @@ from pyiceberg.types import (
     BooleanType,
     DecimalType,
     IntegerType,
+    ListType,
     LongType,
     NestedField,
     StringType,
+    StructType,
     TimestamptzType,
 )
 
@@ -89,6 +91,41 @@ SYMBOL_METADATA_SCHEMA = Schema(
     identifier_field_ids=[1],
 )
 
+
+def _levels(name_id: int, name: str, first_id: int) -> NestedField:
+    """A side of a book: a list of (price, size) levels, best first."""
+    level = StructType(
+        NestedField(first_id + 1, "price", DEC, required=False),
+        NestedField(first_id + 2, "size", DEC, required=False),
+    )
+    return NestedField(name_id, name, ListType(first_id, level, element_required=False))
+
+
+# L2 books (#38): what the ingestors checked, as written to candlewire.books. Sizes of 0 in a
+# delta remove the level. Columns are optional: Spark writes the rows it decoded as they are.
+BOOK_SNAPSHOTS_SCHEMA = Schema(
+    NestedField(1, "ticker", StringType(), required=False),
+    NestedField(2, "venue_seq", LongType(), required=False),
+    NestedField(3, "exchange_time", TimestamptzType(), required=False),
+    NestedField(4, "exchange_time_ns", LongType(), required=False),
+    NestedField(5, "ingest_time", TimestamptzType(), required=False),
+    NestedField(6, "reason", StringType(), required=False),
+    _levels(7, "bids", 20),
+    _levels(8, "asks", 30),
+)
+BOOK_DELTAS_SCHEMA = Schema(
+    NestedField(1, "ticker", StringType(), required=False),
+    NestedField(2, "venue_seq", LongType(), required=False),
+    NestedField(3, "exchange_time", TimestamptzType(), required=False),
+    NestedField(4, "exchange_time_ns", LongType(), required=False),
+    NestedField(5, "ingest_time", TimestamptzType(), required=False),
+    NestedField(6, "prev_seq", LongType(), required=False),
+    _levels(7, "bids", 20),
+    _levels(8, "asks", 30),
+    NestedField(9, "checksum", LongType(), required=False),
+)
+BOOK_TABLES = ("book_snapshots", "book_deltas")
+
 # Users ask for one ticker over a time range: partition by ticker and day (and the period for
 # candles) so a query reads only that ticker's days.
 TABLES: dict[str, tuple[Schema, PartitionSpec, SortOrder]] = {
@@ -116,6 +153,20 @@ TABLES: dict[str, tuple[Schema, PartitionSpec, SortOrder]] = {
         PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "exchange")),
         SortOrder(SortField(1)),
     ),
+    # Partitioned like ticks: a book is rebuilt from one ticker's day.
+    **{
+        name: (
+            schema,
+            PartitionSpec(
+                PartitionField(1, 1000, IdentityTransform(), "ticker"),
+                PartitionField(3, 1001, DayTransform(), "exchange_day"),
+            ),
+            SortOrder(SortField(4)),
+        )
+        for name, schema in zip(
+            BOOK_TABLES, (BOOK_SNAPSHOTS_SCHEMA, BOOK_DELTAS_SCHEMA), strict=True
+        )
+    },
 }
 
 

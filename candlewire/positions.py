@@ -9,7 +9,44 @@ tick has the offset it had before. Other messages are ordered by (epoch, seq).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
+from google.protobuf.message import Message
+
+from proto import book_pb2, market_pb2
+from proto import journal_pb2 as jr
 from proto.market_pb2 import StreamPosition
+
+# Which repeated field of a JournalBatch holds each sequenced message type.
+RUN_FIELDS: dict[type[Message], str] = {
+    market_pb2.Tick: "ticks",
+    market_pb2.OHLC: "candles",
+    book_pb2.BookDelta: "book_deltas",
+    book_pb2.BookSnapshot: "book_snapshots",
+}
+
+
+def run_items(run: jr.JournalBatch) -> Sequence[Message]:
+    """A journal run's messages in position order. A run holds one topic's messages, so one
+    field, except a book run: its snapshots and deltas are merged back by seq (one run is
+    one publisher's, so one epoch)."""
+    if run.ticks:
+        return run.ticks
+    if run.candles:
+        return run.candles
+    if run.book_snapshots and run.book_deltas:
+        return sorted([*run.book_snapshots, *run.book_deltas], key=_seq)
+    return run.book_deltas or run.book_snapshots
+
+
+def add_items(run: jr.JournalBatch, items: Iterable[Message]) -> None:
+    """Put messages into the run's fields, in order (what :func:`run_items` reads back)."""
+    for item in items:
+        getattr(run, RUN_FIELDS[type(item)]).append(item)
+
+
+def _seq(msg: Message) -> int:
+    return msg.stream.seq  # type: ignore[attr-defined]
 
 
 def by_source(pos: StreamPosition) -> bool:

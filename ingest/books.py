@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from candlewire.book import CHECKSUMS, BookError, BookSync, Verdict
+from candlewire.book import CHECKSUMS, SNAPSHOT_EVERY_S, BookError, BookSync, Verdict
 from candlewire.kafka import BOOKS
 from ingest.exchanges.base import Exchange, ExchangeError, NoBook, UnknownSymbol
 from ingest.jobs import retry
@@ -24,7 +24,6 @@ from ingest.sink import KafkaSink
 from proto import book_pb2
 
 log = logging.getLogger("candlewire.ingest")
-SNAPSHOT_S = 30.0  # a periodic snapshot at least this often
 _RESNAPSHOT = {
     Verdict.GAP: book_pb2.SNAPSHOT_SEQUENCE,
     Verdict.CHECKSUM: book_pb2.SNAPSHOT_CHECKSUM,
@@ -40,7 +39,7 @@ class BookStream:
         exchange: Exchange,
         sink: KafkaSink,
         counted: Callable[[str], None] = lambda _event: None,
-        snapshot_s: float = SNAPSHOT_S,
+        snapshot_s: float = SNAPSHOT_EVERY_S,
     ) -> None:
         self.ticker, self.exchange, self.sink = ticker, exchange, sink
         self.counted, self.snapshot_s = counted, snapshot_s

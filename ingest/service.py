@@ -312,7 +312,7 @@ class Ingestor:
     def _report_failures(self, beat: zmq.Socket, now: float) -> None:
         """Tell a failed stream's subscribers why, for as long as they watch."""
         for ticker, (reason, text, due) in list(self.failed.items()):
-            if not self.demand.watched(ticker):
+            if not (self.demand.watched(ticker) or self.book_demand.watched(ticker)):
                 del self.failed[ticker]
             elif now >= due:
                 beat.send_multipart(subscription_error(ticker, reason, text, self.id))
@@ -423,10 +423,11 @@ class Ingestor:
                 self.recent_done[job.exchange].append(key)
             elif exc is not None:
                 self.pending.pop(key, None)  # unknown symbol: do not restart
-                if isinstance(exc, UnknownSymbol) and key.startswith("stream:"):
-                    self.failed[key.removeprefix("stream:")] = (rq.UNKNOWN_SYMBOL, str(exc), now)
-                elif isinstance(exc, NoBook):
-                    log.warning("%s: %s", key, exc)
+                ticker = key.split(":", 1)[1]
+                if isinstance(exc, NoBook):
+                    self.failed[ticker] = (rq.NO_BOOK, str(exc), now)
+                elif isinstance(exc, UnknownSymbol):
+                    self.failed[ticker] = (rq.UNKNOWN_SYMBOL, str(exc), now)
             elif not job.stop.is_set():  # it ended by itself: a replay reached its end
                 self.pending.pop(key, None)
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from candlewire.config import Settings
 from candlewire.history import read_history, read_ticks
+from candlewire.topics import book_type
 from proto import journal_pb2 as jr
 from proto import market_pb2
 
@@ -33,6 +34,11 @@ def archive_chunk(
     """Fill ``reply`` with the archive's next chunk from ``req.since_ms``; its
     ``archive_until_ms`` says where the next request starts (the boundary: the journal)."""
     ticker, _, data_type = req.topic.partition("|")
+    if data_type == book_type():
+        # A book before the journal is rebuilt from its own tables (Client.book_at), not
+        # replayed: the caller goes on from the journal's first snapshot.
+        reply.archive_until_ms = boundary_ms
+        return
     run = reply.runs.add(topic=req.topic)
     if data_type == "tick":
         rows = read_ticks(settings, ticker, req.since_ms, boundary_ms)

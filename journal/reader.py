@@ -17,8 +17,8 @@ from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from candlewire.config import PERIODS_S, Settings
 from candlewire.kafka import JOURNAL, consumer_config, journal_partition
-from candlewire.positions import describe, is_after
-from candlewire.topics import ohlc_type, parse_ticker, tick_type
+from candlewire.positions import add_items, describe, is_after, run_items
+from candlewire.topics import book_type, ohlc_type, parse_ticker, tick_type
 from proto import journal_pb2 as jr
 from proto.envelope import EnvelopeError, expect, from_record
 from proto.market_pb2 import StreamPosition
@@ -32,14 +32,14 @@ class BadRequest(ValueError):
     pass
 
 
-DATA_TYPES = frozenset({tick_type(), *(ohlc_type(p) for p in PERIODS_S)})
+DATA_TYPES = frozenset({tick_type(), book_type(), *(ohlc_type(p) for p in PERIODS_S)})
 
 
 def check_topic(topic: str) -> None:
     """A live topic the journal can hold; a TopicError (a ValueError) says why not."""
     ticker, sep, data_type = topic.partition("|")
     if not sep or data_type not in DATA_TYPES:
-        raise BadRequest(f"topic {topic!r} is not TICKER|tick or TICKER|ohlc:PERIOD")
+        raise BadRequest(f"topic {topic!r} is not TICKER|tick, TICKER|ohlc:PERIOD or TICKER|book")
     parse_ticker(ticker)
 
 
@@ -240,7 +240,7 @@ def take(
         return last, False, 0  # all delivered already (a replay after a restart)
     if run.last.publish_time_ms < since_ms:
         return last, False, 0
-    items = run.ticks or run.candles
+    items = run_items(run)
     inside = is_after(run.first, last) and (until is None or not is_after(run.last, until))
     if inside and run.first.publish_time_ms >= since_ms:
         out.runs.append(run)
@@ -256,7 +256,7 @@ def take(
             last = pos
     if keep:
         cut = out.runs.add(topic=run.topic)
-        (cut.ticks if run.ticks else cut.candles).extend(keep)
+        add_items(cut, keep)
         cut.first.CopyFrom(keep[0].stream)
         cut.last.CopyFrom(keep[-1].stream)
     return last, done, len(keep)

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from candlewire.config import Settings
 from candlewire.curve import Guard, serve
+from candlewire.positions import run_items
 from candlewire.runtime import MetricsServer, bind, run_until_signal
 from candlewire.zmqutil import harden
 from journal.reader import JournalReader
@@ -141,7 +142,7 @@ class JournalService:
             )
         self.metrics.seconds.observe(time.perf_counter() - started)
         self.metrics.replies.labels(jr.FetchStatus.Name(reply.status)).inc()
-        self.metrics.records.inc(sum(len(r.ticks) + len(r.candles) for r in reply.runs))
+        self.metrics.records.inc(sum(len(run_items(r)) for r in reply.runs))
         return [*route, *encode(reply)]
 
 

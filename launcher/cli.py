@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from candlewire.config import POSTGRES_PASSWORD, PortTaken, Settings
 from candlewire.curve import ROLES
 from candlewire.times import to_ms
+from candlewire.topics import book_type
 from candlewire.triggers import KINDS
 from launcher.formats import FORMATS, WATCH_FORMATS
 
@@ -228,6 +229,8 @@ def _watch(args: argparse.Namespace, settings: Settings) -> int:
         else:
             print(lines.line(item, repaired).plain, flush=True)
 
+    if args.type == book_type():
+        return _watch_book(args, settings)
     with Client(settings) as client:
         sub = client.subscribe(args.ticker, args.type, since=args.since)
         try:
@@ -247,6 +250,37 @@ def _watch(args: argparse.Namespace, settings: Settings) -> int:
                     f"{sub.stats.malformed} messages left out: a price or size not a decimal",
                     file=sys.stderr,
                 )
+    return 0
+
+
+def _watch_book(args: argparse.Namespace, settings: Settings) -> int:
+    """A live ladder of the book on a terminal, redrawn as it changes (at most 10 times a
+    second); else one JSON object per update (``--format json``, or piped)."""
+    from candlewire.client import Client
+    from launcher.render import book_ladder, book_record
+
+    live = None
+    if args.format == "text" and sys.stdout.isatty():
+        from rich.live import Live
+
+        live = Live(refresh_per_second=10, auto_refresh=True)
+    with Client(settings) as client:
+        sub = client.subscribe(args.ticker, "book", since=args.since, depth=args.depth)
+        try:
+            if live is not None:
+                live.start()
+            for i, book in enumerate(sub, start=1):
+                if live is not None:
+                    live.update(book_ladder(book))
+                else:
+                    print(json.dumps(book_record(book)), flush=True)
+                if args.count and i >= args.count:
+                    break
+        finally:
+            if live is not None:
+                live.stop()
+            if sub.stats.gaps:
+                print(f"{sub.stats.gaps} sequence gaps repaired from the journal", file=sys.stderr)
     return 0
 
 
@@ -514,7 +548,10 @@ def build_parser() -> argparse.ArgumentParser:
     user.add_argument("--push-subscription", help="a file with the browser's PushSubscription JSON")
     watch = sub.add_parser("watch", help="print live messages of a ticker")
     watch.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, e.g. BINANCE:BTC/USDT")
-    watch.add_argument("--type", default="tick", help="tick or ohlc:<period_s>")
+    watch.add_argument("--type", default="tick", help="tick, ohlc:<period_s> or book")
+    watch.add_argument(
+        "--depth", type=int, default=10, help="book: levels a side shown (default 10)"
+    )
     watch.add_argument("--count", type=int, default=0, help="stop after N messages")
     watch.add_argument(
         "--format",

@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 from rich.table import Table
 from rich.text import Text
 
+from candlewire.book import Book
 from candlewire.market import Candle, Tick, plain
 from launcher.formats import FORMATS
 from proto import market_pb2
@@ -297,6 +298,42 @@ def live_record(item: Tick | Candle | Message, repaired: bool = False) -> dict[s
         record["stream"] = {"epoch": item.stream.epoch, "seq": item.stream.seq}
     record["repaired"] = repaired
     return record
+
+
+def book_record(book: Book) -> dict[str, Any]:
+    """A book for machines (``watch --type book --format json``): its levels as exact text,
+    best first, the venue's sequence number and the exchange time."""
+    record: dict[str, Any] = {
+        "type": "book",
+        "ticker": book.ticker,
+        "time": iso(datetime.fromtimestamp(book.time_ns / 1e9, UTC)),
+        "venue_seq": book.seq,
+        "bids": [[plain(p), plain(q)] for p, q in book.bids()],
+        "asks": [[plain(p), plain(q)] for p, q in book.asks()],
+    }
+    if book.position is not None and book.position.epoch:
+        record["stream"] = {"epoch": book.position.epoch, "seq": book.position.seq}
+    return record
+
+
+def book_ladder(book: Book) -> Table:
+    """A book as a price ladder: asks above (best at the bottom), bids below, sizes aligned
+    on the point, the spread in the title."""
+    bids, asks = book.bids(), book.asks()
+    spread = f"spread {plain(asks[0][0] - bids[0][0])}" if bids and asks else "one-sided"
+    title = f"{book.ticker}  seq {book.seq}  {iso(datetime.fromtimestamp(book.time_ns / 1e9, UTC))}"
+    table = Table(title=f"{title}  {spread}", title_justify="left")
+    table.add_column("bid size", justify="right", style="green")
+    table.add_column("price", justify="right")
+    table.add_column("ask size", justify="right", style="red")
+    prices = aligned([plain(p) for p, _ in [*reversed(asks), *bids]])
+    ask_sizes = aligned([plain(q) for _, q in reversed(asks)])
+    bid_sizes = aligned([plain(q) for _, q in bids])
+    for price, size in zip(prices[: len(asks)], ask_sizes, strict=True):
+        table.add_row("", price, size)
+    for price, size in zip(prices[len(asks) :], bid_sizes, strict=True):
+        table.add_row(size, price, "")
+    return table
 
 
 def gap_table(gaps: Sequence[market_pb2.Gap], limit: int = 20) -> Table:

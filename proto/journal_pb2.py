@@ -22,22 +22,23 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from proto import book_pb2 as proto_dot_book__pb2
 from proto import market_pb2 as proto_dot_market__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13proto/journal.proto\x12\rcandlewire.v1\x1a\x12proto/market.proto\"\xc5\x01\n\x0c\x46\x65tchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12,\n\x05\x61\x66ter\x18\x03 \x01(\x0b\x32\x1d.candlewire.v1.StreamPosition\x12\x10\n\x08since_ms\x18\x04 \x01(\x03\x12,\n\x05until\x18\x05 \x01(\x0b\x32\x1d.candlewire.v1.StreamPosition\x12\x0e\n\x06\x63ursor\x18\x06 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x07 \x01(\r\"\xdf\x01\n\nFetchReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x06status\x18\x02 \x01(\x0e\x32\x1a.candlewire.v1.FetchStatus\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12)\n\x04runs\x18\x08 \x03(\x0b\x32\x1b.candlewire.v1.JournalBatch\x12\x0e\n\x06\x63ursor\x18\x05 \x01(\x03\x12\x0c\n\x04\x64one\x18\x06 \x01(\x08\x12\x19\n\x11\x61vailable_from_ms\x18\x07 \x01(\x03\x12\x18\n\x10\x61rchive_until_ms\x18\t \x01(\x03J\x04\x08\x04\x10\x05\"\xc8\x01\n\x0cJournalBatch\x12\r\n\x05topic\x18\x01 \x01(\t\x12,\n\x05\x66irst\x18\x02 \x01(\x0b\x32\x1d.candlewire.v1.StreamPosition\x12+\n\x04last\x18\x03 \x01(\x0b\x32\x1d.candlewire.v1.StreamPosition\x12\"\n\x05ticks\x18\x05 \x03(\x0b\x32\x13.candlewire.v1.Tick\x12$\n\x07\x63\x61ndles\x18\x06 \x03(\x0b\x32\x13.candlewire.v1.OHLCJ\x04\x08\x04\x10\x05*\x7f\n\x0b\x46\x65tchStatus\x12\x1c\n\x18\x46\x45TCH_STATUS_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x46\x45TCH_OK\x10\x01\x12\x16\n\x12\x46\x45TCH_OUT_OF_RANGE\x10\x02\x12\x15\n\x11\x46\x45TCH_BAD_REQUEST\x10\x03\x12\x15\n\x11\x46\x45TCH_UNAVAILABLE\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13proto/journal.proto\x12\rcandlewire.v1\x1a\x10proto/book.proto\x1a\x12proto/market.proto\"\xc5\x01\n\x0c\x46\x65tchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12,\n\x05\x61\x66ter\x18\x03 \x01(\x0b\x32\x1d.candlewire.v1.StreamPosition\x12\x10\n\x08since_ms\x18\x04 \x01(\x03\x12,\n\x05until\x18\x05 \x01(\x0b\x32\x1d.candlewire.v1.StreamPosition\x12\x0e\n\x06\x63ursor\x18\x06 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x07 \x01(\r\"\xdf\x01\n\nFetchReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x06status\x18\x02 \x01(\x0e\x32\x1a.candlewire.v1.FetchStatus\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12)\n\x04runs\x18\x08 \x03(\x0b\x32\x1b.candlewire.v1.JournalBatch\x12\x0e\n\x06\x63ursor\x18\x05 \x01(\x03\x12\x0c\n\x04\x64one\x18\x06 \x01(\x08\x12\x19\n\x11\x61vailable_from_ms\x18\x07 \x01(\x03\x12\x18\n\x10\x61rchive_until_ms\x18\t \x01(\x03J\x04\x08\x04\x10\x05\"\xac\x02\n\x0cJournalBatch\x12\r\n\x05topic\x18\x01 \x01(\t\x12,\n\x05\x66irst\x18\x02 \x01(\x0b\x32\x1d.candlewire.v1.StreamPosition\x12+\n\x04last\x18\x03 \x01(\x0b\x32\x1d.candlewire.v1.StreamPosition\x12\"\n\x05ticks\x18\x05 \x03(\x0b\x32\x13.candlewire.v1.Tick\x12$\n\x07\x63\x61ndles\x18\x06 \x03(\x0b\x32\x13.candlewire.v1.OHLC\x12-\n\x0b\x62ook_deltas\x18\x07 \x03(\x0b\x32\x18.candlewire.v1.BookDelta\x12\x33\n\x0e\x62ook_snapshots\x18\x08 \x03(\x0b\x32\x1b.candlewire.v1.BookSnapshotJ\x04\x08\x04\x10\x05*\x7f\n\x0b\x46\x65tchStatus\x12\x1c\n\x18\x46\x45TCH_STATUS_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x46\x45TCH_OK\x10\x01\x12\x16\n\x12\x46\x45TCH_OUT_OF_RANGE\x10\x02\x12\x15\n\x11\x46\x45TCH_BAD_REQUEST\x10\x03\x12\x15\n\x11\x46\x45TCH_UNAVAILABLE\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.journal_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FETCHSTATUS']._serialized_start=687
-  _globals['_FETCHSTATUS']._serialized_end=814
-  _globals['_FETCHREQUEST']._serialized_start=59
-  _globals['_FETCHREQUEST']._serialized_end=256
-  _globals['_FETCHREPLY']._serialized_start=259
-  _globals['_FETCHREPLY']._serialized_end=482
-  _globals['_JOURNALBATCH']._serialized_start=485
-  _globals['_JOURNALBATCH']._serialized_end=685
+  _globals['_FETCHSTATUS']._serialized_start=805
+  _globals['_FETCHSTATUS']._serialized_end=932
+  _globals['_FETCHREQUEST']._serialized_start=77
+  _globals['_FETCHREQUEST']._serialized_end=274
+  _globals['_FETCHREPLY']._serialized_start=277
+  _globals['_FETCHREPLY']._serialized_end=500
+  _globals['_JOURNALBATCH']._serialized_start=503
+  _globals['_JOURNALBATCH']._serialized_end=803
 # @@protoc_insertion_point(module_scope)

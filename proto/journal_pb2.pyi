@@ -1,3 +1,4 @@
+from proto import book_pb2 as _book_pb2
 from proto import market_pb2 as _market_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -60,15 +61,19 @@ class FetchReply(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[FetchStatus, str]] = ..., error: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[JournalBatch, _Mapping]]] = ..., cursor: _Optional[int] = ..., done: bool = ..., available_from_ms: _Optional[int] = ..., archive_until_ms: _Optional[int] = ...) -> None: ...
 
 class JournalBatch(_message.Message):
-    __slots__ = ("topic", "first", "last", "ticks", "candles")
+    __slots__ = ("topic", "first", "last", "ticks", "candles", "book_deltas", "book_snapshots")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     FIRST_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
     TICKS_FIELD_NUMBER: _ClassVar[int]
     CANDLES_FIELD_NUMBER: _ClassVar[int]
+    BOOK_DELTAS_FIELD_NUMBER: _ClassVar[int]
+    BOOK_SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     first: _market_pb2.StreamPosition
     last: _market_pb2.StreamPosition
     ticks: _containers.RepeatedCompositeFieldContainer[_market_pb2.Tick]
     candles: _containers.RepeatedCompositeFieldContainer[_market_pb2.OHLC]
-    def __init__(self, topic: _Optional[str] = ..., first: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., last: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., ticks: _Optional[_Iterable[_Union[_market_pb2.Tick, _Mapping]]] = ..., candles: _Optional[_Iterable[_Union[_market_pb2.OHLC, _Mapping]]] = ...) -> None: ...
+    book_deltas: _containers.RepeatedCompositeFieldContainer[_book_pb2.BookDelta]
+    book_snapshots: _containers.RepeatedCompositeFieldContainer[_book_pb2.BookSnapshot]
+    def __init__(self, topic: _Optional[str] = ..., first: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., last: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., ticks: _Optional[_Iterable[_Union[_market_pb2.Tick, _Mapping]]] = ..., candles: _Optional[_Iterable[_Union[_market_pb2.OHLC, _Mapping]]] = ..., book_deltas: _Optional[_Iterable[_Union[_book_pb2.BookDelta, _Mapping]]] = ..., book_snapshots: _Optional[_Iterable[_Union[_book_pb2.BookSnapshot, _Mapping]]] = ...) -> None: ...

@@ -56,6 +56,7 @@ class RejectReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BAD_TRIGGER_REQUEST: _ClassVar[RejectReason]
     NO_TRIGGER_DESK: _ClassVar[RejectReason]
     FORBIDDEN: _ClassVar[RejectReason]
+    NO_BOOK: _ClassVar[RejectReason]
 
 class HistoryStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -93,6 +94,7 @@ UNKNOWN_SYMBOL: RejectReason
 BAD_TRIGGER_REQUEST: RejectReason
 NO_TRIGGER_DESK: RejectReason
 FORBIDDEN: RejectReason
+NO_BOOK: RejectReason
 HISTORY_OK: HistoryStatus
 HISTORY_ERROR: HistoryStatus
 

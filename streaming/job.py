@@ -33,6 +33,7 @@ from streaming.desk import TriggerDesk
 from streaming.firings import FiringDesk
 from streaming.pacing import PacedQuery
 from streaming.queries import Query
+from streaming.queries.books import BooksLiveQuery, BooksQuery
 from streaming.queries.cep import CepQuery
 from streaming.queries.history import HistoryQuery
 from streaming.queries.live import LiveQuery
@@ -86,6 +87,8 @@ class StreamingJob:
             *cep,
             HistoryQuery(self.ctx),
             MetadataQuery(self.ctx),
+            BooksLiveQuery(self.ctx),
+            BooksQuery(self.ctx, ledger.run_id),
         ]
         self.idle = IdleMarkWriter(self.ctx, live)
         self.desk = TriggerDesk(self.ctx)

@@ -32,16 +32,18 @@ from google.protobuf.message import Message
 from candlewire.config import Settings
 from candlewire.curve import PUBLISHER_KEY, dial
 from candlewire.kafka import JOURNAL, journal_partition, producer_config
+from candlewire.positions import add_items
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
 from candlewire.zmqutil import HWM, harden, subscriptions
+from proto import book_pb2, market_pb2
 from proto import journal_pb2 as jr
-from proto import market_pb2
-from proto.envelope import VERSION_FRAME, encode_topic, to_record, type_id
+from proto.envelope import MESSAGE_CLASSES, VERSION_FRAME, encode_topic, to_record, type_id
 
 log = logging.getLogger("candlewire.stream")
 SNDMORE = int(zmq.SNDMORE)  # send_multipart's flag enums cost more than the send itself
 NOBLOCK = int(zmq.NOBLOCK)
 TICK_TYPE = type_id(market_pb2.Tick())
+BOOK_TYPES = frozenset({type_id(book_pb2.BookDelta()), type_id(book_pb2.BookSnapshot())})
 HEAD_EVERY_S = 0.5  # the issue asks for at least one a second
 HEAD_ACTIVE_S = 600.0  # a topic quiet for this long gets no more beacons
 JOURNAL_BATCH_MAX = 5_000  # messages per journal record (a record stays well under 1 MiB)
@@ -132,14 +134,16 @@ class StreamPublisher:
                 stamped.append((topic, record + market_pb2.Tick(stream=pos).SerializeToString()))
             self._send_market(stamped, now_ms)
 
-    def publish_candles(self, items: list[tuple[bytes, market_pb2.OHLC]]) -> None:
+    def publish_sequenced(self, items: list[tuple[bytes, Message]]) -> None:
+        """(topic, message) pairs, each message stamped with its position: candles, and the
+        books' snapshots and deltas."""
         now_ms = int(time.time() * 1000)
-        kind = bytes([type_id(market_pb2.OHLC())])
         with self._lock:
             stamped = []
-            for topic, candle in items:
-                candle.stream.CopyFrom(self.sequencer.next(topic, now_ms))
-                stamped.append((topic, VERSION_FRAME + kind + candle.SerializeToString()))
+            for topic, msg in items:
+                msg.stream.CopyFrom(self.sequencer.next(topic, now_ms))  # type: ignore[attr-defined]
+                kind = bytes([type_id(msg)])
+                stamped.append((topic, VERSION_FRAME + kind + msg.SerializeToString()))
             self._send_market(stamped, now_ms)
 
     def _send_market(self, stamped: list[tuple[bytes, bytes]], now_ms: int) -> None:
@@ -169,6 +173,12 @@ class StreamPublisher:
         """One journal record: the run's messages as typed fields, so the journal service
         hands whole runs on and a client takes them without parsing each one."""
         run = jr.JournalBatch(topic=topic.decode())
+        if records[0][1] in BOOK_TYPES:  # snapshots and deltas: two fields, merged by seq
+            msgs = [MESSAGE_CLASSES[r[1]].FromString(r[2:]) for r in records]
+            add_items(run, msgs)
+            run.first.CopyFrom(msgs[0].stream)  # type: ignore[attr-defined]
+            run.last.CopyFrom(msgs[-1].stream)  # type: ignore[attr-defined]
+            return to_record(run)
         items = run.ticks if records[0][1] == TICK_TYPE else run.candles
         for record in records:
             items.add().MergeFromString(record[2:])

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from candlewire.config import Settings
-from candlewire.lake import NAMESPACE, catalog, table_name
+from candlewire.lake import NAMESPACE, TABLES, catalog, table_name
 from candlewire.spark import commit_sql
 from streaming.metrics import Laps
 from streaming.sql import literal, literals, ts_literal
@@ -27,7 +27,7 @@ OHLC_KEY = [("ticker", "ascending"), ("period_s", "ascending"), ("open_time", "a
 class Tables:
     def __init__(self, settings: Settings, spark: SparkSession) -> None:
         self.spark = spark
-        self.names = {t: table_name(settings, t) for t in ("ticks", "ohlc", "symbol_metadata")}
+        self.names = {t: table_name(settings, t) for t in TABLES}
         self._catalog = catalog(settings)
         self._ohlc_lock = threading.Lock()
         self.system = f"{settings.catalog_name}.system"  # Iceberg's procedures
@@ -52,6 +52,16 @@ class Tables:
             f"AND summary['candlewire.run'] = {literal(run)}"
         ).collect()
         return max((int(r.b) for r in rows), default=-1)
+
+    def last_stamped_batch(self, table: str, query: str, run: str) -> int:
+        """:meth:`last_batch`, read from the catalog's metadata through pyiceberg: no Spark
+        job at start-up for a query that writes rarely."""
+        found = -1
+        for snap in self._catalog.load_table(f"{NAMESPACE}.{table}").snapshots():
+            props = snap.summary.additional_properties if snap.summary else {}
+            if props.get("candlewire.query") == query and props.get("candlewire.run") == run:
+                found = max(found, int(props.get("candlewire.batch", -1)))
+        return found
 
     def compact_ohlc(self, tickers: Iterable[str], since_ms: int) -> bool:
         """Rewrite ``ohlc``'s files of these tickers' windows opened at or after ``since_ms``

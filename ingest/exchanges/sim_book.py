@@ -10,7 +10,7 @@ the levels the walk moved past and a few refreshed sizes, as a venue's would.
 
 from __future__ import annotations
 
-from candlewire.book import Book, okx_checksum
+from candlewire.book import okx_checksum_of
 from ingest.exchanges.base import fmt_fixed
 from proto import book_pb2
 
@@ -52,8 +52,12 @@ class BookText:
     def __init__(self, ticker: str, price_decimals: int, size_decimals: int) -> None:
         self.ticker, self.pd, self.sd = ticker, price_decimals, size_decimals
 
+    def texts(self, price: int, size: int) -> tuple[str, str]:
+        return fmt_fixed(price, self.pd), fmt_fixed(size, self.sd)
+
     def level(self, price: int, size: int) -> book_pb2.BookLevel:
-        return book_pb2.BookLevel(price=fmt_fixed(price, self.pd), size=fmt_fixed(size, self.sd))
+        price_text, size_text = self.texts(price, size)
+        return book_pb2.BookLevel(price=price_text, size=size_text)
 
     def snapshot(
         self, n: int, time_ns: int, bids: Side, asks: Side, reason: book_pb2.SnapshotReason
@@ -78,7 +82,11 @@ class BookText:
             bids=[self.level(q, s) for q, s in diff(old[0], new[0])],
             asks=[self.level(q, s) for q, s in diff(old[1], new[1])],
         )
-        delta.checksum = okx_checksum(Book.from_snapshot(self.snapshot(n, 0, *new, 0)))
+        bids, asks = new
+        delta.checksum = okx_checksum_of(
+            [self.texts(q, bids[q]) for q in sorted(bids, reverse=True)[:25]],
+            [self.texts(q, asks[q]) for q in sorted(asks)[:25]],
+        )
         return delta
 
 

@@ -192,4 +192,4 @@ class LiveQuery:
             )
             items.append((market_data_topic(c.ticker, ohlc_type(c.period_s)).encode(), candle))
         if items:
-            self.ctx.publisher.publish_candles(items)
+            self.ctx.publisher.publish_sequenced(items)

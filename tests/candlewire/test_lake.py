@@ -12,7 +12,7 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import DayTransform, IdentityTransform
 
-from candlewire.lake import NAMESPACE, OHLC_SCHEMA, TABLES, catalog, ensure_tables
+from candlewire.lake import BOOK_TABLES, NAMESPACE, OHLC_SCHEMA, TABLES, catalog, ensure_tables
 
 NEW_COLUMNS = ("first_trade_ns", "last_trade_ns", "revision")
 
@@ -55,7 +55,8 @@ def test_an_older_ohlc_table_gains_columns_and_month_partitions(lakehouse, tmp_p
         )
     )
 
-    assert ensure_tables(settings) == [f"{NAMESPACE}.ticks", f"{NAMESPACE}.symbol_metadata"]
+    created = [f"{NAMESPACE}.{t}" for t in ("ticks", "symbol_metadata", *BOOK_TABLES)]
+    assert ensure_tables(settings) == created
     ensure_tables(settings)  # a second run changes nothing more
 
     table = cat.load_table(f"{NAMESPACE}.ohlc")

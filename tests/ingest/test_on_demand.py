@@ -15,7 +15,7 @@ from candlewire.topics import ingestor_topic, market_data_topic, work_prefix
 from ingest.exchanges.sim import SimExchange
 from ingest.service import Ingestor, stream_key
 from proto import requests_pb2 as rq
-from proto.envelope import decode_sub
+from proto.envelope import decode_sub, encode
 from relay import Relay
 from tests.ingest.test_service import start_ingestor, subprocess_ingestor, ticks_of
 from tests.support import wait_for
@@ -263,3 +263,33 @@ def test_a_book_subscriber_starts_the_book_stream_alone_and_checked_records_land
         assert book_key(ticker) not in ing.pending
     finally:
         ing.stop()
+
+
+def test_an_exchange_without_books_fails_book_subscribers_and_no_one_else(relay) -> None:
+    """A venue whose adapter serves no book: the book subscriber hears NO_BOOK on the
+    ticker's error topic, which a trade subscriber of the same ticker passes over."""
+    from candlewire._protocol import MarketFilter
+    from ingest.exchanges.base import Exchange
+    from journal.service import JournalService
+
+    class Bookless(SimExchange):
+        book_snapshot = Exchange.book_snapshot
+        book_deltas = Exchange.book_deltas
+
+    s, ticker = relay.settings, "SIMN:A/USDT"
+    journal = JournalService(s, metrics=False).start()
+    ing = start_ingestor(s, Bookless("SIMN", symbols={"A/USDT": 10.0}), grace_s=GRACE_S)
+    try:
+        time.sleep(1.0)  # past warm-up
+        with Client(s) as client, pytest.raises(SubscriptionFailed) as failed:
+            next(iter(client.subscribe(ticker, "book", idle_timeout=30)))
+        assert failed.value.reason == "NO_BOOK"
+        frames = [f"{ticker}|error".encode(), *encode(failed.value.error)]
+        ticks = MarketFilter(market_data_topic(ticker, "tick"), f"{ticker}|error")
+        assert ticks.accept(frames) is None
+        books = MarketFilter(market_data_topic(ticker, "book"), f"{ticker}|error")
+        with pytest.raises(SubscriptionFailed):
+            books.accept(frames)
+    finally:
+        ing.stop()
+        journal.stop()

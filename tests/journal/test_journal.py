@@ -483,13 +483,13 @@ def test_a_late_joiner_gets_a_revised_candle_s_final_value_and_a_live_one_each_r
         candle(0, "1.8", True, revision=1),  # trades fetched again after a gap
         candle(1, "1.9", True),
     ):
-        stream_pub.publish_candles([(topic, c)])
+        stream_pub.publish_sequenced([(topic, c)])
     stream_pub._journal.flush(10)
     time.sleep(0.5)
     with Client(journal_settings) as client:
         sub = client.subscribe(feed.ticker, "ohlc:60", since=since, idle_timeout=30)
         got = [next(sub) for _ in range(4)]
-        stream_pub.publish_candles([(topic, candle(1, "2.0", True, revision=1))])
+        stream_pub.publish_sequenced([(topic, candle(1, "2.0", True, revision=1))])
         live = next(sub)
         sub.close()
     assert [(str(c.close), c.closed, c.revision) for c in got] == [
@@ -530,7 +530,7 @@ def test_candles_older_than_the_journal_come_from_iceberg(
     ]
     table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()))
     live = market_pb2.OHLC(ticker=feed.ticker, period_s=60, open_time_ms=hour + 86_400_000)
-    stream_pub.publish_candles([(topic.encode(), live)])
+    stream_pub.publish_sequenced([(topic.encode(), live)])
     stream_pub._journal.flush(10)
     trim_journal(journal_settings, journal, topic)
     with Client(journal_settings) as client:
