@@ -35,6 +35,7 @@ from proto.market_pb2 import StreamPosition
 Level = tuple[Decimal, Decimal]
 Checksum = Callable[["Book"], int]
 BUFFER_LIMIT = 10_000  # deltas held while a book waits for its snapshot
+MAX_SEQ = (1 << 63) - 1  # venue numbers beyond a signed 64-bit one (the tables' LONG) are refused
 # Ingestors write a snapshot of each book at least this often, so a reader that starts this
 # far back finds one: a subscriber replays the journal from there (``JOIN_LOOKBACK_S``),
 # and a rebuild from Iceberg looks back as far for its snapshot.
@@ -111,6 +112,8 @@ class Book:
 
     @classmethod
     def from_snapshot(cls, snap: book_pb2.BookSnapshot) -> Book:
+        if snap.venue_seq > MAX_SEQ:
+            raise BookError(f"venue seq {snap.venue_seq} is beyond a signed 64-bit number")
         book = cls(snap.ticker, snap.venue_seq, snap.exchange_time_ns)
         _put(book._bids, _parse(snap.bids))
         _put(book._asks, _parse(snap.asks))
@@ -229,8 +232,13 @@ class BookSync:
 
     def on_snapshot(self, snap: book_pb2.BookSnapshot) -> list[tuple[book_pb2.BookDelta, Verdict]]:
         """Start over from ``snap``; the held deltas newer than it are applied on top.
-        Returns each held delta with its verdict (one can still show a gap). A malformed
+        Returns each held delta with its verdict (one can still show a gap). A trusted book
+        that already includes ``snap`` keeps going (a snapshot published again after a
+        restart, or another ingestor's older one): nothing goes backwards. A malformed
         snapshot raises BookError and leaves the book as it was."""
+        if self.book is not None and snap.venue_seq <= self.book.seq:
+            self.counts[Verdict.STALE] += 1
+            return []
         self.book = Book.from_snapshot(snap)
         held, self._held = self._held, deque()
         return [(d, self.on_delta(d)) for d in held]
@@ -249,6 +257,8 @@ class BookSync:
             return Verdict.WAITING
         if delta.venue_seq <= book.seq:
             return Verdict.STALE
+        if delta.venue_seq > MAX_SEQ:
+            return Verdict.MALFORMED
         prev = delta.prev_seq or delta.venue_seq - 1
         if prev > book.seq:
             self._untrust(delta)

@@ -126,7 +126,8 @@ def _by_open_time(table: pa.Table) -> pa.Table:
 def read_book(settings: Settings, ticker: str, at: TimeLike) -> Book:
     """The L2 book as of ``at``, rebuilt from Iceberg: the last snapshot at or before it,
     and the deltas after that snapshot up to ``at``. LookupError when no snapshot is held
-    within a day before ``at``."""
+    within a day before ``at``; BookError when the deltas held have a gap before ``at``
+    (the ingestor lost one and its fresh snapshot came later)."""
     from proto import book_pb2
 
     at_ms = to_ms(at, "at")

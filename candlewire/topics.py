@@ -110,6 +110,12 @@ def demanded_book(subscription: str) -> str | None:
     return ticker
 
 
+def demanded_data(subscription: str) -> str | None:
+    """The ticker whose live data of any kind (trades, candles, book) a subscription asks
+    for: what a relay checks an ingestor serves."""
+    return demanded_ticker(subscription) or demanded_book(subscription)
+
+
 def response_topic(client_id: str) -> str:
     """A client's notifications (``notify="client"``), trigger acks and firings."""
     return f"RESPONSE:{client_id}"

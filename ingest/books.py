@@ -24,6 +24,7 @@ from ingest.sink import KafkaSink
 from proto import book_pb2
 
 log = logging.getLogger("candlewire.ingest")
+RETRY_S = 1.0  # between rounds of snapshots that did not catch up with the stream
 _RESNAPSHOT = {
     Verdict.GAP: book_pb2.SNAPSHOT_SEQUENCE,
     Verdict.CHECKSUM: book_pb2.SNAPSHOT_CHECKSUM,
@@ -46,13 +47,16 @@ class BookStream:
         self.sync = BookSync(ticker, CHECKSUMS.get(exchange.name))
         self.sent = 0
         self._next_snapshot = 0.0
+        self._next_try = 0.0  # when an untrusted book asks for a snapshot again
 
     def run(self, stop: threading.Event) -> int:
         """Until ``stop``; reconnects on exchange errors, each time from a fresh snapshot."""
         while not stop.is_set():
             try:
                 deltas = self.exchange.book_deltas(self.ticker, stop)
-                self.sync.book = None  # whatever came before the reconnect is not trusted
+                # Nothing from before a reconnect is trusted, nor held: a venue may number
+                # its updates afresh.
+                self.sync = BookSync(self.ticker, self.sync.checksum)
                 self._resnapshot(book_pb2.SNAPSHOT_START)
                 for delta in deltas:
                     self._on_delta(delta)
@@ -77,7 +81,10 @@ class BookStream:
             return
         elif verdict is Verdict.MALFORMED:
             self.counted(verdict.value)
-        # STALE: the overlap of a snapshot and the stream; WAITING: held for the snapshot
+        elif verdict is Verdict.WAITING and time.monotonic() >= self._next_try:
+            self._resnapshot(book_pb2.SNAPSHOT_SEQUENCE)  # the last tries did not catch up
+            return
+        # STALE: the overlap of a snapshot and the stream
         book = self.sync.book
         if book is not None and time.monotonic() >= self._next_snapshot:
             self._send(book.snapshot(book_pb2.SNAPSHOT_PERIODIC))
@@ -85,7 +92,7 @@ class BookStream:
     def _resnapshot(self, reason: book_pb2.SnapshotReason) -> None:
         """The venue's snapshot, written, then the held deltas it does not include. Held
         deltas that still do not follow on ask for another, up to three times; after that
-        the stream's next delta asks again."""
+        the stream asks again a second later (a REST snapshot that lags the stream)."""
         for _ in range(3):
             snap = retry(self.exchange.book_snapshot, self.ticker)
             snap.reason = reason
@@ -101,6 +108,7 @@ class BookStream:
             if self.sync.book is not None:
                 return
             reason = book_pb2.SNAPSHOT_SEQUENCE
+        self._next_try = time.monotonic() + RETRY_S
 
     def _send(self, msg: book_pb2.BookDelta | book_pb2.BookSnapshot) -> None:
         if isinstance(msg, book_pb2.BookSnapshot):

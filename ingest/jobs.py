@@ -16,7 +16,14 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from candlewire.kafka import OHLC_BATCHES, SYMBOL_METADATA, TICKS
-from ingest.exchanges.base import Exchange, ExchangeError, RangeUnavailable, UnknownSymbol, pages
+from ingest.exchanges.base import (
+    Exchange,
+    ExchangeError,
+    NoBook,
+    RangeUnavailable,
+    UnknownSymbol,
+    pages,
+)
 from ingest.sink import KafkaSink
 from proto import market_pb2
 from proto import requests_pb2 as rq
@@ -37,7 +44,7 @@ def retry(fn: Callable[..., T], *args: Any) -> T:
     for attempt in range(RETRIES):
         try:
             return fn(*args)
-        except (UnknownSymbol, RangeUnavailable):
+        except (UnknownSymbol, RangeUnavailable, NoBook):
             raise
         except ExchangeError:
             if attempt == RETRIES - 1:

@@ -105,7 +105,8 @@ class Ingestor:
         grace = settings.demand_grace_s if grace_s is None else grace_s
         self.demand = Demand(grace)
         self.book_demand = Demand(grace, accepts=demanded_book)
-        self.failed: dict[str, tuple[int, str, float]] = {}  # ticker -> reason, text, next report
+        # job key (stream:T, book:T) -> reason, text, next report
+        self.failed: dict[str, tuple[int, str, float]] = {}
         self.jobs: dict[str, Job] = {}
         self.recent_done: dict[str, deque[str]] = {n: deque(maxlen=200) for n in self.exchanges}
         self.metrics = IngestMetrics()
@@ -285,12 +286,13 @@ class Ingestor:
         """Stop on-demand streams whose last subscriber left a grace period ago."""
         for key in map(book_key, self.book_demand.expired(now)):
             req = self.pending.get(key)
+            self.failed.pop(key, None)
             if req is not None and req.request_id == demand_id(key):
                 del self.pending[key]
                 self._stop_job(key)
         for ticker in self.demand.expired(now):
-            self.failed.pop(ticker, None)
             key = stream_key(ticker)
+            self.failed.pop(key, None)
             req = self.pending.get(key)
             if req is None or req.request_id != demand_id(key):
                 continue  # always-on or explicitly requested: not ours to stop
@@ -311,12 +313,14 @@ class Ingestor:
 
     def _report_failures(self, beat: zmq.Socket, now: float) -> None:
         """Tell a failed stream's subscribers why, for as long as they watch."""
-        for ticker, (reason, text, due) in list(self.failed.items()):
-            if not (self.demand.watched(ticker) or self.book_demand.watched(ticker)):
-                del self.failed[ticker]
+        for key, (reason, text, due) in list(self.failed.items()):
+            ticker = key.split(":", 1)[1]
+            demand = self.book_demand if key == book_key(ticker) else self.demand
+            if not demand.watched(ticker):
+                del self.failed[key]
             elif now >= due:
                 beat.send_multipart(subscription_error(ticker, reason, text, self.id))
-                self.failed[ticker] = (reason, text, now + ERROR_REPEAT_S)
+                self.failed[key] = (reason, text, now + ERROR_REPEAT_S)
 
     def _on_peer(self, msg: object) -> None:
         if (
@@ -423,11 +427,10 @@ class Ingestor:
                 self.recent_done[job.exchange].append(key)
             elif exc is not None:
                 self.pending.pop(key, None)  # unknown symbol: do not restart
-                ticker = key.split(":", 1)[1]
                 if isinstance(exc, NoBook):
-                    self.failed[ticker] = (rq.NO_BOOK, str(exc), now)
+                    self.failed[key] = (rq.NO_BOOK, str(exc), now)
                 elif isinstance(exc, UnknownSymbol):
-                    self.failed[ticker] = (rq.UNKNOWN_SYMBOL, str(exc), now)
+                    self.failed[key] = (rq.UNKNOWN_SYMBOL, str(exc), now)
             elif not job.stop.is_set():  # it ended by itself: a replay reached its end
                 self.pending.pop(key, None)
 

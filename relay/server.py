@@ -45,6 +45,7 @@ from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, bind, run_until_signal
 from candlewire.topics import (
     TopicError,
+    demanded_data,
     notification_prefixes,
     parse_ticker,
     response_topic,
@@ -150,7 +151,7 @@ class Relay:
         # Serves its dialled publishers too: they prove publisher keys to the relay.
         self._xsub = bound(zmq.XSUB, "ingress")
         self._watch = harden(self._ctx.socket(zmq.XPUB), max_message_bytes=size)
-        self._watched = Demand(grace_s=None)
+        self._watched = Demand(grace_s=None, accepts=demanded_data)
         self._unserved: dict[str, float] = {}  # ticker -> when next to report it
         self._listened: set[str] = set()  # notification topics subscribed through this relay
         self._held: deque[_Held] = deque()

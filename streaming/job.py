@@ -88,7 +88,7 @@ class StreamingJob:
             HistoryQuery(self.ctx),
             MetadataQuery(self.ctx),
             BooksLiveQuery(self.ctx),
-            BooksQuery(self.ctx, ledger.run_id),
+            BooksQuery(self.ctx),
         ]
         self.idle = IdleMarkWriter(self.ctx, live)
         self.desk = TriggerDesk(self.ctx)

@@ -35,13 +35,14 @@ QUERY = "ticks"  # the committing query, whose checkpoint the run id names
 DAY_MS = 86_400_000
 
 
-def run_id(settings: Settings) -> str:
-    """Identity of the ticks checkpoint: batch ids restart when the checkpoint is new."""
+def run_id(settings: Settings, query: str = QUERY) -> str:
+    """Identity of a query's checkpoint (the committing query's by default): batch ids
+    restart when the checkpoint is new."""
     root = settings.checkpoints()
     if "://" in root and not root.startswith("file:"):
         return "cluster"  # remote checkpoints: keep them, the id is their location
-    path = Path(root.removeprefix("file:")) / f"{QUERY}.run-id"
-    if not path.exists() or not (path.parent / QUERY).exists():
+    path = Path(root.removeprefix("file:")) / f"{query}.run-id"
+    if not path.exists() or not (path.parent / query).exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(uuid.uuid4().hex)
     return path.read_text().strip()

@@ -434,7 +434,7 @@ class SimExchange(Exchange):
         while not stop.is_set():
             states = self._book_states(sym, n, (n // per + 1) * per)
             for n, time_ns, book in states:
-                while (wait := time_ns / 1e9 - time.time()) > 0:
+                while (wait := (time_ns - time.time_ns()) / 1e9) > 0:
                     if stop.wait(min(wait, 0.5)):
                         return
                 delta = text.delta(n, time_ns, prev, book)

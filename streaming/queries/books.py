@@ -26,6 +26,7 @@ from proto.envelope import EnvelopeError, from_record
 from streaming.context import JobContext
 from streaming.decode import decimal_column
 from streaming.queries import TopicQuery
+from streaming.recovery import run_id
 
 log = logging.getLogger("candlewire.stream")
 BookMessage = book_pb2.BookDelta | book_pb2.BookSnapshot
@@ -138,12 +139,12 @@ class BooksQuery(TopicQuery):
     topic = BOOKS.name
     max_per_trigger = 500_000
 
-    def __init__(self, ctx: JobContext, run: str) -> None:
+    def __init__(self, ctx: JobContext) -> None:
         super().__init__(ctx)
         self.trigger_s = ctx.settings.stream_ticks_trigger_s
-        self.run = run
+        self.run = run_id(ctx.settings, self.name)  # this checkpoint's, whose batch ids count
         self.committed = {
-            table: ctx.tables.last_stamped_batch(table, self.name, run)
+            table: ctx.tables.last_stamped_batch(table, self.name, self.run)
             for table, _ in TABLE_OF.values()
         }
 

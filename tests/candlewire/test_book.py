@@ -137,3 +137,23 @@ def test_replay_rebuilds_and_refuses_a_gap() -> None:
     assert book.asks() == [(Decimal(102), Decimal(3))] and book.seq == 3
     with pytest.raises(BookError, match="gap"):
         replay(snap(1), [delta(3)])
+
+
+def test_an_older_snapshot_never_takes_a_trusted_book_back() -> None:
+    """A snapshot published again after a stream-job restart, or a peer's older one."""
+    sync = BookSync(T)
+    sync.on_snapshot(snap(10))
+    assert sync.on_delta(delta(11, bids=[("100", "5")])) is Verdict.APPLIED
+    assert sync.on_snapshot(snap(10)) == [] and sync.counts[Verdict.STALE] == 1
+    assert sync.book is not None and sync.book.seq == 11
+    assert sync.book.bids(1) == [(Decimal(100), Decimal(5))]
+    sync.on_snapshot(snap(12, bids=[("100", "6")]))  # a newer one is taken
+    assert sync.book.seq == 12 and sync.book.bids(1) == [(Decimal(100), Decimal(6))]
+
+
+def test_a_venue_number_beyond_64_bits_is_malformed() -> None:
+    sync = BookSync(T)
+    sync.on_snapshot(snap(1))
+    assert sync.on_delta(delta(1 << 63, prev=1)) is Verdict.MALFORMED
+    with pytest.raises(BookError):
+        Book.from_snapshot(snap(1 << 63))

@@ -92,3 +92,33 @@ def test_checksum_mismatch_and_sequence_jump_each_resnapshot_and_are_counted() -
     kinds = [r.reason if isinstance(r, book_pb2.BookSnapshot) else 0 for r in records]
     after = kinds[kinds.index(book_pb2.SNAPSHOT_SEQUENCE) :]
     assert after.count(0) > 20 and compared > 80
+
+
+def test_a_snapshot_that_lags_the_stream_is_asked_for_again_until_one_catches_up() -> None:
+    """The venue's REST snapshot is behind its stream four times in a row (three tries,
+    then the retry a second later): the stream writes nothing unchecked meanwhile, and
+    goes on from the first snapshot that catches up."""
+
+    class Lagging(SimExchange):
+        calls = 0
+
+        def book_snapshot(self, ticker: str) -> book_pb2.BookSnapshot:
+            self.calls += 1
+            snap = super().book_snapshot(ticker)
+            return self.book_at(ticker, snap.venue_seq - 30) if self.calls <= 4 else snap
+
+    sim = Lagging(rate=60)
+    sink, events = RecordingSink(), []
+    stream = BookStream(T, sim, sink, events.append)
+    stop = threading.Event()
+    thread = threading.Thread(target=stream.run, args=(stop,), daemon=True)
+    thread.start()
+    time.sleep(2.5)
+    stop.set()
+    thread.join(5)
+    records = sink.sent(BOOKS.name)
+    assert sim.calls == 5
+    kinds = [r.reason if isinstance(r, book_pb2.BookSnapshot) else 0 for r in records]
+    first_good = len(kinds) - 1 - kinds[::-1].index(book_pb2.SNAPSHOT_SEQUENCE)
+    compared, _ = check_against_sim(sim, records[first_good:])
+    assert compared > 40

@@ -226,6 +226,18 @@ def test_exchange_without_live_ingestor_gets_its_error(relay) -> None:
     assert info.value.reason == "NO_INGESTOR" and info.value.error.source == "relay"
 
 
+def test_a_book_subscriber_of_an_exchange_without_live_ingestor_gets_its_error(relay) -> None:
+    from journal.service import JournalService
+
+    journal = JournalService(relay.settings, metrics=False).start()
+    try:
+        with Client(relay.settings) as client, pytest.raises(SubscriptionFailed) as info:
+            next(client.subscribe("NOBODY:BTC/USDT", "book", idle_timeout=15))
+    finally:
+        journal.stop()
+    assert info.value.reason == "NO_INGESTOR" and info.value.error.source == "relay"
+
+
 def test_a_book_subscriber_starts_the_book_stream_alone_and_checked_records_land(
     relay, ctx
 ) -> None:
