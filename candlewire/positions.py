@@ -9,7 +9,7 @@ tick has the offset it had before. Other messages are ordered by (epoch, seq).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from google.protobuf.message import Message
 
@@ -39,8 +39,16 @@ def run_items(run: jr.JournalBatch) -> Sequence[Message]:
     return run.book_deltas or run.book_snapshots
 
 
-def add_items(run: jr.JournalBatch, items: Iterable[Message]) -> None:
-    """Put messages into the run's fields, in order (what :func:`run_items` reads back)."""
+def add_items(run: jr.JournalBatch, items: Sequence[Message]) -> None:
+    """Put messages into the run's fields, in order (what :func:`run_items` reads back).
+    Ticks and candles each fill a run of their own, in one call; only a book run mixes
+    two types."""
+    if not items:
+        return
+    kind = type(items[0])
+    if kind is market_pb2.Tick or kind is market_pb2.OHLC:
+        getattr(run, RUN_FIELDS[kind]).extend(items)
+        return
     for item in items:
         getattr(run, RUN_FIELDS[type(item)]).append(item)
 
