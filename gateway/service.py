@@ -75,6 +75,8 @@ PURGE_EVERY_S = 60.0
 CRITICAL_BATCH = 256  # critical events taken from the ROUTER in one loop turn
 INFORMATIONAL_BATCH = 256  # informational events taken from the SUB in one loop turn
 SEED_CANDLES = 90  # what the page draws
+DEPTH_LEVELS = 10  # a side, in the page's depth panel
+DEPTH_EVERY_S = 0.25  # the panel is redrawn at most this often
 
 
 def build_channels(gw: GatewaySettings, sessions: Sessions) -> dict[int, Channel]:
@@ -117,6 +119,7 @@ class Gateway:
         port = self.settings.port("gateway_http")
         own = {f"http://{h}:{port}" for h in (self.settings.host, "127.0.0.1", "localhost")}
         self._last_seen: dict[str, tuple[int, int]] = {}  # chart topic -> (epoch, seq)
+        self._depth: dict[str, asyncio.Task] = {}  # charted ticker -> its book subscription
         self._origins = frozenset(own | set(self.gw.allowed_origins))
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -262,6 +265,7 @@ class Gateway:
             await self._stopping.wait()
         finally:
             self.metrics.up.set(0)
+            tasks += self._depth.values()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -370,6 +374,41 @@ class Gateway:
         if topic is not None:
             self._market.subscribe(_error_topic(topic))
             self._market.subscribe(topic)
+        self._follow_depth()
+
+    def _follow_depth(self) -> None:
+        """One book subscription per charted ticker, for the page's depth panel: started
+        with the first chart of the ticker, cancelled with the last."""
+        charted = {_chart_ticker(x.chart) for x in self.sessions.all() if x.chart}
+        for ticker in charted - self._depth.keys():
+            self._depth[ticker] = asyncio.get_running_loop().create_task(self._book(ticker))
+        for ticker in self._depth.keys() - charted:
+            self._depth.pop(ticker).cancel()
+
+    async def _book(self, ticker: str) -> None:
+        """A ticker's L2 book through the client's own subscription (a journal replay first,
+        so it starts from a snapshot, and the same seam rules), to the sessions charting
+        it, at most every DEPTH_EVERY_S. A venue without books, or none reachable: the
+        panel says so once and the chart goes on."""
+        from candlewire.client import AsyncClient  # the client: on a chart's first use
+
+        def watchers() -> list[Session]:
+            return [x for x in self.sessions.all() if x.chart and _chart_ticker(x.chart) == ticker]
+
+        shown = 0.0
+        try:
+            async with AsyncClient(self.settings) as client:
+                async for book in client.subscribe(ticker, "book", depth=DEPTH_LEVELS):
+                    if time.monotonic() - shown >= DEPTH_EVERY_S:
+                        shown = time.monotonic()
+                        self.sessions.offer_to(watchers(), _depth_message(book))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.info("no depth for %s: %s", ticker, exc)
+            self.sessions.offer_to(
+                watchers(), {"type": "depth", "ticker": ticker, "error": str(exc)}
+            )
 
     async def _seed_chart(self, session: Session, ticker: str, period: int) -> None:
         """The chart's recent past from the Iceberg ``ohlc`` table, so it does not start
@@ -615,8 +654,26 @@ class TokenBucket:
 SCRIPTS = frozenset({"/vendor/lightweight-charts.js", "/candles.js"})
 
 
+def _chart_ticker(chart_topic: str) -> str:
+    return chart_topic.split("|", 1)[0]
+
+
 def _error_topic(chart_topic: str) -> str:
-    return subscription_error_topic(chart_topic.split("|", 1)[0])
+    return subscription_error_topic(_chart_ticker(chart_topic))
+
+
+def _depth_message(book: Any) -> dict[str, Any]:
+    """A book for the page: its best levels a side as decimal text, the venue's number."""
+    from candlewire.market import plain
+
+    return {
+        "type": "depth",
+        "ticker": book.ticker,
+        "seq": book.seq,
+        "t": book.time_ns // 1_000_000,
+        "bids": [[plain(p), plain(q)] for p, q in book.bids()],
+        "asks": [[plain(p), plain(q)] for p, q in book.asks()],
+    }
 
 
 def _seed_candle(row: dict[str, Any]) -> dict[str, Any]:

@@ -7,8 +7,11 @@ from __future__ import annotations
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from candlewire.book import Book
+from candlewire.market import plain
 from candlewire.testing import new_user
 from gateway import Gateway, issue_token
+from ingest.exchanges.sim import SimExchange
 from tests.gateway.conftest import SECRET, gw_config
 from tests.gateway.test_page import browser  # noqa: F401  (the fixture)
 
@@ -51,6 +54,21 @@ def test_the_live_page_charts_what_the_job_makes(
         assert axes[0] > 20 and axes[1] > 10
         text = browser.find_element(By.ID, "last-candle").text
         assert text.startswith("SIM:BTC/USDT ")
+
+        # The depth panel (#38): the charted ticker's book, as SIM itself has it at the
+        # update the panel shows, and redrawn as it changes.
+        def depth() -> dict | None:
+            return browser.execute_script("return window.cwDepth || null;")
+
+        shown = wait.until(lambda b: depth())
+        truth = Book.from_snapshot(SimExchange().book_at("SIM:BTC/USDT", shown["seq"]))
+        as_text = [
+            [[plain(p), plain(q)] for p, q in side] for side in (truth.bids(10), truth.asks(10))
+        ]
+        assert [shown["bids"], shown["asks"]] == as_text
+        rows = browser.find_elements(By.CSS_SELECTOR, "#depth tr")
+        assert len(rows) == 20 and rows[9].text.split()[0] == shown["asks"][0][0]
+        wait.until(lambda b: depth()["seq"] > shown["seq"])
         shot = tmp_path / "live-page.png"
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
     finally:
