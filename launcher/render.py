@@ -322,7 +322,7 @@ def book_ladder(book: Book) -> Table:
     bids, asks = book.bids(), book.asks()
     spread = f"spread {plain(asks[0][0] - bids[0][0])}" if bids and asks else "one-sided"
     title = f"{book.ticker}  seq {book.seq}  {iso(datetime.fromtimestamp(book.time_ns / 1e9, UTC))}"
-    table = Table(title=f"{title}  {spread}", title_justify="left")
+    table = Table(title=f"{title}  {spread}", title_justify="left", min_width=64)
     table.add_column("bid size", justify="right", style="green")
     table.add_column("price", justify="right")
     table.add_column("ask size", justify="right", style="red")

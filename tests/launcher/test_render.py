@@ -205,3 +205,36 @@ def test_watch_marks_the_messages_a_gap_fill_brought() -> None:
                 yield i
 
     assert [r for _, r in marked(Filling())] == [False, False, True, True, False]
+
+
+def test_watch_of_a_book_draws_a_ladder_and_json_with_exact_levels() -> None:
+    """``watch --type book``: asks above the bids, the best of each beside the spread, and
+    for programs the levels as exact text, best first."""
+    from rich.console import Console
+
+    from candlewire.book import Book
+    from launcher.render import book_ladder, book_record
+    from proto import book_pb2
+
+    levels = book_pb2.BookLevel
+    book = Book.from_snapshot(
+        book_pb2.BookSnapshot(
+            ticker="SIM:BTC/USDT",
+            venue_seq=7,
+            exchange_time_ns=T0_MS * 1_000_000,
+            bids=[levels(price="99.5", size="2"), levels(price="100.00", size="0.5000")],
+            asks=[levels(price="101", size="1.25"), levels(price="100.5", size="3")],
+        )
+    )
+    record = book_record(book)
+    assert record["bids"] == [["100", "0.5"], ["99.5", "2"]]
+    assert record["asks"] == [["100.5", "3"], ["101", "1.25"]]
+    assert (record["venue_seq"], record["time"]) == (7, "2024-01-01T00:00:00Z")
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(book_ladder(book))
+    text = out.getvalue()
+    assert "spread 0.5" in " ".join(text.split())
+    rows = [line.split() for line in text.splitlines() if line.strip().startswith(("│", "|"))]
+    prices = [r for r in (" ".join(line).replace("│", " ").split() for line in rows) if r]
+    flat = [p for r in prices for p in r]
+    assert flat.index("101") < flat.index("100.5") < flat.index("100") < flat.index("99.5")
