@@ -347,11 +347,16 @@ class Sequence:
         return req
 
 
-def book_start(ticker: str, since: Since, depth: int | None) -> tuple[int, BookFeed]:
-    """Where a book subscription replays the journal from, and the feed that keeps its book.
+def book_start(
+    ticker: str, data_type: str, since: Since, depth: int | None
+) -> tuple[Since, BookFeed | None]:
+    """For a book subscription, where it replays the journal from and the feed that keeps
+    its book; any other subscription's ``since`` as it is, and no feed.
 
     A book starts from a snapshot: the replay begins a snapshot interval before ``since``
     (or before now), and the book is handed out from ``since`` on (live: at once)."""
+    if data_type != book_type():
+        return since, None
     if isinstance(since, StreamPosition) or hasattr(since, "stream"):
         raise TypeError("a book subscription starts from a time (since=), not a position")
     if depth is not None and depth < 1:

@@ -244,10 +244,8 @@ class Client:
         object, maintained; its ``bids()`` and ``asks()`` give ``depth`` levels). ``since``
         (a time) starts it from the last snapshot before then.
         """
-        feed = None
-        if data_type == book_type():
-            since, feed = book_start(ticker, since, depth)
-            batches = False
+        since, feed = book_start(ticker, data_type, since, depth)
+        batches = batches and feed is None  # a book is kept message by message
         seq = Sequence(market_data_topic(ticker, data_type))
         steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq, batches)
         return Subscription(drive_iter(steps), seq.stats, raw, feed)
@@ -512,10 +510,8 @@ class AsyncClient:
         depth: int | None = None,
     ) -> AsyncSubscription:
         """Like :meth:`Client.subscribe`, as an async iterator."""
-        feed = None
-        if data_type == book_type():
-            since, feed = book_start(ticker, since, depth)
-            batches = False
+        since, feed = book_start(ticker, data_type, since, depth)
+        batches = batches and feed is None  # a book is kept message by message
         seq = Sequence(market_data_topic(ticker, data_type))
         steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq, batches)
         return AsyncSubscription(async_drive_iter(steps), seq.stats, raw, feed)

@@ -88,21 +88,18 @@ def demanded_ticker(subscription: str) -> str | None:
     if not sep:
         return None
     data = rest == "" or tick_type().startswith(rest) or ohlc_type(0).startswith(rest[:5])
-    if not data:
-        return None
-    try:
-        parse_ticker(ticker)
-    except TopicError:
-        return None
-    return ticker
+    return _valid(ticker) if data else None
 
 
 def demanded_book(subscription: str) -> str | None:
     """The ticker whose order book a SUB subscription asks for (exactly ``T|book``), else
     None: books are streamed only for those who ask, not for every ``T|`` watcher."""
     ticker, sep, rest = subscription.partition("|")
-    if not sep or rest != book_type():
-        return None
+    return _valid(ticker) if sep and rest == book_type() else None
+
+
+def _valid(ticker: str) -> str | None:
+    """``ticker`` when it is one, else None: a subscription to a malformed one demands nothing."""
     try:
         parse_ticker(ticker)
     except TopicError:

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from decimal import Context, Decimal, InvalidOperation
+from types import UnionType
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -201,8 +202,9 @@ def events_in(rows: pa.Table) -> list[Event]:
     return out
 
 
-def decode_records(values: list[bytes], cls: type) -> tuple[list, int]:
-    """Driver-side decode of one message type; returns (messages, undecodable count)."""
+def decode_records(values: list[bytes], cls: type | UnionType) -> tuple[list, int]:
+    """Driver-side decode of one message type (or a union of them); returns (messages,
+    undecodable count), in the records' order."""
     out, bad = [], 0
     for value in values:
         try:

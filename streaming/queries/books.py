@@ -22,9 +22,8 @@ from candlewire.kafka import BOOKS
 from candlewire.lake import BOOK_DELTAS_SCHEMA, BOOK_SNAPSHOTS_SCHEMA
 from candlewire.topics import book_type, market_data_topic
 from proto import book_pb2
-from proto.envelope import EnvelopeError, from_record
 from streaming.context import JobContext
-from streaming.decode import decimal_column
+from streaming.decode import decimal_column, decode_records
 from streaming.queries import TopicQuery
 from streaming.recovery import run_id
 
@@ -38,19 +37,7 @@ TABLE_OF: dict[type[Message], tuple[str, Schema]] = {
 
 def decode_books(values: list[bytes]) -> tuple[list[BookMessage], int]:
     """Snapshots and deltas in Kafka order; returns them and how many records were not."""
-    out: list[BookMessage] = []
-    bad = 0
-    for value in values:
-        try:
-            msg = from_record(value or b"")
-        except EnvelopeError:
-            bad += 1
-            continue
-        if isinstance(msg, book_pb2.BookDelta | book_pb2.BookSnapshot):
-            out.append(msg)
-        else:
-            bad += 1
-    return out, bad
+    return decode_records(values, book_pb2.BookDelta | book_pb2.BookSnapshot)
 
 
 def _side(msgs: list[BookMessage], side: str, typ: pa.ListType) -> tuple[pa.Array, list[bool]]:
