@@ -1,7 +1,8 @@
 """Reading candles from Iceberg with pyiceberg, filters pushed down.
 
-The ``ohlc`` table is partitioned by ticker, period and month, so these equality and range
-predicates prune to the files of one ticker's months before anything is read.
+The ``ohlc`` table is partitioned by period and month and sorted by ticker, so these
+equality and range predicates prune to the period's months, then to the files and row groups
+whose statistics hold the ticker, before anything is read.
 """
 
 from __future__ import annotations

@@ -126,8 +126,8 @@ BOOK_DELTAS_SCHEMA = Schema(
 )
 BOOK_TABLES = ("book_snapshots", "book_deltas")
 
-# Users ask for one ticker over a time range: partition by ticker and day (and the period for
-# candles) so a query reads only that ticker's days.
+# Users ask for one ticker over a time range: ticks partition by ticker and day so a query
+# reads only that ticker's days.
 TABLES: dict[str, tuple[Schema, PartitionSpec, SortOrder]] = {
     "ticks": (
         TICKS_SCHEMA,
@@ -137,16 +137,19 @@ TABLES: dict[str, tuple[Schema, PartitionSpec, SortOrder]] = {
         ),
         SortOrder(SortField(6)),
     ),
-    # By month: a day of 1-minute candles is 1,440 rows, and a year read back as 366 small
-    # files took seconds; a month's file holds 43,200.
+    # By period and month, not by ticker (#34): the live MERGE touches every ticker's forming
+    # candles each batch, and a partition costs it a file to read and two to write, so with
+    # the ticker in the spec 50 tickers took 11-16 s a MERGE, growing between compactions,
+    # and 1.2 s without it (docs/benchmarks.md, "ohlc layout"). Sorted by ticker, so one
+    # ticker's reads skip other tickers' files and row groups by their statistics. By month:
+    # a year of 1-minute candles read back as 366 daily files took seconds.
     "ohlc": (
         OHLC_SCHEMA,
         PartitionSpec(
-            PartitionField(1, 1000, IdentityTransform(), "ticker"),
-            PartitionField(2, 1001, IdentityTransform(), "period_s"),
-            PartitionField(3, 1002, MonthTransform(), "open_month"),
+            PartitionField(2, 1000, IdentityTransform(), "period_s"),
+            PartitionField(3, 1001, MonthTransform(), "open_month"),
         ),
-        SortOrder(SortField(3)),
+        SortOrder(SortField(1), SortField(3)),
     ),
     "symbol_metadata": (
         SYMBOL_METADATA_SCHEMA,
@@ -167,6 +170,13 @@ TABLES: dict[str, tuple[Schema, PartitionSpec, SortOrder]] = {
             BOOK_TABLES, (BOOK_SNAPSHOTS_SCHEMA, BOOK_DELTAS_SCHEMA), strict=True
         )
     },
+}
+
+
+# Row groups small enough that a read of one ticker skips the others' by their statistics,
+# in the month files compaction writes with every ticker's candles, sorted by ticker.
+TABLE_PROPERTIES: dict[str, dict[str, str]] = {
+    "ohlc": {"write.parquet.row-group-size-bytes": str(8 << 20)},
 }
 
 
@@ -273,19 +283,28 @@ def spark_catalog_conf(settings: Settings) -> dict[str, str]:
     }
 
 
-def _evolve_partitions(table: Table, spec: PartitionSpec) -> None:
-    """Move a table made by an older release to this release's partitioning. Files already
-    written keep theirs until compaction rewrites them; queries prune both."""
+def _evolve_layout(table: Table, spec: PartitionSpec, order: SortOrder) -> None:
+    """Move a table made by an older release to this release's partitioning, sort order and
+    properties. Files already written keep their layout until compaction rewrites them;
+    queries prune both."""
     wanted = {f.name: (f.source_id, f.transform) for f in spec.fields}
     current = {f.name: (f.source_id, f.transform) for f in table.spec().fields}
-    if wanted == current:
-        return
-    with table.update_spec() as update:
-        for name in current.keys() - wanted.keys():
-            update.remove_field(name)
-        for name in wanted.keys() - current.keys():
-            source_id, transform = wanted[name]
-            update.add_field(table.schema().find_column_name(source_id), transform, name)
+    if wanted != current:
+        with table.update_spec() as update:
+            for name in current.keys() - wanted.keys():
+                update.remove_field(name)
+            for name in wanted.keys() - current.keys():
+                source_id, transform = wanted[name]
+                update.add_field(table.schema().find_column_name(source_id), transform, name)
+    sort_key = [(f.source_id, f.transform) for f in order.fields]
+    if [(f.source_id, f.transform) for f in table.sort_order().fields] != sort_key:
+        with table.update_sort_order() as update:
+            for source_id, transform in sort_key:
+                update.asc(table.schema().find_column_name(source_id), transform)
+    extra = TABLE_PROPERTIES.get(table.name()[-1], {})
+    if any(table.properties.get(k) != v for k, v in extra.items()):
+        with table.transaction() as tx:
+            tx.set_properties(extra)
 
 
 def ensure_tables(settings: Settings) -> list[str]:
@@ -303,7 +322,7 @@ def ensure_tables(settings: Settings) -> list[str]:
                 with table.update_schema() as update:
                     for f in missing:
                         update.add_column(f.name, f.field_type, f.doc)
-            _evolve_partitions(table, spec)
+            _evolve_layout(table, spec, order)
         else:
             cat.create_table(
                 ident,
@@ -317,6 +336,7 @@ def ensure_tables(settings: Settings) -> list[str]:
                     "write.update.mode": "merge-on-read",
                     "write.merge.mode": "merge-on-read",
                     "commit.retry.num-retries": "10",
+                    **TABLE_PROPERTIES.get(name, {}),
                 },
             )
             created.append(ident)

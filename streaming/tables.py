@@ -78,14 +78,7 @@ class Tables:
         where = f"ticker IN ({literals(tickers)}) AND open_time >= {ts_literal(since_ms)}"
         try:
             with self._ohlc_lock:
-                commit_sql(
-                    self.spark,
-                    f"CALL {self.system}.rewrite_data_files(table => '{NAMESPACE}.ohlc', "
-                    f"where => {literal(where)}, options => map("
-                    "'min-input-files', '2', 'delete-file-threshold', '1', "
-                    "'partial-progress.enabled', 'false', 'remove-dangling-deletes', 'true', "
-                    "'use-starting-sequence-number', 'false'))",
-                )
+                commit_sql(self.spark, compact_statement(self.system, f"{NAMESPACE}.ohlc", where))
         except Exception as exc:  # a lost race with maintenance, or a stopping session
             log.warning("compacting ohlc failed; it is tried again later: %s", exc)
             return False
@@ -99,16 +92,7 @@ class Tables:
         With ``append_if_new``, rows for a range that holds none yet are appended: the same
         result without MERGE's join, which was most of a year of history's time."""
         spark, ohlc = self.spark, self.names["ohlc"]
-        micros = pc.min_max(rows.column("open_time").cast(pa.int64())).as_py()
-        tickers, periods = (
-            set(pc.unique(rows.column(c)).to_pylist()) for c in ("ticker", "period_s")
-        )
-        bounds = (
-            f"{{t}}ticker IN ({literals(tickers)}) "
-            f"AND {{t}}period_s IN ({', '.join(str(int(p)) for p in sorted(periods))}) "
-            f"AND {{t}}open_time >= {ts_literal(micros['min'] // 1000)} "
-            f"AND {{t}}open_time <= {ts_literal(micros['max'] // 1000)}"
-        )
+        bounds = key_bounds(rows)
         lap = lap or Laps()
         with self._ohlc_lock:
             lap("lock")
@@ -129,11 +113,40 @@ class Tables:
                 lap("append")
                 return
             spark.createDataFrame(rows).createOrReplaceTempView(view)
-            commit_sql(
-                spark,
-                f"MERGE INTO {ohlc} t USING {view} s "
-                f"ON t.ticker = s.ticker AND t.period_s = s.period_s AND t.open_time = s.open_time "
-                f"AND {bounds.format(t='t.')} "
-                f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
-            )
+            commit_sql(spark, merge_statement(ohlc, view, bounds))
             lap("merge")
+
+
+def key_bounds(rows: pa.Table) -> str:
+    """The rows' keys as literal bounds (``{t}`` before each column, for a table alias), so
+    Iceberg prunes partitions and files before a MERGE or a check reads anything."""
+    micros = pc.min_max(rows.column("open_time").cast(pa.int64())).as_py()
+    tickers, periods = (set(pc.unique(rows.column(c)).to_pylist()) for c in ("ticker", "period_s"))
+    return (
+        f"{{t}}ticker IN ({literals(tickers)}) "
+        f"AND {{t}}period_s IN ({', '.join(str(int(p)) for p in sorted(periods))}) "
+        f"AND {{t}}open_time >= {ts_literal(micros['min'] // 1000)} "
+        f"AND {{t}}open_time <= {ts_literal(micros['max'] // 1000)}"
+    )
+
+
+def merge_statement(ohlc: str, view: str, bounds: str) -> str:
+    """Upsert ``view``'s candles into ``ohlc`` by key, within :func:`key_bounds`."""
+    return (
+        f"MERGE INTO {ohlc} t USING {view} s "
+        f"ON t.ticker = s.ticker AND t.period_s = s.period_s AND t.open_time = s.open_time "
+        f"AND {bounds.format(t='t.')} "
+        f"WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+    )
+
+
+def compact_statement(system: str, table: str, where: str) -> str:
+    """The live compaction (:meth:`Tables.compact_ohlc`): the files matching ``where`` that
+    hold deletes or are small, rewritten with the deletes applied, in one commit."""
+    return (
+        f"CALL {system}.rewrite_data_files(table => '{table}', "
+        f"where => {literal(where)}, options => map("
+        "'min-input-files', '2', 'delete-file-threshold', '1', "
+        "'partial-progress.enabled', 'false', 'remove-dangling-deletes', 'true', "
+        "'use-starting-sequence-number', 'false'))"
+    )

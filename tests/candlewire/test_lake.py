@@ -12,7 +12,15 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import DayTransform, IdentityTransform
 
-from candlewire.lake import BOOK_TABLES, NAMESPACE, OHLC_SCHEMA, TABLES, catalog, ensure_tables
+from candlewire.lake import (
+    BOOK_TABLES,
+    NAMESPACE,
+    OHLC_SCHEMA,
+    TABLE_PROPERTIES,
+    TABLES,
+    catalog,
+    ensure_tables,
+)
 
 NEW_COLUMNS = ("first_trade_ns", "last_trade_ns", "revision")
 
@@ -63,6 +71,10 @@ def test_an_older_ohlc_table_gains_columns_and_month_partitions(lakehouse, tmp_p
     assert [f.name for f in table.schema().fields] == [f.name for f in OHLC_SCHEMA.fields]
     assert [f.name for f in table.spec().fields] == [f.name for f in TABLES["ohlc"][1].fields]
     assert len(table.specs()) == 2  # the day spec stays for the files written under it
+    # Sorted by ticker, with small row groups: reads of one ticker skip the others'.
+    wanted_order = [f.source_id for f in TABLES["ohlc"][2].fields]
+    assert [f.source_id for f in table.sort_order().fields] == wanted_order
+    assert TABLE_PROPERTIES["ohlc"].items() <= table.properties.items()
     rows = table.scan(row_filter="ticker = 'X:A/B' and period_s = 60").to_arrow().to_pylist()
     assert len(rows) == 1
     assert rows[0]["trade_count"] == 3 and rows[0]["first_trade_ns"] is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -15,7 +16,10 @@ from candlewire.spark import build_session
 from streaming.decode import ohlc_rows
 from streaming.tables import Tables
 
-T0 = 1_790_000_000_000 // 3_600_000 * 3_600_000
+T0 = 1_790_000_000_000 // 3_600_000 * 3_600_000  # 2026-09: a month no other test writes
+_AT = datetime.fromtimestamp(T0 / 1000, UTC)
+MONTH = (_AT.year - 1970) * 12 + _AT.month - 1  # T0's, as Iceberg's month transform numbers it
+LATER = T0 + 40 * 86_400_000  # another month, for the other test
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +29,14 @@ def spark(lakehouse, kafka):
     session.stop()
 
 
-def candles(ticker: str, n: int, close: int) -> object:
+def candles(ticker: str, n: int, close: int, t0: int = T0) -> object:
     """``n`` one-minute candles and their hour, all closing at ``close``."""
-    times = [T0 + i * 60_000 for i in range(n)]
+    times = [t0 + i * 60_000 for i in range(n)]
     return ohlc_rows(
         {
             "ticker": [ticker] * (n + 1),
             "period_s": [60] * n + [3600],
-            "open_time_ms": [*times, T0],
+            "open_time_ms": [*times, t0],
             **{f: [Decimal(close)] * (n + 1) for f in ("open", "high", "low", "close", "volume")},
             "trade_count": [close] * (n + 1),
             "closed": [False] * (n + 1),
@@ -41,13 +45,14 @@ def candles(ticker: str, n: int, close: int) -> object:
     )
 
 
-def files(lakehouse, ticker: str) -> dict[int, int]:
-    """The ticker's live files in ``ohlc``, by content (0 data, 1 position deletes)."""
+def files(lakehouse, month: int) -> dict[int, int]:
+    """The live files of ``ohlc``'s partitions of ``month``, by content (0 data, 1 position
+    deletes). ``ohlc`` is partitioned by period and month: the test owns T0's month."""
     table = catalog(lakehouse).load_table(f"{NAMESPACE}.ohlc")
     entries = table.inspect.files().to_pylist()
     out: dict[int, int] = {}
     for f in entries:
-        if f["partition"]["ticker"] == ticker:
+        if f["partition"]["open_month"] == month:
             out[f["content"]] = out.get(f["content"], 0) + 1
     return out
 
@@ -57,10 +62,10 @@ def test_compaction_leaves_one_file_per_partition_and_every_value(lakehouse, spa
     ticker = f"TEST:M{uuid.uuid4().hex[:6].upper()}/USDT"
     for close in range(1, 6):  # five MERGEs of the same windows, as forming candles get
         tables.upsert_ohlc(candles(ticker, 3, close), "cw_test_candles")
-    before = files(lakehouse, ticker)
+    before = files(lakehouse, MONTH)
     assert before.get(1, 0) >= 4 * 2 and before[0] >= 5 * 2, before  # deletes pile up
     tables.compact_ohlc([ticker], T0)
-    assert files(lakehouse, ticker) == {0: 2}  # one data file per partition, no deletes
+    assert files(lakehouse, MONTH) == {0: 2}  # one data file per partition, no deletes
     table = catalog(lakehouse).load_table(f"{NAMESPACE}.ohlc")
     rows = table.scan(row_filter=f"ticker = '{ticker}'").to_arrow().to_pylist()
     assert sorted((r["period_s"], r["trade_count"], r["close"]) for r in rows) == [
@@ -86,12 +91,12 @@ def test_a_compaction_stopped_midway_leaves_no_thread_spinning(lakehouse, spark)
     before = committer_threads(spark)
     ticker = f"TEST:S{uuid.uuid4().hex[:6].upper()}/USDT"
     for close in range(1, 9):  # many small files and deletes: a rewrite that takes a while
-        tables.upsert_ohlc(candles(ticker, 30, close), "cw_test_stopped")
+        tables.upsert_ohlc(candles(ticker, 30, close, LATER), "cw_test_stopped")
     started = threading.Event()
 
     def compact(_df, _batch_id: int) -> None:
         started.set()
-        tables.compact_ohlc([ticker], T0)
+        tables.compact_ohlc([ticker], LATER)
 
     query = (
         spark.readStream.format("rate")
