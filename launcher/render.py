@@ -323,9 +323,11 @@ def book_ladder(book: Book) -> Table:
     spread = f"spread {plain(asks[0][0] - bids[0][0])}" if bids and asks else "one-sided"
     title = f"{book.ticker}  seq {book.seq}  {iso(datetime.fromtimestamp(book.time_ns / 1e9, UTC))}"
     table = Table(title=f"{title}  {spread}", title_justify="left", min_width=64)
-    table.add_column("bid size", justify="right", style="green")
-    table.add_column("price", justify="right")
-    table.add_column("ask size", justify="right", style="red")
+    # Left-justified: the texts are padded to one width with their points lined up, and
+    # rich's right justification strips the padding after a point-less price like "101".
+    table.add_column("bid size", justify="left", style="green")
+    table.add_column("price", justify="left")
+    table.add_column("ask size", justify="left", style="red")
     prices = aligned([plain(p) for p, _ in [*reversed(asks), *bids]])
     ask_sizes = aligned([plain(q) for _, q in reversed(asks)])
     bid_sizes = aligned([plain(q) for _, q in bids])

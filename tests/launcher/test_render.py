@@ -238,3 +238,11 @@ def test_watch_of_a_book_draws_a_ladder_and_json_with_exact_levels() -> None:
     prices = [r for r in (" ".join(line).replace("│", " ").split() for line in rows) if r]
     flat = [p for r in prices for p in r]
     assert flat.index("101") < flat.index("100.5") < flat.index("100") < flat.index("99.5")
+    # The prices' points (or where a point-less price's would be) share one column.
+    levels = ("101", "100.5", "100", "99.5")
+    ladder = [line for line in text.splitlines() if set(levels) & set(line.split())]
+    points = set()
+    for line in ladder:
+        price = next(p for p in levels if p in line.split())
+        points.add(line.index(f" {price} ") + 1 + len(price.split(".")[0]))
+    assert len(points) == 1 and len(ladder) == 4, (points, text)
