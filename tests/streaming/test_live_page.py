@@ -60,14 +60,19 @@ def test_the_live_page_charts_what_the_job_makes(
         def depth() -> dict | None:
             return browser.execute_script("return window.cwDepth || null;")
 
-        shown = wait.until(lambda b: depth())
+        wait.until(lambda b: depth())
+        # The book and the rows drawn from it, read in one script: the page redraws between
+        # two separate reads.
+        shown, rows = browser.execute_script(
+            "return [window.cwDepth, [...document.querySelectorAll('#depth tr')]"
+            ".map(r => r.innerText)];"
+        )
         truth = Book.from_snapshot(SimExchange().book_at("SIM:BTC/USDT", shown["seq"]))
         as_text = [
             [[plain(p), plain(q)] for p, q in side] for side in (truth.bids(10), truth.asks(10))
         ]
         assert [shown["bids"], shown["asks"]] == as_text
-        rows = browser.find_elements(By.CSS_SELECTOR, "#depth tr")
-        assert len(rows) == 20 and rows[9].text.split()[0] == shown["asks"][0][0]
+        assert len(rows) == 20 and rows[9].split()[0] == shown["asks"][0][0]
         wait.until(lambda b: depth()["seq"] > shown["seq"])
         shot = tmp_path / "live-page.png"
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
