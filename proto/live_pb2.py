@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from proto import cep_pb2 as proto_dot_cep__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10proto/live.proto\x12\rcandlewire.v1\x1a\x0fproto/cep.proto\"W\n\x08LiveFeed\x12\x0e\n\x06ticker\x18\x01 \x01(\t\x12\x10\n\x08\x63lock_ns\x18\x02 \x01(\x03\x12\x11\n\ttrade_ids\x18\x03 \x03(\t\x12\x16\n\x0etrade_times_ns\x18\x04 \x03(\x03\"\xed\x01\n\nLiveCandle\x12\x0e\n\x06ticker\x18\x01 \x01(\t\x12\x10\n\x08period_s\x18\x02 \x01(\r\x12\x0f\n\x07open_ms\x18\x03 \x01(\x03\x12\x0c\n\x04open\x18\x04 \x01(\t\x12\x0c\n\x04high\x18\x05 \x01(\t\x12\x0b\n\x03low\x18\x06 \x01(\t\x12\r\n\x05\x63lose\x18\x07 \x01(\t\x12\x0e\n\x06volume\x18\x08 \x01(\t\x12\x13\n\x0btrade_count\x18\t \x01(\x04\x12\x16\n\x0e\x66irst_trade_ns\x18\n \x01(\x03\x12\x15\n\rlast_trade_ns\x18\x0b \x01(\x03\x12\x0e\n\x06\x63losed\x18\x0c \x01(\x08\x12\x10\n\x08revision\x18\r \x01(\r\"\xf6\x01\n\x0bLiveRestore\x12&\n\x05\x66\x65\x65\x64s\x18\x01 \x03(\x0b\x32\x17.candlewire.v1.LiveFeed\x12*\n\x07\x63\x61ndles\x18\x02 \x03(\x0b\x32\x19.candlewire.v1.LiveCandle\x12\x38\n\x07offsets\x18\x03 \x03(\x0b\x32\'.candlewire.v1.LiveRestore.OffsetsEntry\x12)\n\x08triggers\x18\x04 \x01(\x0b\x32\x17.candlewire.v1.CepState\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10proto/live.proto\x12\rcandlewire.v1\x1a\x0fproto/cep.proto\"\xa7\x01\n\x08LiveFeed\x12\x0e\n\x06ticker\x18\x01 \x01(\t\x12\x10\n\x08\x63lock_ns\x18\x02 \x01(\x03\x12\x11\n\ttrade_ids\x18\x03 \x03(\t\x12\x16\n\x0etrade_times_ns\x18\x04 \x03(\x03\x12\x19\n\x11trade_time_deltas\x18\x05 \x03(\x12\x12\x1b\n\x13trade_number_deltas\x18\x06 \x03(\x12\x12\x16\n\x0etext_positions\x18\x07 \x03(\r\"\xed\x01\n\nLiveCandle\x12\x0e\n\x06ticker\x18\x01 \x01(\t\x12\x10\n\x08period_s\x18\x02 \x01(\r\x12\x0f\n\x07open_ms\x18\x03 \x01(\x03\x12\x0c\n\x04open\x18\x04 \x01(\t\x12\x0c\n\x04high\x18\x05 \x01(\t\x12\x0b\n\x03low\x18\x06 \x01(\t\x12\r\n\x05\x63lose\x18\x07 \x01(\t\x12\x0e\n\x06volume\x18\x08 \x01(\t\x12\x13\n\x0btrade_count\x18\t \x01(\x04\x12\x16\n\x0e\x66irst_trade_ns\x18\n \x01(\x03\x12\x15\n\rlast_trade_ns\x18\x0b \x01(\x03\x12\x0e\n\x06\x63losed\x18\x0c \x01(\x08\x12\x10\n\x08revision\x18\r \x01(\r\"\xf6\x01\n\x0bLiveRestore\x12&\n\x05\x66\x65\x65\x64s\x18\x01 \x03(\x0b\x32\x17.candlewire.v1.LiveFeed\x12*\n\x07\x63\x61ndles\x18\x02 \x03(\x0b\x32\x19.candlewire.v1.LiveCandle\x12\x38\n\x07offsets\x18\x03 \x03(\x0b\x32\'.candlewire.v1.LiveRestore.OffsetsEntry\x12)\n\x08triggers\x18\x04 \x01(\x0b\x32\x17.candlewire.v1.CepState\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,12 +34,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LIVERESTORE_OFFSETSENTRY']._loaded_options = None
   _globals['_LIVERESTORE_OFFSETSENTRY']._serialized_options = b'8\001'
-  _globals['_LIVEFEED']._serialized_start=52
-  _globals['_LIVEFEED']._serialized_end=139
-  _globals['_LIVECANDLE']._serialized_start=142
-  _globals['_LIVECANDLE']._serialized_end=379
-  _globals['_LIVERESTORE']._serialized_start=382
-  _globals['_LIVERESTORE']._serialized_end=628
-  _globals['_LIVERESTORE_OFFSETSENTRY']._serialized_start=582
-  _globals['_LIVERESTORE_OFFSETSENTRY']._serialized_end=628
+  _globals['_LIVEFEED']._serialized_start=53
+  _globals['_LIVEFEED']._serialized_end=220
+  _globals['_LIVECANDLE']._serialized_start=223
+  _globals['_LIVECANDLE']._serialized_end=460
+  _globals['_LIVERESTORE']._serialized_start=463
+  _globals['_LIVERESTORE']._serialized_end=709
+  _globals['_LIVERESTORE_OFFSETSENTRY']._serialized_start=663
+  _globals['_LIVERESTORE_OFFSETSENTRY']._serialized_end=709
 # @@protoc_insertion_point(module_scope)

@@ -8,16 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class LiveFeed(_message.Message):
-    __slots__ = ("ticker", "clock_ns", "trade_ids", "trade_times_ns")
+    __slots__ = ("ticker", "clock_ns", "trade_ids", "trade_times_ns", "trade_time_deltas", "trade_number_deltas", "text_positions")
     TICKER_FIELD_NUMBER: _ClassVar[int]
     CLOCK_NS_FIELD_NUMBER: _ClassVar[int]
     TRADE_IDS_FIELD_NUMBER: _ClassVar[int]
     TRADE_TIMES_NS_FIELD_NUMBER: _ClassVar[int]
+    TRADE_TIME_DELTAS_FIELD_NUMBER: _ClassVar[int]
+    TRADE_NUMBER_DELTAS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     ticker: str
     clock_ns: int
     trade_ids: _containers.RepeatedScalarFieldContainer[str]
     trade_times_ns: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ticker: _Optional[str] = ..., clock_ns: _Optional[int] = ..., trade_ids: _Optional[_Iterable[str]] = ..., trade_times_ns: _Optional[_Iterable[int]] = ...) -> None: ...
+    trade_time_deltas: _containers.RepeatedScalarFieldContainer[int]
+    trade_number_deltas: _containers.RepeatedScalarFieldContainer[int]
+    text_positions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ticker: _Optional[str] = ..., clock_ns: _Optional[int] = ..., trade_ids: _Optional[_Iterable[str]] = ..., trade_times_ns: _Optional[_Iterable[int]] = ..., trade_time_deltas: _Optional[_Iterable[int]] = ..., trade_number_deltas: _Optional[_Iterable[int]] = ..., text_positions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LiveCandle(_message.Message):
     __slots__ = ("ticker", "period_s", "open_ms", "open", "high", "low", "close", "volume", "trade_count", "first_trade_ns", "last_trade_ns", "closed", "revision")

@@ -12,6 +12,7 @@ from candlewire.config import PERIODS_S
 from candlewire.lake import SYMBOL_METADATA_SCHEMA, TICKS_SCHEMA
 from candlewire.spark import build_session
 from streaming.candles import partial_candles
+from streaming.feeds import Feeds, Verdict
 from streaming.queries.ticks import CANDLE, judged_in_tasks
 from streaming.sql import columns_from_decoded, literal, staged_columns, staging_ddl
 
@@ -113,3 +114,60 @@ def test_tasks_break_equal_times_by_kafka_order_like_the_live_path(spark) -> Non
     ticks = [(r[2], r[7], Decimal(r[4]), Decimal(r[5])) for r in rows]  # Kafka order
     want = {c.key: (c.open, c.close, c.trade_count) for c in partial_candles(ticks, PERIODS_S)}
     assert got == want
+
+
+def test_the_committed_dedup_horizon_survives_batches_in_every_id_form(spark, tmp_path) -> None:
+    """The committing query keeps each feed's trade ids in Spark's state store between
+    batches, numbers packed as differences and other ids as text (``TradeIds``). Over four
+    micro-batches, with resends across them, ids that look like numbers but are not one
+    ("007", "-3", 20 digits) and a clock that leaves ids behind the horizon, every verdict
+    is the one ``streaming.feeds`` reaches over the same records."""
+    rng = random.Random(11)
+    forms = ["{}", "00{}", "x{}", "-{}", "12345678901234567{:03d}", "{}0000000000000000000"]
+    base, records, sent = 1_789_999_200 * 10**9, [], []
+    for i in range(1200):
+        if sent and rng.random() < 0.15:
+            trade_id, t = rng.choice(sent[-400:])  # a resend, perhaps from an earlier batch
+        else:
+            trade_id = forms[i % len(forms)].format(i // len(forms))  # "7", "007", "x7"...
+            t = base + i * 10**8 + rng.randint(-15, 3) * 10**9 + (i // 600) * 90 * 10**9
+            sent.append((trade_id, t))
+        records.append((trade_id, t))
+    ddl = (
+        "valid boolean, idle boolean, ticker string, trade_id string, price string, "
+        "size string, side string, exchange_time_ns bigint, ingest_time_ns bigint, "
+        "partition int, offset bigint, control binary"
+    )
+    source = tmp_path / "in"
+    for n, at in enumerate(range(0, len(records), 300)):
+        rows = [
+            (True, False, "SIM:IDS/USD", tid, "1.5", "1", "BUY", t, None, 0, at + k, None)
+            for k, (tid, t) in enumerate(records[at : at + 300])
+        ]
+        spark.createDataFrame(rows, ddl).coalesce(1).write.parquet(str(source / f"b{n}"))
+    stored: dict[int, bool] = {}
+
+    def collect(df, _batch_id: int) -> None:
+        for r in df.where("kind = 0").select("offset", "late").collect():
+            stored[r["offset"]] = r["late"]
+
+    stream = (
+        spark.readStream.schema(ddl).option("maxFilesPerTrigger", 1).parquet(str(source / "b*"))
+    )
+    query = (
+        judged_in_tasks(stream, 10.0, 60.0)
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.lastProgress and query.lastProgress["batchId"] == 3, "four batches"
+    oracle = Feeds(allowance_s=10, horizon_s=60)
+    want = {}
+    for offset, (trade_id, t) in enumerate(records):
+        verdict = oracle.admit("SIM:IDS/USD", trade_id, t)
+        if verdict != Verdict.DUPLICATE:
+            want[offset] = verdict != Verdict.KEEP
+    assert stored == want
+    assert 0 < sum(want.values()) and len(want) < len(records)

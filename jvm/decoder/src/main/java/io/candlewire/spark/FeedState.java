@@ -5,7 +5,6 @@ import candlewire.v1.Live.LiveFeed;
 import candlewire.v1.Live.LiveRestore;
 import candlewire.v1.MarketOuterClass.OHLC;
 import java.math.BigDecimal;
-import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.Iterator;
@@ -28,8 +27,8 @@ final class FeedState {
 
   final String ticker;
   long clockNs;
-  private final HashMap<String, Long> seen = new HashMap<>();
-  private final ArrayDeque<Seen> order = new ArrayDeque<>();
+  /** The trade ids within the dedup horizon, in the order read. */
+  private final TradeIds ids = new TradeIds();
   private final HashMap<Window, Candle> forming = new HashMap<>();
   /**
    * Closed candles whose window ends within the dedup horizon: a late trade the horizon still
@@ -51,8 +50,6 @@ final class FeedState {
   long markedAtNanos = Long.MIN_VALUE;
   boolean queued;
 
-  private record Seen(long timeNs, String tradeId) {}
-
   record Window(int periodS, long openMs) {}
 
   FeedState(String ticker, long clockNs) {
@@ -69,7 +66,7 @@ final class FeedState {
    */
   int admit(String tradeId, long timeNs, long allowanceNs, long horizonNs) {
     boolean hasId = tradeId != null && !tradeId.isEmpty();
-    if (hasId && seen.containsKey(tradeId)) {
+    if (hasId && ids.contains(tradeId)) {
       return DUPLICATE;
     }
     boolean late = clockNs > 0 && timeNs < clockNs - allowanceNs;
@@ -90,13 +87,7 @@ final class FeedState {
   }
 
   private void forgetBefore(long horizonStartNs) {
-    while (!order.isEmpty() && order.peekFirst().timeNs() < horizonStartNs) {
-      Seen s = order.pollFirst();
-      Long at = seen.get(s.tradeId());
-      if (at != null && at == s.timeNs()) {
-        seen.remove(s.tradeId());
-      }
-    }
+    ids.forgetBefore(horizonStartNs);
   }
 
   void remember(String tradeId, long timeNs, long horizonNs) {
@@ -112,15 +103,12 @@ final class FeedState {
    * restored evaluator holds exactly what it held.
    */
   void keep(String tradeId, long timeNs) {
-    seen.put(tradeId, timeNs);
-    order.addLast(new Seen(timeNs, tradeId));
+    ids.add(tradeId, timeNs);
   }
 
   /** The trade ids remembered, in the order read. */
   void forEachSeen(java.util.function.BiConsumer<String, Long> each) {
-    for (Seen s : order) {
-      each.accept(s.tradeId(), s.timeNs());
-    }
+    ids.forEach(each);
   }
 
   long watermarkMs(long allowanceNs) {
@@ -318,9 +306,7 @@ final class FeedState {
    */
   byte[] toState() {
     LiveFeed.Builder feed = LiveFeed.newBuilder().setTicker(ticker).setClockNs(clockNs);
-    for (Seen s : order) {
-      feed.addTradeIds(s.tradeId()).addTradeTimesNs(s.timeNs());
-    }
+    ids.writeTo(feed);
     LiveRestore.Builder state = LiveRestore.newBuilder().addFeeds(feed);
     for (Candle c : forming.values()) {
       state.addCandles(candleState(c));
@@ -359,9 +345,7 @@ final class FeedState {
     }
     LiveFeed f = state.getFeeds(0);
     FeedState feed = new FeedState(f.getTicker(), f.getClockNs());
-    for (int i = 0; i < f.getTradeIdsCount(); i++) {
-      feed.keep(f.getTradeIds(i), f.getTradeTimesNs(i));
-    }
+    feed.ids.readFrom(f);
     for (LiveCandle c : state.getCandlesList()) {
       feed.restore(c, allowanceNs, horizonNs);
     }
