@@ -16,11 +16,12 @@ ticker's price range, up and down, re-arming with no cooldown: every crossing fi
 
     python -m bench.cep [--burst N] [--latency-seconds S] [--engine realtime|microbatch]
 
-With the real-time engine (the default) the triggers are evaluated in the JVM as each record
-is read; with ``--engine microbatch`` by the job's CEP query.
+Either engine evaluates the triggers in the JVM's live path: as each record is read (the
+real-time engine, the default), or as each micro-batch reaches the driver
+(``--engine microbatch``).
 
 The stack commits every 5 s (``CANDLEWIRE_STREAM_TICKS_TRIGGER_S``; 30 s by default), so a
-burst's rate is the job's rather than one commit trigger's wait; the CEP query sends firings
+burst's rate is the job's rather than one commit trigger's wait; the live path sends firings
 ahead of the commits either way.
 """
 
@@ -152,17 +153,17 @@ class Firings(threading.Thread):
         self.join(5)
 
 
-def burst(settings, feeds: list[Feed], n: int, t0_ns: int) -> tuple[float, float, float]:
+def burst(settings, feeds: list[Feed], n: int, t0_ns: int) -> tuple[float, float]:
     """N ticks round-robin over the feeds, event times 1 ms apart: ticks/s from the first
     produce until the batch that committed the last of them has ended (its candles MERGEd
     too, so none of its work spills into the next burst's time), and the seconds the
-    committing and the CEP queries spent in their batches meanwhile."""
+    committing query spent in its batches meanwhile."""
     producer = Producer(producer_config(settings, **{"linger.ms": 20}))
     values = [
         (f.ticker, f.next(t0_ns + i * 1_000_000)) for i, f in enumerate(feeds * (n // len(feeds)))
     ]
     base, started = committed_ticks(settings), time.perf_counter()
-    busy_ticks, busy_cep = busy_seconds(settings, "ticks"), busy_seconds(settings, "cep")
+    busy_ticks = busy_seconds(settings, "ticks")
     for ticker, value in values:
         while True:
             try:
@@ -177,11 +178,7 @@ def burst(settings, feeds: list[Feed], n: int, t0_ns: int) -> tuple[float, float
     while ticks_batches(settings) == batches:  # the batch ends after its candles' MERGE
         time.sleep(0.2)
     rate = len(values) / (time.perf_counter() - started)
-    return (
-        rate,
-        busy_seconds(settings, "ticks") - busy_ticks,
-        busy_seconds(settings, "cep") - busy_cep,
-    )
+    return rate, busy_seconds(settings, "ticks") - busy_ticks
 
 
 def trickle(settings, feeds: list[Feed], seconds: float, rate: float, t0_ns: int) -> dict:
@@ -225,12 +222,12 @@ def main() -> None:
         # so the two timed bursts meet the same job.
         warm = [Feed(f"BENCHCEP:W{i:03d}/USDT", seed=2_000 + i) for i in range(TICKERS)]
         print(f"warm-up: {burst(settings, warm, args.burst, t0)[0]:,.0f} ticks/s committed")
-        without, busy_without, _ = burst(settings, others, args.burst, t0)
+        without, busy_without = burst(settings, others, args.burst, t0)
         print(f"without triggers: {without:,.0f} ticks/s committed ({busy_without:.1f}s busy)")
-        with_triggers, busy_with, busy_cep = burst(settings, list(feeds.values()), args.burst, t0)
+        with_triggers, busy_with = burst(settings, list(feeds.values()), args.burst, t0)
         print(
             f"with {len(triggers):,} triggers: {with_triggers:,.0f} ticks/s committed "
-            f"({busy_with:.1f}s busy committing, {busy_cep:.1f}s in the CEP query)"
+            f"({busy_with:.1f}s busy committing)"
         )
         produced = trickle(
             settings, list(feeds.values()), args.latency_seconds, 20.0, t0 + 3600 * S
@@ -264,7 +261,6 @@ def main() -> None:
                 "with_ratio": round(with_triggers / without, 2),
                 "commit_busy_s_without": round(busy_without, 1),
                 "commit_busy_s_with": round(busy_with, 1),
-                "cep_query_busy_s": round(busy_cep, 1),
                 "fire_p50_ms": round(pct(lat, 0.5)) if lat else None,
                 "fire_p99_ms": round(pct(lat, 0.99)) if lat else None,
                 "fire_samples": len(lat),

@@ -256,13 +256,12 @@ class Settings(BaseSettings):
     each one leaves behind (10 MERGEs at the 30 s commit interval). 0: only Dagster's daily
     maintenance compacts."""
     stream_live_engine: Literal["realtime", "microbatch"] = "realtime"
-    """How the live query runs: in Spark's real-time mode, each record judged and published
-    by the JVM side of the job as it is read (``jvm/decoder``'s ``Live``; a local master
-    only), or as Python micro-batches every ``stream_live_trigger_s`` (any master)."""
-    stream_cep_trigger_s: float = 0.2
-    """Micro-batch interval of the CEP query, which evaluates the triggers and sends firings."""
+    """How records reach the live path (``jvm/decoder``'s ``Live``, which judges, folds,
+    evaluates the triggers and publishes each one): Spark's real-time mode, each record as it
+    is read (a local master only), or micro-batches every ``stream_live_trigger_s`` collected
+    to the driver (any master)."""
     stream_cep_record_s: float = Field(default=5.0, gt=0)
-    """How often the CEP query records its state: a restart evaluates again (and clients
+    """How often the CEP triggers' state is recorded: a restart evaluates again (and clients
     ignore again) at most this much of the ticks topic."""
     cep_max_triggers_per_owner: int = Field(default=1_000, ge=1)
     """CEP triggers one owner (a user, or a client without one) may have registered."""
@@ -437,7 +436,6 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_STREAM_TICKS_BATCH_MAX"] = str(self.stream_ticks_batch_max)
         env["CANDLEWIRE_STREAM_OHLC_COMPACT_S"] = str(self.stream_ohlc_compact_s)
         env["CANDLEWIRE_STREAM_LIVE_ENGINE"] = self.stream_live_engine
-        env["CANDLEWIRE_STREAM_CEP_TRIGGER_S"] = str(self.stream_cep_trigger_s)
         env["CANDLEWIRE_STREAM_CEP_RECORD_S"] = str(self.stream_cep_record_s)
         env["CANDLEWIRE_CEP_MAX_TRIGGERS_PER_OWNER"] = str(self.cep_max_triggers_per_owner)
         env["CANDLEWIRE_STREAM_LIVE_TRIGGER_S"] = str(self.stream_live_trigger_s)

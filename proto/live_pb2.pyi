@@ -56,7 +56,7 @@ class LiveCandle(_message.Message):
     def __init__(self, ticker: _Optional[str] = ..., period_s: _Optional[int] = ..., open_ms: _Optional[int] = ..., open: _Optional[str] = ..., high: _Optional[str] = ..., low: _Optional[str] = ..., close: _Optional[str] = ..., volume: _Optional[str] = ..., trade_count: _Optional[int] = ..., first_trade_ns: _Optional[int] = ..., last_trade_ns: _Optional[int] = ..., closed: bool = ..., revision: _Optional[int] = ...) -> None: ...
 
 class LiveRestore(_message.Message):
-    __slots__ = ("feeds", "candles", "offsets", "triggers")
+    __slots__ = ("feeds", "candles", "offsets", "triggers", "registered")
     class OffsetsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -68,8 +68,10 @@ class LiveRestore(_message.Message):
     CANDLES_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     TRIGGERS_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
     feeds: _containers.RepeatedCompositeFieldContainer[LiveFeed]
     candles: _containers.RepeatedCompositeFieldContainer[LiveCandle]
     offsets: _containers.ScalarMap[int, int]
     triggers: _cep_pb2.CepState
-    def __init__(self, feeds: _Optional[_Iterable[_Union[LiveFeed, _Mapping]]] = ..., candles: _Optional[_Iterable[_Union[LiveCandle, _Mapping]]] = ..., offsets: _Optional[_Mapping[int, int]] = ..., triggers: _Optional[_Union[_cep_pb2.CepState, _Mapping]] = ...) -> None: ...
+    registered: _containers.RepeatedCompositeFieldContainer[_cep_pb2.CEPTriggerRequest]
+    def __init__(self, feeds: _Optional[_Iterable[_Union[LiveFeed, _Mapping]]] = ..., candles: _Optional[_Iterable[_Union[LiveCandle, _Mapping]]] = ..., offsets: _Optional[_Mapping[int, int]] = ..., triggers: _Optional[_Union[_cep_pb2.CepState, _Mapping]] = ..., registered: _Optional[_Iterable[_Union[_cep_pb2.CEPTriggerRequest, _Mapping]]] = ...) -> None: ...

@@ -16,7 +16,6 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from decimal import Context, Decimal, InvalidOperation
 from types import UnionType
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,11 +24,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from candlewire.lake import OHLC_SCHEMA
-from proto import cep_pb2, envelope_pb2, market_pb2
+from proto import envelope_pb2, market_pb2
 from proto.envelope import EnvelopeError, from_record
-
-if TYPE_CHECKING:
-    from streaming.cep import Event
 
 # ``idle`` rows are FeedIdle marks (a quiet feed's clock, in ``exchange_time_ns``): neither
 # a valid tick nor a bad record.
@@ -155,51 +151,6 @@ def decoded_ticks(spark: SparkSession, decoder: str, records: DataFrame) -> Data
     if decoder == "jvm":
         return decode_ticks_in_jvm(spark, records)
     return records.mapInArrow(decode_ticks, WITH_CONTROL)
-
-
-def registrations_in(rows: pa.Table) -> list[tuple[int, int, cep_pb2.CEPTriggerRequest]]:
-    """(partition, offset, request) of the trigger registrations among decoded rows that
-    carry the ``control`` column."""
-    out = []
-    mask = pc.is_valid(rows["control"])
-    if not pc.any(mask).as_py():
-        return out
-    hits = rows.filter(mask)
-    for value, partition, offset in zip(
-        *(hits[c].to_pylist() for c in ("control", "partition", "offset")), strict=True
-    ):
-        try:
-            msg = from_record(value)
-        except EnvelopeError:
-            continue
-        if isinstance(msg, cep_pb2.CEPTriggerRequest):
-            out.append((partition, offset, msg))
-    return out
-
-
-EVALUATED = ("control", "valid", "idle", "ticker", "exchange_time_ns", "price", "size", "trade_id")
-
-
-def events_in(rows: pa.Table) -> list[Event]:
-    """Decoded rows (:data:`EVALUATED`, ``partition``, ``offset``) as what
-    :meth:`streaming.cep.Triggers.judge` takes, in Kafka order. An undecodable record is
-    nothing to judge: it moves no clock."""
-    rows = rows.sort_by([("partition", "ascending"), ("offset", "ascending")])
-    out: list[Event] = []
-    columns = (rows[c].to_pylist() for c in EVALUATED)
-    for control, valid, idle, ticker, t_ns, price, size, trade_id in zip(*columns, strict=True):
-        if control is not None:
-            try:
-                msg = from_record(control)
-            except EnvelopeError:
-                continue
-            if isinstance(msg, cep_pb2.CEPTriggerRequest):
-                out.append(msg)
-        elif idle:
-            out.append((ticker, t_ns))
-        elif valid:
-            out.append((ticker, t_ns, Decimal(price), Decimal(size), trade_id or ""))
-    return out
 
 
 def decode_records(values: list[bytes], cls: type | UnionType) -> tuple[list, int]:

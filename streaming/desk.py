@@ -13,9 +13,9 @@ state, and answers with ``CEPTriggerAck`` on the request's notification topic:
 The registry is the compacted Kafka topic ``candlewire.triggers``, keyed by trigger id: the
 desk reads it whole at start and writes each change there, synchronously, before it
 acknowledges, so an accepted trigger survives a restart of the job and of the relay. Each
-change also goes into the ticks topic under its ticker: the queries that evaluate triggers
-(:mod:`streaming.queries.cep`, and the committing query that records their state) meet it
-at the same place among the feed's trades, so they agree on what fires.
+change also goes into the ticks topic under its ticker: the live path's evaluator
+(:mod:`streaming.queries.live`) meets it at the same place among the feed's trades, so a
+restart from a recorded state agrees on what fires.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class TriggerDesk(threading.Thread):
             self.ctx.publisher.notify(req.notification_topic, ack)
 
     def _catch_up(self) -> None:
-        """Changes others wrote (the CEP query removes a one-shot trigger that fired), and
+        """Changes others wrote (the job removes a one-shot trigger that fired), and
         our own, in the topic's order."""
         self._caught_up = time.monotonic()
         try:

@@ -1,12 +1,11 @@
 """CEP firings, sent as they are made, each (trigger_id, firing) exactly once (#19).
 
-An evaluator reads the ticks topic's records in Kafka order and hands its firings here at
-once: onto the owner's notification topic, and as the user's alert. It is the JVM's, in the
-real-time live path (:mod:`streaming.queries.realtime`, :meth:`emit_jvm`), or the CEP query
-of the micro-batch engine (:mod:`streaming.queries.cep`, :class:`streaming.cep.Triggers`).
-Every ``stream_cep_record_s`` the triggers' state is recorded with the Kafka offsets it
-stands at (:meth:`record`, one PostgreSQL row per run), as ``CepState``
-(``proto/cep.proto``), which both evaluators read.
+The live path's evaluator, in the JVM whichever engine feeds it (``jvm/decoder``'s
+``Triggers``, started by :mod:`streaming.queries.live`), reads the ticks topic's records in
+Kafka order and hands its firings here at once (:meth:`emit_jvm`): onto the owner's
+notification topic, and as the user's alert. Every ``stream_cep_record_s`` the triggers'
+state is recorded with the Kafka offsets it stands at (:meth:`record_state`, one PostgreSQL
+row per run), as ``CepState`` (``proto/cep.proto``), which a restart hands back to it.
 
 Evaluation reads no wall clock, so a restart, which evaluates the records after the last
 record again from the state recorded with it, makes the same firings with the same
@@ -26,9 +25,9 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 from confluent_kafka import Producer
+from google.protobuf.message import DecodeError
 
 from candlewire.config import Settings
 from candlewire.curve import PUBLISHER_KEY
@@ -38,7 +37,6 @@ from candlewire.triggers import Trigger, parse_trigger
 from proto import cep_pb2 as cep
 from proto import events_pb2 as ev
 from proto.envelope import to_record
-from streaming.cep import Firing, Triggers
 from streaming.context import JobContext
 from streaming.desk import apply_records, registry_records
 from streaming.progress import CepCommit
@@ -89,33 +87,28 @@ class FiringDesk:
             key=PUBLISHER_KEY,
         ).start()
 
-    def restore(self, restored: Restored) -> tuple[Triggers, dict[int, int]]:
-        """The triggers as last recorded, and the offsets to read on from. Without a readable
-        record (a new run, or one of another release): the registered triggers, from where
-        the commits stand."""
-        settings = self.ctx.settings
+    def restore(
+        self, restored: Restored
+    ) -> tuple[bytes, list[cep.CEPTriggerRequest], dict[int, int]]:
+        """The triggers' state as last recorded (``CepState``) and the offsets to read on
+        from. Without a readable record (a new run, or one of another release): a state
+        holding only those offsets, where the commits stand, and the registry's triggers,
+        which the JVM's evaluator applies before the first record."""
         record = self.ctx.progress.last_cep(self.run_id)
         if record is not None:
             try:
-                triggers = Triggers.loads(
-                    record.state, settings.stream_watermark_s, settings.stream_dedup_horizon_s
-                )
-                log.info("%d feeds with CEP triggers restored", len(triggers.tickers()))
-                return triggers, record.offsets
-            except Exception as exc:
+                state = cep.CepState.FromString(record.state)
+                log.info("%d feeds with CEP triggers restored", len(state.feeds))
+                return record.state, [], record.offsets
+            except DecodeError as exc:
                 log.warning("recorded trigger state not readable (%s): from the registry", exc)
-        triggers = Triggers(settings.stream_watermark_s, settings.stream_dedup_horizon_s)
-        for req in registered(settings).values():
-            triggers.apply(req)
-        log.info("%d feeds with CEP triggers from the registry", len(triggers.tickers()))
-        return triggers, dict(restored.offsets)
-
-    def emit(self, fired: list[Firing]) -> None:
-        now_ms = int(time.time() * 1000)
-        self.send([(f.trigger, f.event(now_ms)) for f in fired])
+        offsets = dict(restored.offsets)
+        requests = list(registered(self.ctx.settings).values())
+        log.info("%d CEP triggers from the registry", len(requests))
+        return cep.CepState(offsets=offsets).SerializeToString(), requests, offsets
 
     def emit_jvm(self, data: bytes) -> None:
-        """The real-time evaluator's firings (``CepFirings``), each with its trigger."""
+        """The JVM evaluator's firings (``CepFirings``), each with its trigger."""
         batch = cep.CepFirings.FromString(data)
         self.send([(parse_trigger(f.trigger), f.event) for f in batch.firings])
 
@@ -140,10 +133,6 @@ class FiringDesk:
         self._producer.poll(0)
         self.ctx.metrics.notifications.labels("cep_trigger_event").inc(len(fired))
         self.ctx.metrics.trigger_firings.inc(len(fired))
-
-    def record(self, triggers: Triggers, offsets: dict[int, int]) -> None:
-        """Where a restart evaluates on from; the one-shot removals sent before it."""
-        self.record_state(CepCommit(dict(offsets), triggers.dumps(offsets)))
 
     def record_state(self, commit: CepCommit) -> None:
         self._producer.flush(10)

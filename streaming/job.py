@@ -34,11 +34,9 @@ from streaming.firings import FiringDesk
 from streaming.pacing import PacedQuery
 from streaming.queries import Query
 from streaming.queries.books import BooksLiveQuery, BooksQuery
-from streaming.queries.cep import CepQuery
 from streaming.queries.history import HistoryQuery
-from streaming.queries.live import LiveQuery
+from streaming.queries.live import LiveQuery, local_master
 from streaming.queries.metadata import MetadataQuery
-from streaming.queries.realtime import RealTimeLiveQuery, local_master
 from streaming.queries.ticks import TicksQuery
 from streaming.recovery import Ledger
 
@@ -61,15 +59,8 @@ class StreamingJob:
         ledger = Ledger(self.ctx)
         restored = ledger.restore()
         self.firings = FiringDesk(self.ctx, ledger.run_id)
-        # The real-time live path evaluates the CEP triggers itself; the micro-batch engine
-        # has a query of its own for them.
-        live: LiveQuery | RealTimeLiveQuery
-        if realtime:
-            live = RealTimeLiveQuery(self.ctx, restored, self.firings)
-            cep: list[Query] = []
-        else:
-            live = LiveQuery(self.ctx, restored)
-            cep = [CepQuery(self.ctx, restored, self.firings)]
+        # Either engine's live path evaluates the CEP triggers too, in the JVM.
+        live = LiveQuery(self.ctx, restored, self.firings)
         self.live = live
         publisher = self.ctx.publisher
         self.ctx.metrics.journal_errors.set_function(
@@ -84,7 +75,6 @@ class StreamingJob:
         self.queries: list[Query] = [
             live,
             TicksQuery(self.ctx, ledger, restored),
-            *cep,
             HistoryQuery(self.ctx),
             MetadataQuery(self.ctx),
             BooksLiveQuery(self.ctx),
@@ -110,7 +100,7 @@ class StreamingJob:
         return self
 
     def _start(self, q: Query) -> None:
-        if isinstance(q, RealTimeLiveQuery):
+        if isinstance(q, LiveQuery):
             self._pool(q)
             self.running[q.name] = q.start()
         elif isinstance(q, TicksQuery):
@@ -123,7 +113,7 @@ class StreamingJob:
         else:
             self.running[q.name] = self._stream(q)
 
-    def _pool(self, q: Query | RealTimeLiveQuery) -> None:
+    def _pool(self, q: Query | LiveQuery) -> None:
         """One FAIR pool per query (spark_conf sets FAIR mode): commits and MERGEs do not
         hold up the live query's next batch, which is what subscribers wait for. A local
         property of the calling thread, which the query's own thread inherits."""
@@ -173,12 +163,12 @@ class StreamingJob:
                 continue
             log.error("query %s stopped: %s", q.name, error)
             return False
-        if isinstance(self.live, RealTimeLiveQuery) and not self.live.healthy():
-            log.error("the real-time live path's publishing thread stopped")
+        if not self.live.healthy():
+            log.error("the live path's publishing thread stopped")
             return False
         return True
 
-    def _may_restart(self, q: Query | RealTimeLiveQuery, error: object) -> bool:
+    def _may_restart(self, q: Query | LiveQuery, error: object) -> bool:
         if not _progress_report_npe(error) or self._restarts[q.name] >= RESTARTS:
             return False
         self._restarts[q.name] += 1
@@ -202,9 +192,9 @@ def _progress_report_npe(error: object) -> bool:
 
 class IdleMarkWriter(threading.Thread):
     """Writes the live query's idle marks into the ticks topic, keyed by ticker so each
-    lands in its feed's partition, after the feed's trades (:mod:`streaming.feeds`)."""
+    lands in its feed's partition, after the feed's trades (``FeedState``)."""
 
-    def __init__(self, ctx: JobContext, live: LiveQuery | RealTimeLiveQuery) -> None:
+    def __init__(self, ctx: JobContext, live: LiveQuery) -> None:
         super().__init__(name="idle-marks", daemon=True)
         self.ctx, self.live = ctx, live
         self.every_s = max(0.5, min(ctx.settings.stream_idle_timeout_s / 4, 5.0))

@@ -72,8 +72,8 @@ class CandleCommit:
 
 @dataclass
 class CepCommit:
-    """Where the CEP query stands: the next ticks offset per partition, and the triggers'
-    state after the records before it (:class:`streaming.cep.Triggers`)."""
+    """Where the CEP evaluator stands: the next ticks offset per partition, and the triggers'
+    state after the records before it (``jvm/decoder``'s ``Triggers``)."""
 
     offsets: dict[int, int]
     state: bytes

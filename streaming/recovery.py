@@ -24,9 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from candlewire.config import Settings
-from streaming.candles import FormingCandles, candle_from_row
 from streaming.context import JobContext
-from streaming.feeds import Feeds
 from streaming.progress import CandleCommit
 from streaming.sql import ts_literal
 
@@ -48,8 +46,10 @@ def run_id(settings: Settings, query: str = QUERY) -> str:
     return path.read_text().strip()
 
 
-def new_feeds(settings: Settings) -> Feeds:
-    return Feeds(settings.stream_watermark_s, settings.stream_dedup_horizon_s)
+def watermark_ms(clock_ns: int, allowance_s: float) -> int:
+    """A feed's watermark, as ``FeedState.watermarkMs`` has it: its windows that end at or
+    before it are final (0: a feed not heard yet)."""
+    return 0 if not clock_ns else (clock_ns - int(allowance_s * 1e9)) // 1_000_000
 
 
 @dataclass
@@ -61,19 +61,9 @@ class Restored:
     offsets: dict[int, int] = field(default_factory=dict)  # next offset per ticks partition
     clocks: dict[str, int] = field(default_factory=dict)  # each feed's event clock
     # ``ohlc``'s forming live rows, and ``ticks``' trades within the dedup horizon, as of
-    # ``candles_batch``; each query builds its own state from them
+    # ``candles_batch``: the live path's state (``streaming.queries.live.restore_file``)
     rows: list[dict] = field(default_factory=list)
     trades: list[tuple[str, str, int]] = field(default_factory=list)
-
-    def feeds(self, settings: Settings) -> Feeds:
-        feeds = new_feeds(settings)
-        feeds.restore(self.clocks, self.trades)
-        return feeds
-
-    def forming(self, feeds: Feeds) -> FormingCandles:
-        state = FormingCandles()
-        state.restore(map(candle_from_row, self.rows), feeds.watermark_ms, feeds.horizon_start_ms)
-        return state
 
 
 class Ledger:
@@ -90,11 +80,10 @@ class Ledger:
         """After a candle MERGE: where the live path restarts (each feed's event clock, the
         Kafka offsets, and the snapshots its state is read from)."""
         tables = self.ctx.tables
-        feeds = new_feeds(self.ctx.settings)  # the one rule for a feed's watermark
-        feeds.restore(clocks, [])
+        allowance_s = self.ctx.settings.stream_watermark_s
         commit = CandleCommit(
             batch=batch_id,
-            watermark_ms=min((feeds.watermark_ms(t) for t in clocks), default=0),
+            watermark_ms=min((watermark_ms(c, allowance_s) for c in clocks.values()), default=0),
             snapshot_id=tables.snapshot_id("ohlc"),
             offsets=dict(offsets),
             clocks=dict(clocks),
@@ -132,9 +121,10 @@ class Ledger:
         }
         trades: list[tuple[str, str, int]] = []
         if last.ticks_snapshot_id and clocks:
-            feeds = new_feeds(self.ctx.settings)
-            feeds.restore(clocks, [])
-            since_ms = feeds.horizon_start_ns() // 1_000_000
+            # The oldest event time any feed still deduplicates against.
+            horizon_ns = int(self.ctx.settings.stream_dedup_horizon_s * 1e9)
+            starts = [c - horizon_ns for c in clocks.values() if c]
+            since_ms = max(0, min(starts, default=0)) // 1_000_000
             table = self._as_of(
                 "ticks",
                 last.ticks_snapshot_id,

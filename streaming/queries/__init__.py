@@ -1,7 +1,6 @@
 """The job's streaming queries, one module each, in the order a tick meets them:
-:mod:`~streaming.queries.live` (publish at once), :mod:`~streaming.queries.ticks` (commit
-ticks and candles), :mod:`~streaming.queries.cep` (CEP firings ahead of the commits),
-:mod:`~streaming.queries.history` (history pages), :mod:`~streaming.queries.metadata`
+:mod:`~streaming.queries.live` (publish at once, and fire the CEP triggers),
+:mod:`~streaming.queries.ticks` (commit ticks and candles), :mod:`~streaming.queries.history` (history pages), :mod:`~streaming.queries.metadata`
 (symbol metadata) and :mod:`~streaming.queries.books` (L2 books, live and committed).
 
 Each is a :class:`Query`: a Kafka source, a trigger, a checkpoint and a ``foreachBatch``

@@ -13,7 +13,7 @@ with the run and batch id, see :mod:`streaming.recovery`), MERGEs the candles th
 changed or closed, by their absolute values, into ``ohlc``, and records the batch. It
 collects only one summary row per feed (clock, counts, offsets) and the changed candles. A
 late tick lands in ``ticks``; within the dedup horizon it also revises its candles, a closed
-one with its ``revision`` one higher (``streaming.feeds``' REVISE), and beyond it changes none.
+one with its ``revision`` one higher (``FeedState``'s REVISE), and beyond it changes none.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from decimal import Decimal
 
-from streaming.candles import Candle, FormingCandles, changed, partial_candles
+from tests.reference.candles import Candle, FormingCandles, changed, partial_candles
 
 Tick = tuple[str, int, Decimal, Decimal]  # ticker, time ns, price, size
 

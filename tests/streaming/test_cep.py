@@ -10,7 +10,7 @@ import pytest
 
 from candlewire.triggers import Trigger
 from proto import cep_pb2 as cep
-from streaming.cep import FeedTriggers, Firing, Triggers
+from tests.reference.cep import FeedTriggers, Firing, Triggers
 
 S = 1_000_000_000
 T0 = 1_700_006_400 * S  # on an hour boundary

@@ -18,7 +18,7 @@ from candlewire.triggers import add_request
 from proto import cep_pb2 as cep
 from proto import market_pb2
 from proto.envelope import to_record
-from streaming.cep import Firing, Triggers
+from tests.reference.cep import Firing, Triggers
 
 S = 1_000_000_000
 T0 = 1_789_999_200 * S  # a whole hour
@@ -62,7 +62,7 @@ def condition(rng: random.Random) -> object:
 
 
 def records(seed: int, n: int = 3_000) -> list[tuple[bytes, object]]:
-    """(Kafka record, what streaming.cep.Triggers.judge takes for it, or None)."""
+    """(Kafka record, what tests.reference.cep.Triggers.judge takes for it, or None)."""
     rng = random.Random(seed)
     out: list[tuple[bytes, object]] = []
     clock = {t: T0 for t in TICKERS}

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from streaming.feeds import Feeds, Verdict
+from tests.reference.feeds import Feeds, Verdict
 
 S = 1_000_000_000  # ns per second
 

@@ -1,6 +1,7 @@
-"""The real-time live path (jvm/decoder's Live) against the micro-batch one (LiveQuery): for
-the same records, the same ticks published in the same order with the same positions, and the
-same last update of every candle window, closed or not, also from a restored state.
+"""The live path (jvm/decoder's Live, which both engines run) against the reference rules
+(tests.reference.feeds, tests.reference.candles): for the same records, the same ticks published in the
+same order with the same positions, and the same last update of every candle window, closed
+or not, also from a restored state.
 
 The records mix everything a feed sends: trades out of order within the lateness allowance,
 late ones, resends, trades without an id, idle marks and malformed records; the reference
@@ -17,16 +18,24 @@ from decimal import Decimal
 import pytest
 import zmq
 
+from candlewire.config import PERIODS_S
 from candlewire.kafka import ensure_topics
 from candlewire.testing import free_settings, wait_for
+from candlewire.topics import market_data_topic, tick_type
 from proto import market_pb2
 from proto.envelope import from_record, to_record
-from streaming.candles import changed
-from streaming.feeds import Verdict
-from streaming.queries.live import LiveQuery
-from streaming.queries.realtime import live_conf, parse_counters, restore_file
+from streaming.decode import parse_tick
+from streaming.queries.live import live_conf, parse_counters, restore_file
 from streaming.recovery import Restored
 from tests.fuzz import FRAMES, SETTLE_S, blast, not_subscription, peer
+from tests.reference.candles import (
+    Candle,
+    FormingCandles,
+    candle_from_row,
+    changed,
+    partial_candles,
+)
+from tests.reference.feeds import Feeds, Verdict
 
 MINUTE_NS = 60_000_000_000
 PROBE_PARTITION = 1_000  # no restored state's: the live path judges every probe
@@ -106,28 +115,59 @@ class JvmLive:
         self.ctx.term()
 
 
+def judge(
+    feeds: Feeds, forming: FormingCandles, records: list[tuple[bytes, int, int]]
+) -> tuple[list[tuple[str, int]], list[Candle], list[Candle]]:
+    """One micro-batch by the reference rules: the ticks published (topic, offset), and the
+    candles updated and closed."""
+    published: list[tuple[str, int]] = []
+    timely: list[tuple[str, int, Decimal, Decimal]] = []
+    revising: list[tuple[str, int, Decimal, Decimal]] = []
+    for record, _partition, offset in records:
+        t = parse_tick(record)
+        if t is None:
+            continue
+        if isinstance(t, market_pb2.FeedIdle):
+            feeds.mark(t.ticker, t.event_time_ns)
+            continue
+        verdict = feeds.admit(t.ticker, t.trade_id, t.exchange_time_ns)
+        if verdict is Verdict.DUPLICATE:
+            continue
+        published.append((market_data_topic(t.ticker, tick_type()), offset))
+        if verdict is Verdict.KEEP or verdict is Verdict.REVISE:
+            tick = (t.ticker, t.exchange_time_ns, Decimal(t.price), Decimal(t.size))
+            (timely if verdict is Verdict.KEEP else revising).append(tick)
+    updated = forming.merge(partial_candles(timely, PERIODS_S))
+    revised: list[Candle] = []
+    if revising:
+        more, revised = forming.revise(partial_candles(revising, PERIODS_S), feeds.watermark_ms)
+        updated += more
+    closed = forming.evict(feeds.watermark_ms, feeds.horizon_start_ms)
+    return published, updated, closed + revised
+
+
 def reference(settings, restored: Restored, records, seed: int):
-    """LiveQuery's judging, in random micro-batch cuts: published ticks and last updates."""
-    q = LiveQuery.__new__(LiveQuery)
-    q.feeds = restored.feeds(settings)
-    q.forming = restored.forming(q.feeds)
-    q.heard = {}
+    """The reference rules in random micro-batch cuts: published ticks and last updates."""
+    feeds = Feeds(settings.stream_watermark_s, settings.stream_dedup_horizon_s)
+    feeds.restore(restored.clocks, restored.trades)
+    forming = FormingCandles()
+    forming.restore(map(candle_from_row, restored.rows), feeds.watermark_ms, feeds.horizon_start_ms)
     verdicts: Counter[Verdict] = Counter()
-    admit = q.feeds.admit
+    admit = feeds.admit
 
     def counted(*args: object) -> Verdict:
         verdicts[v := admit(*args)] += 1  # type: ignore[arg-type]
         return v
 
-    q.feeds.admit = counted  # type: ignore[method-assign]
+    feeds.admit = counted  # type: ignore[method-assign]
     rng = random.Random(seed)
     ticks: list[tuple[str, int]] = []
     last: dict[tuple[str, int, int], tuple] = {}
     i = 0
     while i < len(records):
         n = rng.randint(1, 400)
-        frames, updated, closed, _ = q._judge(records[i : i + n])
-        ticks += [(topic.decode(), offset) for topic, _, _, offset in frames]
+        published, updated, closed = judge(feeds, forming, records[i : i + n])
+        ticks += published
         for c, is_closed in changed(updated, closed):
             last[c.key] = (c.open, c.high, c.low, c.close, c.volume, c.trade_count, is_closed)
         i += n
@@ -199,7 +239,7 @@ def compare(live: JvmLive, settings, restored: Restored, records, seed: int) -> 
     assert counters["revised"] == revising  # what brings the next commit forward
 
 
-def test_the_jvm_live_path_publishes_what_the_micro_batch_one_does(
+def test_the_jvm_live_path_publishes_what_the_reference_rules_do(
     spark, lakehouse, tmp_path
 ) -> None:
     settings = free_settings(tmp_path, kafka_bootstrap=lakehouse.kafka_servers())

@@ -12,7 +12,7 @@ import pytest
 from candlewire.testing import wait_for
 from streaming import pacing
 from streaming.pacing import CommitDue, PacedQuery
-from streaming.queries.realtime import COUNTERS, RealTimeLiveQuery
+from streaming.queries.live import COUNTERS, LiveQuery
 
 
 class Run:
@@ -113,7 +113,7 @@ def test_the_real_time_live_path_flags_its_revisions() -> None:
             duplicates=SimpleNamespace(labels=lambda _: SimpleNamespace(inc=lambda _: None)),
         ),
     )
-    live = RealTimeLiveQuery.__new__(RealTimeLiveQuery)
+    live = LiveQuery.__new__(LiveQuery)
     live.ctx, live._counted, live._stop = ctx, dict(values), threading.Event()
     live._live = SimpleNamespace(counters=lambda: ",".join(str(values[c]) for c in COUNTERS))
     poller = threading.Thread(target=live._poll, daemon=True)

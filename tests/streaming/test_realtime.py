@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from candlewire.kafka import TICKS
-from streaming.queries.realtime import SPARE_TASK_SLOTS, local_master
+from streaming.queries.live import SPARE_TASK_SLOTS, local_master
 
 NEEDED = TICKS.partitions + SPARE_TASK_SLOTS
 

@@ -11,10 +11,10 @@ import pytest
 from candlewire.config import PERIODS_S
 from candlewire.lake import SYMBOL_METADATA_SCHEMA, TICKS_SCHEMA
 from candlewire.spark import build_session
-from streaming.candles import partial_candles
-from streaming.feeds import Feeds, Verdict
 from streaming.queries.ticks import CANDLE, judged_in_tasks
 from streaming.sql import columns_from_decoded, literal, staged_columns, staging_ddl
+from tests.reference.candles import partial_candles
+from tests.reference.feeds import Feeds, Verdict
 
 NASTY = ["plain", "it's", "back\\slash", "\\'", "'; DROP TABLE x; --", "two ''", 'dq"', "ünï"]
 
@@ -121,7 +121,7 @@ def test_the_committed_dedup_horizon_survives_batches_in_every_id_form(spark, tm
     batches, numbers packed as differences and other ids as text (``TradeIds``). Over four
     micro-batches, with resends across them, ids that look like numbers but are not one
     ("007", "-3", 20 digits) and a clock that leaves ids behind the horizon, every verdict
-    is the one ``streaming.feeds`` reaches over the same records."""
+    is the one ``tests.reference.feeds`` reaches over the same records."""
     rng = random.Random(11)
     forms = ["{}", "00{}", "x{}", "-{}", "12345678901234567{:03d}", "{}0000000000000000000"]
     base, records, sent = 1_789_999_200 * 10**9, [], []

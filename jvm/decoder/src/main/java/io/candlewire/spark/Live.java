@@ -27,22 +27,24 @@ import java.util.stream.Collectors;
 import org.apache.spark.sql.Row;
 
 /**
- * The real-time live path (#18): what {@code streaming/queries/live.py} does per micro-batch,
- * done per record inside Spark's real-time mode tasks ({@link LiveWriter}), so a tick reaches
- * subscribers milliseconds after Kafka has it.
+ * The live path (#18), of both engines: each record judged, folded, evaluated for the CEP
+ * triggers and published one by one, so a tick reaches subscribers milliseconds after the
+ * record reaches here. Real-time mode hands records in from its tasks ({@link LiveWriter}); the
+ * micro-batch engine, for a cluster master, from each batch collected to the driver
+ * ({@link LiveBatches}). The rules are {@link FeedState}'s and {@link Triggers}', the same the
+ * committing query runs ({@link Commit}).
  *
- * <p>Task threads (one per Kafka partition) decode each record with {@link DecodeTick}, judge
- * it against its feed ({@link FeedState}), queue it for publishing and fold it into the forming
- * candles. One publishing thread takes the queue and the changed candles in rounds and hands
- * them to {@link LiveOut}, which sequences, journals and sends them. Candle updates go out at
- * most every {@link #CANDLE_EVERY_NS}, each changed window once per round with its absolute
- * values, so the last update of a window carries its final values, as the micro-batch path's
- * does.
+ * <p>Feeding threads (a real-time task per Kafka partition, or the batch thread) decode each
+ * record with {@link DecodeTick}, judge it against its feed ({@link FeedState}), queue it for
+ * publishing and fold it into the forming candles. One publishing thread takes the queue and
+ * the changed candles in rounds and hands them to {@link LiveOut}, which sequences, journals
+ * and sends them. Candle updates go out at most every {@link #CANDLE_EVERY_NS}, each changed
+ * window once per round with its absolute values, so the last update of a window carries its
+ * final values.
  *
  * <p>There is one instance per JVM, started by the driver ({@code streaming.queries.realtime})
  * before the query and fed the committing query's restored state, so after a restart the
- * live path replays from the recorded offsets onto the recorded state. Real-time mode runs
- * the tasks where the driver is only with a local master; the job refuses any other.
+ * live path replays from the recorded offsets onto the recorded state.
  */
 public final class Live {
   private static final long CANDLE_EVERY_NS = 5_000_000L;
@@ -87,6 +89,9 @@ public final class Live {
     restore(state);
     liveFrom.putAll(state.getOffsetsMap());
     triggers = new Triggers(state.getTriggers(), allowanceNs, horizonNs);
+    for (var req : state.getRegisteredList()) {
+      triggers.register(req);
+    }
     out = new LiveOut(conf);
     publisher = new Thread(this::publish, "candlewire-live-publish");
     publisher.setDaemon(true);
@@ -125,7 +130,7 @@ public final class Live {
     Live live = current;
     if (live == null) {
       throw new IllegalStateException(
-          "the real-time live path is not started in this JVM (it needs a local master)");
+          "the live path is not started in this JVM (real-time mode needs a local master)");
     }
     return live;
   }

@@ -20,9 +20,10 @@ import java.util.concurrent.TimeUnit;
 import org.apache.spark.sql.Row;
 
 /**
- * CEP triggers evaluated in the real-time live path (#19): {@code streaming/cep.py}'s {@code
- * Triggers} in Java, fed each ticks-topic record as a real-time task reads it, so a firing
- * leaves the JVM milliseconds after its trade reached Kafka and costs no Spark batch.
+ * CEP triggers evaluated in the live path of either engine (#19), fed each ticks-topic record
+ * as {@link Live} reads it, so a firing leaves the JVM milliseconds after its trade reached
+ * Kafka. The rules are the only ones that run; {@code tests/reference/cep.py} is the test's
+ * reference they are held to.
  *
  * <p>Every record moves the offset of its partition, and everything here is under one lock, so
  * {@link #state} is always the state after exactly the records before its offsets: a restart
@@ -136,6 +137,14 @@ public final class Triggers {
     } catch (InvalidProtocolBufferException e) {
       return; // the desk wrote it; nothing else should, and nothing undecodable fires
     }
+    register(req);
+  }
+
+  /**
+   * An ADD or REMOVE, read among the feed's records or, at a start without a recorded state,
+   * from the registry (the job's {@code FiringDesk.restore}).
+   */
+  synchronized void register(CEPTriggerRequest req) {
     FeedTriggers feed = feeds.get(req.getTicker());
     if (req.getAction() == TriggerAction.REMOVE) {
       if (feed != null) {

@@ -1,4 +1,10 @@
-"""Event time per feed, and one count per trade.
+"""Test reference, not run by the platform: judging (resends, late trades, each feed's clock)
+as the second, Python copy of the rules that run in ``jvm/decoder``'s ``FeedState``
+(``TradeIds`` for the dedup horizon), which the committing query and the live path of both
+engines run. Tests hold the JVM's verdicts to this module's
+(tests/streaming/test_sql.py, test_live_jvm.py, test_cep_jvm.py).
+
+Event time per feed, and one count per trade.
 
 Each ticker is a feed with its own event clock: the largest event time of its trades read so
 far, in Kafka order (a ticker's trades share one partition, keyed by ticker). A feed minutes
@@ -21,10 +27,8 @@ Every tick is judged once, in the order Kafka holds it, by :meth:`Feeds.admit`:
 
 The verdict depends only on the ticks before it in Kafka, never on where micro-batches were
 cut, so every path reaches the same verdicts, and the last live update of every window equals
-its ``ohlc`` row. The committing query and the real-time live path run these rules in the JVM
-(``jvm/decoder``'s ``FeedState``, held to this module by tests/streaming/test_live_jvm.py);
-this module runs them for the micro-batch live engine and the CEP evaluator on the driver. A tick without a trade_id cannot be matched
-and is never taken for a duplicate; it is counted.
+its ``ohlc`` row. A tick without a trade_id cannot be matched and is never taken for a
+duplicate; it is counted.
 
 A quiet feed's clock does not move by itself. The job writes an idle mark (``FeedIdle``) into
 the ticks topic for a feed that has been quiet for ``stream_idle_timeout_s``: read in order

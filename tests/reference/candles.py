@@ -1,15 +1,16 @@
-"""Forming candles on the driver: the micro-batch live engine's state between batches.
+"""Test reference, not run by the platform: folding trades into candles, the second, Python
+copy of the rules that run in ``jvm/decoder``'s ``FeedState`` (the committing query and the
+live path of both engines). Tests hold the JVM's candles to this module's
+(tests/streaming/test_sql.py, test_live_jvm.py).
 
-Each micro-batch is reduced to one partial candle per (ticker, period, window), a few rows for
-thousands of ticks (:func:`partial_candles`). This state folds partials into the candles still
-forming and answers with the absolute values, which the live query publishes. The committing
-query and the real-time live path fold trades in the JVM by the same rules (``jvm/decoder``'s
-``FeedState``); tests/streaming/test_live_jvm.py holds the two to the same candles.
+Forming candles: a batch of ticks is reduced to one partial candle per (ticker, period,
+window) (:func:`partial_candles`), and the state folds partials into the candles still
+forming and answers with the absolute values.
 
-Event time is per feed (:mod:`streaming.feeds`): a feed's watermark is its own clock minus the
+Event time is per feed (:mod:`tests.reference.feeds`): a feed's watermark is its own clock minus the
 lateness allowance. A window whose end is at or behind its feed's watermark is closed and
 leaves the forming state; it is kept, closed, until the dedup horizon passes its end, so a
-late trade within the horizon (:attr:`streaming.feeds.Verdict.REVISE`) revises it
+late trade within the horizon (:attr:`tests.reference.feeds.Verdict.REVISE`) revises it
 (:meth:`FormingCandles.revise`). A late tick beyond the horizon changes no candle.
 A candle exists only for a window with a trade: nothing is invented for quiet intervals.
 

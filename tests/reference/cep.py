@@ -1,7 +1,11 @@
-"""CEP triggers on each feed: which trades and closed candles fire them (#19).
+"""Test reference, not run by the platform: trigger semantics, the second, Python copy of the
+rules that run in ``jvm/decoder``'s ``Triggers`` and ``FeedTriggers`` (the live path of
+both engines). tests/streaming/test_cep_jvm.py holds the JVM's firings to this module's.
+
+CEP triggers on each feed: which trades and closed candles fire them (#19).
 
 :class:`Triggers` is fed one feed's records in Kafka order: its registrations and removals,
-its trades (judged here as :mod:`streaming.feeds` judges them: a resend or a late trade
+its trades (judged here as :mod:`tests.reference.feeds` judges them: a resend or a late trade
 fires nothing) and its idle marks. :class:`FeedTriggers` holds one feed's triggers and
 what they look back on. Nothing here reads a wall clock, so the same records from the same
 state give the same firings, each numbered per trigger: a replay after a restart fires
@@ -13,7 +17,7 @@ Meanings (``proto/cep.proto`` is the contract):
 - A window is event time, ``(t - window_s, t]`` for a trade at ``t``, over the trades read
   so far (an out-of-order trade within the lateness allowance counts where its time puts it).
 - A candle closes when the feed's watermark (clock minus the allowance) reaches its end, as
-  :mod:`streaming.candles` closes it; its close is the trade with the latest time, the later
+  :mod:`tests.reference.candles` closes it; its close is the trade with the latest time, the later
   read on a tie, as in ``ohlc``.
 - Candle triggers judge the candles that close after their registration, when they close:
   before the trade that closed them is judged.
@@ -31,7 +35,7 @@ from decimal import Decimal
 from candlewire.market import plain
 from candlewire.triggers import Trigger, TriggerRejected, parse_trigger, trigger_request
 from proto import cep_pb2 as cep
-from streaming.feeds import Feed, Feeds, Verdict
+from tests.reference.feeds import Feed, Feeds, Verdict
 
 NS = 1_000_000_000
 HUNDRED = Decimal(100)
@@ -374,7 +378,7 @@ class Triggers:
 
     Registrations and removals reach the ticks topic under their ticker (the desk writes
     them there too), so each query meets them at the same place among the feed's trades.
-    Trades are judged here (:class:`streaming.feeds.Feeds`: resends and late trades fire
+    Trades are judged here (:class:`tests.reference.feeds.Feeds`: resends and late trades fire
     nothing) from the first registration on a feed, so the fast path
     (:mod:`streaming.queries.cep`), which reads only feeds with triggers, and the committing
     query, which records the whole state with each commit (:meth:`dumps`), judge alike and
