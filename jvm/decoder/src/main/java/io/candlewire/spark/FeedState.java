@@ -11,12 +11,14 @@ import java.util.Iterator;
 import java.util.Map;
 
 /**
- * One feed (ticker) as the live path sees it: {@code streaming/feeds.py}'s event clock and
- * dedup, and {@code streaming/candles.py}'s forming candles, in Java. The verdicts and the
- * candles must be the ones the committing query reaches, so every rule here mirrors one there
- * (and tests/streaming/test_live_jvm.py holds the two to the same ticks). A ticker's ticks
- * share one Kafka partition, so one task thread feeds a state; the publishing thread reads
- * it, which is why its methods are called under the state's lock.
+ * One feed (ticker): its event clock, its dedup horizon ({@link TradeIds}) and its forming
+ * candles. The one implementation of judging (resend, late, revise, keep) and of folding trades
+ * into candles that runs (#34): the committing query ({@link Commit}, in Spark's tasks), the
+ * live path of either engine ({@link Live}) and the CEP evaluator ({@link Triggers},
+ * {@link FeedTriggers}) all use it. {@code tests/reference/feeds.py} and {@code candles.py}
+ * are the Python copies tests hold it to. A ticker's ticks share one Kafka partition, so one
+ * thread feeds a state; the live path's publishing thread reads it, which is why its methods
+ * are called under the state's lock there.
  */
 final class FeedState {
   static final int KEEP = 0;
@@ -112,7 +114,18 @@ final class FeedState {
   }
 
   long watermarkMs(long allowanceNs) {
-    return clockNs == 0 ? 0 : Math.floorDiv(clockNs - allowanceNs, 1_000_000L);
+    return clockNs == 0 ? 0 : watermarkMs(clockNs, allowanceNs);
+  }
+
+  /** A clock's watermark: its feed's windows that end at or before it are final. */
+  static long watermarkMs(long clockNs, long allowanceNs) {
+    return Math.floorDiv(clockNs - allowanceNs, 1_000_000L);
+  }
+
+  /** The open of the window of {@code periodS} that holds {@code timeNs}, aligned to the epoch. */
+  static long openMs(long timeNs, int periodS) {
+    long periodMs = periodS * 1000L;
+    return Math.floorDiv(Math.floorDiv(timeNs, 1_000_000L), periodMs) * periodMs;
   }
 
   /** A kept tick into the window of each period ({@code partial_candles}' rule). */
@@ -120,10 +133,9 @@ final class FeedState {
     if (recent.length != periods.length) {
       recent = new Candle[periods.length];
     }
-    long minuteMs = Math.floorDiv(timeNs, 60_000_000_000L) * 60_000L;
     for (int i = 0; i < periods.length; i++) {
       long periodMs = periods[i] * 1000L;
-      long openMs = Math.floorDiv(minuteMs, periodMs) * periodMs;
+      long openMs = openMs(timeNs, periods[i]);
       Candle c = recent[i];
       if (c == null || c.closed || c.window.openMs() != openMs) {
         Window w = new Window(periods[i], openMs);
@@ -150,10 +162,9 @@ final class FeedState {
    */
   void revise(BigDecimal price, BigDecimal size, long timeNs, int[] periods, long allowanceNs) {
     long watermark = watermarkMs(allowanceNs);
-    long minuteMs = Math.floorDiv(timeNs, 60_000_000_000L) * 60_000L;
     for (int period : periods) {
       long periodMs = period * 1000L;
-      Window w = new Window(period, Math.floorDiv(minuteMs, periodMs) * periodMs);
+      Window w = new Window(period, openMs(timeNs, period));
       long endMs = w.openMs() + periodMs;
       Candle c = forming.get(w);
       if (c != null) { // forming, or final but not yet evicted: closes with the tick in it

@@ -3,6 +3,7 @@ package io.candlewire.spark;
 import candlewire.v1.Cep.CEPTriggerRequest;
 import candlewire.v1.Cep.CepArmed;
 import candlewire.v1.Cep.CepCandle;
+import io.candlewire.spark.FeedState.Candle;
 import candlewire.v1.Cep.CepFeed;
 import candlewire.v1.Cep.CepTrade;
 import candlewire.v1.Cep.Direction;
@@ -19,10 +20,10 @@ import java.util.Map;
 import java.util.TreeSet;
 
 /**
- * One feed's CEP triggers and the trades and candles they look back on: {@code
- * streaming/cep.py}'s {@code FeedTriggers} in Java, rule for rule, so both engines make the
- * same firings with the same numbers from the same records (tests/streaming/test_cep_jvm.py holds
- * them to it). Decimal arithmetic rounds as Python's default context does (28 digits, half even).
+ * One feed's CEP triggers and the trades and candles they look back on, the trigger semantics
+ * that run (#34): candles are {@link FeedState}'s windows and fold. {@code
+ * tests/reference/cep.py} is the Python copy tests/streaming/test_cep_jvm.py holds it to, rule
+ * for rule. Decimal arithmetic rounds as Python's default context does (28 digits, half even).
  */
 final class FeedTriggers {
   static final long NS = 1_000_000_000L;
@@ -128,22 +129,6 @@ final class FeedTriggers {
 
   private record Level(BigDecimal level, String id) {}
 
-  private static final class Candle {
-    final long openMs;
-    BigDecimal high;
-    BigDecimal low;
-    BigDecimal close;
-    long lastNs;
-
-    Candle(long openMs, BigDecimal high, BigDecimal low, BigDecimal close, long lastNs) {
-      this.openMs = openMs;
-      this.high = high;
-      this.low = low;
-      this.close = close;
-      this.lastNs = lastNs;
-    }
-  }
-
   final String ticker;
   private final long allowanceNs;
   long clockNs;
@@ -220,7 +205,7 @@ final class FeedTriggers {
   /** A timely, distinct trade. */
   List<Firing> trade(long timeNs, BigDecimal price, BigDecimal size) {
     seq += 1;
-    fold(timeNs, price);
+    fold(timeNs, price, size);
     List<Firing> fired = advance(timeNs);
     for (Armed armed : crossed(price)) {
       fire(armed, timeNs, price, armed.trigger.level, fired);
@@ -355,20 +340,16 @@ final class FeedTriggers {
 
   // -- candles ------------------------------------------------------------------------------
 
-  private void fold(long timeNs, BigDecimal price) {
+  /** A trade into each period's window: {@link FeedState}'s window and fold, the one rule. */
+  private void fold(long timeNs, BigDecimal price, BigDecimal size) {
     for (Map.Entry<Integer, HashMap<Long, Candle>> e : forming.entrySet()) {
-      long periodMs = e.getKey() * 1000L;
-      long openMs = Math.floorDiv(Math.floorDiv(timeNs, 1_000_000L), periodMs) * periodMs;
+      int period = e.getKey();
+      long openMs = FeedState.openMs(timeNs, period);
       Candle c = e.getValue().get(openMs);
       if (c == null) {
-        e.getValue().put(openMs, new Candle(openMs, price, price, price, timeNs));
-        continue;
-      }
-      c.high = price.compareTo(c.high) > 0 ? price : c.high;
-      c.low = price.compareTo(c.low) < 0 ? price : c.low;
-      if (timeNs >= c.lastNs) { // the later read wins a tie, as in ``ohlc``
-        c.close = price;
-        c.lastNs = timeNs;
+        e.getValue().put(openMs, new Candle(new FeedState.Window(period, openMs), price, size, timeNs));
+      } else {
+        c.add(price, size, timeNs);
       }
     }
   }
@@ -379,7 +360,7 @@ final class FeedTriggers {
       return fired;
     }
     clockNs = timeNs;
-    long watermarkMs = Math.floorDiv(timeNs - allowanceNs, 1_000_000L);
+    long watermarkMs = FeedState.watermarkMs(timeNs, allowanceNs);
     for (Map.Entry<Integer, HashMap<Long, Candle>> e : forming.entrySet()) {
       int period = e.getKey();
       List<Long> done = new ArrayList<>();
@@ -398,7 +379,7 @@ final class FeedTriggers {
 
   private void closed(int period, Candle candle, List<Firing> fired) {
     ArrayDeque<Candle> history = closed.get(period);
-    long endNs = (candle.openMs + period * 1000L) * 1_000_000L;
+    long endNs = (candle.window.openMs() + period * 1000L) * 1_000_000L;
     List<Armed> armed = new ArrayList<>();
     for (String id : onCandles) {
       armed.add(triggers.get(id));
@@ -501,7 +482,7 @@ final class FeedTriggers {
   private static CepCandle candle(int period, Candle c) {
     return CepCandle.newBuilder()
         .setPeriodS(period)
-        .setOpenMs(c.openMs)
+        .setOpenMs(c.window.openMs())
         .setHigh(c.high.toString())
         .setLow(c.low.toString())
         .setClose(c.close.toString())
@@ -545,9 +526,17 @@ final class FeedTriggers {
     return feed.size() == 0 ? null : feed;
   }
 
+  /** A recorded candle: what triggers look at (high, low, close, the last trade's time). */
   private static Candle fromState(CepCandle c) {
-    return new Candle(c.getOpenMs(), new BigDecimal(c.getHigh()), new BigDecimal(c.getLow()),
-        new BigDecimal(c.getClose()), c.getLastNs());
+    Candle candle =
+        new Candle(
+            new FeedState.Window(c.getPeriodS(), c.getOpenMs()),
+            new BigDecimal(c.getClose()),
+            BigDecimal.ZERO,
+            c.getLastNs());
+    candle.high = new BigDecimal(c.getHigh());
+    candle.low = new BigDecimal(c.getLow());
+    return candle;
   }
 
   /** {@code candlewire.market.plain}: no exponent, no trailing zeros, zero as "0". */

@@ -42,7 +42,7 @@ import org.apache.spark.sql.Row;
  * window once per round with its absolute values, so the last update of a window carries its
  * final values.
  *
- * <p>There is one instance per JVM, started by the driver ({@code streaming.queries.realtime})
+ * <p>There is one instance per JVM, started by the driver ({@code streaming.queries.live})
  * before the query and fed the committing query's restored state, so after a restart the
  * live path replays from the recorded offsets onto the recorded state.
  */
@@ -98,7 +98,7 @@ public final class Live {
     publisher.start();
   }
 
-  /** Start this JVM's live path; {@code conf} is {@code key=value} lines (see realtime.py). */
+  /** Start this JVM's live path; {@code conf} is {@code key=value} lines (see streaming/queries/live.py). */
   public static synchronized void start(String conf) throws IOException {
     stop();
     Properties props = new Properties();
@@ -344,7 +344,7 @@ public final class Live {
   }
 
   /**
-   * {@code LiveQuery.idle_marks}: a mark for each feed quiet for {@code timeoutS} whose clock,
+   * Idle marks ({@code LiveQuery.idle_marks}): a mark for each feed quiet for {@code timeoutS} whose clock,
    * moved on by the time it has been quiet, would close a forming candle; at most one per feed
    * per timeout. Each is a ticks-topic record (the envelope) for the job to write.
    */

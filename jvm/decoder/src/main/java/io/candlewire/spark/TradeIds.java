@@ -7,12 +7,13 @@ import java.util.function.BiConsumer;
 
 /**
  * A feed's dedup horizon: the trade ids it has read, each with its trade time, forgotten in the
- * order read once their time falls behind the horizon's start ({@code streaming/feeds.py}'s
- * rule). It holds 600 s of a busy feed, millions of ids in the live path and in the committing
- * query's state, so it is kept small (#34): an id that is a plain decimal number (most
- * exchanges' ids) is a primitive long in an open-addressing map and a ring of longs, not a
- * String, a boxed Long, a map node and a record. Other ids keep the general path. Which path an
- * id takes never changes a verdict: a number's decimal text is the id, exactly.
+ * order read once their time falls behind the horizon's start ({@link FeedState}'s rule;
+ * {@code tests/reference/feeds.py} is its Python copy). It holds 600 s of a busy feed,
+ * millions of ids in the live path and in the committing query's state, so it is kept small
+ * (#34): an id that is a plain decimal number (most exchanges' ids) is a primitive long in an
+ * open-addressing map and a ring of longs, not a String, a boxed Long, a map node and a
+ * record. Other ids keep the general path. Which path an id takes never changes a verdict: a
+ * number's decimal text is the id, exactly.
  */
 final class TradeIds {
   /** At most 18 digits, so every such id fits a long. */

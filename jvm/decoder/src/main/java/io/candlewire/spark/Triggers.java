@@ -65,7 +65,7 @@ public final class Triggers {
   }
 
   /**
-   * An evaluator of its own, outside the live path: tests hold it to {@code streaming/cep.py}
+   * An evaluator of its own, outside the live path: tests hold it to {@code tests/reference/cep.py}
    * through py4j with it ({@code tests/streaming/test_cep_jvm.py}).
    */
   public static Triggers open(byte[] state, double allowanceS, double horizonS)
