@@ -374,15 +374,12 @@ Event = Trade | Mark | cep.CEPTriggerRequest
 
 @dataclass
 class Triggers:
-    """Every feed's triggers (#19), as a query that reads the ticks topic evaluates them.
+    """Every feed's triggers (#19), as the live path's evaluator reads the ticks topic.
 
     Registrations and removals reach the ticks topic under their ticker (the desk writes
-    them there too), so each query meets them at the same place among the feed's trades.
-    Trades are judged here (:class:`tests.reference.feeds.Feeds`: resends and late trades fire
-    nothing) from the first registration on a feed, so the fast path
-    (:mod:`streaming.queries.cep`), which reads only feeds with triggers, and the committing
-    query, which records the whole state with each commit (:meth:`dumps`), judge alike and
-    make the same firings, numbered alike.
+    them there too), so they meet the feed's trades in order. Trades are judged here
+    (:class:`tests.reference.feeds.Feeds`: resends and late trades fire nothing) from the
+    first registration on a feed; the state (:meth:`dumps`) is the JVM's ``CepState``.
     """
 
     allowance_s: float

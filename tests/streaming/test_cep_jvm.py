@@ -1,4 +1,4 @@
-"""The real-time engine's CEP evaluator (jvm/decoder's Triggers) against streaming/cep.py: the
+"""The CEP evaluator (jvm/decoder's Triggers) against its reference, tests/reference/cep.py: the
 same ticks-topic records give the same firings, numbered alike, and either one goes on from
 a state the other recorded, as a job switching engines between runs does.
 
