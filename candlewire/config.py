@@ -267,9 +267,6 @@ class Settings(BaseSettings):
     """CEP triggers one owner (a user, or a client without one) may have registered."""
     stream_live_trigger_s: float = 0.1
     """Micro-batch interval of the live query when it runs as micro-batches."""
-    stream_decoder: Literal["jvm", "python"] = "jvm"
-    """Where the committing query decodes ticks: the JVM UDF of ``jvm/decoder`` (``make jvm``
-    builds it), or the Python reference decoder in Spark's Python workers."""
     stream_watermark_s: float = 10.0
     """The lateness allowance: how far behind its own feed's clock (the largest event time of
     that ticker's trades so far) a tick may be and still correct its candle."""
@@ -439,7 +436,6 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_STREAM_CEP_RECORD_S"] = str(self.stream_cep_record_s)
         env["CANDLEWIRE_CEP_MAX_TRIGGERS_PER_OWNER"] = str(self.cep_max_triggers_per_owner)
         env["CANDLEWIRE_STREAM_LIVE_TRIGGER_S"] = str(self.stream_live_trigger_s)
-        env["CANDLEWIRE_STREAM_DECODER"] = self.stream_decoder
         env["CANDLEWIRE_STREAM_WATERMARK_S"] = str(self.stream_watermark_s)
         env["CANDLEWIRE_STREAM_DEDUP_HORIZON_S"] = str(self.stream_dedup_horizon_s)
         env["CANDLEWIRE_STREAM_IDLE_TIMEOUT_S"] = str(self.stream_idle_timeout_s)

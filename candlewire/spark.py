@@ -61,7 +61,11 @@ def spark_jars(settings: Settings) -> list[str]:
 
 STATE_STORE_MEMORY_MB = 64
 MALLOC_ARENAS = "2"
-DRIVER_JVM_OPTIONS = " ".join(("-Xms256m", *JVM_RETURNS_HEAP))
+# Spark's generated code for the committing query's wide rows has methods over HotSpot's
+# 8,000-byte limit, which it never compiles: one such serializer ran interpreted and took a
+# third of the judging stage (JFR). Compiled, the stage took a quarter less.
+COMPILE_HUGE = "-XX:-DontCompileHugeMethods"
+DRIVER_JVM_OPTIONS = " ".join(("-Xms256m", COMPILE_HUGE, *JVM_RETURNS_HEAP))
 
 
 def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
@@ -81,6 +85,7 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.driver.bindAddress": settings.bind_host,
         "spark.driver.memory": settings.spark_driver_memory,
         "spark.driver.extraJavaOptions": DRIVER_JVM_OPTIONS,
+        "spark.executor.extraJavaOptions": COMPILE_HUGE,
         # Spark keeps every job's, stage's and task's record for its UI and REST API, UI or
         # not, up to 1,000 jobs and 100,000 tasks: a streaming job makes thousands an hour,
         # so its heap grew for hours (#34's soak, #36). The last few hundred are plenty.

@@ -1,10 +1,9 @@
 """Kafka values (the wire envelope) to rows.
 
-Ticks are decoded where Spark reads them, in the JVM (``jvm/decoder``'s ``DecodeTick``, see
-:func:`decode_ticks_in_jvm`); :func:`decode_ticks` is the same decoder in Python, the
-reference a test holds the JVM one to, and the fallback (``stream_decoder = "python"``,
-run where Spark runs Python, ``mapInArrow``). The low-volume history pages and market
-records are decoded on the driver. Undecodable records are never fatal: they come out as
+Ticks are decoded in the JVM (``jvm/decoder``'s ``DecodeTick``): the committing query where
+it judges them, the live path as it reads them, and :func:`decode_ticks_in_jvm` as a UDF.
+:func:`decode_ticks` is the same decoder in Python (``mapInArrow``), the reference a test holds
+the JVM one to. The low-volume history pages and market records are decoded on the driver. Undecodable records are never fatal: they come out as
 ``valid = false`` rows that the job counts and drops.
 """
 
@@ -46,13 +45,11 @@ KAFKA_POSITION = [("partition", pa.int32()), ("offset", pa.int64())]
 # mapInArrow's output schema: the input must carry ``partition`` and ``offset`` too.
 TICK_STRUCT = from_arrow_schema(pa.schema([*TICK_ROWS, *KAFKA_POSITION]))
 # A trigger registration read with the trades (#19): the committing query carries the raw
-# record of each beside the decoded rows, where the tick decoders see a record that is not
-# a tick.
+# record of each beside the ticks, where the tick decoder sees a record that is not a tick.
 CONTROL = pa.field("control", pa.binary())
 CONTROL_SQL = (
     f"CASE WHEN substring(value, 2, 1) = X'{envelope_pb2.CEP_TRIGGER_REQUEST:02X}' THEN value END"
 )
-WITH_CONTROL = from_arrow_schema(pa.schema([*TICK_ROWS, *KAFKA_POSITION, CONTROL]))
 SIDES = {market_pb2.BUY: "BUY", market_pb2.SELL: "SELL"}
 # A price or size on the wire: ASCII digits, an optional point and exponent, spelled the
 # same in DecodeTick.java. Stricter than Python's Decimal, which also takes "1_000", " 1"
@@ -143,14 +140,6 @@ def decode_ticks_in_jvm(spark: SparkSession, records: DataFrame) -> DataFrame:
     return records.select(
         F.call_function("candlewire_decode_tick", "value").alias("t"), *carried
     ).select("t.*", *carried)
-
-
-def decoded_ticks(spark: SparkSession, decoder: str, records: DataFrame) -> DataFrame:
-    """Kafka records (``value``, ``partition``, ``offset``, ``control``) as TICK_ROWS plus
-    the others, by the configured decoder (``stream_decoder``)."""
-    if decoder == "jvm":
-        return decode_ticks_in_jvm(spark, records)
-    return records.mapInArrow(decode_ticks, WITH_CONTROL)
 
 
 def decode_records(values: list[bytes], cls: type | UnionType) -> tuple[list, int]:

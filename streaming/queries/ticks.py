@@ -8,10 +8,11 @@ candles live in Spark's checkpointed state store, so a cluster's executors share
 the driver holds no per-tick state, and a batch replayed after a crash is judged again from
 the state before it.
 
-Each ``stream_ticks_trigger_s`` the driver appends the stored ticks (kept and late; stamped
-with the run and batch id, see :mod:`streaming.recovery`), MERGEs the candles the batch
-changed or closed, by their absolute values, into ``ohlc``, and records the batch. It
-collects only one summary row per feed (clock, counts, offsets) and the changed candles. A
+Each ``stream_ticks_trigger_s`` one pass judges the batch and appends its stored ticks (kept
+and late; stamped with the run and batch id, see :mod:`streaming.recovery`), while Spark
+gathers beside the write (``observe``) all the driver takes: each feed's clock and offsets,
+the counts and the changed candles. The driver then MERGEs those candles, by their absolute
+values, into ``ohlc``, and records the batch. A
 late tick lands in ``ticks``; within the dedup horizon it also revises its candles, a closed
 one with its ``revision`` one higher (``FeedState``'s REVISE), and beyond it changes none.
 """
@@ -23,14 +24,14 @@ import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
 from candlewire.config import PERIODS_S
 from candlewire.kafka import TICKS
 from candlewire.lake import TICKS_SCHEMA
 from streaming.context import JobContext
-from streaming.decode import CONTROL, CONTROL_SQL, decimal_column, decoded_ticks, ohlc_rows
+from streaming.decode import CONTROL, CONTROL_SQL, decimal_column, ohlc_rows
 from streaming.metrics import Laps
 from streaming.queries import TopicQuery
 from streaming.recovery import Ledger, Restored
@@ -54,6 +55,24 @@ CANDLE_FIELDS = (
     "first_trade_ns",
     "last_trade_ns",
     "revision",
+)
+# The ticks write must read the judged rows once: the table's range distribution would run
+# the stateful plan a second time to sample it. Each task's rows are already one set of
+# feeds; Iceberg sorts them locally by the table's order (ticker, day, exchange time).
+ONE_PASS = {"distribution-mode": "none"}
+# The changed candles as the driver MERGEs them (Commit.java's OUT types).
+CANDLES = pa.schema(
+    [
+        ("ticker", pa.string()),
+        ("period_s", pa.int32()),
+        ("open_ms", pa.int64()),
+        *((f, pa.string()) for f in ("open", "high", "low", "close", "volume")),
+        ("trade_count", pa.int64()),
+        ("closed", pa.bool_()),
+        ("first_trade_ns", pa.int64()),
+        ("last_trade_ns", pa.int64()),
+        ("revision", pa.int32()),
+    ]
 )
 COUNTS = (
     "kept",
@@ -92,81 +111,80 @@ class TicksQuery(TopicQuery):
         records = self.ctx.kafka(self.topic, settings.stream_ticks_batch_max).select(
             "value", "partition", "offset", F.expr(CONTROL_SQL).alias(CONTROL.name)
         )
-        decoded = decoded_ticks(self.ctx.spark, settings.stream_decoder, records)
         return judged_in_tasks(
-            decoded, settings.stream_watermark_s, settings.stream_dedup_horizon_s
+            records, settings.stream_watermark_s, settings.stream_dedup_horizon_s
         )
 
     def batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
-        df = df.persist()
         try:
             self._commit(df, batch_id)
         finally:
-            df.unpersist()
             self.ctx.metrics.busy.labels(self.name).inc(time.perf_counter() - started)
 
     def _commit(self, df: DataFrame, batch_id: int) -> None:
-        """The batch's verdicts are computed by its first action (a replay reaches the same
-        ones from the state before it); the writes a crash already made are skipped."""
+        """One pass over the batch: the stateful plan judges it (a replay reaches the same
+        verdicts from the state before it) and its stored ticks go straight into ``ticks``,
+        while Spark gathers the feeds' summary and the changed candles beside the write
+        (``observe``). Caching the judged rows for a second pass cost as much as the judging.
+        The writes a crash already made are skipped."""
         metrics, lap = self.ctx.metrics, Laps()
+        observation = Observation(f"ticks-{batch_id}")
+        judged = df.observe(observation, *batch_summary())
         # Named in Spark's UI and REST API: the job that runs the stateful judging stage.
         self.ctx.spark.sparkContext.setJobDescription(f"{JUDGE_JOB} {batch_id}")
-        feeds = df.where(f"kind = {FEED}").select(
-            "ticker", "partition", "offset", "clock_ns", *COUNTS
-        )
-        summary = feeds.toArrow()
-        counts = {c: pc.sum(summary[c]).as_py() or 0 for c in COUNTS}
-        self.ctx.spark.sparkContext.setJobDescription(None)
-        lap("judge")
-        if batch_id <= min(self.committed_ticks, self.committed_candles):
-            return  # committed before a crash: the snapshot properties say so
-        for p, last in _last_offsets(summary).items():
-            self.offsets[p] = max(self.offsets.get(p, 0), last + 1)
-        for ticker, clock in zip(
-            summary["ticker"].to_pylist(), summary["clock_ns"].to_pylist(), strict=True
-        ):
-            if ticker:
-                self.clocks[ticker] = clock
-        stored = counts["kept"] + counts["late_count"]
-        if batch_id > self.committed_ticks:
-            if stored:
+        try:
+            if batch_id > self.committed_ticks:
                 (
-                    df.where(f"kind = {TICK}")
+                    judged.where(f"kind = {TICK}")
                     .select(*columns_from_decoded(TICKS_SCHEMA))
                     .writeTo(self.ctx.tables["ticks"])
-                    .options(**self.ledger.commit_properties(batch_id))
+                    .options(**self.ledger.commit_properties(batch_id), **ONE_PASS)
                     .append()
                 )
-                metrics.rows.labels("ticks").inc(stored)
-            self.committed_ticks = batch_id
-            lap("ticks_commit")
-        changed = 0
-        if batch_id > self.committed_candles:
-            metrics.bad.labels(TICKS.name).inc(counts["bad"])
-            metrics.late.inc(counts["late_count"])
-            metrics.revised.inc(counts["revised_count"])
-            metrics.duplicates.labels(self.name).inc(counts["duplicates"])
-            metrics.no_trade_id.inc(counts["no_trade_id"])
-            candles = df.where(f"kind = {CANDLE}").select(*CANDLE_FIELDS).toArrow()
-            changed = candles.num_rows
-            lap("candles")
-            if changed:
-                self._merge_candles(candles, lap)
-            # Every batch is recorded, even one that changed no candle: the clocks it moved
-            # and its offsets are where the live path restarts.
-            self.ledger.record(batch_id, self.clocks, self.offsets)
-            self.committed_candles = batch_id
-            lap("record")
-            if (
-                self.compact_s
-                and self.merged_since_ms is not None
-                and time.monotonic() - self.compacted > self.compact_s
-            ):
-                if self.ctx.tables.compact_ohlc(self.merged, self.merged_since_ms):
-                    self.merged, self.merged_since_ms = set(), None
-                self.compacted = time.monotonic()
-                lap("compact")
+                self.committed_ticks = batch_id
+                step = "judge_and_ticks"
+            else:  # the ticks are in: the batch is judged again for its state and candles
+                judged.where(f"kind <> {TICK}").write.format("noop").mode("overwrite").save()
+                step = "judge"
+        finally:
+            self.ctx.spark.sparkContext.setJobDescription(None)
+        summary = observation.get
+        counts = {c: summary[c] or 0 for c in COUNTS}
+        stored = counts["kept"] + counts["late_count"]
+        if step == "judge_and_ticks":
+            metrics.rows.labels("ticks").inc(stored)
+        lap(step)
+        if batch_id <= self.committed_candles:
+            return  # committed before a crash: the snapshot properties say so
+        for feed in summary["feeds"]:
+            p = feed["partition"]
+            self.offsets[p] = max(self.offsets.get(p, 0), feed["offset"] + 1)
+            if feed["ticker"]:
+                self.clocks[feed["ticker"]] = feed["clock_ns"]
+        metrics.bad.labels(TICKS.name).inc(counts["bad"])
+        metrics.late.inc(counts["late_count"])
+        metrics.revised.inc(counts["revised_count"])
+        metrics.duplicates.labels(self.name).inc(counts["duplicates"])
+        metrics.no_trade_id.inc(counts["no_trade_id"])
+        candles = pa.Table.from_pylist([c.asDict() for c in summary["candles"]], CANDLES)
+        changed = candles.num_rows
+        if changed:
+            self._merge_candles(candles, lap)
+        # Every batch is recorded, even one that changed no candle: the clocks it moved
+        # and its offsets are where the live path restarts.
+        self.ledger.record(batch_id, self.clocks, self.offsets)
+        self.committed_candles = batch_id
+        lap("record")
+        if (
+            self.compact_s
+            and self.merged_since_ms is not None
+            and time.monotonic() - self.compacted > self.compact_s
+        ):
+            if self.ctx.tables.compact_ohlc(self.merged, self.merged_since_ms):
+                self.merged, self.merged_since_ms = set(), None
+            self.compacted = time.monotonic()
+            lap("compact")
         metrics.batches.labels(self.name).inc()
         log.info(
             "ticks batch %d: %d ticks (%d late, %d of them revising candles, %d resent, "
@@ -194,19 +212,25 @@ class TicksQuery(TopicQuery):
         self.ctx.metrics.rows.labels("ohlc").inc(candles.num_rows)
 
 
-def judged_in_tasks(decoded: DataFrame, allowance_s: float, horizon_s: float) -> DataFrame:
-    """Decoded ticks-topic records through the JVM's stateful plan (``Commit.plan``): one row
-    per stored tick, per changed candle and per (feed, partition) summary, each ``kind``."""
-    spark = decoded.sparkSession
+def judged_in_tasks(records: DataFrame, allowance_s: float, horizon_s: float) -> DataFrame:
+    """Ticks-topic records (``value``, ``partition``, ``offset``, ``control``) through the
+    JVM's stateful plan (``Commit.plan``), which decodes each where it judges it: one row per
+    stored tick, per changed candle and per (feed, partition) summary, each ``kind``."""
+    spark = records.sparkSession
     plan = spark._jvm.io.candlewire.spark.Commit.plan(  # type: ignore[union-attr]
-        decoded._jdf, float(allowance_s), float(horizon_s), ",".join(map(str, PERIODS_S))
+        records._jdf, float(allowance_s), float(horizon_s), ",".join(map(str, PERIODS_S))
     )
     return DataFrame(plan, spark)
 
 
-def _last_offsets(summary: pa.Table) -> dict[int, int]:
-    """The last offset read in each partition, from the feeds' summary rows."""
-    if not summary.num_rows:
-        return {}
-    last = summary.group_by("partition").aggregate([("offset", "max")])
-    return dict(zip(last["partition"].to_pylist(), last["offset_max"].to_pylist(), strict=True))
+def batch_summary() -> list[Column]:
+    """What the driver takes from a judged batch, gathered by Spark as the batch is written:
+    the counts, each feed's clock and last offset per partition, and the changed candles."""
+    kind = F.col("kind")
+    return [
+        *(F.sum(c).alias(c) for c in COUNTS),
+        F.collect_list(
+            F.when(kind == FEED, F.struct("ticker", "partition", "offset", "clock_ns"))
+        ).alias("feeds"),
+        F.collect_list(F.when(kind == CANDLE, F.struct(*CANDLE_FIELDS))).alias("candles"),
+    ]

@@ -78,6 +78,10 @@ def crafted() -> list[bytes | None]:
         b"\x01\x04\x0a\x02\xff\xfe",  # ticker that is not UTF-8
         b"\x01\x04\x0a\x7f",  # a length past the end
         b"\x01\x04\x08",  # a varint field cut short
+        tick() + b"\x0a\x07SIM:C/D",  # the ticker twice: the last one counts
+        tick() + b"\xfb\x07\xfc\x07",  # an unknown empty group (field 127)
+        tick() + b"\xfb\x07" * 60 + b"\xfc\x07" * 60,  # nested 60 deep
+        tick() + b"\xfb\x07" * 120 + b"\xfc\x07" * 120,  # past the decoders' depth
     ]
     return values
 
@@ -116,13 +120,25 @@ def jvm_rows(spark, values: list[bytes | None]) -> list[dict]:
     return [{name: row[name] for name in TICK_ROWS.names} for row in rows]
 
 
+def assert_grouped_by_their_feed(spark, values: list[bytes | None], rows: list[dict]) -> None:
+    """The committing query groups raw records by ``Commit.feedOf`` and judges each group as
+    one feed's state: every tick and idle mark the decoder accepts must land in its ticker's
+    group (a rejected one may go anywhere; its group counts it as the ``""`` group would)."""
+    feed_of = spark._jvm.io.candlewire.spark.Commit.feedOf
+    for value, row in zip(values, rows, strict=True):
+        if row["valid"] or row["idle"]:
+            assert feed_of(value) == row["ticker"], value
+
+
 def test_both_decoders_give_the_same_rows_for_crafted_records(spark) -> None:
     values = crafted()
     expected = python_rows(values)
     assert jvm_rows(spark, values) == expected
+    assert_grouped_by_their_feed(spark, values, expected)
     # The cases mean something: the reference finds valid ticks, idle marks and rejects.
     valid = [r["valid"] for r in expected]
-    assert valid[:4] == [True] * 4 and valid.count(True) == 8 + len(GOOD_DECIMALS)
+    assert valid[:4] == [True] * 4 and valid.count(True) == 11 + len(GOOD_DECIMALS)
+    assert valid[-4:] == [True, True, True, False] and expected[-4]["ticker"] == "SIM:C/D"
     assert [r["idle"] for r in expected].count(True) == 1
     assert expected[3]["side"] is None and expected[1]["ingest_time_ns"] is None
 
@@ -136,6 +152,7 @@ def test_both_decoders_give_the_same_rows_for_fuzzed_records(spark) -> None:
     values = fuzzed(FUZZ_RECORDS, FUZZ_SEED)
     expected = python_rows(values)
     assert jvm_rows(spark, values) == expected
+    assert_grouped_by_their_feed(spark, values, expected)
     kinds = {(r["valid"], r["idle"]) for r in expected}
     assert {(True, False), (False, False)} <= kinds  # the fuzz reaches both outcomes
 

@@ -11,12 +11,29 @@ import pytest
 from candlewire.config import PERIODS_S
 from candlewire.lake import SYMBOL_METADATA_SCHEMA, TICKS_SCHEMA
 from candlewire.spark import build_session
+from proto import market_pb2
+from proto.envelope import to_record
 from streaming.queries.ticks import CANDLE, judged_in_tasks
 from streaming.sql import columns_from_decoded, literal, staged_columns, staging_ddl
 from tests.reference.candles import partial_candles
 from tests.reference.feeds import Feeds, Verdict
 
+# The ticks topic's records as the committing query reads them.
+RECORDS = "value binary, partition int, offset bigint, control binary"
 NASTY = ["plain", "it's", "back\\slash", "\\'", "'; DROP TABLE x; --", "two ''", 'dq"', "ünï"]
+
+
+def trade(ticker: str, trade_id: str, price: str, exchange_time_ns: int) -> bytes:
+    """One BUY of size 1 as the ticks topic holds it."""
+    tick = market_pb2.Tick(
+        ticker=ticker,
+        trade_id=trade_id,
+        price=price,
+        size="1",
+        side=market_pb2.BUY,
+        exchange_time_ns=exchange_time_ns,
+    )
+    return to_record(tick)
 
 
 @pytest.fixture(scope="module")
@@ -78,31 +95,14 @@ def test_tasks_break_equal_times_by_kafka_order_like_the_live_path(spark) -> Non
     Spark's shuffle hands them to the committing query's stateful judging in."""
     rng = random.Random(3)
     base = 1_789_999_200 * 10**9
-    rows = [
-        (
-            True,
-            False,
-            "SIM:TIE/USD",
-            str(i),
-            f"{100 + rng.randint(0, 50)}.5",
-            "1",
-            "BUY",
-            base + rng.randint(0, 3) * 10**9,
-            None,
-            0,
-            i,
-            None,
-        )
-        for i in range(400)
-    ]
+    ticks = [
+        ("SIM:TIE/USD", base + rng.randint(0, 3) * 10**9, f"{100 + rng.randint(0, 50)}.5", "1")
+        for _ in range(400)
+    ]  # Kafka order
+    rows = [(trade(t, str(i), price, ns), 0, i, None) for i, (t, ns, price, _) in enumerate(ticks)]
     shuffled = rows[:]
     rng.shuffle(shuffled)
-    df = spark.createDataFrame(
-        shuffled,
-        "valid boolean, idle boolean, ticker string, trade_id string, price string, "
-        "size string, side string, exchange_time_ns bigint, ingest_time_ns bigint, "
-        "partition int, offset bigint, control binary",
-    ).repartition(8)
+    df = spark.createDataFrame(shuffled, RECORDS).repartition(8)
     got = {
         (r["ticker"], r["period_s"], r["open_ms"]): (
             Decimal(r["open"]),
@@ -111,7 +111,7 @@ def test_tasks_break_equal_times_by_kafka_order_like_the_live_path(spark) -> Non
         )
         for r in judged_in_tasks(df, 10.0, 600.0).where(f"kind = {CANDLE}").collect()
     }
-    ticks = [(r[2], r[7], Decimal(r[4]), Decimal(r[5])) for r in rows]  # Kafka order
+    ticks = [(t, ns, Decimal(price), Decimal(size)) for t, ns, price, size in ticks]
     want = {c.key: (c.open, c.close, c.trade_count) for c in partial_candles(ticks, PERIODS_S)}
     assert got == want
 
@@ -133,18 +133,13 @@ def test_the_committed_dedup_horizon_survives_batches_in_every_id_form(spark, tm
             t = base + i * 10**8 + rng.randint(-15, 3) * 10**9 + (i // 600) * 90 * 10**9
             sent.append((trade_id, t))
         records.append((trade_id, t))
-    ddl = (
-        "valid boolean, idle boolean, ticker string, trade_id string, price string, "
-        "size string, side string, exchange_time_ns bigint, ingest_time_ns bigint, "
-        "partition int, offset bigint, control binary"
-    )
     source = tmp_path / "in"
     for n, at in enumerate(range(0, len(records), 300)):
         rows = [
-            (True, False, "SIM:IDS/USD", tid, "1.5", "1", "BUY", t, None, 0, at + k, None)
+            (trade("SIM:IDS/USD", tid, "1.5", t), 0, at + k, None)
             for k, (tid, t) in enumerate(records[at : at + 300])
         ]
-        spark.createDataFrame(rows, ddl).coalesce(1).write.parquet(str(source / f"b{n}"))
+        spark.createDataFrame(rows, RECORDS).coalesce(1).write.parquet(str(source / f"b{n}"))
     stored: dict[int, bool] = {}
 
     def collect(df, _batch_id: int) -> None:
@@ -152,7 +147,7 @@ def test_the_committed_dedup_horizon_survives_batches_in_every_id_form(spark, tm
             stored[r["offset"]] = r["late"]
 
     stream = (
-        spark.readStream.schema(ddl).option("maxFilesPerTrigger", 1).parquet(str(source / "b*"))
+        spark.readStream.schema(RECORDS).option("maxFilesPerTrigger", 1).parquet(str(source / "b*"))
     )
     query = (
         judged_in_tasks(stream, 10.0, 60.0)

@@ -27,7 +27,7 @@ import org.apache.spark.sql.api.java.UDF1;
  */
 public final class DecodeTick implements UDF1<byte[], Row> {
   private static final long serialVersionUID = 1L;
-  private static final byte PROTOCOL_VERSION = 1;
+  static final byte PROTOCOL_VERSION = 1;
   /** The wire's decimal strings, as {@code streaming.decode.DECIMAL_TEXT} spells them. */
   private static final Pattern DECIMAL =
       Pattern.compile("[+-]?(?:[0-9]+(?:\\.[0-9]*)?|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?");
