@@ -27,12 +27,8 @@ TICKERS = ("SIM:AAA/USDT", "SIM:BBB/USDT")
 
 
 @pytest.fixture(scope="module")
-def jvm(lakehouse):
-    from candlewire.spark import build_session
-
-    session = build_session(lakehouse, "candlewire-cep-jvm-tests")
-    yield session._jvm.io.candlewire.spark.Triggers
-    session.stop()
+def jvm(spark):
+    return spark._jvm.io.candlewire.spark.Triggers
 
 
 def condition(rng: random.Random) -> object:

@@ -7,19 +7,10 @@ import os
 import random
 
 import pyarrow as pa
-import pytest
 
-from candlewire.spark import build_session
 from proto import market_pb2
 from proto.envelope import to_record
 from streaming.decode import TICK_ROWS, decode_ticks, decode_ticks_in_jvm
-
-
-@pytest.fixture(scope="module")
-def spark(lakehouse, kafka):
-    session = build_session(lakehouse, "candlewire-decoder-tests")
-    yield session
-    session.stop()
 
 
 def tick(**fields: object) -> bytes:

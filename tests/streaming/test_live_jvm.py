@@ -15,11 +15,9 @@ import time
 from collections import Counter
 from decimal import Decimal
 
-import pytest
 import zmq
 
 from candlewire.config import PERIODS_S
-from candlewire.kafka import ensure_topics
 from candlewire.testing import free_settings, wait_for
 from candlewire.topics import market_data_topic, tick_type
 from proto import market_pb2
@@ -40,17 +38,6 @@ from tests.reference.feeds import Feeds, Verdict
 MINUTE_NS = 60_000_000_000
 PROBE_PARTITION = 1_000  # no restored state's: the live path judges every probe
 T0 = 1_789_999_200 * 1_000_000_000  # a whole hour
-
-
-@pytest.fixture(scope="module")
-def spark(lakehouse, kafka):
-    """A Spark JVM for Live, and the test platform's broker for its journal."""
-    from candlewire.spark import build_session
-
-    ensure_topics(lakehouse)
-    session = build_session(lakehouse, "candlewire-live-jvm-tests")
-    yield session
-    session.stop()
 
 
 class JvmLive:

@@ -10,7 +10,6 @@ import pytest
 
 from candlewire.config import PERIODS_S
 from candlewire.lake import SYMBOL_METADATA_SCHEMA, TICKS_SCHEMA
-from candlewire.spark import build_session
 from proto import market_pb2
 from proto.envelope import to_record
 from streaming.queries.ticks import CANDLE, judged_in_tasks
@@ -34,13 +33,6 @@ def trade(ticker: str, trade_id: str, price: str, exchange_time_ns: int) -> byte
         exchange_time_ns=exchange_time_ns,
     )
     return to_record(tick)
-
-
-@pytest.fixture(scope="module")
-def spark(lakehouse, kafka):
-    session = build_session(lakehouse, "candlewire-sql-tests")
-    yield session
-    session.stop()
 
 
 def test_literals_read_back_as_the_same_string(spark) -> None:

@@ -9,10 +9,7 @@ import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
 
-import pytest
-
 from candlewire.lake import NAMESPACE, catalog
-from candlewire.spark import build_session
 from streaming.decode import ohlc_rows
 from streaming.tables import Tables
 
@@ -20,13 +17,6 @@ T0 = 1_790_000_000_000 // 3_600_000 * 3_600_000  # 2026-09: a month no other tes
 _AT = datetime.fromtimestamp(T0 / 1000, UTC)
 MONTH = (_AT.year - 1970) * 12 + _AT.month - 1  # T0's, as Iceberg's month transform numbers it
 LATER = T0 + 40 * 86_400_000  # another month, for the other test
-
-
-@pytest.fixture(scope="module")
-def spark(lakehouse, kafka):
-    session = build_session(lakehouse, "candlewire-tables-tests")
-    yield session
-    session.stop()
 
 
 def candles(ticker: str, n: int, close: int, t0: int = T0) -> object:
