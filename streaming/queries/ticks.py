@@ -41,26 +41,11 @@ log = logging.getLogger("candlewire.stream")
 JUDGE_JOB = "candlewire: judge the ticks of batch"
 # The kinds of the stateful plan's rows (Commit.java's TICK, CANDLE, FEED).
 TICK, CANDLE, FEED = 0, 1, 2
-CANDLE_FIELDS = (
-    "ticker",
-    "period_s",
-    "open_ms",
-    "open",
-    "high",
-    "low",
-    "close",
-    "volume",
-    "trade_count",
-    "closed",
-    "first_trade_ns",
-    "last_trade_ns",
-    "revision",
-)
 # The ticks write must read the judged rows once: the table's range distribution would run
 # the stateful plan a second time to sample it. Each task's rows are already one set of
 # feeds; Iceberg sorts them locally by the table's order (ticker, day, exchange time).
 ONE_PASS = {"distribution-mode": "none"}
-# The changed candles as the driver MERGEs them (Commit.java's OUT types).
+# The changed candles as the driver MERGEs them (Commit.java's OUT names and types).
 CANDLES = pa.schema(
     [
         ("ticker", pa.string()),
@@ -74,6 +59,7 @@ CANDLES = pa.schema(
         ("revision", pa.int32()),
     ]
 )
+CANDLE_FIELDS = tuple(CANDLES.names)
 COUNTS = (
     "kept",
     "late_count",
@@ -133,8 +119,9 @@ class TicksQuery(TopicQuery):
         judged = df.observe(observation, *batch_summary())
         # Named in Spark's UI and REST API: the job that runs the stateful judging stage.
         self.ctx.spark.sparkContext.setJobDescription(f"{JUDGE_JOB} {batch_id}")
+        write_ticks = batch_id > self.committed_ticks
         try:
-            if batch_id > self.committed_ticks:
+            if write_ticks:
                 (
                     judged.where(f"kind = {TICK}")
                     .select(*columns_from_decoded(TICKS_SCHEMA))
@@ -143,18 +130,16 @@ class TicksQuery(TopicQuery):
                     .append()
                 )
                 self.committed_ticks = batch_id
-                step = "judge_and_ticks"
             else:  # the ticks are in: the batch is judged again for its state and candles
                 judged.where(f"kind <> {TICK}").write.format("noop").mode("overwrite").save()
-                step = "judge"
         finally:
             self.ctx.spark.sparkContext.setJobDescription(None)
         summary = observation.get
         counts = {c: summary[c] or 0 for c in COUNTS}
         stored = counts["kept"] + counts["late_count"]
-        if step == "judge_and_ticks":
+        if write_ticks:
             metrics.rows.labels("ticks").inc(stored)
-        lap(step)
+        lap("judge_and_ticks" if write_ticks else "judge")
         if batch_id <= self.committed_candles:
             return  # committed before a crash: the snapshot properties say so
         for feed in summary["feeds"]:

@@ -28,7 +28,7 @@ import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 /**
- * The committing query's judging and candles, in Spark's tasks (#34): the ticks topic's decoded
+ * The committing query's judging and candles, in Spark's tasks (#34): the ticks topic's raw
  * records grouped by feed ({@code flatMapGroupsWithState}, keyed by ticker), each feed judged
  * in Kafka order by the same {@link FeedState} the real-time live path runs, its state (clock,
  * trade ids, forming candles) kept in Spark's checkpointed state store between batches. A
@@ -96,17 +96,6 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
   private static final int OFFSET = 2;
   private static final int CONTROL = 3;
 
-  // The columns of DecodeTick's row.
-  private static final int D_VALID = 0;
-  private static final int D_IDLE = 1;
-  private static final int D_TICKER = 2;
-  private static final int D_TRADE_ID = 3;
-  private static final int D_PRICE = 4;
-  private static final int D_SIZE = 5;
-  private static final int D_SIDE = 6;
-  private static final int D_TIME = 7;
-  private static final int D_INGEST = 8;
-
   private final int[] at;
   private final long allowanceNs;
   private final long horizonNs;
@@ -124,12 +113,12 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
    * {@code periods} comma-separated seconds. Called by {@code streaming/queries/ticks.py}.
    */
   public static Dataset<Row> plan(
-      Dataset<Row> decoded, double allowanceS, double horizonS, String periods) {
-    StructType in = decoded.schema();
+      Dataset<Row> records, double allowanceS, double horizonS, String periods) {
+    StructType in = records.schema();
     int[] at = Arrays.stream(IN).mapToInt(in::fieldIndex).toArray();
     int[] p = Arrays.stream(periods.split(",")).mapToInt(Integer::parseInt).toArray();
     Commit f = new Commit(at, (long) (allowanceS * 1e9), (long) (horizonS * 1e9), p);
-    return decoded
+    return records
         .groupByKey(
             (MapFunction<Row, String>) r -> feedOf(r.<byte[]>getAs(at[VALUE])), Encoders.STRING())
         .flatMapGroupsWithState(
@@ -183,12 +172,13 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
     Counts counts = new Counts();
     List<Row> out = new ArrayList<>();
     Row[] decoded = new Row[rows.size()];
+    boolean isFeed = !ticker.equals(NOT_A_FEED);
     boolean judged = false;
     for (int i = 0; i < decoded.length; i++) {
       Row r = rows.get(i);
       counts.read(r.getInt(at[PARTITION]), r.getLong(at[OFFSET]));
-      Row d = ticker.equals(NOT_A_FEED) ? null : DecodeTick.decode(r.<byte[]>getAs(at[VALUE]));
-      if (d == null || !(d.getBoolean(D_VALID) || d.getBoolean(D_IDLE))) {
+      Row d = isFeed ? DecodeTick.decode(r.<byte[]>getAs(at[VALUE])) : null;
+      if (d == null || !(d.getBoolean(DecodeTick.VALID) || d.getBoolean(DecodeTick.IDLE))) {
         if (r.isNullAt(at[CONTROL])) {
           counts.bad++;
         } else {
@@ -212,8 +202,8 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
       if (d == null) {
         continue;
       }
-      long timeNs = d.getLong(D_TIME);
-      if (d.getBoolean(D_IDLE)) {
+      long timeNs = d.getLong(DecodeTick.TIME);
+      if (d.getBoolean(DecodeTick.IDLE)) {
         feed.advance(timeNs, horizonNs);
         counts.marks++;
         continue;
@@ -223,7 +213,7 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
         counts.bad++;
         continue;
       }
-      String tradeId = d.isNullAt(D_TRADE_ID) ? "" : d.getString(D_TRADE_ID);
+      String tradeId = d.isNullAt(DecodeTick.TRADE_ID) ? "" : d.getString(DecodeTick.TRADE_ID);
       if (tradeId.isEmpty()) {
         counts.noTradeId++;
       }
@@ -255,13 +245,13 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
   private static Row tick(Row d, int partition, long offset, boolean late) {
     Object[] v = new Object[OUT.size()];
     v[0] = TICK;
-    v[1] = d.getString(D_TICKER);
-    v[2] = d.isNullAt(D_TRADE_ID) ? "" : d.getString(D_TRADE_ID);
-    v[3] = d.getString(D_PRICE);
-    v[4] = d.getString(D_SIZE);
-    v[5] = d.isNullAt(D_SIDE) ? null : d.getString(D_SIDE);
-    v[6] = d.getLong(D_TIME);
-    v[7] = d.isNullAt(D_INGEST) ? null : d.getLong(D_INGEST);
+    v[1] = d.getString(DecodeTick.TICKER);
+    v[2] = d.isNullAt(DecodeTick.TRADE_ID) ? "" : d.getString(DecodeTick.TRADE_ID);
+    v[3] = d.getString(DecodeTick.PRICE);
+    v[4] = d.getString(DecodeTick.SIZE);
+    v[5] = d.isNullAt(DecodeTick.SIDE) ? null : d.getString(DecodeTick.SIDE);
+    v[6] = d.getLong(DecodeTick.TIME);
+    v[7] = d.isNullAt(DecodeTick.INGEST) ? null : d.getLong(DecodeTick.INGEST);
     v[8] = partition;
     v[9] = offset;
     v[10] = late;

@@ -28,6 +28,17 @@ import org.apache.spark.sql.api.java.UDF1;
 public final class DecodeTick implements UDF1<byte[], Row> {
   private static final long serialVersionUID = 1L;
   static final byte PROTOCOL_VERSION = 1;
+
+  // The columns of a decoded row (streaming.decode.TICK_ROWS), for every reader of one.
+  static final int VALID = 0;
+  static final int IDLE = 1;
+  static final int TICKER = 2;
+  static final int TRADE_ID = 3;
+  static final int PRICE = 4;
+  static final int SIZE = 5;
+  static final int SIDE = 6;
+  static final int TIME = 7;
+  static final int INGEST = 8;
   /** The wire's decimal strings, as {@code streaming.decode.DECIMAL_TEXT} spells them. */
   private static final Pattern DECIMAL =
       Pattern.compile("[+-]?(?:[0-9]+(?:\\.[0-9]*)?|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?");
@@ -56,7 +67,7 @@ public final class DecodeTick implements UDF1<byte[], Row> {
    * DECIMAL(38,18) holds it either, so the live path counts it bad and no trigger judges it.
    */
   static BigDecimal[] amounts(Row r) {
-    return amounts(r.getString(4), r.getString(5));
+    return amounts(r.getString(PRICE), r.getString(SIZE));
   }
 
   /** {@link #amounts(Row)} for a row of another layout ({@link Commit}'s input). */

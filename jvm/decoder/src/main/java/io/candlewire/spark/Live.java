@@ -207,14 +207,14 @@ public final class Live {
     if (from != null && offset < from) {
       return; // before the live state: read again only for the triggers
     }
-    boolean valid = r.getBoolean(0);
-    boolean idle = r.getBoolean(1);
+    boolean valid = r.getBoolean(DecodeTick.VALID);
+    boolean idle = r.getBoolean(DecodeTick.IDLE);
     if (!valid && !idle) {
       bad.increment();
       return;
     }
-    String ticker = r.getString(2);
-    long timeNs = r.getLong(7);
+    String ticker = r.getString(DecodeTick.TICKER);
+    long timeNs = r.getLong(DecodeTick.TIME);
     FeedState feed = feeds.computeIfAbsent(ticker, t -> new FeedState(t, 0));
     if (idle) {
       synchronized (feed) {
@@ -233,7 +233,7 @@ public final class Live {
     BigDecimal size = amounts[1];
     int verdict;
     synchronized (feed) {
-      verdict = feed.admit(r.getString(3), timeNs, allowanceNs, horizonNs);
+      verdict = feed.admit(r.getString(DecodeTick.TRADE_ID), timeNs, allowanceNs, horizonNs);
       if (verdict != FeedState.DUPLICATE) {
         feed.heardAtNanos = System.nanoTime();
         feed.heardClockNs = feed.clockNs;

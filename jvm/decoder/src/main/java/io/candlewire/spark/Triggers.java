@@ -105,21 +105,21 @@ public final class Triggers {
         register(value);
         return;
       }
-      boolean idle = decoded.getBoolean(1);
-      if (!decoded.getBoolean(0) && !idle) {
+      boolean idle = decoded.getBoolean(DecodeTick.IDLE);
+      if (!decoded.getBoolean(DecodeTick.VALID) && !idle) {
         return;
       }
-      String ticker = decoded.getString(2);
+      String ticker = decoded.getString(DecodeTick.TICKER);
       FeedTriggers feed = feeds.get(ticker);
       if (feed == null) {
         return; // no triggers on this feed: the common case
       }
-      long timeNs = decoded.getLong(7);
+      long timeNs = decoded.getLong(DecodeTick.TIME);
       FeedState j = judged.computeIfAbsent(ticker, t -> new FeedState(t, 0));
       if (idle) {
         j.advance(timeNs, horizonNs);
         send(feed.mark(timeNs));
-      } else if (j.admit(decoded.getString(3), timeNs, allowanceNs, horizonNs) == FeedState.KEEP) {
+      } else if (j.admit(decoded.getString(DecodeTick.TRADE_ID), timeNs, allowanceNs, horizonNs) == FeedState.KEEP) {
         BigDecimal[] amounts = DecodeTick.amounts(decoded);
         if (amounts == null) {
           return; // the live path counts it bad
