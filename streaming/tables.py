@@ -78,7 +78,7 @@ class Tables:
         where = f"ticker IN ({literals(tickers)}) AND open_time >= {ts_literal(since_ms)}"
         try:
             with self._ohlc_lock:
-                commit_sql(self.spark, compact_statement(self.system, f"{NAMESPACE}.ohlc", where))
+                commit_sql(self.spark, compact_statement(self.system, self.names["ohlc"], where))
         except Exception as exc:  # a lost race with maintenance, or a stopping session
             log.warning("compacting ohlc failed; it is tried again later: %s", exc)
             return False

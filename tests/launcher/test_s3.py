@@ -104,7 +104,7 @@ def test_maintenance_compacts_expires_and_removes_orphans_on_s3(s3, spark) -> No
     snapshots = len(catalog(s3).load_table("market.ohlc").snapshots())
     assert snapshots > 1
     spark.sql(
-        f"CALL {s3.catalog_name}.system.expire_snapshots(table => 'market.ohlc', "
+        f"CALL {s3.catalog_name}.system.expire_snapshots(table => '{table_name(s3, 'ohlc')}', "
         "older_than => current_timestamp(), retain_last => 1)"
     )
     table = catalog(s3).load_table("market.ohlc")

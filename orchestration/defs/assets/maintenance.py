@@ -42,10 +42,12 @@ def maintain(spark, settings: Settings, table: str) -> dict[str, dict[str, int]]
     """Compact data files and manifests, expire old snapshots, delete orphan files."""
     # Imported when a run maintains a table, not at load: candlewire.lake and candlewire.spark
     # import pyiceberg, which the code server, listing definitions only, never needs.
-    from candlewire.lake import NAMESPACE, table_name
+    from candlewire.lake import table_name
     from candlewire.spark import commit_sql
 
-    full, short = table_name(settings, table), f"{NAMESPACE}.{table}"
+    # Named with their catalog: Iceberg's procedures resolve a table's first part as a catalog
+    # first, and ``market.ticks`` logged a CatalogNotFoundException with its stack each time.
+    full = table_name(settings, table)
     system = f"{settings.catalog_name}.system"
     cutoff = (datetime.now(UTC) - ORPHAN_AGE).strftime("%Y-%m-%d %H:%M:%S")
     before = file_stats(spark, full)
@@ -54,14 +56,14 @@ def maintain(spark, settings: Settings, table: str) -> dict[str, dict[str, int]]
     strategy = "strategy => 'sort', " if table == "ohlc" else ""
     commit_sql(
         spark,
-        f"CALL {system}.rewrite_data_files(table => '{short}', {strategy}options => map("
+        f"CALL {system}.rewrite_data_files(table => '{full}', {strategy}options => map("
         "'partial-progress.enabled', 'true', 'min-input-files', '2', "
         "'max-concurrent-file-group-rewrites', '4'))",
     )
-    commit_sql(spark, f"CALL {system}.rewrite_manifests(table => '{short}')")
+    commit_sql(spark, f"CALL {system}.rewrite_manifests(table => '{full}')")
     commit_sql(
         spark,
-        f"CALL {system}.expire_snapshots(table => '{short}', "
+        f"CALL {system}.expire_snapshots(table => '{full}', "
         f"older_than => TIMESTAMP '{cutoff}', retain_last => {KEEP_SNAPSHOTS})",
     )
     # On object storage, list through the table's FileIO (S3FileIO lists prefixes); Hadoop's
@@ -69,7 +71,7 @@ def maintain(spark, settings: Settings, table: str) -> dict[str, dict[str, int]]
     listing = ", prefix_listing => true" if settings.on_s3() else ""
     commit_sql(
         spark,
-        f"CALL {system}.remove_orphan_files(table => '{short}', "
+        f"CALL {system}.remove_orphan_files(table => '{full}', "
         f"older_than => TIMESTAMP '{cutoff}'{listing})",
     )
     return {"before": before, "after": file_stats(spark, full)}
