@@ -223,7 +223,8 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
         continue;
       }
       Row r = rows.get(i);
-      out.add(tick(d, r.getInt(at[PARTITION]), r.getLong(at[OFFSET]), verdict != FeedState.KEEP));
+      out.add(
+          tick(d, tradeId, r.getInt(at[PARTITION]), r.getLong(at[OFFSET]), verdict != FeedState.KEEP));
       if (verdict == FeedState.LATE) {
         counts.late++;
       } else if (verdict == FeedState.REVISE) {
@@ -242,11 +243,11 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
     return out.iterator();
   }
 
-  private static Row tick(Row d, int partition, long offset, boolean late) {
+  private static Row tick(Row d, String tradeId, int partition, long offset, boolean late) {
     Object[] v = new Object[OUT.size()];
     v[0] = TICK;
     v[1] = d.getString(DecodeTick.TICKER);
-    v[2] = d.isNullAt(DecodeTick.TRADE_ID) ? "" : d.getString(DecodeTick.TRADE_ID);
+    v[2] = tradeId;
     v[3] = d.getString(DecodeTick.PRICE);
     v[4] = d.getString(DecodeTick.SIZE);
     v[5] = d.isNullAt(DecodeTick.SIDE) ? null : d.getString(DecodeTick.SIDE);

@@ -67,13 +67,9 @@ public final class DecodeTick implements UDF1<byte[], Row> {
    * DECIMAL(38,18) holds it either, so the live path counts it bad and no trigger judges it.
    */
   static BigDecimal[] amounts(Row r) {
-    return amounts(r.getString(PRICE), r.getString(SIZE));
-  }
-
-  /** {@link #amounts(Row)} for a row of another layout ({@link Commit}'s input). */
-  static BigDecimal[] amounts(String price, String size) {
     try {
-      return new BigDecimal[] {new BigDecimal(price), new BigDecimal(size)};
+      BigDecimal price = new BigDecimal(r.getString(PRICE));
+      return new BigDecimal[] {price, new BigDecimal(r.getString(SIZE))};
     } catch (NumberFormatException e) {
       return null;
     }

@@ -119,7 +119,8 @@ public final class Triggers {
       if (idle) {
         j.advance(timeNs, horizonNs);
         send(feed.mark(timeNs));
-      } else if (j.admit(decoded.getString(DecodeTick.TRADE_ID), timeNs, allowanceNs, horizonNs) == FeedState.KEEP) {
+      } else if (j.admit(decoded.getString(DecodeTick.TRADE_ID), timeNs, allowanceNs, horizonNs)
+          == FeedState.KEEP) {
         BigDecimal[] amounts = DecodeTick.amounts(decoded);
         if (amounts == null) {
           return; // the live path counts it bad
