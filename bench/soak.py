@@ -3,16 +3,18 @@
 Steady trades at ``--rate`` ticks/s over ``--tickers`` tickers are written into the ticks
 topic exactly as an ingestor writes them, for ``--minutes``. Each minute one line: ticks
 produced and committed so far, each commit phase's mean over the ticks batches that ended in
-that minute (from the job's log), and each part's RSS (its whole process tree) in MiB. Then:
+that minute (from the job's log), and each part's PSS (its whole process tree) in MiB. Then:
 
 - ``lag_s``: from the last trade produced until Iceberg's ``ticks`` holds every one of them
   (the commit time of the first snapshot that does);
 - ``candles_equal``: for 3 sampled tickers, every candle of every period in ``ohlc`` equals
   a pandas resample of exactly the trades produced for it;
 - ``commit_growth``: mean batch time (its phases summed) of the last 5 ticks batches that
-  committed ticks over the first 5; ``rss_growth``: the stack's RSS at the last minute over
-  minute 2 (the first minute pays for JIT and warm caches). Both stay near 1 in a stack that
-  can run for days; ``committing_batches`` says how many batches the first and last 5 are of.
+  committed ticks over the first 5; ``rss_growth`` and ``pss_growth``: the stack's summed RSS
+  and PSS at the last minute over minute 2 (the first minute pays for JIT and warm caches).
+  Both stay near 1 in a stack that can run for days; ``committing_batches`` says how many
+  batches the first and last 5 are of. ``pss_mib`` and ``rss_mib``: the stack at minute 2
+  and at its largest (PSS counts each shared page once: the memory the stack holds).
 
 "Committed" counts the ``ticks`` rows metric, which also counts the local ingestor's own SIM
 trades (a few per second). The last line is JSON.
@@ -41,7 +43,7 @@ from candlewire.config import PERIODS_S, Settings
 from candlewire.kafka import TICKS
 from candlewire.lake import NAMESPACE, catalog
 from ingest.sink import KafkaSink
-from launcher.stack import default_services, stack_rss
+from launcher.stack import Memory, default_services, stack_memory
 from proto import market_pb2
 
 SLICE_S = 0.1  # production is paced per slice
@@ -310,12 +312,17 @@ def candles_equal(settings: Settings, sampled: list[Feed], timeout: float = 180.
 
 
 def minute_line(
-    minute: int, prod: Production, committed: float, batches: list[Batch], rss: dict[str, float]
+    minute: int,
+    prod: Production,
+    committed: float,
+    batches: list[Batch],
+    mem: dict[str, Memory],
 ) -> str:
-    parts = " ".join(f"{k} {v:.0f}" for k, v in rss.items())
+    parts = " ".join(f"{k} {v.pss:.0f}" for k, v in mem.items())
+    total = sum(mem.values(), Memory())
     return (
         f"minute {minute}: {prod.produced:,} produced, {committed:,.0f} committed; "
-        f"{phase_means(batches)}; RSS MiB {parts}, total {sum(rss.values()):.0f}"
+        f"{phase_means(batches)}; PSS MiB {parts}, total {total.pss:.0f} (RSS {total.rss:.0f})"
     )
 
 
@@ -343,13 +350,13 @@ def main() -> None:
         worker = threading.Thread(target=prod.run, daemon=True)
         t0 = time.monotonic()
         worker.start()
-        totals: list[float] = []
+        totals: list[Memory] = []
         try:
             for minute in range(1, args.minutes + 1):
                 time.sleep(max(0.0, t0 + minute * 60.0 - time.monotonic()))
-                rss = stack_rss(services)
-                totals.append(sum(rss.values()))
-                line = minute_line(minute, prod, committed_rows(settings) - base, log.read(), rss)
+                mem = stack_memory(services)
+                totals.append(sum(mem.values(), Memory()))
+                line = minute_line(minute, prod, committed_rows(settings) - base, log.read(), mem)
                 print(line, flush=True)
             worker.join()
         finally:
@@ -367,7 +374,10 @@ def main() -> None:
         json.dumps(
             {
                 "commit_growth": None if growth is None else round(growth, 2),
-                "rss_growth": round(totals[-1] / totals[1], 2),
+                "rss_growth": round(totals[-1].rss / totals[1].rss, 2),
+                "pss_growth": round(totals[-1].pss / totals[1].pss, 2),
+                "pss_mib": [round(totals[1].pss), round(max(t.pss for t in totals))],
+                "rss_mib": [round(totals[1].rss), round(max(t.rss for t in totals))],
                 "lag_s": None if lag is None else round(lag, 1),
                 "candles_equal": equal,
                 "minutes": args.minutes,

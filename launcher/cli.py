@@ -334,12 +334,13 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
     from candlewire.curve import Keyring
     from candlewire.errors import CandlewireError
     from launcher.stack import (
+        Memory,
         Stack,
         StackError,
         default_services,
         live_ingestors,
         seed_symbol_metadata,
-        stack_rss,
+        stack_memory,
     )
 
     console = Console()
@@ -357,14 +358,21 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
         elif args.command == "down":
             stack.down(console.print)
         else:
-            table = Table("service", "port", "pid", "health", "RSS MiB", show_footer=True)
-            rows, rss = stack.status(), stack_rss(stack.services)
+            table = Table(
+                "service", "port", "pid", "health", "RSS MiB", "PSS MiB", show_footer=True
+            )
+            rows, mem = stack.status(), stack_memory(stack.services)
             for name, port, pid, health in rows:
-                mib = f"{rss[name]:,.0f}" if name in rss else "-"
-                table.add_row(name, str(port or "-"), str(pid or "-"), health, mib)
+                rss, pss = (
+                    (f"{m.rss:,.0f}", f"{m.pss:,.0f}") if (m := mem.get(name)) else ("-", "-")
+                )
+                table.add_row(name, str(port or "-"), str(pid or "-"), health, rss, pss)
+            total = sum(mem.values(), Memory())
             table.columns[0].footer = "all"
-            table.columns[4].footer = f"{sum(rss.values()):,.0f}"
+            table.columns[4].footer = f"{total.rss:,.0f}"
+            table.columns[5].footer = f"{total.pss:,.0f}"
             console.print(table)
+            console.print(f"the stack holds {total.pss:,.0f} MiB (PSS: a shared page counts once)")
             ingestors = live_ingestors(settings)
             live = Table("exchange", "live ingestors (heartbeats via the relay)")
             for exchange, peers in sorted(ingestors.items()):

@@ -570,15 +570,35 @@ def child_map() -> dict[int, list[int]]:
     return children
 
 
-def rss_mib(pid: int) -> float:
-    """One process's resident memory (VmRSS) in MiB; 0 once it has exited."""
+@dataclass(frozen=True)
+class Memory:
+    """A process's (or a tree's) resident memory in MiB, both ways of counting shared pages.
+
+    ``rss`` counts a page in every process that maps it, as ``ps`` does: summed over a
+    stack it counts PostgreSQL's shared buffers and libraries once per backend (444 MiB
+    summed against 71 MiB of PSS, idle). ``pss`` splits each shared page among the
+    processes sharing it, so a sum of PSS is the memory the stack holds.
+    """
+
+    rss: float = 0.0
+    pss: float = 0.0
+
+    def __add__(self, other: Memory) -> Memory:
+        return Memory(self.rss + other.rss, self.pss + other.pss)
+
+
+def memory_mib(pid: int) -> Memory:
+    """One process's memory (Rss and Pss of /proc/<pid>/smaps_rollup); zero once exited."""
+    found: dict[str, float] = {}
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024  # kB
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("Rss", "Pss"):
+                    found[key] = int(rest.split()[0]) / 1024  # kB
     except OSError:
-        pass
-    return 0.0  # gone, or a kernel thread
+        pass  # gone, or a kernel thread
+    return Memory(found.get("Rss", 0.0), found.get("Pss", 0.0))
 
 
 def process_tree(pid: int, children: Mapping[int, list[int]] | None = None) -> list[int]:
@@ -596,17 +616,18 @@ def process_tree(pid: int, children: Mapping[int, list[int]] | None = None) -> l
     return tree
 
 
-def tree_rss_mib(pid: int, children: Mapping[int, list[int]] | None = None) -> float:
-    """RSS of a process tree in MiB. Pages shared between processes count once per
-    process, as ``ps`` shows them."""
-    return sum(rss_mib(p) for p in process_tree(pid, children))
+def tree_memory_mib(pid: int, children: Mapping[int, list[int]] | None = None) -> Memory:
+    """Memory of a process tree in MiB."""
+    return sum((memory_mib(p) for p in process_tree(pid, children)), Memory())
 
 
-def stack_rss(services: list[Service]) -> dict[str, float]:
+def stack_memory(services: list[Service]) -> dict[str, Memory]:
     """MiB per running part of the stack, by the pid the launcher records for it."""
     children = child_map()
     return {
-        svc.name: tree_rss_mib(pid, children) for svc in services if (pid := svc.pid()) is not None
+        svc.name: tree_memory_mib(pid, children)
+        for svc in services
+        if (pid := svc.pid()) is not None
     }
 
 

@@ -22,8 +22,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from ingest.exchanges import sim_book
 from ingest.exchanges.base import Exchange, ExchangeError, Page, RangeUnavailable, fmt_fixed
@@ -58,17 +56,21 @@ def _uniform(key: np.uint64, a: np.ndarray, b: np.ndarray | int, stream: int) ->
 
 
 def fmt_fixed_column(values: np.ndarray, decimals: int) -> list[str]:
-    """``fmt_fixed`` for a whole integer column, in Arrow's kernels: a year of SIM candles
-    spent more time formatting numbers one by one than computing them."""
+    """``fmt_fixed`` for a whole integer column: the division in numpy, then one %-format
+    per value. As fast as Arrow's string kernels were here (about 0.3 µs a value,
+    ``to_pylist`` included), without loading pyarrow, and with it pandas, which any Arrow
+    array or scalar made from Python loads: 40 MiB of every SIM ingestor (#36)."""
     values = np.asarray(values, dtype=np.int64)
     magnitude = np.abs(values)
-    unit = 10**decimals
-    text = pc.cast(pa.array(magnitude // unit), pa.string())
     if decimals:
-        fraction = pc.utf8_lpad(pc.cast(pa.array(magnitude % unit), pa.string()), decimals, "0")
-        text = pc.binary_join_element_wise(text, fraction, ".")
-    sign = pa.array(np.where(values < 0, "-", ""))
-    return pc.binary_join_element_wise(sign, text, "").to_pylist()
+        unit, pattern = 10**decimals, f"%d.%0{decimals}d"
+        parts = zip((magnitude // unit).tolist(), (magnitude % unit).tolist(), strict=True)
+        text = [pattern % p for p in parts]
+    else:
+        text = list(map(str, magnitude.tolist()))
+    for i in np.flatnonzero(values < 0).tolist():  # prices and sizes: none
+        text[i] = "-" + text[i]
+    return text
 
 
 FAULT_SYNTAX = (

@@ -107,6 +107,11 @@ class KafkaBroker:
             "share.coordinator.state.topic.min.isr": insync,
             "group.initial.rebalance.delay.ms": "0",
             "log.retention.hours": "168",
+            # The log cleaner's offset map is one heap buffer, 128 MiB by default, allocated
+            # and zeroed at start whether or not a topic is compacted: it was 150 of the
+            # broker's 178 MiB of live heap idle (#36). 16 MiB maps about 600,000 keys a
+            # pass, far beyond what the compacted topics here hold.
+            "log.cleaner.dedupe.buffer.size": str(16 * 2**20),
         }
         if self.scram is not None and self.scram.required:
             mech = self.scram.mechanism

@@ -82,6 +82,26 @@ def test_column_formatting_equals_the_scalar_one(decimals: int) -> None:
     assert fmt_fixed_column(np.array(values), decimals) == [fmt_fixed(v, decimals) for v in values]
 
 
+def test_a_sim_ingestor_runs_without_pandas() -> None:
+    """SIM's trades and candles are made without pyarrow, which loads pandas: 40 MiB of
+    every SIM ingestor's memory (#36)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from ingest.exchanges.base import Page\n"
+        "from ingest.exchanges.sim import SimExchange\n"
+        "sim = SimExchange(rate=50.0)\n"
+        "assert sim.trade_batch('SIM:BTC/USDT', 1000, 1010)\n"
+        f"assert sim.ohlc_page('SIM:BTC/USDT', 60, Page(0, {T0}, {T0 + 3_600_000}))\n"
+        "print(sorted(m for m in ('pandas', 'pyarrow') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_pages_are_fixed_windows() -> None:
     ps = pages(T0 + 1, T0 + 10 * 60_000, 60, 4)
     assert [(p.index, p.start_ms, p.end_ms) for p in ps] == [

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from candlewire.config import port_setting
-from launcher.stack import Stack, StackError, default_services
+from launcher.stack import Memory, Stack, StackError, default_services
 from tests.support import free_settings
 
 
@@ -167,12 +167,12 @@ def code_servers(stack: Stack) -> list[str]:
     ]
 
 
-def test_a_part_s_rss_is_its_whole_process_tree() -> None:
+def test_a_part_s_memory_is_its_whole_process_tree() -> None:
     import os
     import subprocess
     import sys
 
-    from launcher.stack import rss_mib, tree_rss_mib
+    from launcher.stack import memory_mib, tree_memory_mib
 
     hog = "x = b'x' * (200 * 2**20); print('ready', flush=True); input()"  # pages touched
     child = subprocess.Popen(
@@ -181,12 +181,44 @@ def test_a_part_s_rss_is_its_whole_process_tree() -> None:
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         me = os.getpid()
-        assert rss_mib(child.pid) >= 200
-        assert tree_rss_mib(me) - rss_mib(me) >= 200  # the child counts with its parent
+        assert memory_mib(child.pid).rss >= 200
+        assert memory_mib(child.pid).pss >= 200  # private pages: all of them its own
+        tree, mine = tree_memory_mib(me), memory_mib(me)
+        assert tree.rss - mine.rss >= 200  # the child counts with its parent
+        assert tree.pss - mine.pss >= 200
     finally:
         child.kill()
         child.wait()
-    assert rss_mib(child.pid) == 0.0  # gone (reaped)
+    assert memory_mib(child.pid) == Memory()  # gone (reaped)
+
+
+def test_pss_counts_a_shared_page_once_where_rss_counts_it_in_each_process() -> None:
+    """Two processes sharing 200 MiB: summed RSS says 400, summed PSS about 200 (why
+    ``status`` totals PSS)."""
+    import mmap
+    import os
+    import time
+
+    from launcher.stack import memory_mib
+
+    shared = mmap.mmap(-1, 200 * 2**20, flags=mmap.MAP_SHARED)
+    shared.write(b"x" * len(shared))  # resident in this process
+    ready, tell = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child maps the same pages: reading one byte of each makes them resident
+        os.write(tell, bytes([len(shared[::4096]) > 0]))
+        time.sleep(60)
+        os._exit(0)
+    try:
+        assert os.read(ready, 1) == b"\x01"
+        me, child = memory_mib(os.getpid()), memory_mib(pid)
+        assert me.rss >= 200 and child.rss >= 200  # each counts the 200 MiB
+        # Summed RSS counts the 200 shared MiB twice, summed PSS once (each gets half).
+        assert (me.rss + child.rss) - (me.pss + child.pss) >= 195
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        shared.close()
 
 
 def test_status_prints_each_part_s_rss(stack, monkeypatch, capsys) -> None:
@@ -198,8 +230,10 @@ def test_status_prints_each_part_s_rss(stack, monkeypatch, capsys) -> None:
     capsys.readouterr()
     main(["status"])
     out = capsys.readouterr().out
-    assert "RSS MiB" in out
+    assert "RSS MiB" in out and "PSS MiB" in out
     (relay,) = [line for line in out.splitlines() if " relay " in line]
     assert "healthy" in relay
-    mib = int(relay.split("│")[-2].strip().replace(",", ""))
-    assert 20 <= mib <= 2000  # a Python process with pyzmq and protobuf loaded
+    rss, pss = (int(cell.strip().replace(",", "")) for cell in relay.split("│")[-3:-1])
+    assert 20 <= pss <= rss <= 2000  # a Python process with pyzmq and protobuf loaded
+    (total,) = [line for line in out.splitlines() if line.startswith("the stack holds")]
+    assert int(total.split()[3].replace(",", "")) >= pss
