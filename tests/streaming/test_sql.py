@@ -7,12 +7,13 @@ import random
 from decimal import Decimal
 
 import pytest
+from pyspark.sql import functions as F
 
 from candlewire.config import PERIODS_S
 from candlewire.lake import SYMBOL_METADATA_SCHEMA, TICKS_SCHEMA
 from proto import market_pb2
 from proto.envelope import to_record
-from streaming.queries.ticks import CANDLE, judged_in_tasks
+from streaming.queries.ticks import CANDLE, TICK, judged_in_tasks
 from streaming.sql import columns_from_decoded, literal, staged_columns, staging_ddl
 from tests.reference.candles import partial_candles
 from tests.reference.feeds import Feeds, Verdict
@@ -106,6 +107,50 @@ def test_tasks_break_equal_times_by_kafka_order_like_the_live_path(spark) -> Non
     ticks = [(t, ns, Decimal(price), Decimal(size)) for t, ns, price, size in ticks]
     want = {c.key: (c.open, c.close, c.trade_count) for c in partial_candles(ticks, PERIODS_S)}
     assert got == want
+
+
+def test_each_task_s_ticks_come_out_a_ticker_and_day_at_a_time(spark) -> None:
+    """The ticks append keeps one file open per task (Iceberg's clustered writer), which fails
+    on a (ticker, day) partition it has already closed. So each task's stored ticks come out
+    in runs, one per (ticker, day), each run in Kafka order, even when a feed's Kafka order
+    goes back across midnight: a late trade of the day before, kept or stored as late."""
+    rng = random.Random(5)
+    midnight = 1_790_035_200 * 10**9  # a UTC day boundary
+    rows, kafka_order = [], {}
+    for f in range(12):
+        ticker = f"SIM:D{f}/USD"
+        times = [midnight + rng.randint(-5, 5) * 10**9 for _ in range(40)]  # across midnight
+        times += [midnight - 3_600 * 10**9]  # an hour late: stored, marked late
+        for i, ns in enumerate(times):
+            offset = len(rows)
+            rows.append((trade(ticker, str(i), "100.5", ns), f % 3, offset, None))
+            kafka_order[(ticker, str(i))] = offset
+    rng.shuffle(rows)
+    df = spark.createDataFrame(rows, RECORDS).repartition(4)
+    ticks = (
+        judged_in_tasks(df, 10.0, 7_200.0)
+        .where(f"kind = {TICK}")
+        .withColumn("task", F.spark_partition_id())
+        .withColumn("at", F.monotonically_increasing_id())  # order within each task
+        .collect()
+    )
+    assert len(ticks) == len(rows)  # every trade stored once, late ones too
+    assert any(r["late"] for r in ticks)
+    runs: list[tuple[int, str, int]] = []
+    for r in sorted(ticks, key=lambda r: r["at"]):
+        key = (r["task"], r["ticker"], r["exchange_time_ns"] // (86_400 * 10**9))
+        if not runs or runs[-1] != key:
+            runs.append(key)
+    assert len(runs) == len(set(runs)), "a (ticker, day) came out in two runs in one task"
+    assert len(runs) == 24  # 12 feeds, each on both sides of midnight
+    for key in set(runs):
+        mine = [
+            r
+            for r in sorted(ticks, key=lambda r: r["at"])
+            if key == (r["task"], r["ticker"], r["exchange_time_ns"] // (86_400 * 10**9))
+        ]
+        offsets = [kafka_order[(r["ticker"], r["trade_id"])] for r in mine]
+        assert offsets == sorted(offsets)  # Kafka order within the run
 
 
 def test_the_committed_dedup_horizon_survives_batches_in_every_id_form(spark, tmp_path) -> None:
