@@ -136,20 +136,15 @@ def test_each_task_s_ticks_come_out_a_ticker_and_day_at_a_time(spark) -> None:
     )
     assert len(ticks) == len(rows)  # every trade stored once, late ones too
     assert any(r["late"] for r in ticks)
-    runs: list[tuple[int, str, int]] = []
+    runs: dict[tuple[int, str, int], list[int]] = {}  # (task, ticker, day): Kafka offsets
+    last = None
     for r in sorted(ticks, key=lambda r: r["at"]):
         key = (r["task"], r["ticker"], r["exchange_time_ns"] // (86_400 * 10**9))
-        if not runs or runs[-1] != key:
-            runs.append(key)
-    assert len(runs) == len(set(runs)), "a (ticker, day) came out in two runs in one task"
+        assert key == last or key not in runs, f"{key} came out in two runs in one task"
+        runs.setdefault(key, []).append(kafka_order[(r["ticker"], r["trade_id"])])
+        last = key
     assert len(runs) == 24  # 12 feeds, each on both sides of midnight
-    for key in set(runs):
-        mine = [
-            r
-            for r in sorted(ticks, key=lambda r: r["at"])
-            if key == (r["task"], r["ticker"], r["exchange_time_ns"] // (86_400 * 10**9))
-        ]
-        offsets = [kafka_order[(r["ticker"], r["trade_id"])] for r in mine]
+    for offsets in runs.values():
         assert offsets == sorted(offsets)  # Kafka order within the run
 
 
