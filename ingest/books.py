@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from candlewire.book import CHECKSUMS, SNAPSHOT_EVERY_S, BookError, BookSync, Verdict
 from candlewire.kafka import BOOKS
-from ingest.exchanges.base import Exchange, ExchangeError, NoBook, UnknownSymbol
+from ingest.exchanges.base import BookBroken, Exchange, ExchangeError, NoBook, UnknownSymbol
 from ingest.jobs import retry
 from ingest.sink import KafkaSink
 from proto import book_pb2
@@ -51,13 +51,15 @@ class BookStream:
 
     def run(self, stop: threading.Event) -> int:
         """Until ``stop``; reconnects on exchange errors, each time from a fresh snapshot."""
+        reason = book_pb2.SNAPSHOT_START
         while not stop.is_set():
             try:
                 deltas = self.exchange.book_deltas(self.ticker, stop)
                 # Nothing from before a reconnect is trusted, nor held: a venue may number
                 # its updates afresh.
                 self.sync = BookSync(self.ticker, self.sync.checksum)
-                self._resnapshot(book_pb2.SNAPSHOT_START)
+                self._resnapshot(reason)
+                reason = book_pb2.SNAPSHOT_START
                 for delta in deltas:
                     self._on_delta(delta)
                 if not stop.is_set():
@@ -65,6 +67,10 @@ class BookStream:
                     break
             except (UnknownSymbol, NoBook):
                 raise
+            except BookBroken as exc:  # the adapter's library found it: the same as ours
+                log.warning("book %s: %s; from a fresh snapshot", self.ticker, exc)
+                self.counted(exc.kind)
+                reason = _RESNAPSHOT[Verdict(exc.kind)]
             except ExchangeError as exc:
                 log.warning("book %s: %s; reconnecting", self.ticker, exc)
                 stop.wait(1.0)

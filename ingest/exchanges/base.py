@@ -34,6 +34,17 @@ class NoBook(ExchangeError):
     """The adapter serves no order book for this ticker. Final."""
 
 
+class BookBroken(ExchangeError):
+    """The venue's book stream broke its sequence or its checksum, found by the adapter's
+    library rather than by :class:`candlewire.book.BookSync`. The stream starts again from a
+    fresh snapshot, and the event is counted as ``kind`` (a :class:`~candlewire.book.Verdict`
+    value: ``gap`` or ``checksum``)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 @dataclass(frozen=True)
 class Page:
     """One window of a history request; pages are numbered from 0 in time order."""

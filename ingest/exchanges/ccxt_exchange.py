@@ -1,5 +1,6 @@
-"""Any ccxt exchange: ``load_markets``, paginated ``fetch_ohlcv``, ``watch_trades``, and
-paginated ``fetch_trades`` to refetch a gap in the live stream.
+"""Any ccxt exchange: ``load_markets``, paginated ``fetch_ohlcv``, ``watch_trades``,
+paginated ``fetch_trades`` to refetch a gap in the live stream, and the L2 book through
+``watch_order_book`` (:class:`BookWatch`).
 
 ccxt's own rate limiter stays on (``enableRateLimit``); our retries only wrap ccxt's
 transient errors. ``urls`` and ``options`` pass straight to ccxt, which is how the tests
@@ -9,6 +10,8 @@ point the adapter at a local stand-in of the exchange's REST API.
 from __future__ import annotations
 
 import asyncio
+import functools
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -16,15 +19,18 @@ from typing import Any
 
 import ccxt
 
+from candlewire.book import CHECKSUMS, Verdict
 from ingest.exchanges.base import (
+    BookBroken,
     Exchange,
     ExchangeError,
+    NoBook,
     Page,
     RangeUnavailable,
     UnknownSymbol,
     dec_str,
 )
-from proto import market_pb2
+from proto import book_pb2, market_pb2
 
 TIMEFRAMES = {60: "1m", 300: "5m", 900: "15m", 3600: "1h", 14400: "4h", 86400: "1d"}
 # Venues whose trade ids are consecutive per symbol and whose REST trades page by
@@ -33,6 +39,17 @@ TIMEFRAMES = {60: "1m", 300: "5m", 900: "15m", 3600: "1h", 14400: "4h", 86400: "
 SEQUENTIAL: dict[str, dict[str, str]] = {"binance": {"name": "aggTrade"}}
 REFETCH_LIMIT = 1000
 HOUR_MS = 3_600_000  # the widest time window Binance's aggTrades answers
+BOOK_BACKLOG = 10_000  # book updates the stream has not taken; one more and the watch ends
+FIRST_BOOK_S = 30.0  # for ccxt to sync the venue's REST snapshot with its stream
+
+
+@functools.cache
+def _pro_features(exchange_id: str) -> frozenset[str]:
+    """What ccxt.pro's class for ``exchange_id`` has (building one takes about 80 ms)."""
+    import ccxt.pro as ccxtpro
+
+    pro = getattr(ccxtpro, exchange_id, None)
+    return frozenset(k for k, v in pro().has.items() if v) if pro is not None else frozenset()
 
 
 def _num(value: Any) -> str:
@@ -49,6 +66,12 @@ class CcxtExchange(Exchange):
         self._watch_params = SEQUENTIAL.get(exchange_id, {})
         self._markets: list[market_pb2.Market] | None = None
         self._symbols: dict[str, str] = {}
+        self._books: dict[str, BookWatch] = {}  # the live book watch of each ticker
+
+    def pro_has(self, feature: str) -> bool:
+        """Whether ccxt.pro streams ``feature`` (``watchTrades``...) for this exchange: the
+        REST class does not say."""
+        return feature in _pro_features(self.exchange_id)
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -164,7 +187,7 @@ class CcxtExchange(Exchange):
         symbol = self.symbol(ticker)
         import ccxt.pro as ccxtpro
 
-        if self.client.has.get("watchTrades") and hasattr(ccxtpro, self.exchange_id):
+        if self.pro_has("watchTrades"):
             yield from self._watch(ccxtpro, symbol, ticker, stop)
             return
         since = int(time.time() * 1000)
@@ -210,3 +233,196 @@ class CcxtExchange(Exchange):
             exchange_time_ns=int(t["timestamp"]) * 1_000_000,
             ingest_time_ns=time.time_ns(),
         )
+
+    # -- the order book (#38) ----------------------------------------------------------------
+
+    def book_snapshot(self, ticker: str) -> book_pb2.BookSnapshot:
+        """The book a live watch of ``ticker`` holds (its deltas follow on from it exactly);
+        without one, the venue's REST snapshot."""
+        watch = self._books.get(ticker)
+        if watch is not None and watch.alive:
+            return watch.snapshot()
+        raw = self._call(self.client.fetch_order_book, self.symbol(ticker))
+        return book_message(
+            ticker, raw["nonce"] or 0, raw.get("timestamp"), raw["bids"], raw["asks"]
+        )
+
+    def book_deltas(self, ticker: str, stop: threading.Event) -> Iterator[book_pb2.BookDelta]:
+        if not self.pro_has("watchOrderBook"):
+            raise NoBook(f"{self.name}: ccxt streams no order book for {self.exchange_id}")
+        old = self._books.pop(ticker, None)
+        if old is not None:
+            old.close()
+        watch = self._books[ticker] = BookWatch(self, ticker, stop)
+        return watch
+
+    def close(self) -> None:
+        for watch in self._books.values():
+            watch.close()
+        self._books.clear()
+
+
+Levels = dict[float, float]
+
+
+def _levels(raw: list) -> Levels:
+    return {float(level[0]): float(level[1]) for level in raw}
+
+
+def _book_levels(levels: Levels, bids: bool) -> list[book_pb2.BookLevel]:
+    return [
+        book_pb2.BookLevel(price=dec_str(p), size=dec_str(levels[p]))
+        for p in sorted(levels, reverse=bids)
+    ]
+
+
+def _changes(old: Levels, new: Levels) -> list[book_pb2.BookLevel]:
+    """The levels that differ from ``old`` to ``new``; size 0 for one that went."""
+    out = [
+        book_pb2.BookLevel(price=dec_str(p), size=dec_str(a))
+        for p, a in new.items()
+        if old.get(p) != a
+    ]
+    out += [book_pb2.BookLevel(price=dec_str(p), size="0") for p in old if p not in new]
+    return out
+
+
+def book_message(
+    ticker: str, seq: int, timestamp_ms: int | None, bids: list, asks: list
+) -> book_pb2.BookSnapshot:
+    """A ccxt order book (levels as ``[price, amount, ...]`` numbers) as a BookSnapshot."""
+    return book_pb2.BookSnapshot(
+        ticker=ticker,
+        venue_seq=seq,
+        exchange_time_ns=int(timestamp_ms or 0) * 1_000_000,
+        ingest_time_ns=time.time_ns(),
+        bids=_book_levels(_levels(bids), True),
+        asks=_book_levels(_levels(asks), False),
+    )
+
+
+class BookWatch:
+    """One ticker's ``watch_order_book`` in a thread of its own, as BookDeltas.
+
+    ccxt.pro follows the venue's own recipe: it buffers the stream, fetches the REST
+    snapshot, applies what comes after it, and checks the sequence (and the checksum, where
+    the venue sends one), failing when either breaks; that failure ends this iterator with
+    :class:`BookBroken`. ccxt hands out its whole book, not the update, so each delta here is
+    the levels that differ from the book it handed out before (size 0: gone), numbered by
+    ccxt's nonce (the venue's update id; the ingest time in microseconds for a venue that
+    numbers nothing) and chained by ``prev_seq``. :meth:`snapshot` is the book ccxt handed out
+    last, taken under the same lock as the deltas are queued, so those after it follow on
+    exactly: no seam between the snapshot and the stream."""
+
+    def __init__(self, exchange: CcxtExchange, ticker: str, stop: threading.Event) -> None:
+        import ccxt.pro as ccxtpro
+
+        self.ticker, self.stop = ticker, stop
+        self._symbol = exchange.symbol(ticker)
+        self._client = getattr(ccxtpro, exchange.exchange_id)(dict(exchange.config))
+        self._broken = Verdict.CHECKSUM if exchange.name in CHECKSUMS else Verdict.GAP
+        self._queue: queue.Queue[book_pb2.BookDelta] = queue.Queue(BOOK_BACKLOG)
+        self._lock = threading.Lock()
+        self._bids: Levels = {}
+        self._asks: Levels = {}
+        self._seq = 0  # of the book last handed out; 0: none yet
+        self._time_ms: int | None = None
+        self._error: Exception | None = None
+        self._closed = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"book:{ticker}", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return not self._done.is_set()
+
+    def __iter__(self) -> BookWatch:
+        return self
+
+    def __next__(self) -> book_pb2.BookDelta:
+        """The next delta; once the watch ends (stopped, or failed: its error), StopIteration
+        after the deltas it queued before that."""
+        while True:
+            try:
+                return self._queue.get(timeout=0.2)
+            except queue.Empty:
+                if self._done.is_set() and self._queue.empty():
+                    self.close()
+                    if self._error is not None:
+                        raise self._error from None
+                    raise StopIteration from None
+
+    def snapshot(self) -> book_pb2.BookSnapshot:
+        """The book ccxt handed out last, once it has synced one."""
+        deadline = time.monotonic() + FIRST_BOOK_S
+        while not self._seq:
+            if self._done.is_set():
+                raise self._error or ExchangeError(f"{self.ticker}: the book watch ended")
+            if time.monotonic() > deadline:
+                raise ExchangeError(f"{self.ticker}: no book from the venue in {FIRST_BOOK_S}s")
+            self._done.wait(0.05)
+        with self._lock:
+            return book_pb2.BookSnapshot(
+                ticker=self.ticker,
+                venue_seq=self._seq,
+                exchange_time_ns=(self._time_ms or 0) * 1_000_000,
+                ingest_time_ns=time.time_ns(),
+                bids=_book_levels(self._bids, True),
+                asks=_book_levels(self._asks, False),
+            )
+
+    def close(self) -> None:
+        self._closed.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(5.0)
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._watch())
+        except ccxt.ChecksumError as exc:  # ccxt's name for a broken sequence, too
+            self._error = BookBroken(str(exc), self._broken.value)
+        except ccxt.BadSymbol as exc:
+            self._error = UnknownSymbol(str(exc))
+        except ccxt.BaseError as exc:
+            self._error = ExchangeError(f"{self.ticker}: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # handed to the stream's thread, which reports it
+            self._error = exc
+        finally:
+            self._done.set()
+            loop.run_until_complete(self._client.close())
+            loop.close()
+
+    async def _watch(self) -> None:
+        while not (self.stop.is_set() or self._closed.is_set()):
+            try:
+                book = await asyncio.wait_for(self._client.watch_order_book(self._symbol), 1.0)
+            except TimeoutError:
+                continue
+            self._took(book)
+
+    def _took(self, book: dict) -> None:
+        bids, asks = _levels(book["bids"]), _levels(book["asks"])
+        nonce, stamp = book.get("nonce"), book.get("timestamp")
+        with self._lock:
+            seq = int(nonce) if nonce is not None else max(self._seq + 1, time.time_ns() // 1000)
+            if seq <= self._seq:
+                return  # nothing new
+            if self._seq:
+                delta = book_pb2.BookDelta(
+                    ticker=self.ticker,
+                    venue_seq=seq,
+                    prev_seq=self._seq,
+                    exchange_time_ns=int(stamp or 0) * 1_000_000,
+                    ingest_time_ns=time.time_ns(),
+                    bids=_changes(self._bids, bids),
+                    asks=_changes(self._asks, asks),
+                )
+                try:
+                    self._queue.put_nowait(delta)
+                except queue.Full:
+                    raise ExchangeError(
+                        f"{self.ticker}: the book stream fell {BOOK_BACKLOG} updates behind"
+                    ) from None
+            self._bids, self._asks, self._seq, self._time_ms = bids, asks, seq, stamp

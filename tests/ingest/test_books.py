@@ -51,10 +51,10 @@ def book_stream(faults: str, seconds: float, snapshot_s: float = 30.0):
     return sim, sink.sent(BOOKS.name), events
 
 
-def check_against_sim(sim: SimExchange, records: list) -> tuple[int, list[int]]:
+def check_against_sim(sim: SimExchange, records: list, ticker: str = T) -> tuple[int, list[int]]:
     """Replay what was written as a client would, comparing with SIM's book at every update;
     returns (updates compared, the snapshot reasons seen)."""
-    client = BookSync(T)
+    client = BookSync(ticker)
     compared, reasons = 0, []
     for msg in records:
         if isinstance(msg, book_pb2.BookSnapshot):
@@ -64,7 +64,7 @@ def check_against_sim(sim: SimExchange, records: list) -> tuple[int, list[int]]:
             assert client.on_delta(msg) is Verdict.APPLIED, msg.venue_seq
         book = client.book
         assert book is not None
-        assert book.same_levels(Book.from_snapshot(sim.book_at(T, book.seq))), book.seq
+        assert book.same_levels(Book.from_snapshot(sim.book_at(ticker, book.seq))), book.seq
         compared += 1
     return compared, reasons
 

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import threading
 from decimal import Decimal
 
+from candlewire.kafka import BOOKS
+from candlewire.testing import wait_for
+from ingest.books import BookStream
 from ingest.exchanges.base import Page
 from ingest.exchanges.ccxt_exchange import CcxtExchange
 from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS
+from proto import book_pb2
 from tests.ingest.binance_standin import BinanceStandIn
+from tests.ingest.test_books import check_against_sim
+from tests.support import RecordingSink
 
 T0 = 1_700_006_400_000
 
@@ -16,7 +23,7 @@ def adapter(standin: BinanceStandIn) -> CcxtExchange:
     api = f"{standin.url}/api/v3"
     return CcxtExchange(
         "binance",
-        urls={"api": {"public": api, "private": api, "v3": api}},
+        urls={"api": {"public": api, "private": api, "v3": api, "ws": {"spot": standin.ws_url}}},
         options={"fetchMarkets": {"types": ["spot"]}, "fetchCurrencies": False},
     )
 
@@ -69,6 +76,26 @@ def test_refetch_pages_binance_aggregate_trades_by_id() -> None:
         assert standin.errors == []
 
 
+def test_live_trades_come_over_the_websocket_through_watch_trades() -> None:
+    """``trades`` streams through ccxt.pro (Binance's aggTrade stream, whose ids match the
+    REST refetch's), not REST polling: the trades equal SIM's, to the millisecond."""
+    ticker = "BINANCE:BTC/USDT"
+    with BinanceStandIn(rate=20) as standin:
+        ex = adapter(standin)
+        stop = threading.Event()
+        got = []
+        for tick in ex.trades(ticker, stop):
+            got.append(tick)
+            if len(got) == 20:
+                stop.set()
+        # Binance stamps trades in whole milliseconds.
+        first, last = got[0].exchange_time_ns, got[-1].exchange_time_ns + 999_999
+        want = standin.sim.trades_between(ticker, first, last)
+        assert [trade(t) for t in got] == [trade(t) for t in want]
+        assert standin.trades_sent >= 20
+        assert "/api/v3/aggTrades" not in standin.requests  # no REST polling
+
+
 def minutes(start_ms: int, end_ms: int) -> tuple[int, int]:
     return (start_ms - GENESIS_MS) // MINUTE_MS, (end_ms - GENESIS_MS) // MINUTE_MS
 
@@ -77,3 +104,41 @@ def trade(t) -> tuple:
     """A trade as Binance tells it: times in milliseconds, decimals as numbers."""
     ms = t.exchange_time_ns // 1_000_000
     return (t.trade_id, Decimal(t.price), Decimal(t.size), t.side, ms)
+
+
+def test_the_book_through_watch_order_book_follows_the_venue_and_heals_a_jump() -> None:
+    """ccxt.pro's ``watch_order_book`` against Binance's own protocol (the REST depth
+    snapshot, then the diff-depth stream): every book the stream writes equals the venue's
+    (SIM's) at its update id. One depth event left out is a sequence jump: ccxt fails the
+    book, the stream counts a gap and goes on from a fresh REST snapshot, right again."""
+    ticker = "BINANCE:BTC/USDT"
+    with BinanceStandIn(rate=20) as standin:
+        ex = adapter(standin)
+        sink, events = RecordingSink(), []
+        stream = BookStream(ticker, ex, sink, events.append)
+        stop = threading.Event()
+        thread = threading.Thread(target=stream.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            wait_for(lambda: len(sink.sent(BOOKS.name)) > 15, 20)
+            depth_calls = standin.requests.count("/api/v3/depth")
+            standin.skip_events = 1
+            wait_for(lambda: events == ["gap"], 20)
+            after = len(sink.sent(BOOKS.name))
+            wait_for(lambda: len(sink.sent(BOOKS.name)) > after + 15, 20)
+        finally:
+            stop.set()
+            thread.join(10)
+        assert not thread.is_alive()
+        records = sink.sent(BOOKS.name)
+        compared, reasons = check_against_sim(standin.sim, records, ticker)
+        assert reasons[:2] == [book_pb2.SNAPSHOT_START, book_pb2.SNAPSHOT_SEQUENCE], reasons
+        assert compared > 30
+        # ccxt started each book from the venue's REST snapshot: once, then once more.
+        assert depth_calls >= 1
+        assert standin.requests.count("/api/v3/depth") > depth_calls
+        # Deltas, not snapshots, carried the book between the two.
+        kinds = [isinstance(r, book_pb2.BookDelta) for r in records]
+        assert kinds.count(True) > 25
+        assert standin.errors == []
+        ex.close()
