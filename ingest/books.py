@@ -71,6 +71,7 @@ class BookStream:
                 log.warning("book %s: %s; from a fresh snapshot", self.ticker, exc)
                 self.counted(exc.kind)
                 reason = _RESNAPSHOT[Verdict(exc.kind)]
+                stop.wait(RETRY_S)  # a venue that keeps failing is not asked in a tight loop
             except ExchangeError as exc:
                 log.warning("book %s: %s; reconnecting", self.ticker, exc)
                 stop.wait(1.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import queue
 import threading
 import time
@@ -32,6 +33,7 @@ from ingest.exchanges.base import (
 )
 from proto import book_pb2, market_pb2
 
+log = logging.getLogger("candlewire.ingest")
 TIMEFRAMES = {60: "1m", 300: "5m", 900: "15m", 3600: "1h", 14400: "4h", 86400: "1d"}
 # Venues whose trade ids are consecutive per symbol and whose REST trades page by
 # ``fromId``, with the watch_trades params that make the stream carry the same ids: Binance's
@@ -185,10 +187,8 @@ class CcxtExchange(Exchange):
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
         """Websocket trades through ccxt.pro when the exchange has them, else REST polling."""
         symbol = self.symbol(ticker)
-        import ccxt.pro as ccxtpro
-
         if self.pro_has("watchTrades"):
-            yield from self._watch(ccxtpro, symbol, ticker, stop)
+            yield from self._watch(symbol, ticker, stop)
             return
         since = int(time.time() * 1000)
         seen: set[str] = set()
@@ -199,28 +199,36 @@ class CcxtExchange(Exchange):
                     since = max(since, int(t["timestamp"]))
                     yield self._tick(ticker, t)
 
-    def _watch(
-        self, ccxtpro: Any, symbol: str, ticker: str, stop: threading.Event
-    ) -> Iterator[market_pb2.Tick]:
+    def _watch(self, symbol: str, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
         loop = asyncio.new_event_loop()
-        client = getattr(ccxtpro, self.exchange_id)(self.config)
+        client = self.pro_client()
+        pending: asyncio.Task | None = None
         try:
             while not stop.is_set():
+                if pending is None:
+                    params = dict(self._watch_params)
+                    pending = loop.create_task(client.watch_trades(symbol, params=params))
+                if not loop.run_until_complete(within(pending, 1.0)):
+                    continue  # still waiting: look at stop, and wait on the same call
+                task, pending = pending, None
                 try:
-                    batch = loop.run_until_complete(
-                        asyncio.wait_for(
-                            client.watch_trades(symbol, params=dict(self._watch_params)), 1.0
-                        )
-                    )
-                except TimeoutError:
-                    continue
+                    batch = task.result()
                 except ccxt.BaseError as exc:
                     raise ExchangeError(str(exc)) from None
                 for t in batch:
                     yield self._tick(ticker, t)
         finally:
-            loop.run_until_complete(client.close())
-            loop.close()
+            closed_loop(loop, client, pending)
+
+    def pro_client(self) -> Any:
+        """A ccxt.pro client of this exchange, given the markets the REST client loaded: one
+        that loads them itself repeats that heavy request on every reconnect."""
+        import ccxt.pro as ccxtpro
+
+        client = getattr(ccxtpro, self.exchange_id)(dict(self.config))
+        if self.client.markets:
+            client.set_markets(self.client.markets, self.client.currencies)
+        return client
 
     @staticmethod
     def _tick(ticker: str, t: dict[str, Any]) -> market_pb2.Tick:
@@ -240,7 +248,7 @@ class CcxtExchange(Exchange):
         """The book a live watch of ``ticker`` holds (its deltas follow on from it exactly);
         without one, the venue's REST snapshot."""
         watch = self._books.get(ticker)
-        if watch is not None and watch.alive:
+        if watch is not None:  # even one that ended: its deltas still queued follow on
             return watch.snapshot()
         raw = self._call(self.client.fetch_order_book, self.symbol(ticker))
         return book_message(
@@ -257,15 +265,43 @@ class CcxtExchange(Exchange):
         return watch
 
     def close(self) -> None:
-        for watch in self._books.values():
-            watch.close()
+        watches = list(self._books.values())
         self._books.clear()
+        for watch in watches:  # all asked to end first, then each waited for
+            watch.close(wait=False)
+        for watch in watches:
+            watch.close()
 
 
 Levels = dict[float, float]
 
 
-def _levels(raw: list) -> Levels:
+async def within(task: asyncio.Task, seconds: float) -> bool:
+    """Whether ``task`` finished within ``seconds``; it is never cancelled here, because a
+    ccxt call cancelled part-way (loading markets, subscribing) starts from scratch the next
+    time, so a step slower than the wait would never finish."""
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    return bool(done)
+
+
+def closed_loop(loop: asyncio.AbstractEventLoop, client: Any, pending: asyncio.Task | None) -> None:
+    """A ccxt.pro client and its loop closed, whatever is still running on them."""
+    try:
+        if pending is not None:
+            pending.cancel()
+        loop.run_until_complete(client.close())
+    except Exception as exc:  # closing must not hide why the watch ended
+        log.warning("closing the ccxt.pro client: %s", exc)
+    finally:
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:  # gather() of nothing would belong to another loop
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.close()
+
+
+def _levels(raw: list[list[float]]) -> Levels:
     return {float(level[0]): float(level[1]) for level in raw}
 
 
@@ -288,7 +324,11 @@ def _changes(old: Levels, new: Levels) -> list[book_pb2.BookLevel]:
 
 
 def book_message(
-    ticker: str, seq: int, timestamp_ms: int | None, bids: list, asks: list
+    ticker: str,
+    seq: int,
+    timestamp_ms: int | None,
+    bids: list[list[float]],
+    asks: list[list[float]],
 ) -> book_pb2.BookSnapshot:
     """A ccxt order book (levels as ``[price, amount, ...]`` numbers) as a BookSnapshot."""
     return book_pb2.BookSnapshot(
@@ -315,11 +355,9 @@ class BookWatch:
     exactly: no seam between the snapshot and the stream."""
 
     def __init__(self, exchange: CcxtExchange, ticker: str, stop: threading.Event) -> None:
-        import ccxt.pro as ccxtpro
-
         self.ticker, self.stop = ticker, stop
         self._symbol = exchange.symbol(ticker)
-        self._client = getattr(ccxtpro, exchange.exchange_id)(dict(exchange.config))
+        self._client = exchange.pro_client()
         self._broken = Verdict.CHECKSUM if exchange.name in CHECKSUMS else Verdict.GAP
         self._queue: queue.Queue[book_pb2.BookDelta] = queue.Queue(BOOK_BACKLOG)
         self._lock = threading.Lock()
@@ -359,6 +397,8 @@ class BookWatch:
         while not self._seq:
             if self._done.is_set():
                 raise self._error or ExchangeError(f"{self.ticker}: the book watch ended")
+            if self.stop.is_set():
+                raise ExchangeError(f"{self.ticker}: stopped before the venue's first book")
             if time.monotonic() > deadline:
                 raise ExchangeError(f"{self.ticker}: no book from the venue in {FIRST_BOOK_S}s")
             self._done.wait(0.05)
@@ -372,9 +412,9 @@ class BookWatch:
                 asks=_book_levels(self._asks, False),
             )
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         self._closed.set()
-        if threading.current_thread() is not self._thread:
+        if wait and threading.current_thread() is not self._thread:
             self._thread.join(5.0)
 
     def _run(self) -> None:
@@ -390,25 +430,33 @@ class BookWatch:
         except Exception as exc:  # handed to the stream's thread, which reports it
             self._error = exc
         finally:
-            self._done.set()
-            loop.run_until_complete(self._client.close())
-            loop.close()
+            closed_loop(loop, self._client, None)
+            self._done.set()  # after the client closed: the consumer may start another
 
     async def _watch(self) -> None:
-        while not (self.stop.is_set() or self._closed.is_set()):
-            try:
-                book = await asyncio.wait_for(self._client.watch_order_book(self._symbol), 1.0)
-            except TimeoutError:
-                continue
-            self._took(book)
+        pending: asyncio.Task | None = None
+        try:
+            while not (self.stop.is_set() or self._closed.is_set()):
+                if pending is None:
+                    pending = asyncio.ensure_future(self._client.watch_order_book(self._symbol))
+                if await within(pending, 1.0):
+                    task, pending = pending, None
+                    self._took(task.result())
+        finally:
+            if pending is not None:
+                pending.cancel()
 
-    def _took(self, book: dict) -> None:
+    def _took(self, book: dict[str, Any]) -> None:
         bids, asks = _levels(book["bids"]), _levels(book["asks"])
         nonce, stamp = book.get("nonce"), book.get("timestamp")
         with self._lock:
             seq = int(nonce) if nonce is not None else max(self._seq + 1, time.time_ns() // 1000)
-            if seq <= self._seq:
+            if seq == self._seq:
                 return  # nothing new
+            if seq < self._seq:  # numbered afresh: nothing says how it follows on
+                raise BookBroken(
+                    f"the venue's update id went back from {self._seq} to {seq}", Verdict.GAP.value
+                )
             if self._seq:
                 delta = book_pb2.BookDelta(
                     ticker=self.ticker,

@@ -98,11 +98,12 @@ def _feed(items: Iterator, got: asyncio.Queue, loop: asyncio.AbstractEventLoop) 
 
 
 class BinanceStandIn:
-    def __init__(self, page_limit: int = 500, rate: float = 1.0) -> None:
+    def __init__(self, page_limit: int = 500, rate: float = 1.0, markets_s: float = 0.0) -> None:
         self.sim = SimExchange(
             name="BINANCE", symbols={"BTC/USDT": 30_000.0, "ETH/USDT": 2_000.0}, rate=rate
         )
         self.page_limit = page_limit
+        self.markets_s = markets_s  # how long exchangeInfo takes to answer
         self.requests: list[str] = []
         self.errors: list[str] = []
         self.skip_events = 0  # depth events to leave out: a sequence jump for the client
@@ -121,6 +122,7 @@ class BinanceStandIn:
                 standin.requests.append(url.path)
                 q = {k: v[0] for k, v in parse_qs(url.query).items()}
                 if url.path.endswith("/exchangeInfo"):
+                    time.sleep(standin.markets_s)
                     body = exchange_info()
                 elif url.path.endswith("/klines"):
                     body = standin.klines(q)
@@ -276,7 +278,8 @@ class BinanceStandIn:
 
     def __enter__(self) -> BinanceStandIn:
         self.thread.start()
-        threading.Thread(target=self._loop.run_forever, daemon=True).start()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._loop_thread.start()
 
         async def serve() -> websockets.Server:
             return await websockets.serve(self._session, "127.0.0.1", 0)
@@ -287,8 +290,18 @@ class BinanceStandIn:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._close_ws(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(5)
+        self._loop.close()
+
+    async def _close_ws(self) -> None:
+        """On the server's own loop: its connections closed and their streams ended."""
         if self._ws is not None:
             self._ws.close()
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._ws.wait_closed(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+            await self._ws.wait_closed()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
