@@ -33,7 +33,7 @@ from bench.soak import candle_rows, expected_candles
 from bench.stack import private_stack, wait_until_warm
 from candlewire.config import PERIODS_S, Settings
 from candlewire.gaps import read_gaps
-from candlewire.lake import NAMESPACE, catalog
+from candlewire.lake import load_table
 from ingest.exchanges.sim import SimExchange
 from ingest.service import Ingestor
 from proto import market_pb2
@@ -63,12 +63,12 @@ def wait_for_gap(settings: Settings, timeout: float) -> market_pb2.Gap:
 
 
 def ohlc_rows(settings: Settings) -> pd.DataFrame:
-    table = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
+    table = load_table(settings, "ohlc")
     return table.scan(row_filter=f"ticker = '{TICKER}'").to_pandas()
 
 
 def stored_ticks(settings: Settings) -> pd.DataFrame:
-    table = catalog(settings).load_table(f"{NAMESPACE}.ticks")
+    table = load_table(settings, "ticks")
     return table.scan(
         row_filter=f"ticker = '{TICKER}'", selected_fields=("trade_id", "exchange_time_ns")
     ).to_pandas()

@@ -41,7 +41,7 @@ import pandas as pd
 from bench.stack import private_stack, stream_metric, wait_until_warm
 from candlewire.config import PERIODS_S, Settings
 from candlewire.kafka import TICKS
-from candlewire.lake import NAMESPACE, catalog
+from candlewire.lake import load_table
 from ingest.sink import KafkaSink
 from launcher.stack import Memory, default_services, stack_memory
 from proto import market_pb2
@@ -214,7 +214,7 @@ def wait_for_ticks(settings: Settings, prod: Production, base: float) -> float |
     metric says when to start looking (it also counts SIM trades, so it is not the proof)."""
     want, last_s = prod.produced, prod.last_ns / 1e9
     where = ticker_filter([f.ticker for f in prod.feeds])
-    table = catalog(settings).load_table(f"{NAMESPACE}.ticks")
+    table = load_table(settings, "ticks")
     checked: set[int] = set()
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -275,7 +275,7 @@ def candle_rows(frame: pd.DataFrame) -> list[tuple]:
 def candles_equal(settings: Settings, sampled: list[Feed], timeout: float = 180.0) -> bool:
     """Every candle of every period of the sampled tickers equals pandas, once ``ohlc``
     counts all their trades (its MERGE follows the ticks append in each batch)."""
-    ohlc = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
+    ohlc = load_table(settings, "ohlc")
 
     def rows(feed: Feed) -> pd.DataFrame:
         return ohlc.scan(row_filter=f"ticker = '{feed.ticker}'").to_pandas()

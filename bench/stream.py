@@ -53,7 +53,7 @@ from bench.spark_read import kafka_source, read_rate
 from bench.stack import private_stack, stream_metric, wait_until_warm
 from bench.stats import pct, process_cpu_s
 from candlewire.kafka import TICKS, producer_config
-from candlewire.lake import NAMESPACE, catalog
+from candlewire.lake import load_table
 from candlewire.spark import build_session
 from candlewire.topics import market_data_topic
 from proto import market_pb2
@@ -302,7 +302,7 @@ def feeds_phase(settings, n: int = 2000, timeout: float = 120.0) -> dict[str, in
     expected = {  # ticker → minute open (ms) → distinct trades in it
         t: Counter(x // 60_000_000_000 * 60_000 for x in times) for t, times in trades.items()
     }
-    ohlc = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
+    ohlc = load_table(settings, "ohlc")
 
     def counted(ticker: str) -> dict[int, int]:
         ohlc.refresh()

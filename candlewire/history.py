@@ -22,7 +22,7 @@ from pyiceberg.expressions import (
 
 from candlewire.book import SNAPSHOT_EVERY_S, Book, replay
 from candlewire.config import Settings
-from candlewire.lake import NAMESPACE, catalog
+from candlewire.lake import load_table
 from candlewire.times import TimeLike, to_ms
 
 COLUMNS = (
@@ -78,7 +78,7 @@ def read_ticks(
     settings: Settings, ticker: str, start: TimeLike, end: TimeLike, decimals: Decimals = "decimal"
 ) -> pa.Table:
     """Trades with exchange_time in [start, end), in time order (ties by trade id)."""
-    table = catalog(settings).load_table(f"{NAMESPACE}.ticks")
+    table = load_table(settings, "ticks")
     row_filter = And(
         EqualTo("ticker", ticker),
         GreaterThanOrEqual("exchange_time", _iso(to_ms(start, "start"))),
@@ -98,7 +98,7 @@ def read_history(
     decimals: Decimals = "decimal",
 ) -> pa.Table:
     """Candles with open_time in [start, end), sorted by open_time."""
-    table = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
+    table = load_table(settings, "ohlc")
     row_filter = And(
         EqualTo("ticker", ticker),
         EqualTo("period_s", int(period)),
@@ -133,20 +133,16 @@ def read_book(settings: Settings, ticker: str, at: TimeLike) -> Book:
 
     at_ms = to_ms(at, "at")
     at_ns = (at_ms + 1) * 1_000_000 - 1  # every update within the millisecond
-    cat = catalog(settings)
+    snapshots = load_table(settings, "book_snapshots")
     snap = None
     for lookback_ms in (int(4 * SNAPSHOT_EVERY_S * 1000), 86_400_000):
-        rows = (
-            cat.load_table(f"{NAMESPACE}.book_snapshots")
-            .scan(
-                row_filter=And(
-                    EqualTo("ticker", ticker),
-                    GreaterThanOrEqual("exchange_time", _iso(at_ms - lookback_ms)),
-                    LessThanOrEqual("exchange_time_ns", at_ns),
-                )
+        rows = snapshots.scan(
+            row_filter=And(
+                EqualTo("ticker", ticker),
+                GreaterThanOrEqual("exchange_time", _iso(at_ms - lookback_ms)),
+                LessThanOrEqual("exchange_time_ns", at_ns),
             )
-            .to_arrow()
-        )
+        ).to_arrow()
         if rows.num_rows:
             last = rows.sort_by([("exchange_time_ns", "descending"), ("venue_seq", "descending")])
             snap = _book_message(book_pb2.BookSnapshot, last.slice(0, 1).to_pylist()[0])
@@ -154,7 +150,7 @@ def read_book(settings: Settings, ticker: str, at: TimeLike) -> Book:
     if snap is None:
         raise LookupError(f"no {ticker} book snapshot within a day before {_iso(at_ms)}")
     deltas = (
-        cat.load_table(f"{NAMESPACE}.book_deltas")
+        load_table(settings, "book_deltas")
         .scan(
             row_filter=And(
                 EqualTo("ticker", ticker),

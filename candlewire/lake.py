@@ -8,6 +8,8 @@ Prices and sizes are DECIMAL(38, 18): exact, like the wire's decimal strings.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
@@ -256,6 +258,8 @@ def storage_health(settings: Settings) -> str | None:
 
 
 def catalog(settings: Settings) -> SqlCatalog:
+    """The catalog with a pool of its own: for a process that keeps it (the stream job).
+    Anything shorter uses :func:`opened` or :func:`load_table`."""
     return SqlCatalog(
         settings.catalog_name,
         uri=settings.sql_url(),
@@ -264,6 +268,25 @@ def catalog(settings: Settings) -> SqlCatalog:
         init_catalog_tables="true",
         **s3_properties(settings),
     )
+
+
+@contextmanager
+def opened(settings: Settings) -> Iterator[SqlCatalog]:
+    """The catalog for one piece of work, its connections closed at the end. An engine left
+    to the garbage collector keeps its connection until a cyclic collection (ten health
+    checks held ten open), so a gateway seeding charts could run PostgreSQL out of them."""
+    cat = catalog(settings)
+    try:
+        yield cat
+    finally:
+        cat.engine.dispose()
+
+
+def load_table(settings: Settings, name: str) -> Table:
+    """Table ``name`` of the namespace. Its catalog is closed once it is loaded: a table
+    reads its files itself, and a later commit opens a connection again."""
+    with opened(settings) as cat:
+        return cat.load_table(f"{NAMESPACE}.{name}")
 
 
 def spark_catalog_conf(settings: Settings) -> dict[str, str]:
@@ -310,43 +333,43 @@ def _evolve_layout(table: Table, spec: PartitionSpec, order: SortOrder) -> None:
 def ensure_tables(settings: Settings) -> list[str]:
     """Create the namespace and any missing table, and bring tables an older release made
     to this release's columns and partitioning; return the names created."""
-    cat = catalog(settings)
-    cat.create_namespace_if_not_exists(NAMESPACE)
-    created = []
-    for name, (schema, spec, order) in TABLES.items():
-        ident = f"{NAMESPACE}.{name}"
-        if cat.table_exists(ident):
-            table = cat.load_table(ident)
-            missing = [f for f in schema.fields if f.name not in table.schema().column_names]
-            if missing:
-                with table.update_schema() as update:
-                    for f in missing:
-                        update.add_column(f.name, f.field_type, f.doc)
-            _evolve_layout(table, spec, order)
-        else:
-            cat.create_table(
-                ident,
-                schema,
-                partition_spec=spec,
-                sort_order=order,
-                properties={
-                    "format-version": "2",
-                    "write.upsert.enabled": "true",
-                    "write.delete.mode": "merge-on-read",
-                    "write.update.mode": "merge-on-read",
-                    "write.merge.mode": "merge-on-read",
-                    "commit.retry.num-retries": "10",
-                    **TABLE_PROPERTIES.get(name, {}),
-                },
-            )
-            created.append(ident)
-    return created
+    with opened(settings) as cat:
+        cat.create_namespace_if_not_exists(NAMESPACE)
+        created = []
+        for name, (schema, spec, order) in TABLES.items():
+            ident = f"{NAMESPACE}.{name}"
+            if cat.table_exists(ident):
+                table = cat.load_table(ident)
+                missing = [f for f in schema.fields if f.name not in table.schema().column_names]
+                if missing:
+                    with table.update_schema() as update:
+                        for f in missing:
+                            update.add_column(f.name, f.field_type, f.doc)
+                _evolve_layout(table, spec, order)
+            else:
+                cat.create_table(
+                    ident,
+                    schema,
+                    partition_spec=spec,
+                    sort_order=order,
+                    properties={
+                        "format-version": "2",
+                        "write.upsert.enabled": "true",
+                        "write.delete.mode": "merge-on-read",
+                        "write.update.mode": "merge-on-read",
+                        "write.merge.mode": "merge-on-read",
+                        "commit.retry.num-retries": "10",
+                        **TABLE_PROPERTIES.get(name, {}),
+                    },
+                )
+                created.append(ident)
+        return created
 
 
 def catalog_health(settings: Settings) -> str | None:
     try:
-        cat = catalog(settings)
-        missing = [t for t in TABLES if not cat.table_exists(f"{NAMESPACE}.{t}")]
+        with opened(settings) as cat:
+            missing = [t for t in TABLES if not cat.table_exists(f"{NAMESPACE}.{t}")]
     except Exception as exc:
         return f"catalog unreachable: {str(exc).splitlines()[0]}"
     return f"missing tables: {', '.join(missing)}" if missing else None

@@ -38,10 +38,10 @@ class SymbolCatalog:
 
     def reload(self) -> int:
         """Read the whole table again; on failure keep what we had."""
-        from candlewire.lake import NAMESPACE, catalog
+        from candlewire.lake import load_table
 
         try:
-            table = catalog(self.settings).load_table(f"{NAMESPACE}.symbol_metadata")
+            table = load_table(self.settings, "symbol_metadata")
             rows = table.scan(
                 selected_fields=("ticker", "exchange", "base", "quote", "tick_size", "status")
             ).to_arrow()

@@ -486,10 +486,10 @@ def list_symbols(settings: Settings, tickers: list[str]) -> None:
 
     import pyarrow as pa
 
-    from candlewire.lake import NAMESPACE, catalog
+    from candlewire.lake import load_table
     from candlewire.topics import parse_ticker
 
-    table = catalog(settings).load_table(f"{NAMESPACE}.symbol_metadata")
+    table = load_table(settings, "symbol_metadata")
     now = datetime.now(UTC)
     rows = []
     for t in tickers:

@@ -669,9 +669,9 @@ def seed_symbol_metadata(settings: Settings, echo: Echo = print) -> dict[str, in
     refuse every trigger (UNKNOWN_TICKER) and list no symbols until then.
     """
     from candlewire.client import Client
-    from candlewire.lake import NAMESPACE, catalog
+    from candlewire.lake import load_table
 
-    table = catalog(settings).load_table(f"{NAMESPACE}.symbol_metadata")
+    table = load_table(settings, "symbol_metadata")
     listed = set(table.scan(selected_fields=("exchange",)).to_arrow()["exchange"].to_pylist())
     seeded: dict[str, int] = {}
     with Client(settings) as client:

@@ -3,6 +3,8 @@ this release's columns and partitioning without losing a row."""
 
 from __future__ import annotations
 
+import gc
+import os
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -19,7 +21,9 @@ from candlewire.lake import (
     TABLE_PROPERTIES,
     TABLES,
     catalog,
+    catalog_health,
     ensure_tables,
+    load_table,
 )
 
 NEW_COLUMNS = ("first_trade_ns", "last_trade_ns", "revision")
@@ -79,3 +83,48 @@ def test_an_older_ohlc_table_gains_columns_and_month_partitions(lakehouse, tmp_p
     assert len(rows) == 1
     assert rows[0]["trade_count"] == 3 and rows[0]["first_trade_ns"] is None
     assert rows[0]["revision"] is None
+
+
+def connections_to(port: int) -> int:
+    """This process's open TCP connections to ``port``."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[8:-1])
+    count = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                remote_port, inode = int(cols[2].split(":")[1], 16), cols[9]
+                count += remote_port == port and inode in mine
+    return count
+
+
+def test_short_uses_of_the_catalog_leave_no_connection_open(lakehouse) -> None:
+    """Health checks, table loads and history reads close their catalog's connections. An
+    engine left to the garbage collector holds one until a cyclic collection, which a busy
+    process may not run for a long while: held off here, ten checks held ten connections."""
+    from candlewire.history import read_history
+
+    port = lakehouse.port("postgres")
+    gc.collect()
+    gc.disable()
+    try:
+        before = connections_to(port)
+        for _ in range(4):
+            assert catalog_health(lakehouse) is None
+            assert load_table(lakehouse, "ohlc").name()[-1] == "ohlc"
+            read_history(lakehouse, "SIM:NOTHING/USD", 60, 0, 60_000)
+        ensure_tables(lakehouse)
+        after = connections_to(port)
+        held = catalog(lakehouse)  # what opened() and load_table() close: one each, kept
+        assert connections_to(port) == after + 1
+        held.engine.dispose()
+    finally:
+        gc.enable()
+    assert after == before

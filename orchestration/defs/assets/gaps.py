@@ -102,7 +102,7 @@ def gaps_table(gaps: dict, schema: "Schema") -> "pa.Table":
 def gaps(context: dg.AssetExecutionContext, candlewire: CandlewireResource) -> dg.MaterializeResult:
     """Every gap the ingestors recorded, one row each in its latest state; counts by status."""
     from candlewire.gaps import read_gaps
-    from candlewire.lake import catalog
+    from candlewire.lake import opened
 
     settings = candlewire.settings()
     log = read_gaps(settings, READ_TIMEOUT_S)
@@ -111,26 +111,26 @@ def gaps(context: dg.AssetExecutionContext, candlewire: CandlewireResource) -> d
     found, bad = log.gaps, log.undecodable
     if bad:
         context.log.warning(f"{bad} records of {GAPS.name} could not be decoded; skipped")
-    cat = catalog(settings)
-    cat.create_namespace_if_not_exists(NAMESPACE)
-    schema = gaps_schema()
-    table = cat.create_table_if_not_exists(
-        f"{NAMESPACE}.{TABLE}",
-        schema,
-        # One snapshot a change: keep the metadata files from piling up with them.
-        properties={
-            "format-version": "2",
-            "write.metadata.delete-after-commit.enabled": "true",
-            "write.metadata.previous-versions-max": "20",
-        },
-    )
-    new = gaps_table(found, schema)
-    current = table.scan().to_arrow().sort_by("gap_id")
-    changed = new.to_pylist() != current.to_pylist()
-    if changed:
-        table.overwrite(new)
-        cutoff = datetime.now(UTC) - KEEP_SNAPSHOTS_FOR
-        table.maintenance.expire_snapshots().older_than(cutoff).commit()
+    with opened(settings) as cat:
+        cat.create_namespace_if_not_exists(NAMESPACE)
+        schema = gaps_schema()
+        table = cat.create_table_if_not_exists(
+            f"{NAMESPACE}.{TABLE}",
+            schema,
+            # One snapshot a change: keep the metadata files from piling up with them.
+            properties={
+                "format-version": "2",
+                "write.metadata.delete-after-commit.enabled": "true",
+                "write.metadata.previous-versions-max": "20",
+            },
+        )
+        new = gaps_table(found, schema)
+        current = table.scan().to_arrow().sort_by("gap_id")
+        changed = new.to_pylist() != current.to_pylist()
+        if changed:
+            table.overwrite(new)
+            cutoff = datetime.now(UTC) - KEEP_SNAPSHOTS_FOR
+            table.maintenance.expire_snapshots().older_than(cutoff).commit()
     by_status = {name: 0 for name in ("GAP_OPEN", "GAP_REPAIRED", "GAP_UNREPAIRABLE")}
     for g in found.values():
         name = market_pb2.GapStatus.Name(g.status)
