@@ -5,10 +5,12 @@ from __future__ import annotations
 import threading
 from decimal import Decimal
 
+import pytest
+
 from candlewire.kafka import BOOKS
 from candlewire.testing import wait_for
 from ingest.books import BookStream
-from ingest.exchanges.base import Page
+from ingest.exchanges.base import NoBook, Page
 from ingest.exchanges.ccxt_exchange import CcxtExchange
 from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS
 from proto import book_pb2
@@ -94,6 +96,15 @@ def test_live_trades_come_over_the_websocket_through_watch_trades() -> None:
         assert [trade(t) for t in got] == [trade(t) for t in want]
         assert standin.trades_sent >= 20
         assert "/api/v3/aggTrades" not in standin.requests  # no REST polling
+
+
+def test_a_venue_ccxt_streams_no_book_for_has_none() -> None:
+    """bitFlyer has no ccxt.pro class: its book is NoBook (final: the ingestor answers
+    ``NO_BOOK`` to the subscription), decided before any request to the venue."""
+    ex = CcxtExchange("bitflyer")
+    with pytest.raises(NoBook):
+        ex.book_deltas("BITFLYER:BTC/JPY", threading.Event())
+    assert not ex.pro_has("watchTrades")
 
 
 def minutes(start_ms: int, end_ms: int) -> tuple[int, int]:
