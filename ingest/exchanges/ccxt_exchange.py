@@ -371,10 +371,6 @@ class BookWatch:
         self._thread = threading.Thread(target=self._run, name=f"book:{ticker}", daemon=True)
         self._thread.start()
 
-    @property
-    def alive(self) -> bool:
-        return not self._done.is_set()
-
     def __iter__(self) -> BookWatch:
         return self
 
