@@ -25,9 +25,9 @@ def listed_tickers(candlewire: CandlewireResource, exchange: str) -> list[str]:
     # under it) is not needed by the code server, which only lists definitions.
     from pyiceberg.expressions import And, EqualTo
 
-    from candlewire.lake import NAMESPACE, catalog
+    from candlewire.lake import load_table
 
-    table = catalog(candlewire.settings()).load_table(f"{NAMESPACE}.symbol_metadata")
+    table = load_table(candlewire.settings(), "symbol_metadata")
     rows = table.scan(
         row_filter=And(
             EqualTo("exchange", exchange),
