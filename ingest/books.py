@@ -69,8 +69,8 @@ class BookStream:
                 raise
             except BookBroken as exc:  # the adapter's library found it: the same as ours
                 log.warning("book %s: %s; from a fresh snapshot", self.ticker, exc)
-                self.counted(exc.kind)
-                reason = _RESNAPSHOT[Verdict(exc.kind)]
+                self.counted(exc.kind.value)
+                reason = _RESNAPSHOT[exc.kind]
                 stop.wait(RETRY_S)  # a venue that keeps failing is not asked in a tight loop
             except ExchangeError as exc:
                 log.warning("book %s: %s; reconnecting", self.ticker, exc)

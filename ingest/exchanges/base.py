@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from candlewire.book import Verdict
 from proto import book_pb2, market_pb2
 
 
@@ -37,10 +38,10 @@ class NoBook(ExchangeError):
 class BookBroken(ExchangeError):
     """The venue's book stream broke its sequence or its checksum, found by the adapter's
     library rather than by :class:`candlewire.book.BookSync`. The stream starts again from a
-    fresh snapshot, and the event is counted as ``kind`` (a :class:`~candlewire.book.Verdict`
-    value: ``gap`` or ``checksum``)."""
+    fresh snapshot, and the event is counted as ``kind`` (``Verdict.GAP`` or
+    ``Verdict.CHECKSUM``)."""
 
-    def __init__(self, message: str, kind: str) -> None:
+    def __init__(self, message: str, kind: Verdict) -> None:
         super().__init__(message)
         self.kind = kind
 

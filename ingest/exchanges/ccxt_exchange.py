@@ -251,9 +251,8 @@ class CcxtExchange(Exchange):
         if watch is not None:  # even one that ended: its deltas still queued follow on
             return watch.snapshot()
         raw = self._call(self.client.fetch_order_book, self.symbol(ticker))
-        return book_message(
-            ticker, raw["nonce"] or 0, raw.get("timestamp"), raw["bids"], raw["asks"]
-        )
+        bids, asks = _levels(raw["bids"]), _levels(raw["asks"])
+        return book_message(ticker, raw["nonce"] or 0, raw.get("timestamp"), bids, asks)
 
     def book_deltas(self, ticker: str, stop: threading.Event) -> Iterator[book_pb2.BookDelta]:
         if not self.pro_has("watchOrderBook"):
@@ -324,20 +323,16 @@ def _changes(old: Levels, new: Levels) -> list[book_pb2.BookLevel]:
 
 
 def book_message(
-    ticker: str,
-    seq: int,
-    timestamp_ms: int | None,
-    bids: list[list[float]],
-    asks: list[list[float]],
+    ticker: str, seq: int, timestamp_ms: int | None, bids: Levels, asks: Levels
 ) -> book_pb2.BookSnapshot:
-    """A ccxt order book (levels as ``[price, amount, ...]`` numbers) as a BookSnapshot."""
+    """A ccxt order book (price → amount a side) as a BookSnapshot, best levels first."""
     return book_pb2.BookSnapshot(
         ticker=ticker,
         venue_seq=seq,
         exchange_time_ns=int(timestamp_ms or 0) * 1_000_000,
         ingest_time_ns=time.time_ns(),
-        bids=_book_levels(_levels(bids), True),
-        asks=_book_levels(_levels(asks), False),
+        bids=_book_levels(bids, True),
+        asks=_book_levels(asks, False),
     )
 
 
@@ -399,14 +394,7 @@ class BookWatch:
                 raise ExchangeError(f"{self.ticker}: no book from the venue in {FIRST_BOOK_S}s")
             self._done.wait(0.05)
         with self._lock:
-            return book_pb2.BookSnapshot(
-                ticker=self.ticker,
-                venue_seq=self._seq,
-                exchange_time_ns=(self._time_ms or 0) * 1_000_000,
-                ingest_time_ns=time.time_ns(),
-                bids=_book_levels(self._bids, True),
-                asks=_book_levels(self._asks, False),
-            )
+            return book_message(self.ticker, self._seq, self._time_ms, self._bids, self._asks)
 
     def close(self, wait: bool = True) -> None:
         self._closed.set()
@@ -418,7 +406,7 @@ class BookWatch:
         try:
             loop.run_until_complete(self._watch())
         except ccxt.ChecksumError as exc:  # ccxt's name for a broken sequence, too
-            self._error = BookBroken(str(exc), self._broken.value)
+            self._error = BookBroken(str(exc), self._broken)
         except ccxt.BadSymbol as exc:
             self._error = UnknownSymbol(str(exc))
         except ccxt.BaseError as exc:
@@ -451,7 +439,7 @@ class BookWatch:
                 return  # nothing new
             if seq < self._seq:  # numbered afresh: nothing says how it follows on
                 raise BookBroken(
-                    f"the venue's update id went back from {self._seq} to {seq}", Verdict.GAP.value
+                    f"the venue's update id went back from {self._seq} to {seq}", Verdict.GAP
                 )
             if self._seq:
                 delta = book_pb2.BookDelta(

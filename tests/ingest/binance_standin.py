@@ -198,7 +198,7 @@ class BinanceStandIn:
         }
 
     async def _session(self, ws: websockets.ServerConnection) -> None:
-        """One market-streams connection: ``SUBSCRIBE`` answered, then each depth stream."""
+        """One market-streams connection: ``SUBSCRIBE`` answered, then each stream it names."""
         streams: list[asyncio.Task] = []
         try:
             async for raw in ws:
