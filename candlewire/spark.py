@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from candlewire.config import Settings
 from candlewire.lake import s3_environment, spark_catalog_conf
-from candlewire.runtime import JVM_RETURNS_HEAP
+from candlewire.runtime import JVM_SMALL_HEAP
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -65,7 +65,7 @@ MALLOC_ARENAS = "2"
 # 8,000-byte limit, which it never compiles: one such serializer ran interpreted and took a
 # third of the judging stage (JFR). Compiled, the stage took a quarter less.
 COMPILE_HUGE = "-XX:-DontCompileHugeMethods"
-DRIVER_JVM_OPTIONS = " ".join(("-Xms256m", COMPILE_HUGE, *JVM_RETURNS_HEAP))
+DRIVER_JVM_OPTIONS = " ".join(("-Xms64m", COMPILE_HUGE, *JVM_SMALL_HEAP))
 
 
 def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from candlewire.config import REPO_ROOT
 from candlewire.kafka import scram_jaas
-from candlewire.runtime import JVM_RETURNS_HEAP
+from candlewire.runtime import JVM_SMALL_HEAP
 
 LOG4J = REPO_ROOT / "jvm" / "log4j2-kafka.properties"
 
@@ -137,7 +137,7 @@ class KafkaBroker:
             "java",
             "-Xms64m",
             f"-Xmx{self.heap}",
-            *JVM_RETURNS_HEAP,
+            *JVM_SMALL_HEAP,
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={LOG4J}",
             "-cp",

@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from candlewire.runtime import JVM_RETURNS_HEAP
+from candlewire.runtime import JVM_SMALL_HEAP
 
 
 class S3ProxySetupError(RuntimeError):
@@ -59,7 +59,7 @@ class S3Proxy:
             "java",
             "-Xms32m",
             "-Xmx256m",
-            *JVM_RETURNS_HEAP,
+            *JVM_SMALL_HEAP,
             "-cp",
             f"{self.jars}/*",
             "org.gaul.s3proxy.Main",
