@@ -38,15 +38,19 @@ from candlewire.events import EventPublisher
 from candlewire.testing import (
     TelegramStandIn,
     free_settings,
+    metric,
     new_user,
     open_session,
     spawn_gateway,
     user_event,
+    wait_for,
 )
 from gateway.auth import issue_token
 from launcher.local.postgres import LocalPostgres
 from proto import events_pb2 as ev
 from proto.envelope import decode, encode, encode_topic
+
+RELOADS = "candlewire_gateway_metadata_reloads_total"
 
 SECRET = "bench-secret-0123456789"
 BOT_TOKEN = "123456:BENCH-token"
@@ -221,6 +225,8 @@ def main() -> None:
         {"CANDLEWIRE_GATEWAY_SESSION_QUEUE": str(args.informational)},
     )
     try:
+        # The gateway reads the symbols in a child process beside its start: measure after.
+        wait_for(lambda: metric(settings, "gateway_metrics", RELOADS) >= 1, timeout=60)
         crit = critical(settings, args.critical, args.window)
         print(f"critical: {crit}", flush=True)
         info = informational(settings, args.informational, base / "pending.db", gateway.pid)

@@ -128,6 +128,8 @@ class Gateway:
         self._stopping: asyncio.Event | None = None
         self._watching: Counter[str] = Counter()  # user -> browsers and chats (0, 1 or 2)
         self._event_batches: Batches | None = None  # the SUB, once the fast path runs
+        self._reloading: asyncio.Task[None] | None = None  # the symbols' reload
+        self._reload_again = False
         self.sessions = Sessions(
             self.gw.session_queue,
             self.gw.max_sessions_per_user,
@@ -185,7 +187,6 @@ class Gateway:
         self._stopping = asyncio.Event()
         self.directory = Directory(gw.directory_url or s.sql_url())
         await asyncio.to_thread(self.directory.create)
-        await asyncio.to_thread(self._reload_symbols)
         self.channels = build_channels(gw, self.sessions)
         telegram = self.channels[ev.TELEGRAM]
         assert isinstance(telegram, TelegramChannel)  # build_channels made it
@@ -243,6 +244,7 @@ class Gateway:
                 )
             if self._serve_metrics:
                 metrics_server = MetricsServer(self.metrics.registry, s, "gateway_metrics")
+            self._symbols_changed()  # read beside the start: until then no exchange is refused
             tasks = [
                 asyncio.create_task(coro)
                 for coro in (
@@ -266,6 +268,8 @@ class Gateway:
         finally:
             self.metrics.up.set(0)
             tasks += self._depth.values()
+            if self._reloading is not None:
+                tasks.append(self._reloading)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -561,7 +565,7 @@ class Gateway:
                 self.metrics.dropped.labels("market_data", exc.reason).inc()
                 continue
             if isinstance(msg, market_pb2.SymbolMetadataUpdated):
-                await asyncio.to_thread(self._reload_symbols)
+                self._symbols_changed()
             elif isinstance(msg, market_pb2.OHLC):
                 if not self._fresh(topic, msg):
                     continue
@@ -585,10 +589,22 @@ class Gateway:
         self._last_seen[topic] = (pos.epoch, pos.seq)
         return True
 
-    def _reload_symbols(self) -> None:
-        self.symbols.reload()
-        self.metrics.metadata_reloads.inc()
-        self.metrics.symbols.set(len(self.symbols))
+    def _symbols_changed(self) -> None:
+        """Reload the symbols beside the market loop, whose candles must not wait a second
+        for it; notes that come during a reload make one more, not one each."""
+        if self._reloading is not None and not self._reloading.done():
+            self._reload_again = True
+            return
+        self._reloading = asyncio.create_task(self._reload_symbols())
+
+    async def _reload_symbols(self) -> None:
+        while True:
+            self._reload_again = False
+            await asyncio.to_thread(self.symbols.reload)
+            self.metrics.metadata_reloads.inc()
+            self.metrics.symbols.set(len(self.symbols))
+            if not self._reload_again:
+                return
 
     # -- plain HTTP: the live page ----------------------------------------------------------
 

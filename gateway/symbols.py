@@ -36,6 +36,8 @@ class Rendered:
 class SymbolCatalog(BaseCatalog):
     """The shared catalog, and what the gateway does with it."""
 
+    read_apart = True  # its one use of Iceberg's reader, until a chart is first seeded
+
     def check_chart(self, ticker: str, period_s: int) -> str | None:
         """Why a chart subscription is refused, or None to accept it.
 
