@@ -12,10 +12,17 @@ interval; and every ``stream_ticks_commit_after`` ticks, so a burst is committed
 there is a batch's worth of it, as a Kafka Connect sink flushes at a size or an interval. A
 hurried run starts at least ``HURRY_GAP_S`` after the last one ended, so late trades or a
 flood cannot keep the commits running back to back.
+
+Each run is a new query on a new JVM thread, and that thread's first call into Python (the
+batch function) opens a py4j connection, with a thread in this process to serve it, that
+outlives the run: py4j keeps it for a thread that will never call again. Two a minute at the
+default interval, each a Python thread and a socket at both ends, for as long as the job
+runs; so when a run ends, the driver shuts the connections its batches came in on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -23,6 +30,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from py4j.java_gateway import JavaObject
+    from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
 
     from streaming.queries import Query
@@ -59,6 +68,21 @@ class CommitDue:
             self.event.set()
 
 
+BatchFunction = Callable[["DataFrame", int], None]
+
+
+def jvm_caller() -> JavaObject | None:
+    """The JVM's end of the py4j connection on which the JVM called this thread, if it did.
+    py4j runs this thread's calls on the JVM thread that called it, whose connection this is."""
+    from pyspark import SparkContext
+
+    try:
+        client = SparkContext._gateway.java_gateway_server.getCallbackClient()  # type: ignore[union-attr]
+        return client.getPerThreadConnection()
+    except Exception:  # not py4j's pinned threads: nothing to end
+        return None
+
+
 class PacedQuery:
     """A query run by the driver's clock; quacks like the ``StreamingQuery`` the job checks
     (``isActive``, ``exception()``, ``stop()``)."""
@@ -66,13 +90,14 @@ class PacedQuery:
     def __init__(
         self,
         q: Query,
-        start: Callable[[], StreamingQuery],
+        start: Callable[[BatchFunction], StreamingQuery],
         hurry: threading.Event,
         retry: Callable[[BaseException], bool],
     ) -> None:
-        """``start`` starts one ``availableNow`` run; ``retry`` says whether a failed run may
-        simply run again."""
+        """``start`` starts one ``availableNow`` run with the batch function it is given;
+        ``retry`` says whether a failed run may simply run again."""
         self.q, self._start, self._hurry, self._retry = q, start, hurry, retry
+        self._callers: list[JavaObject] = []  # the run's py4j connections, the JVM's end
         self._stopping = threading.Event()
         self._run: StreamingQuery | None = None
         self._error: BaseException | None = None
@@ -113,7 +138,7 @@ class PacedQuery:
         self.runs += 1
         began = time.perf_counter()
         try:
-            self._run = self._start()
+            self._run = self._start(self._batch)
             started = time.perf_counter()
             if self._stopping.is_set():
                 self._run.stop()
@@ -136,3 +161,18 @@ class PacedQuery:
             return False
         finally:
             self._run = None
+            self._hang_up()
+
+    def _batch(self, df: DataFrame, batch_id: int) -> None:
+        caller = jvm_caller()
+        if caller is not None and not any(caller.equals(c) for c in self._callers):
+            self._callers.append(caller)
+        self.q.batch(df, batch_id)
+
+    def _hang_up(self) -> None:
+        """The run's thread is gone: its connections end. The JVM closes its end and drops
+        the connection; the Python thread serving it reads the end and stops."""
+        while self._callers:
+            caller = self._callers.pop()
+            with contextlib.suppress(Exception):  # the JVM is stopping: it ends them all
+                caller.shutdown()

@@ -3,6 +3,7 @@ soon after the live path revised a candle, and a failed run ends the query with 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -34,7 +35,7 @@ class Starts:
         self.at: list[float] = []
         self.errors = list(errors or [])
 
-    def __call__(self) -> Run:
+    def __call__(self, _batch: object) -> Run:
         self.at.append(time.monotonic())
         return Run(self.errors.pop(0) if self.errors else None)
 
@@ -134,3 +135,50 @@ def test_the_real_time_live_path_flags_its_revisions() -> None:
     finally:
         live._stop.set()
         poller.join(2)
+
+
+def _serving_jvm() -> int:
+    """This process's threads that serve a py4j connection the JVM opened."""
+    return sum(
+        type(getattr(getattr(t, "_target", None), "__self__", None)).__name__
+        == "ClientServerConnection"
+        for t in threading.enumerate()
+    )
+
+
+def _sockets(pid: int) -> int:
+    return sum(
+        os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        for fd in os.listdir(f"/proc/{pid}/fd")
+    )
+
+
+def test_each_run_s_py4j_connection_ends_with_it(spark, tmp_path) -> None:
+    """A run is a new query on a new JVM thread, whose call into the batch function opens a
+    connection with a thread here to serve it: it must end with the run, at both ends, or a
+    job that runs for days keeps two more threads and sockets a minute."""
+    jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
+    source, batches = tmp_path / "in", []
+    source.mkdir()
+
+    def start(batch: pacing.BatchFunction) -> object:
+        (source / f"{len(batches)}.json").write_text('{"n": 1}\n')
+        return (
+            spark.readStream.schema("n INT")
+            .json(str(source))
+            .writeStream.foreachBatch(batch)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    before, sockets = _serving_jvm(), _sockets(jvm)
+    q = SimpleNamespace(name="ticks", trigger_s=0.1, batch=lambda _df, i: batches.append(i))
+    query = PacedQuery(q, start, threading.Event(), lambda _: False)  # type: ignore[arg-type]
+    try:
+        wait_for(lambda: len(batches) >= 5, timeout=120)
+    finally:
+        query.stop()
+    assert query.exception() is None
+    wait_for(lambda: _serving_jvm() <= before + 1, timeout=10)
+    wait_for(lambda: _sockets(jvm) <= sockets + 2, timeout=10)
