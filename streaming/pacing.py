@@ -71,14 +71,15 @@ class CommitDue:
 BatchFunction = Callable[["DataFrame", int], None]
 
 
-def jvm_caller() -> JavaObject | None:
-    """The JVM's end of the py4j connection on which the JVM called this thread, if it did.
-    py4j runs this thread's calls on the JVM thread that called it, whose connection this is."""
+def jvm_caller() -> tuple[JavaObject, JavaObject] | None:
+    """py4j's client in the JVM and its connection on which the JVM called this thread, if it
+    did: py4j runs this thread's calls on the JVM thread that called it, whose connection
+    that is."""
     from pyspark import SparkContext
 
     try:
         client = SparkContext._gateway.java_gateway_server.getCallbackClient()  # type: ignore[union-attr]
-        return client.getPerThreadConnection()
+        return client, client.getPerThreadConnection()
     except Exception:  # not py4j's pinned threads: nothing to end
         return None
 
@@ -97,7 +98,8 @@ class PacedQuery:
         """``start`` starts one ``availableNow`` run with the batch function it is given;
         ``retry`` says whether a failed run may simply run again."""
         self.q, self._start, self._hurry, self._retry = q, start, hurry, retry
-        self._callers: list[JavaObject] = []  # the run's py4j connections, the JVM's end
+        # The run's py4j connections (the JVM's end), each with the client that keeps it.
+        self._callers: list[tuple[JavaObject, JavaObject]] = []
         self._stopping = threading.Event()
         self._run: StreamingQuery | None = None
         self._error: BaseException | None = None
@@ -165,14 +167,16 @@ class PacedQuery:
 
     def _batch(self, df: DataFrame, batch_id: int) -> None:
         caller = jvm_caller()
-        if caller is not None and not any(caller.equals(c) for c in self._callers):
+        if caller is not None and not any(caller[1].equals(c) for _, c in self._callers):
             self._callers.append(caller)
         self.q.batch(df, batch_id)
 
     def _hang_up(self) -> None:
-        """The run's thread is gone: its connections end. The JVM closes its end and drops
-        the connection; the Python thread serving it reads the end and stops."""
+        """The run's thread is gone: its connections end. The JVM closes its end, and its
+        client lets go of it (py4j tells it only of connections Python opened); the Python
+        thread serving it reads the end and stops."""
         while self._callers:
-            caller = self._callers.pop()
+            client, connection = self._callers.pop()
             with contextlib.suppress(Exception):  # the JVM is stopping: it ends them all
-                caller.shutdown()
+                connection.shutdown()
+                client.connectionStopped(connection)

@@ -3,7 +3,6 @@ soon after the live path revised a candle, and a failed run ends the query with 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from types import SimpleNamespace
@@ -137,32 +136,24 @@ def test_the_real_time_live_path_flags_its_revisions() -> None:
         poller.join(2)
 
 
-def _serving_jvm() -> int:
-    """This process's threads that serve a py4j connection the JVM opened."""
-    return sum(
-        type(getattr(getattr(t, "_target", None), "__self__", None)).__name__
-        == "ClientServerConnection"
-        for t in threading.enumerate()
-    )
-
-
-def _sockets(pid: int) -> int:
-    return sum(
-        os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-        for fd in os.listdir(f"/proc/{pid}/fd")
-    )
+def _kept_connections(spark) -> int:
+    """The connections py4j's client in the JVM keeps for reuse (``CallbackClient``'s)."""
+    client = spark.sparkContext._gateway.java_gateway_server.getCallbackClient()
+    kept = client.getClass().getSuperclass().getDeclaredField("connections")
+    kept.setAccessible(True)
+    return kept.get(client).size()
 
 
 def test_each_run_s_py4j_connection_ends_with_it(spark, tmp_path) -> None:
     """A run is a new query on a new JVM thread, whose call into the batch function opens a
-    connection with a thread here to serve it: it must end with the run, at both ends, or a
-    job that runs for days keeps two more threads and sockets a minute."""
-    jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
-    source, batches = tmp_path / "in", []
+    connection with a thread here to serve it: it must end with the run, or a job that runs
+    for days keeps two more threads and sockets a minute. The thread ends only when the JVM
+    closes its end, and the JVM keeps no connection of it."""
+    source, serving, kept = tmp_path / "in", [], _kept_connections(spark)
     source.mkdir()
 
     def start(batch: pacing.BatchFunction) -> object:
-        (source / f"{len(batches)}.json").write_text('{"n": 1}\n')
+        (source / f"{len(serving)}.json").write_text('{"n": 1}\n')
         return (
             spark.readStream.schema("n INT")
             .json(str(source))
@@ -172,13 +163,16 @@ def test_each_run_s_py4j_connection_ends_with_it(spark, tmp_path) -> None:
             .start()
         )
 
-    before, sockets = _serving_jvm(), _sockets(jvm)
-    q = SimpleNamespace(name="ticks", trigger_s=0.1, batch=lambda _df, i: batches.append(i))
+    def batch(_df: object, _batch_id: int) -> None:
+        serving.append(threading.current_thread())
+
+    q = SimpleNamespace(name="ticks", trigger_s=0.1, batch=batch)
     query = PacedQuery(q, start, threading.Event(), lambda _: False)  # type: ignore[arg-type]
     try:
-        wait_for(lambda: len(batches) >= 5, timeout=120)
+        wait_for(lambda: len(serving) >= 5, timeout=120)
     finally:
         query.stop()
     assert query.exception() is None
-    wait_for(lambda: _serving_jvm() <= before + 1, timeout=10)
-    wait_for(lambda: _sockets(jvm) <= sockets + 2, timeout=10)
+    assert len(set(serving)) >= 5  # a thread of its own for each run
+    wait_for(lambda: not any(t.is_alive() for t in serving), timeout=10)
+    assert _kept_connections(spark) <= kept + 1
