@@ -266,6 +266,9 @@ def catalog(settings: Settings) -> SqlCatalog:
         warehouse=settings.warehouse_uri(),
         # Spark's JDBC catalog writes the same tables; keep pyiceberg from altering them.
         init_catalog_tables="true",
+        # A pooled connection PostgreSQL has closed (a restart, `idle_session_timeout`) is
+        # replaced before use rather than failing the commit that picks it.
+        pool_pre_ping="true",
         **s3_properties(settings),
     )
 
@@ -289,6 +292,9 @@ def load_table(settings: Settings, name: str) -> Table:
         return cat.load_table(f"{NAMESPACE}.{name}")
 
 
+RETRYABLE_SQLSTATES = "57P01,57P02,57P05"
+
+
 def spark_catalog_conf(settings: Settings) -> dict[str, str]:
     where, user, password = db_parts(settings.catalog_db())
     prefix = f"spark.sql.catalog.{settings.catalog_name}"
@@ -300,6 +306,11 @@ def spark_catalog_conf(settings: Settings) -> dict[str, str]:
         f"{prefix}.jdbc.password": password,
         # pyiceberg's SqlCatalog has no iceberg_type column: keep Spark on the V0 layout.
         f"{prefix}.jdbc.schema-version": "V0",
+        # Besides the connection failures Iceberg retries (08xxx), a connection PostgreSQL
+        # ended on purpose: a restart or pg_terminate_backend (57P01), a crash (57P02), the
+        # local server's idle_session_timeout (57P05). Each is retried once on a new
+        # connection; without this the commit fails, and with it the committing query.
+        f"{prefix}.retryable_status_codes": RETRYABLE_SQLSTATES,
         f"{prefix}.warehouse": settings.warehouse_uri(),
         **{f"{prefix}.{k}": v for k, v in s3_properties(settings).items()},
         **({f"{prefix}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO"} if settings.on_s3() else {}),

@@ -87,7 +87,7 @@ class StreamingJob:
         self._serve_metrics = metrics
         self._http: MetricsServer | None = None
         self.running: dict = {}
-        self._restarts = {q.name: 0 for q in self.queries}
+        self._restarts: dict[str, list[float]] = {q.name: [] for q in self.queries}
 
     def start(self) -> StreamingJob:
         settings = self.ctx.settings
@@ -173,25 +173,45 @@ class StreamingJob:
         return True
 
     def _may_restart(self, q: Query | LiveQuery, error: object) -> bool:
-        if not _progress_report_npe(error) or self._restarts[q.name] >= RESTARTS:
+        """A query that stopped on a passing fault starts again on its checkpoint, as after
+        a kill -9: at most ``RESTARTS`` times in ``RESTART_WINDOW_S``, each after a longer
+        pause, so a fault that stays (PostgreSQL down for good) still stops the job."""
+        why = transient(error)
+        now = time.monotonic()
+        recent = [t for t in self._restarts[q.name] if now - t < RESTART_WINDOW_S]
+        if why is None or len(recent) >= RESTARTS:
             return False
-        self._restarts[q.name] += 1
-        log.warning("query %s hit SPARK-55271 after its batch committed; restarting", q.name)
+        self._restarts[q.name] = [*recent, now]
+        pause = RESTART_PAUSE_S * 2 ** len(recent)
+        log.warning("query %s stopped on %s; restarting in %.0f s", q.name, why, pause)
+        time.sleep(pause)
         return True
 
+
+RESTARTS = 3
+RESTART_WINDOW_S = 600.0
+RESTART_PAUSE_S = 1.0
 
 # Spark 4.1.1's Kafka source throws a NullPointerException while reporting progress for the
 # first batch after a restart when that batch was planned before the restart (SPARK-55271;
 # no later 4.1 release has its whole Kafka connector on Central, see pyproject.toml).
 # It is thrown after the batch ran and its commit was logged, so a query started again on
 # the same checkpoint plans its next batch afresh and does not hit it again.
-RESTARTS = 3
 _SPARK_55271 = ('IterableOps.map(scala.Function1)" because the return value', "Option.get()")
+# The catalog's PostgreSQL went away under a commit (restarted, or the connection ended
+# twice in a row, past the catalog's one retry): the next run finds it back.
+_CATALOG_LOST = ("org.postgresql.util.PSQLException", "sqlalchemy.exc.OperationalError")
 
 
-def _progress_report_npe(error: object) -> bool:
-    text = str(error)
-    return error is not None and all(part in text for part in _SPARK_55271)
+def transient(error: object) -> str | None:
+    """What passing fault stopped a query, or None when it is not one that a restart on
+    the same checkpoint mends."""
+    text = "" if error is None else str(error)
+    if error is not None and all(part in text for part in _SPARK_55271):
+        return "SPARK-55271 after its batch committed"
+    if any(part in text for part in _CATALOG_LOST):
+        return "a lost connection to the catalog's PostgreSQL"
+    return None
 
 
 class IdleMarkWriter(threading.Thread):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import sqlalchemy as sa
 import zmq
 from confluent_kafka import Producer
 
@@ -606,6 +607,45 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
         restarted.wait(120)
         # Leave a running job for the module's teardown and later tests.
         _replace_module_job(pipeline)
+
+
+def test_the_catalog_s_connections_ended_by_postgresql_lose_nothing(pipeline) -> None:
+    """PostgreSQL ends every connection to the catalog's database between two batches (a
+    restart, an operator, ``idle_session_timeout``). The same job process commits on: each
+    catalog retries on a new connection, nothing restarts, and every trade is stored once
+    with its candles equal to pandas."""
+    ticker = f"TEST:C{uuid.uuid4().hex[:6].upper()}/USDT"
+    ticks = make_ticks(ticker, int(time.time() * 1000) - 3_600_000, 600, seed=11)
+    job = next(p for p in _jobs(pipeline))
+    ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
+    log = pipeline.state_dir / "stream.log"
+    logged = len(log.read_text().splitlines())
+
+    produce_ticks(pipeline, ticks[:300])
+    wait_for(
+        lambda: all(trades_in(ohlc, ticker, p) == 300 for p in PERIODS_S), timeout=90, interval=0.5
+    )
+    engine = sa.create_engine(pipeline.sql_url(), poolclass=sa.pool.NullPool)
+    with engine.begin() as db:
+        ended = db.execute(
+            sa.text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        ).scalar_one()
+    assert ended >= 2, "the job's catalogs held no connection to end"
+    produce_ticks(pipeline, with_resends(ticks[300:], seed=12, earlier=ticks[:300]))
+    wait_for(
+        lambda: all(trades_in(ohlc, ticker, p) == 600 for p in PERIODS_S), timeout=90, interval=0.5
+    )
+    for period in PERIODS_S:
+        assert_candles(ohlc, ticker, ticks, period)
+    table = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
+    ids = table.scan(row_filter=f"ticker = '{ticker}'").to_arrow()["trade_id"].to_pylist()
+    assert sorted(ids) == sorted(t.trade_id for t in ticks)
+    assert job in _jobs(pipeline), "the job process did not survive"
+    restarts = [line for line in _lines(log, logged) if "restarting" in line]
+    assert not restarts, restarts
 
 
 @pytest.mark.long
