@@ -44,11 +44,27 @@ class JobContext:
             commit_due=CommitDue(settings.stream_ticks_commit_after),
         )
 
-    def kafka(self, topic: str, max_per_trigger: int | None = 500_000, **options: str) -> DataFrame:
+    def kafka(
+        self,
+        topic: str,
+        max_per_trigger: int | None = 500_000,
+        group: str | None = None,
+        **options: str,
+    ) -> DataFrame:
         """A streaming read of one Kafka topic from the earliest offset (or ``options``);
-        ``max_per_trigger`` None for real-time mode, which has no triggers to cap."""
+        ``max_per_trigger`` None for real-time mode, which has no triggers to cap.
+
+        ``group`` names a query that is started again and again (the paced committing
+        query's ``availableNow`` runs): its runs then share one consumer group. Spark pools
+        its consumers by group and partition and makes a new group for every query start,
+        so each run left one idle consumer per partition, with its fetch buffers and
+        metrics, for the pool's five minutes (#36's soak)."""
         if max_per_trigger is not None:
             options = {"maxOffsetsPerTrigger": str(max_per_trigger), **options}
+        if group is not None:
+            # Spark's readers assign partitions and commit no offsets, so the group only
+            # names the pool's key: no broker-side membership to share.
+            options = {"kafka.group.id": f"candlewire-stream-{group}", **options}
         return (
             self.spark.readStream.format("kafka")
             .options(**spark_options(self.settings))

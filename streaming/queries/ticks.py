@@ -97,9 +97,9 @@ class TicksQuery(TopicQuery):
 
     def source(self) -> DataFrame:
         settings = self.ctx.settings
-        records = self.ctx.kafka(self.topic, settings.stream_ticks_batch_max).select(
-            "value", "partition", "offset", F.expr(CONTROL_SQL).alias(CONTROL.name)
-        )
+        records = self.ctx.kafka(
+            self.topic, settings.stream_ticks_batch_max, group=self.name
+        ).select("value", "partition", "offset", F.expr(CONTROL_SQL).alias(CONTROL.name))
         return judged_in_tasks(
             records, settings.stream_watermark_s, settings.stream_dedup_horizon_s
         )

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from types import SimpleNamespace
 
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
+from candlewire.kafka import client_auth, producer_config
 from candlewire.testing import wait_for
 from streaming import pacing
+from streaming.context import JobContext
 from streaming.pacing import CommitDue, PacedQuery
 from streaming.queries.live import COUNTERS, LiveQuery
+from streaming.queries.ticks import TicksQuery
 
 
 class Run:
@@ -176,3 +182,60 @@ def test_each_run_s_py4j_connection_ends_with_it(spark, tmp_path) -> None:
     assert len(set(serving)) >= 5  # a thread of its own for each run
     wait_for(lambda: not any(t.is_alive() for t in serving), timeout=10)
     assert _kept_connections(spark) <= kept + 1
+
+
+def _pooled_consumers(spark) -> int:
+    """The Kafka consumers Spark's executor-side pool holds (this JVM is the executor)."""
+    jvm = spark.sparkContext._jvm
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    holder = loader.loadClass("org.apache.spark.sql.kafka010.consumer.KafkaDataConsumer$")
+    pool = holder.getDeclaredField("consumerPool")
+    pool.setAccessible(True)
+    return pool.get(None).size()
+
+
+def test_the_committing_query_s_runs_share_their_kafka_consumers(spark, lakehouse, tmp_path):
+    """Each run is a new query, which Spark gives a consumer group of its own: without one
+    named group its consumers pile up in the pool, one per partition a run, for minutes."""
+    topic = f"test.paced.{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(client_auth(lakehouse))
+    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result()
+    producers = [Producer(producer_config(lakehouse))]  # let go of at the end, not at exit
+    ctx = SimpleNamespace(spark=spark, settings=lakehouse)
+    asked: list[dict] = []
+
+    def kafka(_topic: str, *args: object, **kwargs: object) -> object:
+        asked.append(kwargs)
+        return JobContext.kafka(ctx, topic, *args, **kwargs)  # type: ignore[arg-type]
+
+    ticks = TicksQuery.__new__(TicksQuery)
+    ticks.ctx = SimpleNamespace(settings=lakehouse, kafka=kafka)
+    ticks.source()  # the job's own committing source names its group
+    assert asked == [{"group": "ticks"}]
+    before, runs = _pooled_consumers(spark), []
+
+    def start(batch: pacing.BatchFunction) -> object:
+        for partition in (0, 1):
+            producers[0].produce(topic, b"x", partition=partition)
+        producers[0].flush(10)
+        return (
+            kafka(topic, 1000, **asked[0])
+            .writeStream.foreachBatch(batch)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    def batch(df, _batch_id: int) -> None:
+        runs.append(df.count())
+
+    q = SimpleNamespace(name="ticks", trigger_s=0.1, batch=batch)
+    query = PacedQuery(q, start, threading.Event(), lambda _: False)  # type: ignore[arg-type]
+    try:
+        wait_for(lambda: len(runs) >= 5, timeout=120)
+    finally:
+        query.stop()
+        producers.clear()
+    assert query.exception() is None
+    assert sum(runs) >= 10  # every run read what was produced before it
+    assert _pooled_consumers(spark) - before <= 2, "a run's consumers were left in the pool"
