@@ -138,10 +138,12 @@ class LocalPostgres:
             shutil.chown(log, "postgres")
         addresses = ",".join(self.listen)
         # The catalog and Dagster's storage are small: 32 MB of shared buffers hold them, and
-        # every backend's RSS counts the buffers it touched (the default 128 MB, #36).
+        # every backend's RSS counts the buffers it touched (the default 128 MB, #36). Nothing
+        # replicates logically: no launcher process for it (8 MiB RSS).
         opts = (
             f"-p {self.port} -c listen_addresses={addresses} -k {self.data}"
             " -c max_connections=200 -c shared_buffers=32MB"
+            " -c max_logical_replication_workers=0"
         )
         self._run(
             [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -101,3 +102,24 @@ def test_a_trusting_cluster_of_an_older_release_is_moved_to_the_password(tmp_pat
         assert new.psql("SELECT 1").strip() == "1"
     finally:
         LocalPostgres(data, port).stop()
+
+
+def test_the_catalog_s_idle_sessions_end_and_nothing_replicates(tmp_path) -> None:
+    """Idle backends of the catalog's database end (each held ~20 MiB RSS), Dagster's
+    database keeps its sessions, and no logical replication launcher runs (#36)."""
+    from launcher.local.postgres import IDLE_SESSION
+
+    tmp_path.chmod(0o755)
+    port = free_port()
+    pg = LocalPostgres(tmp_path / "postgres", port)
+    try:
+        pg.init_once()
+        pg.start(tmp_path / "postgres.log")
+        assert pg.psql("SHOW idle_session_timeout").strip() == IDLE_SESSION
+        assert pg.psql("SHOW idle_session_timeout", "dagster").strip() == "0"
+        children = subprocess.run(
+            ["pgrep", "-a", "-P", str(pg.pid())], capture_output=True, text=True
+        ).stdout
+        assert "checkpointer" in children and "logical replication" not in children
+    finally:
+        pg.stop()
