@@ -18,6 +18,7 @@ import hashlib
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -30,6 +31,10 @@ from proto import book_pb2, market_pb2
 GENESIS_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
 MINUTE_MS = 60_000
 BLOCK = 1 << 16  # minutes of anchors computed at a time
+# Blocks of anchors kept per symbol: a walk from 2020 to now is 55 blocks of 512 KiB, and a
+# stream, a page of history or a repair reads one or two of them (#36: two streamed symbols
+# held 58 MiB of the ingestor's RSS when every block was kept).
+KEPT_BLOCKS = 4
 DEFAULT_SYMBOLS = {"BTC/USDT": 30_000.0, "ETH/USDT": 2_000.0, "SOL/USDT": 100.0}
 PRICE_DECIMALS, SIZE_DECIMALS = 2, 4
 SIGMA_MICRO = 800  # per-minute log-price step, in 1e-6 units (about 0.08 %)
@@ -150,7 +155,10 @@ class _Symbol:
     quote: str
     p0: float
     key: np.uint64
-    blocks: list[np.ndarray]  # cumulative log-price (micro units) at each minute, per block
+    # Cumulative log-price (micro units) at the last minute of each block walked so far, and
+    # the whole walk of the blocks read last, most recent last.
+    ends: list[np.int64]
+    kept: OrderedDict[int, np.ndarray] = field(default_factory=OrderedDict)
     started: float | None = None  # when its live stream first started: faults count from it
     disconnected: set[Outage] = field(default_factory=set)  # disconnects already raised
     book_started: float | None = None  # when its book stream first started: book faults
@@ -188,19 +196,38 @@ class SimExchange(Exchange):
     def _anchors(self, sym: _Symbol, first: int, last: int) -> np.ndarray:
         """Cumulative log-price at minutes first..last inclusive (minute 0 = genesis)."""
         with self._lock:
-            while len(sym.blocks) * BLOCK <= last:
-                b = len(sym.blocks)
-                minutes = np.arange(b * BLOCK, (b + 1) * BLOCK, dtype=np.int64)
-                u1 = _uniform(sym.key, minutes, 0, 1)
-                u2 = _uniform(sym.key, minutes, 0, 2)
-                z = np.sqrt(-2.0 * np.log(u1 + 1e-300)) * np.cos(2 * np.pi * u2)
-                steps = np.rint(z * SIGMA_MICRO).astype(np.int64)
-                start = sym.blocks[-1][-1] if sym.blocks else np.int64(0)
-                sym.blocks.append(start + np.cumsum(steps))  # exact: integer sums
-            blocks = sym.blocks
-        whole = np.concatenate(blocks[first // BLOCK : last // BLOCK + 1])
+            whole = np.concatenate(
+                [self._block(sym, b) for b in range(first // BLOCK, last // BLOCK + 1)]
+            )
         offset = (first // BLOCK) * BLOCK
         return whole[first - offset : last - offset + 1]
+
+    def _block(self, sym: _Symbol, b: int) -> np.ndarray:
+        """Block ``b`` of the walk, from the end of the block before it (walked first when
+        it never was); the last ``KEPT_BLOCKS`` read are kept. Under ``_lock``."""
+        if (path := sym.kept.get(b)) is not None:
+            sym.kept.move_to_end(b)
+            return path
+        while len(sym.ends) < b:
+            self._walk(sym, len(sym.ends))
+        path = self._walk(sym, b)
+        sym.kept[b] = path
+        if len(sym.kept) > KEPT_BLOCKS:
+            sym.kept.popitem(last=False)
+        return path
+
+    @staticmethod
+    def _walk(sym: _Symbol, b: int) -> np.ndarray:
+        minutes = np.arange(b * BLOCK, (b + 1) * BLOCK, dtype=np.int64)
+        u1 = _uniform(sym.key, minutes, 0, 1)
+        u2 = _uniform(sym.key, minutes, 0, 2)
+        z = np.sqrt(-2.0 * np.log(u1 + 1e-300)) * np.cos(2 * np.pi * u2)
+        steps = np.rint(z * SIGMA_MICRO).astype(np.int64)
+        start = sym.ends[b - 1] if b else np.int64(0)
+        path = start + np.cumsum(steps)  # exact: integer sums
+        if b == len(sym.ends):
+            sym.ends.append(path[-1])
+        return path
 
     def _minutes(
         self, sym: _Symbol, m0: int, m1: int, *, timed: bool = True
