@@ -24,7 +24,7 @@ def feed(publisher, topic: str, stop: threading.Event, junk: bool = False) -> th
         i = 0
         while not stop.is_set():
             if junk:
-                publisher.sock.send_multipart([topic.encode(), b"\x01", b"\x04\xff\xff"])
+                publisher.send([topic.encode(), b"\x01", b"\x04\xff\xff"])
                 bad = market_pb2.Tick(ticker=topic.split("|")[0], price="1,5", size="1")
                 publisher.publish(topic, bad)  # a good envelope, a price that is not a number
             tick = market_pb2.Tick(
