@@ -206,8 +206,10 @@ _CATALOG_LOST = ("org.postgresql.util.PSQLException", "sqlalchemy.exc.Operationa
 def transient(error: object) -> str | None:
     """What passing fault stopped a query, or None when it is not one that a restart on
     the same checkpoint mends."""
-    text = "" if error is None else str(error)
-    if error is not None and all(part in text for part in _SPARK_55271):
+    if error is None:
+        return None
+    text = str(error)
+    if all(part in text for part in _SPARK_55271):
         return "SPARK-55271 after its batch committed"
     if any(part in text for part in _CATALOG_LOST):
         return "a lost connection to the catalog's PostgreSQL"

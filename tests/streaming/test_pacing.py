@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -142,6 +143,21 @@ def test_the_real_time_live_path_flags_its_revisions() -> None:
         poller.join(2)
 
 
+def _paced_runs(
+    start: Callable[[pacing.BatchFunction], object],
+    batch: Callable[[object, int], None],
+    done: Callable[[], bool],
+) -> None:
+    """Real paced runs of ``start`` until ``done``; none may fail."""
+    q = SimpleNamespace(name="ticks", trigger_s=0.1, batch=batch)
+    query = PacedQuery(q, start, threading.Event(), lambda _: False)  # type: ignore[arg-type]
+    try:
+        wait_for(done, timeout=120)
+    finally:
+        query.stop()
+    assert query.exception() is None
+
+
 def _kept_connections(spark) -> int:
     """The connections py4j's client in the JVM keeps for reuse (``CallbackClient``'s)."""
     client = spark.sparkContext._gateway.java_gateway_server.getCallbackClient()
@@ -172,13 +188,7 @@ def test_each_run_s_py4j_connection_ends_with_it(spark, tmp_path) -> None:
     def batch(_df: object, _batch_id: int) -> None:
         serving.append(threading.current_thread())
 
-    q = SimpleNamespace(name="ticks", trigger_s=0.1, batch=batch)
-    query = PacedQuery(q, start, threading.Event(), lambda _: False)  # type: ignore[arg-type]
-    try:
-        wait_for(lambda: len(serving) >= 5, timeout=120)
-    finally:
-        query.stop()
-    assert query.exception() is None
+    _paced_runs(start, batch, lambda: len(serving) >= 5)
     assert len(set(serving)) >= 5  # a thread of its own for each run
     wait_for(lambda: not any(t.is_alive() for t in serving), timeout=10)
     assert _kept_connections(spark) <= kept + 1
@@ -229,13 +239,9 @@ def test_the_committing_query_s_runs_share_their_kafka_consumers(spark, lakehous
     def batch(df, _batch_id: int) -> None:
         runs.append(df.count())
 
-    q = SimpleNamespace(name="ticks", trigger_s=0.1, batch=batch)
-    query = PacedQuery(q, start, threading.Event(), lambda _: False)  # type: ignore[arg-type]
     try:
-        wait_for(lambda: len(runs) >= 5, timeout=120)
+        _paced_runs(start, batch, lambda: len(runs) >= 5)
     finally:
-        query.stop()
         producers.clear()
-    assert query.exception() is None
     assert sum(runs) >= 10  # every run read what was produced before it
     assert _pooled_consumers(spark) - before <= 2, "a run's consumers were left in the pool"
