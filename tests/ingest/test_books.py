@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from decimal import Decimal
 
 from candlewire.book import Book, BookSync, Verdict
@@ -11,7 +12,7 @@ from candlewire.kafka import BOOKS
 from ingest.books import BookStream
 from ingest.exchanges.sim import PRICE_DECIMALS, SimExchange
 from proto import book_pb2
-from tests.support import RecordingSink
+from tests.support import RecordingSink, wait_for
 
 T = "SIM:BTC/USDT"
 
@@ -38,7 +39,14 @@ def test_sim_trades_hit_the_touch_of_the_book_before_them() -> None:
     assert checked == 300
 
 
-def book_stream(faults: str, seconds: float, snapshot_s: float = 30.0):
+def book_stream(
+    faults: str,
+    seconds: float,
+    snapshot_s: float = 30.0,
+    until: Callable[[list], bool] | None = None,
+):
+    """SIM's book streamed for ``seconds``, and then, on a machine too busy to have done it
+    by then, until what was written satisfies ``until``."""
     sim = SimExchange(rate=60, faults=faults)
     sink, events = RecordingSink(), []
     stream = BookStream(T, sim, sink, events.append, snapshot_s=snapshot_s)
@@ -46,6 +54,8 @@ def book_stream(faults: str, seconds: float, snapshot_s: float = 30.0):
     thread = threading.Thread(target=stream.run, args=(stop,), daemon=True)
     thread.start()
     time.sleep(seconds)
+    if until is not None:
+        wait_for(lambda: until(sink.sent(BOOKS.name)), timeout=30)
     stop.set()
     thread.join(5)
     return sim, sink.sent(BOOKS.name), events
@@ -70,7 +80,11 @@ def check_against_sim(sim: SimExchange, records: list, ticker: str = T) -> tuple
 
 
 def test_a_clean_stream_is_one_snapshot_then_deltas_equal_to_sims_book() -> None:
-    sim, records, events = book_stream("", 1.5, snapshot_s=0.5)
+    def two_periodic(records: list) -> bool:
+        periodic = [r for r in records if isinstance(r, book_pb2.BookSnapshot)]
+        return sum(r.reason == book_pb2.SNAPSHOT_PERIODIC for r in periodic) >= 2
+
+    sim, records, events = book_stream("", 1.5, snapshot_s=0.5, until=two_periodic)
     compared, reasons = check_against_sim(sim, records)
     assert compared > 50 and events == []
     assert reasons[0] == book_pb2.SNAPSHOT_START
