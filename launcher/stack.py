@@ -1,7 +1,8 @@
 """``candlewire up | down | status``: the local stack, each part with a live health check.
 
-Services start in order (PostgreSQL, the Iceberg catalog, Kafka, then the platform's own
-processes) and stop in reverse. Each process has a pid file and a log in the state dir.
+Each part starts as soon as the parts it needs are healthy (``needs``), so PostgreSQL and
+Kafka start together, and the platform's own processes and Dagster's start side by side
+once those are up; the stack stops in reverse order. Each process has a pid file and a log in the state dir.
 ``up`` is idempotent: a running part is left alone; a port held by something else is a
 one-line error naming the fix. Parts pointed elsewhere by configuration (an existing Kafka
 cluster, an existing catalog database) are not started locally.
@@ -18,6 +19,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -83,6 +85,7 @@ class Service:
 
     name: str
     port: int | None
+    needs: tuple[str, ...] = ()  # parts that must be healthy first (when in the stack)
 
     def pid(self) -> int | None:
         return None
@@ -113,6 +116,7 @@ class ProcessService(Service):
     start_timeout: float = 60.0
     stop_timeout: float = 30.0
     host: str | None = None  # where ``port`` is served, when not ``settings.host``
+    needs: tuple[str, ...] = ()
 
     @property
     def pidfile(self) -> Path:
@@ -240,6 +244,7 @@ class CatalogService(Service):
 
     settings: Settings
     name: str = "iceberg-catalog"
+    needs: tuple[str, ...] = ("postgres", "s3proxy")
 
     def __post_init__(self) -> None:
         self.port = self.settings.port("postgres")
@@ -261,24 +266,63 @@ class Stack:
         self.services = services
 
     def up(self, echo: Echo = print) -> None:
-        for svc in self.services:
-            pid = svc.pid()
-            if pid is not None:
-                echo(f"{svc.name}: already running (pid {pid})")
-                continue
-            if (
-                not isinstance(svc, CatalogService)
-                and svc.port is not None
-                and port_open(getattr(svc, "host", None) or self.settings.host, svc.port)
-            ):
-                names = [n for n in ENDPOINTS if self.settings.port(n) == svc.port]
-                setting = port_setting(names[0]) if names else port_setting("<name>")
-                raise StackError(
-                    f"{svc.name}: port {svc.port} is taken by another process; stop it or "
-                    f"move {svc.name} with {setting}=<port>"
-                )
-            svc.start()
-            echo(f"{svc.name}: up" + (f" on port {svc.port}" if svc.port else ""))
+        """Start every part that is not running, each once the parts it needs are healthy.
+        Parts whose needs are met start together, each in a thread that waits for its own
+        health; the lines are echoed from here as parts come up. After a failure nothing
+        more starts: the parts already starting finish, then the first error is raised."""
+        present = {svc.name for svc in self.services}
+        pending, healthy = list(self.services), set[str]()
+        starting: dict[Future[None], Service] = {}
+        errors: list[BaseException] = []
+
+        def meets(svc: Service) -> bool:
+            return set(svc.needs) & present <= healthy
+
+        with ThreadPoolExecutor(max_workers=len(self.services) or 1) as pool:
+            while True:
+                while not errors and (ready := [s for s in pending if meets(s)]):
+                    svc = ready[0]
+                    pending.remove(svc)
+                    if (pid := svc.pid()) is not None:
+                        echo(f"{svc.name}: already running (pid {pid})")
+                        healthy.add(svc.name)  # which may free others at once
+                        continue
+                    try:
+                        self._port_free(svc)
+                    except StackError as exc:
+                        errors.append(exc)
+                        break
+                    starting[pool.submit(svc.start)] = svc
+                if not starting:
+                    if errors or not pending:
+                        break
+                    names = ", ".join(s.name for s in pending)
+                    raise StackError(f"{names}: a part they need is not in the stack")
+                done, _ = wait(starting, return_when=FIRST_COMPLETED)
+                for future in done:
+                    svc = starting.pop(future)
+                    if (exc := future.exception()) is not None:
+                        errors.append(exc)
+                        continue
+                    healthy.add(svc.name)
+                    echo(f"{svc.name}: up" + (f" on port {svc.port}" if svc.port else ""))
+        if errors:
+            raise errors[0]
+
+    def _port_free(self, svc: Service) -> None:
+        """A one-line error naming the setting when the part's port is someone else's."""
+        if (
+            isinstance(svc, CatalogService)
+            or svc.port is None
+            or not port_open(getattr(svc, "host", None) or self.settings.host, svc.port)
+        ):
+            return
+        names = [n for n in ENDPOINTS if self.settings.port(n) == svc.port]
+        setting = port_setting(names[0]) if names else port_setting("<name>")
+        raise StackError(
+            f"{svc.name}: port {svc.port} is taken by another process; stop it or "
+            f"move {svc.name} with {setting}=<port>"
+        )
 
     def down(self, echo: Echo = print) -> None:
         for svc in reversed(self.services):
@@ -358,6 +402,7 @@ def kafka_services(settings: Settings) -> list[ProcessService]:
                 prepare=broker.format_once,
                 after_start=(lambda: ensure_topics(settings) and None) if last else None,
                 start_timeout=90.0 if last and not alone else 60.0,
+                needs=(services[-1].name,) if services else (),
             )
         )
     return services
@@ -421,6 +466,8 @@ def spark_services(settings: Settings) -> list[ProcessService]:
             run_dir=settings.state_dir / "run",
             log=settings.state_dir / "logs" / f"{name}.log",
             env=cluster.env(),
+            # Each worker's health counts the workers alive, so they come up one by one.
+            needs=("spark-master",) if workers <= 1 else (f"spark-worker-{workers - 1}",),
         )
 
     n = settings.spark_workers
@@ -456,6 +503,7 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
         port_name: str | None = None,
         start_timeout: float = 60.0,
         prepare: Callable[[], None] | None = None,
+        needs: tuple[str, ...] = (),
     ) -> ProcessService:
         """One of candlewire's own processes, healthy when its metrics say so."""
         url = f"http://{settings.host}:{settings.port(metrics_port)}/metrics"
@@ -470,6 +518,7 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
             env=env | {port_setting(metrics_port): str(settings.port(metrics_port))},
             start_timeout=start_timeout,
             prepare=prepare,
+            needs=needs,
         )
 
     services.append(
@@ -485,12 +534,32 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
         return services
     ingest_args = ["ingest", "--exchange", ",".join(LOCAL_EXCHANGES), "--id", "ingest-local"]
     ingest_args += ["--stream", "BINANCE:BTC/USDT,SIM:BTC/USDT"]
-    services.append(own("ingest", ingest_args, "ingest_metrics", "candlewire_ingest_state"))
+    # What the platform's own processes wait for: Kafka, and for the stream job the catalog
+    # and the Spark cluster. The rest of the stack starts beside them.
+    data = (*(s.name for s in services if s.name.startswith("kafka")), "iceberg-catalog")
+    spark = tuple(s.name for s in services if s.name.startswith("spark-"))
     services.append(
-        own("stream", ["stream"], "stream_metrics", "candlewire_stream_up 1.0", start_timeout=180.0)
+        own("ingest", ingest_args, "ingest_metrics", "candlewire_ingest_state", needs=data)
     )
     services.append(
-        own("journal", ["journal"], "journal_metrics", "candlewire_journal_up 1.0", "journal")
+        own(
+            "stream",
+            ["stream"],
+            "stream_metrics",
+            "candlewire_stream_up 1.0",
+            start_timeout=180.0,
+            needs=data + spark,
+        )
+    )
+    services.append(
+        own(
+            "journal",
+            ["journal"],
+            "journal_metrics",
+            "candlewire_journal_up 1.0",
+            "journal",
+            needs=data,
+        )
     )
     from gateway.config import ensure_local_secret
 
@@ -502,6 +571,7 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
             "candlewire_gateway_up 1.0",
             port_name="gateway_http",
             prepare=lambda: ensure_local_secret(settings) and None,
+            needs=data,
         )
     )
     services += dagster_services(settings)
@@ -521,6 +591,7 @@ def dagster_services(settings: Settings) -> list[Service]:
         check: Callable[[Settings], str | None],
         port: int | None = None,
         prepare: Callable[[], None] | None = None,
+        needs: tuple[str, ...] = ("postgres",),  # Dagster's storage
     ) -> ProcessService:
         return ProcessService(
             name=name,
@@ -532,6 +603,7 @@ def dagster_services(settings: Settings) -> list[Service]:
             env=env,
             prepare=prepare,
             start_timeout=120.0,
+            needs=needs,
         )
 
     return [
@@ -546,8 +618,14 @@ def dagster_services(settings: Settings) -> list[Service]:
             home.webserver_argv,
             home.webserver_health,
             port=settings.port("dagster"),
+            needs=("postgres", "dagster-code"),
         ),
-        part("dagster-daemon", home.daemon_argv, home.daemon_health),
+        part(
+            "dagster-daemon",
+            home.daemon_argv,
+            home.daemon_health,
+            needs=("postgres", "dagster-code"),
+        ),
     ]
 
 
