@@ -108,21 +108,19 @@ def code_server_health(settings: Settings) -> str | None:
     return None
 
 
-def webserver_argv(settings: Settings) -> list[str]:
+def dagster_argv(settings: Settings) -> list[str]:
+    """The webserver and the daemon, one process (:mod:`launcher.dagster_serve`)."""
     return [
-        str(Path(sys.executable).with_name("dagster-webserver")),
-        "-h",
+        sys.executable,
+        "-m",
+        "launcher.dagster_serve",
+        "--host",
         settings.bind_host,
-        "-p",
+        "--port",
         str(settings.port("dagster")),
-        "-w",
+        "--workspace",
         str(served_workspace(settings)),
     ]
-
-
-def daemon_argv(settings: Settings) -> list[str]:
-    daemon = str(Path(sys.executable).with_name("dagster-daemon"))
-    return [daemon, "run", "-w", str(served_workspace(settings))]
 
 
 def graphql(settings: Settings, query: str, variables: dict | None = None) -> dict:
@@ -179,6 +177,9 @@ def webserver_health(settings: Settings) -> str | None:
 
 
 def daemon_health(settings: Settings) -> str | None:
+    """The daemons' heartbeats, asked through the webserver (which answers first)."""
+    if (problem := webserver_health(settings)) is not None:
+        return problem
     try:
         statuses = graphql(settings, DAEMON_HEALTH)["instance"]["daemonHealth"]
     except (OSError, RuntimeError, ValueError, KeyError) as exc:

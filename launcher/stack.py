@@ -579,8 +579,8 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
 
 
 def dagster_services(settings: Settings) -> list[Service]:
-    """Dagster's code server (the definitions, and the runs it launches), its webserver (UI
-    and GraphQL) and its daemon (schedules, sensors, backfills)."""
+    """Dagster's code server (the definitions, and the runs it launches), and one process
+    for its webserver (UI and GraphQL) and its daemon (schedules, sensors, backfills)."""
     from launcher import dagster_home as home
 
     run, logs, env = settings.state_dir / "run", settings.state_dir / "logs", home.env(settings)
@@ -614,16 +614,10 @@ def dagster_services(settings: Settings) -> list[Service]:
             prepare=lambda: home.code_socket(settings).unlink(missing_ok=True),
         ),
         part(
-            "dagster-webserver",
-            home.webserver_argv,
-            home.webserver_health,
-            port=settings.port("dagster"),
-            needs=("postgres", "dagster-code"),
-        ),
-        part(
-            "dagster-daemon",
-            home.daemon_argv,
+            "dagster",
+            home.dagster_argv,
             home.daemon_health,
+            port=settings.port("dagster"),
             needs=("postgres", "dagster-code"),
         ),
     ]

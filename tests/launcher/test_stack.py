@@ -89,10 +89,10 @@ def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> N
             "journal": "healthy",
             "gateway": "healthy",
             "dagster-code": "healthy",
-            "dagster-webserver": "healthy",
-            "dagster-daemon": "healthy",
+            "dagster": "healthy",
         }
-        # One code server for the webserver and the daemon: neither starts its own (#36).
+        # One code server for the webserver and the daemon, which share one process and
+        # start no code server of their own (#36).
         assert code_servers(stack) == ["dagster-code"]
         page = f"http://127.0.0.1:{settings.port('gateway_http')}/"
         with urllib.request.urlopen(page, timeout=10) as resp:

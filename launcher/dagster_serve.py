@@ -1,0 +1,76 @@
+"""Dagster's webserver and its daemon in one process, over the stack's one code server.
+
+``dagster-webserver`` and ``dagster-daemon run`` are each a Python process holding Dagster,
+its GraphQL schema and a storage pool: about 135 MiB of RSS apiece, idle (#36). Here the
+daemon controller's threads (schedules, sensors, backfills, the run queue) run beside the
+webserver's event loop, each with its own instance as the two commands would have, so what
+they do is unchanged. The daemon controller is Dagster's own (``dagster._daemon``, pinned
+with Dagster in ``pyproject.toml``); when a daemon thread dies, the process stops, as
+``dagster-daemon run`` would, and ``candlewire status`` shows the part down.
+
+    python -m launcher.dagster_serve --host 127.0.0.1 --port 3000 --workspace WORKSPACE
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dagster._daemon.controller import DagsterDaemonController
+
+log = logging.getLogger("candlewire.dagster")
+
+# dagster-webserver's own defaults for its storage pool (``--db-statement-timeout`` …).
+STATEMENT_TIMEOUT_MS = 15_000
+POOL_RECYCLE_S = 3_600
+POOL_MAX_OVERFLOW = 20
+
+
+def serve(host: str, port: int, workspace: str) -> None:
+    from dagster import DagsterInstance
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+    from dagster._daemon.controller import daemon_controller_from_instance
+    from dagster_webserver.cli import host_dagster_ui_with_workspace_process_context
+    from dagster_webserver.version import __version__
+
+    target = WorkspaceFileTarget(paths=[workspace])
+    with (
+        DagsterInstance.get() as daemon_instance,
+        daemon_controller_from_instance(daemon_instance, workspace_load_target=target) as daemons,
+        DagsterInstance.get() as instance,
+    ):
+        threading.Thread(target=_watch, args=(daemons,), name="daemon-watch", daemon=True).start()
+        instance.optimize_for_webserver(STATEMENT_TIMEOUT_MS, POOL_RECYCLE_S, POOL_MAX_OVERFLOW)
+        with WorkspaceProcessContext(
+            instance, version=__version__, read_only=False, workspace_load_target=target
+        ) as context:
+            host_dagster_ui_with_workspace_process_context(context, host, port, "", "warning")
+
+
+def _watch(daemons: DagsterDaemonController) -> None:
+    """The daemon command's own loop: it raises once a daemon thread stops heartbeating.
+    The webserver then stops too (SIGTERM, as ``candlewire down`` sends it)."""
+    try:
+        daemons.check_daemon_loop()
+    except Exception:
+        log.exception("a Dagster daemon stopped; stopping the webserver with it")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--workspace", required=True)
+    args = parser.parse_args()
+    serve(args.host, args.port, args.workspace)
+
+
+if __name__ == "__main__":
+    main()
