@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -90,7 +91,8 @@ class Service:
     def pid(self) -> int | None:
         return None
 
-    def start(self) -> None:
+    def start(self, give_up: threading.Event | None = None) -> None:
+        """Start, and return once healthy; stop waiting (StackError) once ``give_up`` is set."""
         raise NotImplementedError
 
     def stop(self) -> None:
@@ -132,7 +134,7 @@ class ProcessService(Service):
     def health(self) -> str | None:
         return self.check()
 
-    def start(self) -> None:
+    def start(self, give_up: threading.Event | None = None) -> None:
         if self.prepare is not None:
             self.prepare()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -160,6 +162,8 @@ class ProcessService(Service):
                 raise StackError(
                     f"{self.name} not healthy after {self.start_timeout:.0f}s: {problem}"
                 )
+            if give_up is not None and give_up.is_set():
+                raise StackError(f"{self.name}: start abandoned; it may still come up")
             time.sleep(0.3)
             problem = self.check()
         if self.after_start is not None:
@@ -215,7 +219,7 @@ class PostgresService(Service):
     def pid(self) -> int | None:
         return self._pg().pid()
 
-    def start(self) -> None:
+    def start(self, give_up: threading.Event | None = None) -> None:
         from launcher.local.postgres import PostgresSetupError
 
         pg = self._pg()
@@ -249,7 +253,7 @@ class CatalogService(Service):
     def __post_init__(self) -> None:
         self.port = self.settings.port("postgres")
 
-    def start(self) -> None:
+    def start(self, give_up: threading.Event | None = None) -> None:
         from candlewire.lake import ensure_tables
 
         ensure_tables(self.settings)
@@ -269,43 +273,49 @@ class Stack:
         """Start every part that is not running, each once the parts it needs are healthy.
         Parts whose needs are met start together, each in a thread that waits for its own
         health; the lines are echoed from here as parts come up. After a failure nothing
-        more starts: the parts already starting finish, then the first error is raised."""
+        more starts: the parts already starting finish, then the first error is raised.
+        If ``up`` itself is stopped (Ctrl-C), no part goes on waiting for its health."""
         present = {svc.name for svc in self.services}
         pending, healthy = list(self.services), set[str]()
         starting: dict[Future[None], Service] = {}
         errors: list[BaseException] = []
+        give_up = threading.Event()
 
         def meets(svc: Service) -> bool:
             return set(svc.needs) & present <= healthy
 
         with ThreadPoolExecutor(max_workers=len(self.services) or 1) as pool:
-            while True:
-                while not errors and (ready := [s for s in pending if meets(s)]):
-                    svc = ready[0]
-                    pending.remove(svc)
-                    if (pid := svc.pid()) is not None:
-                        echo(f"{svc.name}: already running (pid {pid})")
-                        healthy.add(svc.name)  # which may free others at once
-                        continue
-                    try:
-                        self._port_free(svc)
-                    except StackError as exc:
-                        errors.append(exc)
-                        break
-                    starting[pool.submit(svc.start)] = svc
-                if not starting:
-                    if errors or not pending:
-                        break
-                    names = ", ".join(s.name for s in pending)
-                    raise StackError(f"{names}: a part they need is not in the stack")
-                done, _ = wait(starting, return_when=FIRST_COMPLETED)
-                for future in done:
-                    svc = starting.pop(future)
-                    if (exc := future.exception()) is not None:
-                        errors.append(exc)
-                        continue
-                    healthy.add(svc.name)
-                    echo(f"{svc.name}: up" + (f" on port {svc.port}" if svc.port else ""))
+            try:
+                while True:
+                    while not errors and (ready := [s for s in pending if meets(s)]):
+                        svc = ready[0]
+                        pending.remove(svc)
+                        if (pid := svc.pid()) is not None:
+                            echo(f"{svc.name}: already running (pid {pid})")
+                            healthy.add(svc.name)  # which may free others at once
+                            continue
+                        try:
+                            self._port_free(svc)
+                        except StackError as exc:
+                            errors.append(exc)
+                            break
+                        starting[pool.submit(svc.start, give_up)] = svc
+                    if not starting:
+                        if errors or not pending:
+                            break
+                        names = ", ".join(s.name for s in pending)
+                        raise StackError(f"{names}: a part they need is not in the stack")
+                    done, _ = wait(starting, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        svc = starting.pop(future)
+                        if (exc := future.exception()) is not None:
+                            errors.append(exc)
+                            continue
+                        healthy.add(svc.name)
+                        echo(f"{svc.name}: up" + (f" on port {svc.port}" if svc.port else ""))
+            except BaseException:
+                give_up.set()
+                raise
         if errors:
             raise errors[0]
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -243,8 +245,6 @@ class _Part(Service):
     """A part that records when it starts and can be held or made to fail."""
 
     def __init__(self, name: str, log: list[str], needs: tuple[str, ...] = (), **kw) -> None:
-        import threading
-
         self.name, self.port, self.needs, self.log = name, None, needs, log
         self.running_pid: int | None = kw.get("pid")
         self.fails: bool = kw.get("fails", False)
@@ -256,7 +256,7 @@ class _Part(Service):
     def pid(self) -> int | None:
         return self.running_pid
 
-    def start(self) -> None:
+    def start(self, give_up: threading.Event | None = None) -> None:
         self.log.append(f"start {self.name}")
         self.entered.set()
         assert self.release.wait(10)
@@ -271,8 +271,6 @@ class _Part(Service):
 def test_parts_start_together_once_what_they_need_is_healthy(tmp_path) -> None:
     """`up` starts independent parts side by side (PostgreSQL beside Kafka, the platform
     beside Dagster) and a part only after its needs; without it `make up` took 76 s."""
-    import threading
-
     log: list[str] = []
     db = _Part("db", log, hold=True)
     broker = _Part("broker", log, hold=True)
@@ -309,3 +307,38 @@ def test_a_running_part_frees_its_dependents_and_a_failure_starts_nothing_more(
         stack.up(said.append)
     assert said == ["db: already running (pid 4242)"]
     assert log == ["start app"]  # ui, which needs app, never started
+
+
+def test_a_part_stops_waiting_for_its_health_once_up_gives_up(tmp_path) -> None:
+    """Ctrl-C in `up`: its starting threads must not hold the command for their timeouts."""
+    import sys
+
+    from launcher.stack import ProcessService
+
+    part = ProcessService(
+        name="never-healthy",
+        argv=lambda: [sys.executable, "-c", "import time; time.sleep(60)"],
+        port=None,
+        check=lambda: "not yet",
+        run_dir=tmp_path / "run",
+        log=tmp_path / "never-healthy.log",
+        start_timeout=60.0,
+    )
+    give_up, failed = threading.Event(), []
+
+    def start() -> None:
+        try:
+            part.start(give_up)
+        except StackError as exc:
+            failed.append(str(exc))
+
+    waiting = threading.Thread(target=start)
+    waiting.start()
+    try:
+        time.sleep(0.5)
+        give_up.set()
+        waiting.join(5)
+        assert not waiting.is_alive()
+        assert failed == ["never-healthy: start abandoned; it may still come up"]
+    finally:
+        part.stop()
