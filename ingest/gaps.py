@@ -118,9 +118,12 @@ class GapDetector:
 
     def observe(self, tick: market_pb2.Tick) -> market_pb2.Gap | None:
         """The gap this trade closes, if any."""
-        if self.sequential and self._cause is None and self._last_n is not None:
-            n = _number(tick.trade_id)
-            if n == self._last_n + 1:  # the next id: nothing lost, the common case
+        if self.sequential and self._cause is None and (last := self._last_n) is not None:
+            try:  # _number, inline: this runs for every trade
+                n: int | None = int(tick.trade_id)
+            except ValueError:
+                n = None
+            if n == last + 1:  # the next id: nothing lost, the common case
                 self._last_n, self._last_tick = n, tick
                 return None
         if self._last_tick is not None:  # the fast path's last trade, as a tail now

@@ -96,7 +96,7 @@ def tick_problem(
     tick: market_pb2.Tick, now_ns: int, ahead_s: float, behind_s: float | None
 ) -> str | None:
     """Why a trade from an exchange is not fit for the ticks topic, or None."""
-    price_text, size_text = tick.price, tick.size
+    price_text, size_text, at_ns = tick.price, tick.size, tick.exchange_time_ns
     try:  # a string float() reads as positive and finite, Decimal reads so too
         fit = 0.0 < float(price_text) < INF and 0.0 < float(size_text) < INF
     except ValueError:
@@ -110,9 +110,9 @@ def tick_problem(
             return "price"
         if not size.is_finite() or size < 0:
             return "size"
-    if tick.exchange_time_ns > now_ns + ahead_s * 1e9:
+    if at_ns > now_ns + ahead_s * 1e9:
         return "ahead"
-    if behind_s is not None and tick.exchange_time_ns < now_ns - behind_s * 1e9:
+    if behind_s is not None and at_ns < now_ns - behind_s * 1e9:
         return "behind"
     return None
 
