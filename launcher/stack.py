@@ -477,7 +477,15 @@ def spark_services(settings: Settings) -> list[ProcessService]:
             log=settings.state_dir / "logs" / f"{name}.log",
             env=cluster.env(),
             # Each worker's health counts the workers alive, so they come up one by one.
-            needs=("spark-master",) if workers <= 1 else (f"spark-worker-{workers - 1}",),
+            needs=spark_needs(workers),
+        )
+
+    def spark_needs(workers: int) -> tuple[str, ...]:
+        """The master needs nothing; worker i the master and worker i-1."""
+        if workers == 0:
+            return ()
+        return (
+            ("spark-master",) if workers == 1 else ("spark-master", f"spark-worker-{workers - 1}")
         )
 
     n = settings.spark_workers

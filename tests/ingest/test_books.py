@@ -131,7 +131,10 @@ def test_a_snapshot_that_lags_the_stream_is_asked_for_again_until_one_catches_up
     stop.set()
     thread.join(5)
     records = sink.sent(BOOKS.name)
-    assert sim.calls == 5
+    # Asked again at least once; fewer than five when the deltas held meanwhile reach back
+    # to a lagging snapshot, which then carries on exactly (a timing of SIM's 60 updates a
+    # second that made this test fail one run in three when it asked for exactly five).
+    assert 2 <= sim.calls <= 5
     kinds = [r.reason if isinstance(r, book_pb2.BookSnapshot) else 0 for r in records]
     first_good = len(kinds) - 1 - kinds[::-1].index(book_pb2.SNAPSHOT_SEQUENCE)
     compared, _ = check_against_sim(sim, records[first_good:])
