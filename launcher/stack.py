@@ -636,7 +636,9 @@ def dagster_services(settings: Settings) -> list[Service]:
             home.dagster_argv,
             home.daemon_health,
             port=settings.port("dagster"),
-            needs=("postgres", "dagster-code"),
+            # Its daemon launches queued runs and the healing sensor's at once: not before
+            # the data they need is up (the code server, the slow part, starts earlier).
+            needs=("postgres", "dagster-code", "kafka", "iceberg-catalog"),
         ),
     ]
 
