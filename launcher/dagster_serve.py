@@ -36,31 +36,46 @@ def serve(host: str, port: int, workspace: str) -> None:
     from dagster._core.workspace.context import WorkspaceProcessContext
     from dagster._core.workspace.load_target import WorkspaceFileTarget
     from dagster._daemon.controller import daemon_controller_from_instance
+    from dagster._utils.interrupts import setup_interrupt_handlers
     from dagster_webserver.cli import host_dagster_ui_with_workspace_process_context
     from dagster_webserver.version import __version__
 
+    # SIGTERM raises KeyboardInterrupt, as in ``dagster-daemon run``. The webserver stops on
+    # it first, then sends it again once it has stopped: it then leaves each ``with`` below,
+    # so the daemon threads finish their iteration and the instances close, not killed.
+    setup_interrupt_handlers()
+    stopping = threading.Event()
     target = WorkspaceFileTarget(paths=[workspace])
     with (
         DagsterInstance.get() as daemon_instance,
         daemon_controller_from_instance(daemon_instance, workspace_load_target=target) as daemons,
         DagsterInstance.get() as instance,
     ):
-        threading.Thread(target=_watch, args=(daemons,), name="daemon-watch", daemon=True).start()
+        watch = threading.Thread(target=_watch, args=(daemons, stopping), name="daemon-watch")
+        watch.daemon = True
+        watch.start()
         instance.optimize_for_webserver(STATEMENT_TIMEOUT_MS, POOL_RECYCLE_S, POOL_MAX_OVERFLOW)
-        with WorkspaceProcessContext(
-            instance, version=__version__, read_only=False, workspace_load_target=target
-        ) as context:
-            host_dagster_ui_with_workspace_process_context(context, host, port, "", "warning")
+        try:
+            with WorkspaceProcessContext(
+                instance, version=__version__, read_only=False, workspace_load_target=target
+            ) as context:
+                host_dagster_ui_with_workspace_process_context(context, host, port, "", "warning")
+        finally:
+            stopping.set()  # the daemon threads now stop on purpose
 
 
-def _watch(daemons: DagsterDaemonController) -> None:
+def _watch(daemons: DagsterDaemonController, stopping: threading.Event) -> None:
     """The daemon command's own loop: it raises once a daemon thread stops heartbeating.
-    The webserver then stops too (SIGTERM, as ``candlewire down`` sends it)."""
+    The webserver then stops too (SIGTERM, as ``candlewire down`` sends it), unless the
+    process is already stopping and the threads are ending because it asked them to."""
     try:
         daemons.check_daemon_loop()
     except Exception:
+        if stopping.is_set():
+            return
         log.exception("a Dagster daemon stopped; stopping the webserver with it")
-    os.kill(os.getpid(), signal.SIGTERM)
+    if not stopping.is_set():
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main() -> None:
@@ -69,7 +84,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workspace", required=True)
     args = parser.parse_args()
-    serve(args.host, args.port, args.workspace)
+    try:
+        serve(args.host, args.port, args.workspace)
+    except KeyboardInterrupt:
+        log.info("stopped")  # SIGTERM or Ctrl-C: webserver and daemons shut down in order
 
 
 if __name__ == "__main__":
