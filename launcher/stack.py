@@ -335,10 +335,41 @@ class Stack:
         )
 
     def down(self, echo: Echo = print) -> None:
-        for svc in reversed(self.services):
-            if svc.pid() is not None:
-                svc.stop()
-                echo(f"{svc.name}: stopped")
+        """Stop every running part, each once the parts that need it have stopped (ingest and
+        the stream job before Kafka, Dagster before PostgreSQL): up's order reversed, with
+        the parts nothing waits on stopping together. One after another, `down` took the
+        sum of every part's graceful stop. A part that fails to stop does not keep the rest
+        running; its error is raised at the end."""
+        waiting_on = {
+            svc.name: {other.name for other in self.services if svc.name in other.needs}
+            for svc in self.services
+        }
+        pending = list(self.services)
+        stopping: dict[Future[None], Service] = {}
+        errors: list[BaseException] = []
+
+        def free(svc: Service) -> bool:
+            return not waiting_on[svc.name] & {s.name for s in (*pending, *stopping.values())}
+
+        with ThreadPoolExecutor(max_workers=len(self.services) or 1) as pool:
+            while pending or stopping:
+                # Nothing free and nothing stopping is a cycle of needs: the last part first.
+                ready = [s for s in pending if free(s)] or ([] if stopping else pending[-1:])
+                for svc in ready:
+                    pending.remove(svc)
+                    if svc.pid() is not None:
+                        stopping[pool.submit(svc.stop)] = svc
+                if not stopping:
+                    continue  # what was free was not running, which frees more
+                done, _ = wait(stopping, return_when=FIRST_COMPLETED)
+                for future in done:
+                    svc = stopping.pop(future)
+                    if (exc := future.exception()) is not None:
+                        errors.append(exc)
+                    else:
+                        echo(f"{svc.name}: stopped")
+        if errors:
+            raise errors[0]
 
     def status(self) -> list[tuple[str, int | None, int | None, str]]:
         """(name, port, pid, health) for each part."""

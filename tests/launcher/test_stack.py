@@ -11,7 +11,7 @@ import pytest
 
 from candlewire.config import port_setting
 from launcher.stack import Memory, Service, Stack, StackError, default_services
-from tests.support import free_settings
+from tests.support import free_settings, wait_for
 
 
 @pytest.fixture
@@ -250,8 +250,13 @@ class _Part(Service):
         self.fails: bool = kw.get("fails", False)
         self.release = threading.Event()
         self.entered = threading.Event()
+        self.stopped = threading.Event()
+        self.stop_release = threading.Event()
+        self.stop_fails: bool = kw.get("stop_fails", False)
         if not kw.get("hold", False):
             self.release.set()
+        if not kw.get("hold_stop", False):
+            self.stop_release.set()
 
     def pid(self) -> int | None:
         return self.running_pid
@@ -264,8 +269,55 @@ class _Part(Service):
             raise StackError(f"{self.name} would not start")
         self.log.append(f"healthy {self.name}")
 
+    def stop(self) -> None:
+        self.log.append(f"stop {self.name}")
+        assert self.stop_release.wait(10)
+        if self.stop_fails:
+            raise StackError(f"{self.name} would not stop")
+        self.running_pid = None
+        self.stopped.set()
+
     def health(self) -> str | None:
         return None
+
+
+def test_parts_stop_together_once_nothing_that_needs_them_runs(tmp_path) -> None:
+    """`down` stops the parts nothing needs side by side, and a part only once every part
+    that needs it has stopped: ingest and the stream job flush into Kafka before it goes.
+    One after another, `down` of the whole stack took 49 s."""
+    log: list[str] = []
+    db = _Part("db", log, pid=1)
+    broker = _Part("broker", log, pid=2)
+    app = _Part("app", log, needs=("db", "broker"), pid=3, hold_stop=True)
+    ui = _Part("ui", log, needs=("db",), pid=4, hold_stop=True)
+    idle = _Part("idle", log, needs=("broker",))  # not running: frees the broker at once
+    stack = Stack(free_settings(tmp_path / "state"), [db, broker, app, ui, idle])
+    said: list[str] = []
+    down = threading.Thread(target=stack.down, args=(said.append,))
+    down.start()
+    # Both dependents stop together; what they need waits for them.
+    wait_for(lambda: {"stop app", "stop ui"} <= set(log))
+    time.sleep(0.2)
+    assert set(log) == {"stop app", "stop ui"}
+    app.stop_release.set()
+    assert broker.stopped.wait(10)  # the app was all that held it
+    assert "stop db" not in log  # the ui still runs
+    ui.stop_release.set()
+    down.join(10)
+    assert not down.is_alive()
+    assert log.index("stop db") > log.index("stop ui")
+    assert sorted(said) == sorted(f"{n}: stopped" for n in ("db", "broker", "app", "ui"))
+
+
+def test_a_part_that_will_not_stop_stops_nothing_less(tmp_path) -> None:
+    log: list[str] = []
+    db = _Part("db", log, pid=1)
+    app = _Part("app", log, needs=("db",), pid=2, stop_fails=True)
+    ui = _Part("ui", log, pid=3)
+    stack = Stack(free_settings(tmp_path / "state"), [db, app, ui])
+    with pytest.raises(StackError, match="app would not stop"):
+        stack.down(lambda _: None)
+    assert db.stopped.is_set() and ui.stopped.is_set()
 
 
 def test_parts_start_together_once_what_they_need_is_healthy(tmp_path) -> None:
