@@ -8,12 +8,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from candlewire.config import Settings
 from candlewire.lake import s3_environment, spark_catalog_conf
-from candlewire.runtime import JVM_SMALL_HEAP
+from candlewire.runtime import JVM_SMALL_HEAP, archive_options, dump_options, publish_archive
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -68,6 +70,18 @@ COMPILE_HUGE = "-XX:-DontCompileHugeMethods"
 DRIVER_JVM_OPTIONS = " ".join(("-Xms64m", COMPILE_HUGE, *JVM_SMALL_HEAP))
 
 
+def class_archive(settings: Settings) -> Path:
+    """The driver's class archive, which ``make jvm`` dumps (:func:`dump_class_archive`)."""
+    return settings.jvm_dir / "spark" / "driver.jsa"
+
+
+def driver_jvm_options(settings: Settings) -> str:
+    """The driver's JVM options, with its class archive when there is one: a session's start
+    and first query took 14 s without and 6.5 s with, ``tests/candlewire/test_spark.py`` 70 s
+    and 46 s."""
+    return " ".join((DRIVER_JVM_OPTIONS, *archive_options(class_archive(settings))))
+
+
 def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
     """Every setting the platform needs; a cluster only changes master and locations."""
     return {
@@ -84,8 +98,11 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.driver.host": settings.host,
         "spark.driver.bindAddress": settings.bind_host,
         "spark.driver.memory": settings.spark_driver_memory,
-        "spark.driver.extraJavaOptions": DRIVER_JVM_OPTIONS,
-        "spark.executor.extraJavaOptions": COMPILE_HUGE,
+        "spark.driver.extraJavaOptions": driver_jvm_options(settings),
+        # The driver's archive serves executors too (the same class path), where it exists.
+        "spark.executor.extraJavaOptions": " ".join(
+            (COMPILE_HUGE, *archive_options(class_archive(settings)))
+        ),
         # Spark keeps every job's, stage's and task's record for its UI and REST API, UI or
         # not, up to 1,000 jobs and 100,000 tasks: a streaming job makes thousands an hour,
         # so its heap grew for hours (#34's soak, #36). The last few hundred are plenty.
@@ -124,3 +141,70 @@ def build_session(settings: Settings, app_name: str = "candlewire") -> SparkSess
     for key, value in spark_conf(settings, app_name).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+# What a driver of the platform does as it starts, for the class archive: a session on the
+# platform's settings, Iceberg DDL, an insert, a MERGE, a query, a stateful streaming batch
+# in RocksDB through foreachBatch, and the Kafka source's planning. The catalog is a
+# temporary Hadoop one: ``make jvm`` runs before any PostgreSQL does.
+ARCHIVE_WORKLOAD = (
+    "CREATE TABLE {t} (ticker string, open_time timestamp, close decimal(38,18), n bigint) "
+    "USING iceberg PARTITIONED BY (days(open_time))",
+    "INSERT INTO {t} VALUES ('A', TIMESTAMP '2025-03-01 00:00:00', 1.5, 1)",
+    "MERGE INTO {t} o USING (SELECT 'A' AS ticker, TIMESTAMP '2025-03-01 00:00:00' AS "
+    "open_time, 2.5 AS close, 2L AS n) s ON o.ticker = s.ticker AND o.open_time = s.open_time "
+    "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
+    "SELECT ticker, max(close), sum(n) FROM {t} GROUP BY ticker",
+)
+
+
+def dump_class_archive(settings: Settings) -> Path:
+    """Run :data:`ARCHIVE_WORKLOAD` in a driver that dumps the classes it loaded as it exits."""
+    from pyspark.sql import SparkSession
+
+    archive = class_archive(settings)
+    archive.unlink(missing_ok=True)  # the old one, however the dump ends
+    with tempfile.TemporaryDirectory(prefix="candlewire-archive-") as tmp:
+        prefix = f"spark.sql.catalog.{settings.catalog_name}"
+        conf = {
+            **{
+                k: v
+                for k, v in spark_conf(settings, "candlewire-class-archive").items()
+                if not k.startswith(f"{prefix}.")
+            },
+            "spark.master": "local[2]",
+            f"{prefix}.type": "hadoop",
+            f"{prefix}.warehouse": f"file://{tmp}/warehouse",
+            "spark.driver.extraJavaOptions": " ".join((DRIVER_JVM_OPTIONS, *dump_options(archive))),
+        }
+        builder = SparkSession.builder
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        table = f"{settings.catalog_name}.archive.candles"
+        for statement in ARCHIVE_WORKLOAD:
+            spark.sql(statement.format(t=table)).collect()
+        counts = spark.readStream.format("rate").option("rowsPerSecond", 10).load()
+        query = (
+            counts.groupBy((counts.value % 3).alias("k"))
+            .count()
+            .writeStream.outputMode("update")
+            .option("checkpointLocation", f"{tmp}/checkpoint")
+            .foreachBatch(lambda frame, _batch: frame.collect())
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        kafka = spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
+        kafka.option("subscribe", "archive").load().schema  # noqa: B018 (planned, never run)
+        gateway = spark.sparkContext._gateway
+        spark.stop()
+        # The JVM dumps as it exits, which it does when its stdin closes.
+        gateway.shutdown()
+        gateway.proc.stdin.close()
+        gateway.proc.wait(timeout=300)
+    return publish_archive(archive)
+
+
+if __name__ == "__main__":  # make jvm
+    dump_class_archive(Settings())

@@ -75,6 +75,11 @@ def free_settings(state_dir: object, **overrides: object) -> Settings:
     )
 
 
+def maps_file(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` has ``path`` mapped (a JVM its class archive, say)."""
+    return f" {path}\n" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def wait_for(
     predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02
 ) -> object:

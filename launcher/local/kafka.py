@@ -11,11 +11,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from candlewire.config import REPO_ROOT
+from candlewire.config import REPO_ROOT, Settings
 from candlewire.kafka import scram_jaas
-from candlewire.runtime import JVM_SMALL_HEAP
+from candlewire.runtime import JVM_SMALL_HEAP, archive_options, dump_options, publish_archive
 
 LOG4J = REPO_ROOT / "jvm" / "log4j2-kafka.properties"
+ARCHIVE = "broker.jsa"  # the class archive, beside the jars (``-cp jars/*`` takes jars only)
 
 
 class KafkaSetupError(RuntimeError):
@@ -138,6 +139,7 @@ class KafkaBroker:
             "-Xms64m",
             f"-Xmx{self.heap}",
             *JVM_SMALL_HEAP,
+            *archive_options(self.jars / ARCHIVE),
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={LOG4J}",
             "-cp",
@@ -190,3 +192,46 @@ class KafkaBroker:
 
     def argv(self) -> list[str]:
         return self.java("kafka.Kafka", str(self.config))
+
+
+def dump_class_archive(jars: Path) -> Path:
+    """Run a broker that makes the platform's topics and takes a few records, and dump the
+    classes it loaded as it stops (``make jvm``)."""
+    import tempfile
+
+    from candlewire.testing import free_settings
+    from launcher.stack import kafka_service
+
+    archive = jars / ARCHIVE
+    archive.unlink(missing_ok=True)  # a JVM that maps an archive cannot dump one
+    with tempfile.TemporaryDirectory(prefix="candlewire-archive-") as tmp:
+        settings = free_settings(tmp, jvm_dir=jars.parent)
+        broker = kafka_service(settings)
+        # Through the environment: the options apply to the broker, not to its format.
+        broker.env["JDK_JAVA_OPTIONS"] = " ".join(dump_options(archive))
+        broker.stop_timeout = 120  # its shutdown, then the dump
+        broker.start()
+        try:
+            _take_records(settings)
+        finally:
+            broker.stop()
+    return publish_archive(archive)
+
+
+def _take_records(settings: Settings) -> None:
+    """The platform's topics made, and records produced to one; the producer is gone on
+    return, before its broker stops."""
+    from confluent_kafka import Producer
+
+    from candlewire.kafka import TICKS, ensure_topics, producer_config
+
+    ensure_topics(settings)
+    producer = Producer(producer_config(settings))
+    for i in range(100):
+        producer.produce(TICKS.name, key=b"archive", value=str(i).encode())
+    if producer.flush(30):
+        raise KafkaSetupError("the class archive's broker took no records")
+
+
+if __name__ == "__main__":  # make jvm
+    dump_class_archive(REPO_ROOT / ".cache" / "jvm" / "kafka")

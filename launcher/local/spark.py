@@ -39,6 +39,7 @@ class StandaloneCluster:
     worker_cores: int = 1
     worker_memory: str = "1g"
     master_host: str | None = None
+    java_options: str = ""  # the master's and workers' JVM options
 
     @property
     def master_url(self) -> str:
@@ -56,6 +57,7 @@ class StandaloneCluster:
             "SPARK_LOCAL_IP": self.host,
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_NO_DAEMONIZE": "1",
+            "SPARK_DAEMON_JAVA_OPTS": self.java_options,
             "PATH": os.environ.get("PATH", ""),
         }
 

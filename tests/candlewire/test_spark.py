@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 from candlewire.lake import catalog
-from candlewire.spark import build_session
+from candlewire.spark import build_session, class_archive
+from candlewire.testing import maps_file
 from tests.candlewire.test_kafka import new_topic, produce
 
 NS = "sparktest"
@@ -24,6 +25,13 @@ def spark(lakehouse, kafka):
     session.sql(f"CREATE NAMESPACE IF NOT EXISTS {lakehouse.catalog_name}.{NS}")
     yield session
     session.stop()
+
+
+def test_the_driver_maps_the_class_archive_make_install_dumped(lakehouse, spark) -> None:
+    """Its classes come from the archive (``candlewire.runtime``), not loaded again."""
+    archive = class_archive(lakehouse)
+    assert archive.is_file(), f"no {archive}: `make install` dumps it"
+    assert maps_file(spark.sparkContext._gateway.proc.pid, archive)
 
 
 def new_table(settings, spark) -> tuple[str, str]:

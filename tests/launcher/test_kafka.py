@@ -13,8 +13,8 @@ from confluent_kafka.admin import AdminClient
 from candlewire.config import KAFKA_PASSWORD, Settings
 from candlewire.kafka import TOPICS, client_auth, spark_options
 from candlewire.spark import build_session
-from candlewire.testing import free_settings
-from launcher.local.kafka import KafkaBroker, KafkaSetupError, Scram
+from candlewire.testing import free_settings, maps_file
+from launcher.local.kafka import ARCHIVE, KafkaBroker, KafkaSetupError, Scram
 from launcher.stack import kafka_service
 from tests.candlewire.test_kafka import consume, new_topic, produce
 
@@ -32,6 +32,12 @@ def sasl(tmp_path_factory, lakehouse) -> Iterator[Settings]:
     svc.start()  # its health check and topic creation log in already
     yield settings
     svc.stop()
+
+
+def test_the_broker_maps_the_class_archive_make_install_dumped(lakehouse, kafka) -> None:
+    archive = lakehouse.jvm_dir / "kafka" / ARCHIVE
+    assert archive.is_file(), f"no {archive}: `make install` dumps it"
+    assert maps_file(kafka.pid(), archive)
 
 
 def test_the_projects_clients_log_in(sasl) -> None:

@@ -13,6 +13,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -20,8 +21,8 @@ from confluent_kafka import Producer
 from candlewire.config import PERIODS_S, Settings
 from candlewire.kafka import producer_config, spark_options
 from candlewire.lake import NAMESPACE, catalog, table_name
-from candlewire.spark import build_session
-from candlewire.testing import free_settings, wait_for
+from candlewire.spark import build_session, class_archive
+from candlewire.testing import free_settings, maps_file, wait_for
 from launcher.local.spark import count_alive, master_workers
 from launcher.stack import ProcessService, Stack, spark_services
 from proto.envelope import to_record
@@ -69,6 +70,29 @@ def test_sessions_run_on_the_standalone_master_with_an_executor_per_worker(clust
     executors = lambda: spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()  # noqa: E731
     wait_for(lambda: len(executors()) == 3, timeout=60)  # the driver and one per worker
     assert {w["state"] for w in workers(settings)} == {"ALIVE"}
+    # Every JVM of the cluster maps the driver's class archive: the master, the workers and
+    # the executors they started (which run in the workers' work directories).
+    archive = class_archive(settings)
+    daemons = [service.pid() for service in cluster[1]]
+    assert len(daemons) == 3 and all(maps_file(pid, archive) for pid in daemons)
+    running = executor_pids(settings.state_dir / "spark")
+    assert len(running) == 2 and all(maps_file(pid, archive) for pid in running)
+
+
+def executor_pids(work_dir: Path) -> list[int]:
+    """The executor JVMs working under ``work_dir``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (
+                proc.name.isdigit()
+                and (proc / "cwd").resolve().is_relative_to(work_dir)
+                and b"CoarseGrainedExecutorBackend" in (proc / "cmdline").read_bytes()
+            ):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
 
 
 def test_executors_read_kafka_and_write_iceberg(cluster, spark) -> None:
