@@ -67,7 +67,12 @@ system-packages:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-install: $(STAMP) jvm archives web system-packages
+# The venv, the JVM parts, the chart and the system packages side by side (pip unpacks on one
+# core while Maven fetches and builds), then the two class archives side by side. Each part's
+# output stays together (-O).
+install:
+	@$(MAKE) --no-print-directory -j4 -O $(STAMP) jvm web system-packages
+	@$(MAKE) --no-print-directory -j2 -O archives
 
 test: install
 	$(PY) -m pytest

@@ -15,6 +15,8 @@ from candlewire.config import REPO_ROOT, Settings
 
 SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes on Linux, with its NUL
 MAX_CONCURRENT_RUNS = 2  # two cores: more runs only queue inside Spark and the relay
+DEQUEUE_INTERVAL_S = 2  # a queued run starts within this (Dagster's default: 5 s)
+AUTOMATION_INTERVAL_S = 30
 
 
 def sqlalchemy_url(settings: Settings) -> str:
@@ -37,8 +39,14 @@ def dagster_home(settings: Settings) -> Path:
                 "run_coordinator": {
                     "module": "dagster.core.run_coordinator",
                     "class": "QueuedRunCoordinator",
-                    "config": {"max_concurrent_runs": MAX_CONCURRENT_RUNS},
+                    "config": {
+                        "max_concurrent_runs": MAX_CONCURRENT_RUNS,
+                        "dequeue_interval_seconds": DEQUEUE_INTERVAL_S,
+                    },
                 },
+                # Dagster's default, which launcher.dagster_serve's shorter backfill interval
+                # would otherwise become too (the two share one constant).
+                "auto_materialize": {"minimum_interval_seconds": AUTOMATION_INTERVAL_S},
             },
             indent=2,
         )

@@ -31,6 +31,25 @@ POOL_RECYCLE_S = 3_600
 POOL_MAX_OVERFLOW = 20
 
 
+# Dagster's backfill daemon looks at its backfills every 30 s: a module constant of its daemon
+# controller that no instance setting reaches. A backfill launched from the UI waited up to
+# 30 s for its first run, and as long again after its last to show as completed (most of
+# the GraphQL backfill test's minute). This process is ours, so it looks every 5 s: a query
+# for the backfills in progress. The asset daemon reads the same constant as its default
+# interval; ``dagster.yaml`` keeps that at 30 s (``launcher.dagster_home``).
+BACKFILL_INTERVAL_S = 5
+
+
+def quicken_backfills() -> None:
+    """Set the backfill daemon's interval to :data:`BACKFILL_INTERVAL_S`."""
+    from dagster._daemon import controller
+
+    if not hasattr(controller, "DEFAULT_DAEMON_INTERVAL_SECONDS"):  # another Dagster
+        log.warning("Dagster's backfill interval is not where it was; backfills keep theirs")
+        return
+    controller.DEFAULT_DAEMON_INTERVAL_SECONDS = BACKFILL_INTERVAL_S
+
+
 def serve(host: str, port: int, workspace: str) -> None:
     from dagster import DagsterInstance
     from dagster._core.workspace.context import WorkspaceProcessContext
@@ -44,6 +63,7 @@ def serve(host: str, port: int, workspace: str) -> None:
     # it first, then sends it again once it has stopped: it then leaves each ``with`` below,
     # so the daemon threads finish their iteration and the instances close, not killed.
     setup_interrupt_handlers()
+    quicken_backfills()
     stopping = threading.Event()
     target = WorkspaceFileTarget(paths=[workspace])
     with (

@@ -37,6 +37,15 @@ from tests.support import (
 os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on the live pipeline run last, together, in their order. Its Spark job,
+    started by the first of them, runs to the session's end, and its idle micro-batches took
+    CPU from every test that ran between them, on two cores."""
+    live = [item for item in items if "live_pipeline" in getattr(item, "fixturenames", ())]
+    chosen = set(live)
+    items[:] = [item for item in items if item not in chosen] + live
+
+
 @pytest.fixture
 def settings(tmp_path) -> Settings:
     return free_settings(tmp_path)

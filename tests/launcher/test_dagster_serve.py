@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 
+from candlewire.testing import free_settings
+
 STOPPING_DAEMON = """
 import threading, time
 from launcher.dagster_serve import _watch
@@ -42,3 +44,31 @@ def test_daemons_ending_because_the_process_stops_stop_nothing_more() -> None:
 def _run(stopping: bool) -> subprocess.CompletedProcess[str]:
     code = f"STOPPING = {stopping}\n{STOPPING_DAEMON}"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+
+
+def test_backfills_are_looked_at_every_few_seconds_and_automation_keeps_its_pace(
+    tmp_path,
+) -> None:
+    """The backfill daemon reads its interval from the constant ``quicken_backfills`` sets;
+    the asset daemon, which defaults to it too, is held at its own by ``dagster.yaml``."""
+    import inspect
+
+    from dagster import QueuedRunCoordinator
+    from dagster._core.instance.config import dagster_instance_config
+    from dagster._daemon import backfill, controller
+
+    from launcher.dagster_home import AUTOMATION_INTERVAL_S, DEQUEUE_INTERVAL_S, dagster_home
+    from launcher.dagster_serve import BACKFILL_INTERVAL_S, quicken_backfills
+
+    loop = inspect.getsource(backfill.execute_backfill_iteration_loop)
+    assert "DEFAULT_DAEMON_INTERVAL_SECONDS - loop_duration" in loop
+    before = controller.DEFAULT_DAEMON_INTERVAL_SECONDS
+    try:
+        quicken_backfills()
+        assert controller.DEFAULT_DAEMON_INTERVAL_SECONDS == BACKFILL_INTERVAL_S
+    finally:
+        controller.DEFAULT_DAEMON_INTERVAL_SECONDS = before
+    config, _ = dagster_instance_config(str(dagster_home(free_settings(tmp_path))))
+    assert config["auto_materialize"]["minimum_interval_seconds"] == AUTOMATION_INTERVAL_S
+    queue = QueuedRunCoordinator.from_config_value(None, config["run_coordinator"]["config"])
+    assert queue.dequeue_interval_seconds == DEQUEUE_INTERVAL_S
