@@ -41,7 +41,7 @@ JVM_SMALL_HEAP = (
 
 # A JVM's class archive (application class-data sharing): the classes a run of the program
 # loaded, parsed and verified, which later starts map from the file instead of loading again
-# (a Spark session started in half the time, a Kafka broker in two thirds). ``make jvm``
+# (a Spark session started in half the time, a Kafka broker in two thirds). ``make archives``
 # dumps one per program. The JVM checks an archive against the class path's jars and ignores
 # a stale one; its messages about the archive are silenced, since a start without it is only
 # slower.

@@ -71,7 +71,7 @@ DRIVER_JVM_OPTIONS = " ".join(("-Xms64m", COMPILE_HUGE, *JVM_SMALL_HEAP))
 
 
 def class_archive(settings: Settings) -> Path:
-    """The driver's class archive, which ``make jvm`` dumps (:func:`dump_class_archive`)."""
+    """The driver's class archive, which ``make archives`` dumps (:func:`dump_class_archive`)."""
     return settings.jvm_dir / "spark" / "driver.jsa"
 
 
@@ -146,7 +146,7 @@ def build_session(settings: Settings, app_name: str = "candlewire") -> SparkSess
 # What a driver of the platform does as it starts, for the class archive: a session on the
 # platform's settings, Iceberg DDL, an insert, a MERGE, a query, a stateful streaming batch
 # in RocksDB through foreachBatch, and the Kafka source's planning. The catalog is a
-# temporary Hadoop one: ``make jvm`` runs before any PostgreSQL does.
+# temporary Hadoop one: ``make install`` dumps it before any PostgreSQL runs.
 ARCHIVE_WORKLOAD = (
     "CREATE TABLE {t} (ticker string, open_time timestamp, close decimal(38,18), n bigint) "
     "USING iceberg PARTITIONED BY (days(open_time))",
@@ -206,5 +206,5 @@ def dump_class_archive(settings: Settings) -> Path:
     return publish_archive(archive)
 
 
-if __name__ == "__main__":  # make jvm
+if __name__ == "__main__":  # make archives
     dump_class_archive(Settings())

@@ -196,7 +196,7 @@ class KafkaBroker:
 
 def dump_class_archive(jars: Path) -> Path:
     """Run a broker that makes the platform's topics and takes a few records, and dump the
-    classes it loaded as it stops (``make jvm``)."""
+    classes it loaded as it stops (``make archives``)."""
     import tempfile
 
     from candlewire.testing import free_settings
@@ -233,5 +233,5 @@ def _take_records(settings: Settings) -> None:
         raise KafkaSetupError("the class archive's broker took no records")
 
 
-if __name__ == "__main__":  # make jvm
+if __name__ == "__main__":  # make archives
     dump_class_archive(REPO_ROOT / ".cache" / "jvm" / "kafka")
