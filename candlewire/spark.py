@@ -75,15 +75,17 @@ def class_archive(settings: Settings) -> Path:
     return settings.jvm_dir / "spark" / "driver.jsa"
 
 
-def driver_jvm_options(settings: Settings) -> str:
-    """The driver's JVM options, with its class archive when there is one: a session's start
-    and first query took 14 s without and 6.5 s with, ``tests/candlewire/test_spark.py`` 70 s
-    and 46 s."""
-    return " ".join((DRIVER_JVM_OPTIONS, *archive_options(class_archive(settings))))
+def class_archive_options(settings: Settings) -> tuple[str, ...]:
+    """The JVM options that map the driver's class archive, when there is one. The driver,
+    the executors and a standalone cluster's master and workers share its class path: a
+    session's start and first query took 14 s without and 6.5 s with,
+    ``tests/candlewire/test_spark.py`` 70 s and 46 s."""
+    return archive_options(class_archive(settings))
 
 
 def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
     """Every setting the platform needs; a cluster only changes master and locations."""
+    archive = class_archive_options(settings)
     return {
         "spark.app.name": app_name,
         "spark.master": settings.spark_master_url(),
@@ -98,11 +100,8 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.driver.host": settings.host,
         "spark.driver.bindAddress": settings.bind_host,
         "spark.driver.memory": settings.spark_driver_memory,
-        "spark.driver.extraJavaOptions": driver_jvm_options(settings),
-        # The driver's archive serves executors too (the same class path), where it exists.
-        "spark.executor.extraJavaOptions": " ".join(
-            (COMPILE_HUGE, *archive_options(class_archive(settings)))
-        ),
+        "spark.driver.extraJavaOptions": " ".join((DRIVER_JVM_OPTIONS, *archive)),
+        "spark.executor.extraJavaOptions": " ".join((COMPILE_HUGE, *archive)),
         # Spark keeps every job's, stage's and task's record for its UI and REST API, UI or
         # not, up to 1,000 jobs and 100,000 tasks: a streaming job makes thousands an hour,
         # so its heap grew for hours (#34's soak, #36). The last few hundred are plenty.
@@ -127,7 +126,10 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
     }
 
 
-def build_session(settings: Settings, app_name: str = "candlewire") -> SparkSession:
+def build_session(
+    settings: Settings, app_name: str = "candlewire", conf: dict[str, str] | None = None
+) -> SparkSession:
+    """A session on :func:`spark_conf`, or on ``conf`` when given (the class archive's)."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", settings.bind_host)
@@ -138,7 +140,7 @@ def build_session(settings: Settings, app_name: str = "candlewire") -> SparkSess
     # job's RSS after 30 minutes under load (#34's soak). The JVM reads this as it starts.
     os.environ.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENAS)
     builder = SparkSession.builder
-    for key, value in spark_conf(settings, app_name).items():
+    for key, value in (conf or spark_conf(settings, app_name)).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
@@ -160,8 +162,6 @@ ARCHIVE_WORKLOAD = (
 
 def dump_class_archive(settings: Settings) -> Path:
     """Run :data:`ARCHIVE_WORKLOAD` in a driver that dumps the classes it loaded as it exits."""
-    from pyspark.sql import SparkSession
-
     archive = class_archive(settings)
     archive.unlink(missing_ok=True)  # the old one, however the dump ends
     with tempfile.TemporaryDirectory(prefix="candlewire-archive-") as tmp:
@@ -177,10 +177,7 @@ def dump_class_archive(settings: Settings) -> Path:
             f"{prefix}.warehouse": f"file://{tmp}/warehouse",
             "spark.driver.extraJavaOptions": " ".join((DRIVER_JVM_OPTIONS, *dump_options(archive))),
         }
-        builder = SparkSession.builder
-        for key, value in conf.items():
-            builder = builder.config(key, value)
-        spark = builder.getOrCreate()
+        spark = build_session(settings, conf=conf)
         table = f"{settings.catalog_name}.archive.candles"
         for statement in ARCHIVE_WORKLOAD:
             spark.sql(statement.format(t=table)).collect()

@@ -482,8 +482,7 @@ def s3_service(settings: Settings) -> ProcessService:
 def spark_services(settings: Settings) -> list[ProcessService]:
     """A local Spark standalone master and ``spark_workers`` workers; the last is up when
     the master's status lists every worker alive."""
-    from candlewire.runtime import archive_options
-    from candlewire.spark import class_archive
+    from candlewire.spark import class_archive_options
     from launcher.local.spark import StandaloneCluster, count_alive, master_workers
 
     cluster = StandaloneCluster(
@@ -491,7 +490,7 @@ def spark_services(settings: Settings) -> list[ProcessService]:
         settings.port("spark_master"),
         settings.port("spark_master_ui"),
         settings.state_dir / "spark",
-        java_options=" ".join(archive_options(class_archive(settings))),
+        java_options=" ".join(class_archive_options(settings)),
     )
 
     def registered(workers: int) -> str | None:

@@ -234,4 +234,4 @@ def _take_records(settings: Settings) -> None:
 
 
 if __name__ == "__main__":  # make archives
-    dump_class_archive(REPO_ROOT / ".cache" / "jvm" / "kafka")
+    dump_class_archive(Settings().jvm_dir / "kafka")
