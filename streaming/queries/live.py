@@ -83,11 +83,36 @@ COUNTERS = (
 )
 
 
+SCRATCH = "candlewire-live-"
+
+
+def scratch_dir(kind: str, base: str | None = None) -> str:
+    """A directory the job throws away on exit, named by its pid. One that a job left when it
+    died without exiting (kill -9, the OOM killer) is removed by the next job on the host:
+    a hundred such checkpoints had piled up in /dev/shm, which is memory."""
+    base = base or tempfile.gettempdir()
+    prefix = f"{SCRATCH}{kind}-"
+    for entry in Path(base).glob(f"{prefix}*-*"):
+        pid = entry.name.removeprefix(prefix).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def scratch_checkpoint() -> str:
     """The live query's checkpoint, thrown away on exit: in memory where there is /dev/shm,
     since writing offsets and commits to disk was most of a live batch's time."""
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    return tempfile.mkdtemp(prefix="candlewire-live-", dir=shm)
+    return scratch_dir("checkpoint", "/dev/shm" if os.path.isdir("/dev/shm") else None)
 
 
 def live_source(
@@ -205,7 +230,7 @@ class LiveQuery:
         triggers, registered, cep_offsets = firings.restore(restored)
         self.offsets = start_offsets(restored.offsets, cep_offsets)
         self.checkpoint = scratch_checkpoint()
-        self._state_dir = tempfile.mkdtemp(prefix="candlewire-live-state-")
+        self._state_dir = scratch_dir("state")
         self._live = ctx.spark._jvm.io.candlewire.spark.Live
         restore = restore_file(restored, self._state_dir, triggers, registered)
         self._live.start(live_conf(ctx.settings, restore))

@@ -868,8 +868,11 @@ def _children(pid: int) -> list[int]:
 def _jobs(settings):
     out = subprocess.run(["pgrep", "-f", "bin/candlewire stream"], capture_output=True, text=True)
     for pid in map(int, out.stdout.split()):
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read().split(b"\0")
+        try:  # a job of another test's may have ended since
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
         if f"CANDLEWIRE_PORTS__STREAM_METRICS={settings.port('stream_metrics')}".encode() in env:
             yield pid
 
