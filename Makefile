@@ -74,8 +74,10 @@ install:
 	@$(MAKE) --no-print-directory -j4 -O $(STAMP) jvm web system-packages
 	@$(MAKE) --no-print-directory -j2 -O archives
 
+# Two pytest-xdist workers, a module each at a time (tests/conftest.py): on two cores one
+# process left a core idle about half of the run.
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 # The restart edge cases that take minutes each (marked `long`), left out of `make test` to
 # keep CI under 25 minutes.

@@ -42,6 +42,23 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def _port_range() -> tuple[int, int]:
+    """The 12,000 ports below the ephemeral range, or this pytest-xdist worker's share of
+    them (its processes inherit ``PYTEST_XDIST_WORKER``), so that two workers never pick
+    the same port between one's pick and its bind."""
+    top = min(_ephemeral_low(), 32768) - 1
+    low = top - 12000
+    worker, count = (
+        os.environ.get("PYTEST_XDIST_WORKER", ""),
+        os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"),
+    )
+    if not worker.startswith("gw") or not count.isdigit() or int(count) < 2:
+        return low, top
+    share = (top - low) // int(count)
+    low += int(worker[2:]) * share
+    return low, low + share - 1
+
+
 def free_port() -> int:
     """A port that is free now and that the kernel will not hand out on its own.
 
@@ -50,10 +67,10 @@ def free_port() -> int:
     service's bind one of those could take it. So pick below that range instead,
     never twice in one process.
     """
-    top = min(_ephemeral_low(), 32768) - 1
+    low, high = _port_range()
     rng = random.Random()
     for _ in range(1000):
-        port = rng.randint(top - 12000, top)
+        port = rng.randint(low, high)
         if port in _handed_out:
             continue
         with socket.socket() as s:

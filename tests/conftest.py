@@ -37,13 +37,43 @@ from tests.support import (
 os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
+# The modules that run Spark, Kafka's clusters or the whole stack. Under ``make test``'s two
+# pytest-xdist workers they are one unit of work, run one after another on one worker (so
+# the live pipeline's Spark job starts once), and every other module runs beside them on
+# the other: two of them at once on two cores took about twice as long each.
+ONE_AFTER_ANOTHER = (
+    "tests/streaming/",
+    "tests/orchestration/",
+    "tests/launcher/",
+    "tests/test_examples.py",
+    "tests/candlewire/test_spark.py",
+    "tests/candlewire/test_kafka.py",
+)
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests on the live pipeline run last, together, in their order. Its Spark job,
-    started by the first of them, runs to the session's end, and its idle micro-batches took
-    CPU from every test that ran between them, on two cores."""
+    """Those modules first, and within them the tests on the live pipeline last, together,
+    in their order. Its Spark job, started by the first of them, runs to the session's end,
+    and its idle micro-batches took CPU from every test that ran between them."""
     live = [item for item in items if "live_pipeline" in getattr(item, "fixturenames", ())]
+    stray = {_module(i) for i in live if not _module(i).startswith(ONE_AFTER_ANOTHER)}
+    if stray:
+        raise pytest.UsageError(f"{sorted(stray)}: on the live pipeline, so ONE_AFTER_ANOTHER")
     chosen = set(live)
-    items[:] = [item for item in items if item not in chosen] + live
+    unit = [i for i in items if _module(i).startswith(ONE_AFTER_ANOTHER) and i not in chosen]
+    rest = [i for i in items if not _module(i).startswith(ONE_AFTER_ANOTHER)]
+    items[:] = unit + live + rest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        from tests.scheduling import ByModule
+
+        config.pluginmanager.register(ByModule(ONE_AFTER_ANOTHER), "candlewire-scheduling")
 
 
 @pytest.fixture

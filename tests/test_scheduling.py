@@ -1,0 +1,27 @@
+"""``make test``'s two workers: the Spark, cluster and stack modules are one unit of work,
+every other module a unit of its own (tests/scheduling.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from tests.conftest import ONE_AFTER_ANOTHER
+from tests.scheduling import ModuleScheduling
+
+
+def test_the_jvm_modules_are_one_unit_and_every_other_module_its_own() -> None:
+    sched = SimpleNamespace(together=ONE_AFTER_ANOTHER)
+    scope = ModuleScheduling._split_scope.__get__(sched)
+    units = {
+        scope(n)
+        for n in (
+            "tests/streaming/test_job.py::test_exactly_once_under_kill_9",
+            "tests/orchestration/test_assets.py::test_a",
+            "tests/launcher/test_stack.py::test_b[x::y]",
+            "tests/candlewire/test_spark.py::test_c",
+        )
+    }
+    assert units == {"together"}
+    assert scope("tests/relay/test_server.py::test_d") == "tests/relay/test_server.py"
+    assert scope("tests/relay/test_server.py::Cls::test_e") == "tests/relay/test_server.py"
+    assert scope("tests/candlewire/test_client.py::test_f") == "tests/candlewire/test_client.py"
