@@ -74,8 +74,9 @@ install:
 	@$(MAKE) --no-print-directory -j4 -O $(STAMP) jvm web system-packages
 	@$(MAKE) --no-print-directory -j2 -O archives
 
-# Two pytest-xdist workers, a module each at a time (tests/conftest.py): on two cores one
-# process left a core idle about half of the run.
+# Two pytest-xdist workers: the Spark, cluster and stack modules one after another on one,
+# every other module beside them (tests/conftest.py); one process left a core idle about
+# half of the run.
 test: install
 	$(PY) -m pytest -n 2
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -46,6 +47,16 @@ JVM_SMALL_HEAP = (
 # a stale one; its messages about the archive are silenced, since a start without it is only
 # slower.
 QUIET_ARCHIVE = "-Xlog:cds*=off"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is one we may signal (the stack's own parts, a
+    job whose scratch directory we would otherwise remove)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
 
 
 def archive_options(archive: Path) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ from candlewire.config import (
     port_setting,
 )
 from candlewire.endpoints import ENDPOINTS
+from candlewire.runtime import pid_alive
 from candlewire.secrets import ensure_secret
 
 Echo = Callable[[str], None]
@@ -74,11 +75,7 @@ def reap(pid: int) -> None:
 
 def alive(pid: int) -> bool:
     reap(pid)
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
+    return pid_alive(pid)
 
 
 class Service:

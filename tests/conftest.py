@@ -19,6 +19,7 @@ from journal.service import JournalService
 from launcher.local.postgres import LocalPostgres
 from launcher.stack import ProcessService, kafka_service
 from relay import Relay
+from tests.scheduling import ByModule, in_unit
 from tests.support import (
     RELAYS,
     RUNNING,
@@ -51,28 +52,25 @@ ONE_AFTER_ANOTHER = (
 )
 
 
-def _module(item: pytest.Item) -> str:
-    return item.nodeid.split("::", 1)[0]
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Those modules first, and within them the tests on the live pipeline last, together,
     in their order. Its Spark job, started by the first of them, runs to the session's end,
     and its idle micro-batches took CPU from every test that ran between them."""
     live = [item for item in items if "live_pipeline" in getattr(item, "fixturenames", ())]
-    stray = {_module(i) for i in live if not _module(i).startswith(ONE_AFTER_ANOTHER)}
+    stray = {i.path.name for i in live if not in_unit(i.nodeid, ONE_AFTER_ANOTHER)}
     if stray:
         raise pytest.UsageError(f"{sorted(stray)}: on the live pipeline, so ONE_AFTER_ANOTHER")
     chosen = set(live)
-    unit = [i for i in items if _module(i).startswith(ONE_AFTER_ANOTHER) and i not in chosen]
-    rest = [i for i in items if not _module(i).startswith(ONE_AFTER_ANOTHER)]
+    unit: list[pytest.Item] = []
+    rest: list[pytest.Item] = []
+    for item in items:
+        if item not in chosen:
+            (unit if in_unit(item.nodeid, ONE_AFTER_ANOTHER) else rest).append(item)
     items[:] = unit + live + rest
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.pluginmanager.hasplugin("xdist"):
-        from tests.scheduling import ByModule
-
+    if config.pluginmanager.hasplugin("xdist"):  # its hook is unknown to pytest otherwise
         config.pluginmanager.register(ByModule(ONE_AFTER_ANOTHER), "candlewire-scheduling")
 
 

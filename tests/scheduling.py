@@ -6,6 +6,11 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 
+def in_unit(nodeid: str, together: tuple[str, ...]) -> bool:
+    """Whether a test's module (the nodeid's path) is one of ``together``'s prefixes."""
+    return nodeid.split("::", 1)[0].startswith(together)
+
+
 class ModuleScheduling(LoadScopeScheduling):
     """Whole modules to whichever worker is free, and the modules under ``together`` (path
     prefixes) as one unit, first.
@@ -20,8 +25,7 @@ class ModuleScheduling(LoadScopeScheduling):
         self.together = together
 
     def _split_scope(self, nodeid: str) -> str:
-        module = nodeid.split("::", 1)[0]
-        return "together" if module.startswith(self.together) else module
+        return "together" if in_unit(nodeid, self.together) else nodeid.split("::", 1)[0]
 
 
 class ByModule:

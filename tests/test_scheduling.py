@@ -25,3 +25,21 @@ def test_the_jvm_modules_are_one_unit_and_every_other_module_its_own() -> None:
     assert scope("tests/relay/test_server.py::test_d") == "tests/relay/test_server.py"
     assert scope("tests/relay/test_server.py::Cls::test_e") == "tests/relay/test_server.py"
     assert scope("tests/candlewire/test_client.py::test_f") == "tests/candlewire/test_client.py"
+
+
+def test_each_worker_picks_its_free_ports_from_its_own_share(monkeypatch) -> None:
+    """Two workers never pick the same port between one's pick and its bind."""
+    from candlewire import testing
+
+    ranges = []
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+        ranges.append(testing._port_range())
+        low, high = ranges[-1]
+        assert low <= testing.free_port() <= high
+    (low0, high0), (low1, high1) = ranges
+    assert low0 < high0 < low1 < high1
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")  # one process: the whole range
+    whole_low, whole_high = testing._port_range()
+    assert whole_low == low0 and high1 <= whole_high

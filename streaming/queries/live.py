@@ -51,6 +51,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from candlewire.config import PERIODS_S, Settings
 from candlewire.curve import PUBLISHER_KEY, client_conf
 from candlewire.kafka import JOURNAL, TICKS, spark_options
+from candlewire.runtime import pid_alive
 from candlewire.topics import market_data_topic, ohlc_type, tick_type
 from candlewire.zmqutil import HWM
 from proto import cep_pb2, live_pb2, market_pb2
@@ -94,19 +95,9 @@ def scratch_dir(kind: str, base: str | None = None) -> str:
     prefix = f"{SCRATCH}{kind}-"
     for entry in Path(base).glob(f"{prefix}*-*"):
         pid = entry.name.removeprefix(prefix).split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(entry, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def scratch_checkpoint() -> str:
