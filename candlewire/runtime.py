@@ -49,11 +49,14 @@ JVM_SMALL_HEAP = (
 QUIET_ARCHIVE = "-Xlog:cds*=off"
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is one we may signal (the stack's own parts, a
-    job whose scratch directory we would otherwise remove)."""
+def pid_alive(pid: int, *, ours: bool = True) -> bool:
+    """Whether process ``pid`` runs. Another user's process counts as gone when ``ours``
+    (the stack's parts are its own, so such a pid was reused) and as running otherwise (a
+    job whose scratch directory we would otherwise remove may be another user's)."""
     try:
         os.kill(pid, 0)
+    except PermissionError:
+        return not ours
     except OSError:
         return False
     return True

@@ -95,7 +95,7 @@ def scratch_dir(kind: str, base: str | None = None) -> str:
     prefix = f"{SCRATCH}{kind}-"
     for entry in Path(base).glob(f"{prefix}*-*"):
         pid = entry.name.removeprefix(prefix).split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid), ours=False):
             shutil.rmtree(entry, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base)
 

@@ -35,3 +35,20 @@ def test_a_dead_jobs_scratch_is_removed_and_a_living_ones_kept(tmp_path: Path) -
     finally:
         living.kill()
         living.wait()
+
+
+def test_another_users_jobs_scratch_is_kept(tmp_path: Path, monkeypatch) -> None:
+    """A pid we may not signal is a running process of another user: its job's scratch stays.
+    (As root every signal is allowed, so the kernel's refusal is played by ``os.kill``.)"""
+    theirs = tmp_path / f"{SCRATCH}checkpoint-{2**22 + 7}-abc"
+    theirs.mkdir()
+    real_kill = os.kill
+
+    def kill(pid: int, sig: int) -> None:
+        if pid == 2**22 + 7:
+            raise PermissionError(1, "Operation not permitted")
+        real_kill(pid, sig)
+
+    monkeypatch.setattr(os, "kill", kill)
+    scratch_dir("checkpoint", str(tmp_path))
+    assert theirs.exists()
