@@ -11,7 +11,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from candlewire.config import REPO_ROOT, Settings
+from candlewire.config import Settings
 
 SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes on Linux, with its NUL
 MAX_CONCURRENT_RUNS = 2  # two cores: more runs only queue inside Spark and the relay
@@ -76,29 +76,13 @@ def code_socket(settings: Settings) -> Path:
     return Path(tempfile.gettempdir()) / f"candlewire-dagster-{digest}.sock"
 
 
-def code_server_argv(settings: Settings) -> list[str]:
-    """One process that loads ``orchestration.definitions`` and launches its runs. Without it
-    the webserver and the daemon each start their own (about 250 MiB each, #36)."""
-    return [
-        sys.executable,
-        "-m",
-        "dagster",
-        "api",
-        "grpc",
-        "--socket",
-        str(code_socket(settings)),
-        "--module-name",
-        "orchestration.definitions",
-        "--working-directory",
-        str(REPO_ROOT),
-        "--location-name",
-        LOCATION,
-    ]
+DEFINITIONS = "orchestration.definitions"  # workspace.yaml's module
 
 
 def served_workspace(settings: Settings) -> Path:
-    """``workspace.yaml``'s code location, served by the code server: what the stack's
-    webserver and daemon load. ``workspace.yaml`` itself stays for ``dagster dev``."""
+    """``workspace.yaml``'s code location, served by the code server on :func:`code_socket`:
+    what the stack's webserver and daemon load. ``workspace.yaml`` itself stays for
+    ``dagster dev``."""
     path = dagster_home(settings) / "workspace.yaml"
     server = {"socket": str(code_socket(settings)), "location_name": LOCATION}
     path.write_text(json.dumps({"load_from": [{"grpc_server": server}]}, indent=2))
@@ -117,7 +101,8 @@ def code_server_health(settings: Settings) -> str | None:
 
 
 def dagster_argv(settings: Settings) -> list[str]:
-    """The webserver and the daemon, one process (:mod:`launcher.dagster_serve`)."""
+    """The code server, the webserver and the daemon, one process
+    (:mod:`launcher.dagster_serve`)."""
     return [
         sys.executable,
         "-m",
@@ -128,6 +113,8 @@ def dagster_argv(settings: Settings) -> list[str]:
         str(settings.port("dagster")),
         "--workspace",
         str(served_workspace(settings)),
+        "--code-socket",
+        str(code_socket(settings)),
     ]
 
 
@@ -185,8 +172,9 @@ def webserver_health(settings: Settings) -> str | None:
 
 
 def daemon_health(settings: Settings) -> str | None:
-    """The daemons' heartbeats, asked through the webserver (which answers first)."""
-    if (problem := webserver_health(settings)) is not None:
+    """The code server's socket, then the daemons' heartbeats, asked through the webserver
+    (which answers first)."""
+    if (problem := code_server_health(settings) or webserver_health(settings)) is not None:
         return problem
     try:
         statuses = graphql(settings, DAEMON_HEALTH)["instance"]["daemonHealth"]

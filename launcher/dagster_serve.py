@@ -1,14 +1,19 @@
-"""Dagster's webserver and its daemon in one process, over the stack's one code server.
+"""Dagster's code server, webserver and daemon in one process.
 
-``dagster-webserver`` and ``dagster-daemon run`` are each a Python process holding Dagster,
-its GraphQL schema and a storage pool: about 135 MiB of RSS apiece, idle (#36). Here the
-daemon controller's threads (schedules, sensors, backfills, the run queue) run beside the
-webserver's event loop, each with its own instance as the two commands would have, so what
-they do is unchanged. The daemon controller is Dagster's own (``dagster._daemon``, pinned
-with Dagster in ``pyproject.toml``); when a daemon thread dies, the process stops, as
-``dagster-daemon run`` would, and ``candlewire status`` shows the part down.
+``dagster api grpc``, ``dagster-webserver`` and ``dagster-daemon run`` are each a Python
+process holding Dagster and a storage pool: about 135-140 MiB of RSS apiece, idle (#36).
+Here the code server (``orchestration.definitions`` on a Unix socket; it launches the runs,
+each a process of its own as before) serves from gRPC's threads, and the daemon
+controller's threads (schedules, sensors, backfills, the run queue) run beside the
+webserver's event loop, each with its own instance as the commands would have; the
+webserver and the daemon reach the code over the socket, as they did across processes. So
+what each does is unchanged. The servers and the controller are Dagster's own
+(``dagster._grpc``, ``dagster._daemon``, pinned with Dagster in ``pyproject.toml``). When a
+daemon thread dies or the code server stops, the process stops, as the commands would, and
+``candlewire status`` shows the part down.
 
-    python -m launcher.dagster_serve --host 127.0.0.1 --port 3000 --workspace WORKSPACE
+    python -m launcher.dagster_serve --host 127.0.0.1 --port 3000 --workspace WORKSPACE \
+        --code-socket SOCKET
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ import argparse
 import logging
 import os
 import signal
+import socket as socket_
+import sys
 import threading
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -50,7 +58,66 @@ def quicken_backfills() -> None:
     controller.DEFAULT_DAEMON_INTERVAL_SECONDS = BACKFILL_INTERVAL_S
 
 
-def serve(host: str, port: int, workspace: str) -> None:
+def serve_code(socket: str, stopping: threading.Event) -> threading.Event:
+    """Load the definitions and serve them on ``socket`` from gRPC's threads, as ``dagster api
+    grpc --socket SOCKET -m orchestration.definitions`` would. Returns the event that stops
+    the server; if it stops otherwise, the process stops (SIGTERM), unless already stopping."""
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    from dagster._core.utils import FuturesAwareThreadPoolExecutor
+    from dagster._grpc.server import DagsterApiServer, DagsterGrpcServer
+
+    from candlewire.config import REPO_ROOT
+    from launcher.dagster_home import DEFINITIONS, LOCATION
+
+    logger = logging.getLogger("dagster.code_server")
+    ended = threading.Event()
+    executor = FuturesAwareThreadPoolExecutor()
+    origin = LoadableTargetOrigin(
+        executable_path=sys.executable, module_name=DEFINITIONS, working_directory=str(REPO_ROOT)
+    )
+    servicer = DagsterApiServer(
+        server_termination_event=ended,
+        logger=logger,
+        server_threadpool_executor=executor,
+        loadable_target_origin=origin,
+        location_name=LOCATION,
+    )
+    server = DagsterGrpcServer(
+        server_termination_event=ended,
+        dagster_api_servicer=servicer,
+        logger=logger,
+        threadpool_executor=executor,
+        socket=socket,
+    )
+
+    def run() -> None:
+        try:
+            server.serve()
+        except Exception:
+            log.exception("the Dagster code server failed")
+        if not stopping.is_set():
+            log.error("the Dagster code server stopped; stopping the process with it")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=run, name="code-server", daemon=True).start()
+    _await_socket(socket)  # the webserver and the daemon load the code from it at once
+    return ended
+
+
+def _await_socket(path: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket_.socket(socket_.AF_UNIX, socket_.SOCK_STREAM) as s:
+            try:
+                s.connect(path)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+        time.sleep(0.05)
+
+
+def serve(host: str, port: int, workspace: str, code_socket: str) -> None:
     from dagster import DagsterInstance
     from dagster._core.workspace.context import WorkspaceProcessContext
     from dagster._core.workspace.load_target import WorkspaceFileTarget
@@ -65,6 +132,7 @@ def serve(host: str, port: int, workspace: str) -> None:
     setup_interrupt_handlers()
     quicken_backfills()
     stopping = threading.Event()
+    code = serve_code(code_socket, stopping)
     target = WorkspaceFileTarget(paths=[workspace])
     with (
         DagsterInstance.get() as daemon_instance,
@@ -81,7 +149,8 @@ def serve(host: str, port: int, workspace: str) -> None:
             ) as context:
                 host_dagster_ui_with_workspace_process_context(context, host, port, "", "warning")
         finally:
-            stopping.set()  # the daemon threads now stop on purpose
+            stopping.set()  # the daemon threads and the code server now stop on purpose
+            code.set()
 
 
 def _watch(daemons: DagsterDaemonController, stopping: threading.Event) -> None:
@@ -103,9 +172,10 @@ def main() -> None:
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workspace", required=True)
+    parser.add_argument("--code-socket", required=True)
     args = parser.parse_args()
     try:
-        serve(args.host, args.port, args.workspace)
+        serve(args.host, args.port, args.workspace, args.code_socket)
     except KeyboardInterrupt:
         log.info("stopped")  # SIGTERM or Ctrl-C: webserver and daemons shut down in order
 

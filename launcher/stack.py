@@ -627,49 +627,26 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
 
 
 def dagster_services(settings: Settings) -> list[Service]:
-    """Dagster's code server (the definitions, and the runs it launches), and one process
-    for its webserver (UI and GraphQL) and its daemon (schedules, sensors, backfills)."""
+    """Dagster, one process (:mod:`launcher.dagster_serve`): its code server (the
+    definitions, and the runs it launches), webserver (UI and GraphQL) and daemon
+    (schedules, sensors, backfills)."""
     from launcher import dagster_home as home
 
-    run, logs, env = settings.state_dir / "run", settings.state_dir / "logs", home.env(settings)
-
-    def part(
-        name: str,
-        argv: Callable[[Settings], list[str]],
-        check: Callable[[Settings], str | None],
-        port: int | None = None,
-        prepare: Callable[[], None] | None = None,
-        needs: tuple[str, ...] = ("postgres",),  # Dagster's storage
-    ) -> ProcessService:
-        return ProcessService(
-            name=name,
-            argv=lambda: argv(settings),
-            port=port,
-            check=lambda: check(settings),
-            run_dir=run,
-            log=logs / f"{name}.log",
-            env=env,
-            prepare=prepare,
-            start_timeout=120.0,
-            needs=needs,
-        )
-
     return [
-        part(
-            "dagster-code",
-            home.code_server_argv,
-            home.code_server_health,
-            prepare=lambda: home.code_socket(settings).unlink(missing_ok=True),
-        ),
-        part(
-            "dagster",
-            home.dagster_argv,
-            home.daemon_health,
+        ProcessService(
+            name="dagster",
+            argv=lambda: home.dagster_argv(settings),
             port=settings.port("dagster"),
-            # Its daemon launches queued runs and the healing sensor's at once: not before
-            # the data they need is up (the code server, the slow part, starts earlier).
-            needs=("postgres", "dagster-code", "kafka", "iceberg-catalog"),
-        ),
+            check=lambda: home.daemon_health(settings),
+            run_dir=settings.state_dir / "run",
+            log=settings.state_dir / "logs" / "dagster.log",
+            env=home.env(settings),
+            prepare=lambda: home.code_socket(settings).unlink(missing_ok=True),
+            start_timeout=120.0,
+            # Its storage, and the data the runs its daemon launches at once (queued ones,
+            # the healing sensor's) need.
+            needs=("postgres", "kafka", "iceberg-catalog"),
+        )
     ]
 
 

@@ -72,3 +72,44 @@ def test_backfills_are_looked_at_every_few_seconds_and_automation_keeps_its_pace
     assert config["auto_materialize"]["minimum_interval_seconds"] == AUTOMATION_INTERVAL_S
     queue = QueuedRunCoordinator.from_config_value(None, config["run_coordinator"]["config"])
     assert queue.dequeue_interval_seconds == DEQUEUE_INTERVAL_S
+
+
+STOPPING_CODE_SERVER = """
+import threading, time
+from launcher.dagster_serve import serve_code
+
+stopping = threading.Event()
+ended = serve_code(SOCKET, stopping)  # returns once the definitions serve on the socket
+print("serving", flush=True)
+if STOPPING:
+    stopping.set()
+ended.set()  # the gRPC server ends
+time.sleep(15)  # the webserver, serving on
+"""
+
+
+def test_the_process_serves_the_definitions_and_stops_when_its_code_server_stops(
+    tmp_path,
+) -> None:
+    """The code server shares the process with the webserver and the daemon: if it ends,
+    they have no code to load or runs to launch, so the process stops and ``candlewire
+    status`` shows the part down, as when ``dagster api grpc`` exited."""
+    done = _serve_code(tmp_path / "code.sock", stopping=False)
+    assert done.stdout.startswith("serving"), done.stderr
+    assert "the Dagster code server stopped" in done.stderr
+    # SIGTERM, which Dagster's handlers (set as it loads) raise as KeyboardInterrupt in the
+    # main thread: the webserver's shutdown there; here the sleep ends, as interrupted.
+    assert done.returncode == -signal.SIGINT, done.stderr
+    assert "KeyboardInterrupt" in done.stderr
+
+
+def test_a_code_server_ending_because_the_process_stops_stops_nothing_more(tmp_path) -> None:
+    done = _serve_code(tmp_path / "code.sock", stopping=True)
+    assert done.stdout.startswith("serving"), done.stderr
+    assert done.returncode == 0, done.stderr
+    assert "the Dagster code server stopped" not in done.stderr
+
+
+def _serve_code(socket, stopping: bool) -> subprocess.CompletedProcess[str]:
+    code = f"SOCKET = {str(socket)!r}\nSTOPPING = {stopping}\n{STOPPING_CODE_SERVER}"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -90,12 +90,11 @@ def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> N
             "stream": "healthy",
             "journal": "healthy",
             "gateway": "healthy",
-            "dagster-code": "healthy",
             "dagster": "healthy",
         }
-        # One code server for the webserver and the daemon, which share one process and
-        # start no code server of their own (#36).
-        assert code_servers(stack) == ["dagster-code"]
+        # Dagster's code server, webserver and daemon are one process, which starts no code
+        # server process of its own (#36).
+        assert code_servers(stack) == []
         page = f"http://127.0.0.1:{settings.port('gateway_http')}/"
         with urllib.request.urlopen(page, timeout=10) as resp:
             assert b"<title>candlewire</title>" in resp.read()
