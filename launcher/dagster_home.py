@@ -91,7 +91,11 @@ def served_workspace(settings: Settings) -> Path:
 
 def code_server_health(settings: Settings) -> str | None:
     """The code server accepts connections on its socket once the definitions loaded."""
-    path = code_socket(settings)
+    return socket_problem(code_socket(settings))
+
+
+def socket_problem(path: Path | str) -> str | None:
+    """Why a connection to the code server's socket at ``path`` fails (None: it accepts)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         try:
             s.connect(str(path))

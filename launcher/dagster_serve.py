@@ -22,7 +22,6 @@ import argparse
 import logging
 import os
 import signal
-import socket as socket_
 import sys
 import threading
 import time
@@ -105,15 +104,12 @@ def serve_code(socket: str, stopping: threading.Event) -> threading.Event:
 
 
 def _await_socket(path: str, timeout_s: float = 30.0) -> None:
+    from launcher.dagster_home import socket_problem
+
     deadline = time.monotonic() + timeout_s
-    while True:
-        with socket_.socket(socket_.AF_UNIX, socket_.SOCK_STREAM) as s:
-            try:
-                s.connect(path)
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
+    while (problem := socket_problem(path)) is not None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(problem)
         time.sleep(0.05)
 
 
