@@ -44,6 +44,10 @@ class GatewaySettings(BaseSettings):
     auth_timeout_s: float = 5.0
     dedup_window_s: float = 300.0
     """A critical event seen again within this window is acked again, not delivered again."""
+    claim_lease_s: float = Field(default=60.0, gt=0)
+    """How long a gateway's claim on a critical event it delivers keeps other gateways from
+    delivering it too. Longer than a slow delivery (every channel's ``http_timeout_s``);
+    it is also how long the events of a gateway killed mid-delivery wait for another one."""
     max_inflight: int = 128
     """Critical events this gateway works on at once, from receipt to the committed answer.
     Throughput is at most this many per round trip of one event (a batched lookup, the

@@ -9,6 +9,10 @@
 - Every answer is kept for the dedup window, in memory and in PostgreSQL. An event seen
   again (a resend after a lost ack, to this gateway or another, before or after a restart)
   gets the same answer and is not delivered again.
+- An event is claimed in PostgreSQL before it is delivered. A resend that reaches another
+  gateway while this one still works on it gets no answer there (the container sends it
+  again later) rather than a second delivery. A claim lapses after ``claim_lease_s``, so the
+  events of a gateway that died mid-delivery are delivered by another: at least once.
 - The ack goes out only once the answer is committed. Events in flight share their database
   round trips: one query looks up all their earlier answers, one their users' addresses, one
   statement (one commit) stores their answers (:class:`Batcher`).
@@ -17,8 +21,10 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
@@ -84,6 +90,13 @@ class Batcher(Generic[K, V]):
                 future.cancel()
 
 
+class Claim(enum.Enum):
+    """An event without an earlier answer: this gateway's to deliver, or another's."""
+
+    OURS = "ours"
+    ELSEWHERE = "elsewhere"
+
+
 class CriticalDelivery:
     def __init__(
         self,
@@ -95,18 +108,22 @@ class CriticalDelivery:
         *,
         dedup_window_s: float,
         max_retries: int,
+        claim_lease_s: float,
     ) -> None:
         self.directory, self.channels, self.sessions = directory, channels, sessions
         self.symbols, self.metrics = symbols, metrics
         self.window_s, self.max_retries = dedup_window_s, max_retries
+        self.lease_s = claim_lease_s
+        self.owner = uuid.uuid4().hex  # this gateway's claims, for as long as it runs
         self._recent: OrderedDict[str, tuple[float, ev.EventAck]] = OrderedDict()
-        self._busy: dict[str, asyncio.Future[ev.EventAck]] = {}
-        self._seen: Batcher[str, ev.EventAck | None] = Batcher(self._seen_batch)
+        self._busy: dict[str, asyncio.Future[ev.EventAck | None]] = {}
+        self._claim: Batcher[str, ev.EventAck | Claim] = Batcher(self._claim_batch)
         self._user: Batcher[str, UserAddress] = Batcher(self._users_batch)
         self._record: Batcher[Answer, None] = Batcher(self._record_batch)
 
-    async def handle(self, event: ev.UserEvent) -> ev.EventAck:
-        """The answer for one event, delivering it only if no answer was given before.
+    async def handle(self, event: ev.UserEvent) -> ev.EventAck | None:
+        """The answer for one event, delivering it only if no answer was given before; None
+        while another gateway holds its claim (no ack: the sender resends it later).
 
         The answer is committed to PostgreSQL before this returns, and the caller acks only
         then: a crash before the commit leaves the event unacked, and the sender resends it.
@@ -118,18 +135,24 @@ class CriticalDelivery:
         known = self._remembered(event.event_id)
         if known is None and event.event_id in self._busy:  # a resend while we still work
             known = await asyncio.shield(self._busy[event.event_id])
+            if known is None:
+                return None
         if known is not None:
             self.metrics.critical.labels("duplicate").inc()
             self._remember(known)
             return known
         # Claimed before the first await, so a copy in the same batch waits for this one.
-        done: asyncio.Future[ev.EventAck] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[ev.EventAck | None] = asyncio.get_running_loop().create_future()
         self._busy[event.event_id] = done
         try:
-            seen = await self._seen(event.event_id)
-            if seen is not None:
+            verdict = await self._claim(event.event_id)
+            if verdict is Claim.ELSEWHERE:
+                self.metrics.critical.labels("elsewhere").inc()
+                done.set_result(None)
+                return None
+            if isinstance(verdict, ev.EventAck):
                 self.metrics.critical.labels("duplicate").inc()
-                ack = seen
+                ack = verdict
             else:
                 answer = await self._deliver(event, 0, 0)
                 await self._record(answer)
@@ -188,9 +211,18 @@ class CriticalDelivery:
 
     # -- one database round trip per batch --------------------------------------------------
 
-    async def _seen_batch(self, event_ids: list[str]) -> list[ev.EventAck | None]:
-        found = await self.directory.seen(event_ids, self.window_s)
-        return [found.get(e) for e in event_ids]
+    async def _claim_batch(self, event_ids: list[str]) -> list[ev.EventAck | Claim]:
+        answers, ours = await self.directory.claim(
+            event_ids, self.window_s, self.owner, self.lease_s
+        )
+        return [
+            a if (a := answers.get(e)) is not None else Claim.OURS if e in ours else Claim.ELSEWHERE
+            for e in event_ids
+        ]
+
+    def release(self) -> int:
+        """Give up this gateway's claims on events it has not answered (it is stopping)."""
+        return self.directory.release(self.owner)
 
     async def _users_batch(self, user_ids: list[str]) -> list[UserAddress]:
         found = await self.directory.users(user_ids)

@@ -5,12 +5,17 @@
 - ``gateway_acks``: the answer given for each critical event in the dedup window. Shared, so
   a resend that the container's DEALER hands to another gateway, or to this one after a
   restart, is acknowledged again and not delivered again.
+- ``gateway_claims``: which gateway is delivering an event that has no answer yet, until
+  when. A resend that reaches another gateway while the first still works on it (a slow
+  channel, a long queue: an ack later than the container's timeout) is left unanswered
+  instead of delivered twice, and the container sends it again later. A claim that outlives
+  its lease (the gateway died mid-delivery) may be taken over: at least once.
 - ``gateway_retries``: deliveries acknowledged QUEUED (a rate limit). Any gateway picks a due
   row under a lease (``FOR UPDATE SKIP LOCKED``), so a queued event outlives the gateway that
   queued it.
 
 The methods are blocking, and the gateway calls them from a worker thread, except the
-critical path's: :meth:`Directory.seen`, :meth:`Directory.users` and :meth:`Directory.record`
+critical path's: :meth:`Directory.claim`, :meth:`Directory.users` and :meth:`Directory.record`
 are coroutines on the gateway's loop, each one statement for a whole batch of events, so the
 events in flight share a round trip and a commit (:class:`~gateway.critical.Batcher`).
 """
@@ -49,6 +54,13 @@ acks = sa.Table(
     sa.Column("status", sa.Integer, nullable=False),
     sa.Column("error", sa.Text, nullable=False, default=""),
     sa.Column("acked_at", sa.Float, nullable=False, index=True),
+)
+claims = sa.Table(
+    "gateway_claims",
+    meta,
+    sa.Column("event_id", sa.String(128), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False),
+    sa.Column("until", sa.Float, nullable=False, index=True),
 )
 retries = sa.Table(
     "gateway_retries",
@@ -106,9 +118,22 @@ def _unnest_upsert(table: sa.Table, prefix: str) -> str:
 # The answers and the retries they promise in one statement, so atomic in autocommit: a
 # data-modifying WITH runs to completion whether or not the main statement reads it.
 RECORD_SQL = f"WITH queued AS ({_unnest_upsert(retries, 'r_')}) {_unnest_upsert(acks, 'a_')}"
-SEEN_SQL = (
-    f"SELECT event_id, status, error FROM {acks.name} "
-    "WHERE event_id = ANY(%(ids)s) AND acked_at > %(since)s"
+# The earlier answers to a batch, and for the events without one a claim: inserted, or taken
+# over from a lapsed lease (or from ourselves: a resend after a failed commit). One
+# statement: a concurrent claim of the same event waits on the row and then loses. A claim
+# stays after its answer, so a resend that read the answers just before that commit still
+# finds the claim held.
+CLAIM_SQL = (
+    f"WITH answered AS (SELECT event_id, status, error FROM {acks.name} "
+    "WHERE event_id = ANY(%(ids)s) AND acked_at > %(since)s), "
+    f"claimed AS (INSERT INTO {claims.name} (event_id, owner, until) "
+    "SELECT id, %(owner)s, %(until)s FROM unnest(CAST(%(ids)s AS TEXT[])) AS id "
+    "WHERE id NOT IN (SELECT event_id FROM answered) "
+    "ON CONFLICT (event_id) DO UPDATE SET owner = excluded.owner, until = excluded.until "
+    f"WHERE {claims.name}.until < %(now)s OR {claims.name}.owner = excluded.owner "
+    "RETURNING event_id) "
+    "SELECT event_id, status, error FROM answered UNION ALL "
+    "SELECT event_id, NULL, NULL FROM claimed"
 )
 USERS_SQL = (
     f"SELECT user_id, telegram_chat_id, email, push_subscription FROM {users.name} "
@@ -191,11 +216,40 @@ class Directory:
 
     # -- dedup -------------------------------------------------------------------------------
 
-    async def seen(self, event_ids: list[str], window_s: float) -> dict[str, ev.EventAck]:
-        """The answers given within the window to any of these events, in one query."""
-        params = {"ids": list(set(event_ids)), "since": time.time() - window_s}
-        rows = await self._statement(SEEN_SQL, params)
-        return {e: ev.EventAck(event_id=e, status=s, error_message=m) for e, s, m in rows}
+    async def claim(
+        self, event_ids: list[str], window_s: float, owner: str, lease_s: float
+    ) -> tuple[dict[str, ev.EventAck], set[str]]:
+        """For a batch of events, in one statement: the answers given within the window,
+        and the events now claimed by ``owner`` for ``lease_s``. An event in neither is
+        another gateway's to answer."""
+        now = time.time()
+        params = {
+            "ids": list(set(event_ids)),
+            "since": now - window_s,
+            "owner": owner,
+            "until": now + lease_s,
+            "now": now,
+        }
+        answers: dict[str, ev.EventAck] = {}
+        ours: set[str] = set()
+        for e, s, m in await self._statement(CLAIM_SQL, params):
+            if s is None:
+                ours.add(e)
+            else:
+                answers[e] = ev.EventAck(event_id=e, status=s, error_message=m)
+        return answers, ours
+
+    def release(self, owner: str) -> int:
+        """Give up ``owner``'s claims on events that have no answer (a gateway that stops
+        with events in flight), so that their resends need not wait out the lease."""
+        with self.engine.begin() as db:
+            gone = db.execute(
+                sa.delete(claims).where(
+                    claims.c.owner == owner,
+                    ~sa.exists().where(acks.c.event_id == claims.c.event_id),
+                )
+            )
+        return gone.rowcount
 
     async def record(self, answers: list[Answer]) -> None:
         """Store answers, and with QUEUED the retries they promise, in one statement: one
@@ -258,8 +312,11 @@ class Directory:
         return conn
 
     def purge(self, window_s: float) -> int:
+        """Forget answers older than the window, and claims that lapsed as long ago."""
+        cutoff = time.time() - window_s
         with self.engine.begin() as db:
-            gone = db.execute(sa.delete(acks).where(acks.c.acked_at <= time.time() - window_s))
+            gone = db.execute(sa.delete(acks).where(acks.c.acked_at <= cutoff))
+            db.execute(sa.delete(claims).where(claims.c.until <= cutoff))
         return gone.rowcount
 
     # -- queued deliveries -------------------------------------------------------------------

@@ -19,7 +19,7 @@ class GatewayMetrics:
         )
         self.critical = Counter(
             "candlewire_gateway_critical",
-            "Critical-path events answered, by ack (and duplicates answered again)",
+            "Critical-path events, by ack; duplicates answered again; elsewhere: another gateway delivers it",
             ["result"],
             registry=r,
         )

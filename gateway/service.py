@@ -208,6 +208,7 @@ class Gateway:
             self.metrics,
             dedup_window_s=gw.dedup_window_s,
             max_retries=gw.max_retries,
+            claim_lease_s=gw.claim_lease_s,
         )
         ctx = zmq.asyncio.Context()
         size = s.max_message_bytes
@@ -285,6 +286,9 @@ class Gateway:
             if guard is not None:
                 guard.stop()
             ctx.destroy(linger=0)
+            if hasattr(self, "critical"):
+                with contextlib.suppress(Exception):  # else they lapse with their lease
+                    self.critical.release()
             self.directory.close()
 
     # -- sessions -------------------------------------------------------------------------
@@ -536,6 +540,8 @@ class Gateway:
             ack = await self.critical.handle(event)
         except Exception:  # no ack: the container resends, nothing is lost
             log.exception("event %s not handled; the container will resend", event.event_id)
+            return
+        if ack is None:  # another gateway is delivering it; the container resends
             return
         self._acks.send([identity, b"", *encode(ack)])  # with the others of this loop turn
 

@@ -30,11 +30,7 @@ def test_a_resent_event_is_acked_again_not_delivered_again(
     gw_env, telegram, make_gateway, container
 ) -> None:
     first = make_gateway(gw_env, gw_config(telegram))
-    other_env = gw_env.model_copy(
-        update={
-            "ports": gw_env.ports | {n: free_port() for n in ("critical_events", "gateway_http")}
-        }
-    )
+    other_env = second_env(gw_env)
     second = make_gateway(other_env, gw_config(telegram))
     user = new_user()
     first.directory.set_user(user, telegram_chat_id="7")
@@ -49,6 +45,71 @@ def test_a_resent_event_is_acked_again_not_delivered_again(
     assert refs(telegram.texts()) == [event.event_id]
     assert restarted.metrics.critical.labels("duplicate")._value.get() == 1
     assert second.metrics.critical.labels("duplicate")._value.get() == 1
+
+
+def second_env(gw_env: Settings) -> Settings:
+    """Another gateway's ports on the same platform (and the same PostgreSQL)."""
+    ports = {n: free_port() for n in ("critical_events", "gateway_http", "gateway_metrics")}
+    return gw_env.model_copy(update={"ports": gw_env.ports | ports})
+
+
+def held_telegram(gw, monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """Make ``gw``'s Telegram calls wait: (entered, go on)."""
+    entered, go_on = threading.Event(), threading.Event()
+    send = gw.channels[ev.TELEGRAM].send
+
+    async def held(*args):
+        entered.set()
+        await asyncio.to_thread(go_on.wait, 30)
+        return await send(*args)
+
+    monkeypatch.setattr(gw.channels[ev.TELEGRAM], "send", held)
+    return entered, go_on
+
+
+def test_a_resend_to_another_gateway_mid_delivery_is_not_delivered_twice(
+    gw_env, telegram, make_gateway, container, monkeypatch
+) -> None:
+    first = make_gateway(gw_env, gw_config(telegram))
+    other_env = second_env(gw_env)
+    second = make_gateway(other_env, gw_config(telegram))
+    user = new_user()
+    first.directory.set_user(user, telegram_chat_id="8")
+    entered, go_on = held_telegram(first, monkeypatch)
+    event = user_event(user, ev.CRITICAL, TELEGRAM_ONLY)
+    to_first, to_second = container(gw_env), container(other_env)
+    try:
+        to_first.sock.send_multipart([b"", *encode(event)])
+        assert entered.wait(20)  # the first gateway is delivering it ...
+        to_second.sock.send_multipart([b"", *encode(event)])  # ... when the ack is late
+        wait_for(lambda: second.metrics.critical.labels("elsewhere")._value.get() == 1)
+        assert to_second.sock.poll(500) == 0  # left to the first: no answer, no delivery
+    finally:
+        go_on.set()
+    assert acks_of(to_first, 1)[0].status == ev.DELIVERED
+    assert to_second.send(event).status == ev.DELIVERED  # sent again: the first's answer
+    assert refs(telegram.texts()) == [event.event_id]
+
+
+def test_a_stopping_gateway_gives_up_its_claims_and_another_delivers_at_once(
+    gw_env, telegram, make_gateway, container, monkeypatch
+) -> None:
+    first = make_gateway(gw_env, gw_config(telegram))
+    other_env = second_env(gw_env)
+    second = make_gateway(other_env, gw_config(telegram))  # the lease (60 s) is not waited
+    user = new_user()
+    first.directory.set_user(user, telegram_chat_id="6")
+    entered, go_on = held_telegram(first, monkeypatch)
+    event = user_event(user, ev.CRITICAL, TELEGRAM_ONLY)
+    try:
+        container(gw_env).sock.send_multipart([b"", *encode(event)])
+        assert entered.wait(20)
+        first.stop()  # mid-delivery: no answer, no ack
+    finally:
+        go_on.set()
+    assert container(other_env).send(event).status == ev.DELIVERED
+    assert refs(telegram.texts()) == [event.event_id]
+    assert second.metrics.critical.labels("elsewhere")._value.get() == 0
 
 
 def test_a_rate_limit_is_queued_and_retried_even_by_another_gateway(
@@ -219,21 +280,16 @@ def delivered_by(settings: Settings) -> float:
 def test_kill_9_of_a_gateway_with_events_in_flight_loses_none_and_duplicates_none(
     gw_env, telegram, make_gateway, make_publisher
 ) -> None:
-    a = gw_env
-    b = gw_env.model_copy(
-        update={
-            "ports": gw_env.ports
-            | {n: free_port() for n in ("critical_events", "gateway_http", "gateway_metrics")}
-        }
-    )
-    # One delivery at a time: the kill can cut short at most one channel call.
-    one = {"CANDLEWIRE_GATEWAY_MAX_INFLIGHT": "1"}
+    a, b = gw_env, second_env(gw_env)
+    # One delivery at a time: the kill can cut short at most one channel call. Its claim
+    # lapses after 10 s, and the other gateway delivers it.
+    one = {"CANDLEWIRE_GATEWAY_MAX_INFLIGHT": "1", "CANDLEWIRE_GATEWAY_CLAIM_LEASE_S": "10"}
     procs = [spawn_gateway(a, telegram.url, one), spawn_gateway(b, telegram.url, one)]
     try:
         pub = make_publisher(
             gw_env,
             gateways=[a.connect("critical_events"), b.connect("critical_events")],
-            ack_timeout=5.0,  # resent only when a gateway is gone, not when slow
+            ack_timeout=2.0,  # resent when a gateway is gone, and when it is slow
         )
         user = new_user()
         from gateway.directory import Directory
