@@ -23,7 +23,10 @@ from ingest.service import Ingestor, stream_key
 from launcher.render import gap_table
 from proto import market_pb2
 from proto import requests_pb2 as rq
-from tests.ingest.test_service import live  # noqa: F401 - the relay + Kafka fixture
+from tests.ingest.test_service import (
+    PEER_BEAT_S,
+    live,  # noqa: F401 - the relay + Kafka fixture
+)
 from tests.support import RecordingSink, read_topic, wait_for
 
 T = "SIM:BTC/USDT"
@@ -294,7 +297,7 @@ def test_a_peer_takes_a_dead_ingestors_stream_over_and_fills_the_gap(live) -> No
             live,
             [sim],
             ingestor_id=ingestor_id,
-            heartbeat_s=0.2,
+            heartbeat_s=PEER_BEAT_S,
             warmup_beats=2,
             metrics=False,
             always_on=[ticker],
@@ -306,10 +309,17 @@ def test_a_peer_takes_a_dead_ingestors_stream_over_and_fills_the_gap(live) -> No
     try:
         wait_for(lambda: key in first.jobs, timeout=10)
         second = ingestor("ing-second")  # after: it hears the first streaming, and waits
-        wait_for(lambda: hears_working(second, name, "ing-first", key), timeout=10)
-        time.sleep(0.5)
+        # ... and has heard of a trade it sent: the tail the takeover starts from (a loaded
+        # machine can take seconds to the stream's first trade).
+        wait_for(
+            lambda: (
+                hears_working(second, name, "ing-first", key) and ticker in second.views[name].tails
+            ),
+            timeout=30,
+        )
+        time.sleep(PEER_BEAT_S)
         first.exchanges[name].frozen.set()  # type: ignore[attr-defined]
-        time.sleep(0.6)  # its heartbeats still announce the last trade it sent
+        time.sleep(2 * PEER_BEAT_S)  # its heartbeats still announce the last trade it sent
         first._heartbeat = lambda *a, **k: None  # type: ignore[method-assign] - then it dies
         first.stop()
 

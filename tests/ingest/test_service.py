@@ -35,9 +35,14 @@ def live(platform_settings, kafka):
     relay.stop()
 
 
-def start_ingestor(settings, *exchanges, **kw) -> Ingestor:
+# Two peers in one test process (one interpreter lock) on a loaded machine can stall for
+# more than 3 missed beats of 0.2 s, and each then thinks the other dead: beats of 0.5 s.
+PEER_BEAT_S = 0.5
+
+
+def start_ingestor(settings, *exchanges, heartbeat_s: float = 0.2, **kw) -> Ingestor:
     return Ingestor(
-        settings, list(exchanges), heartbeat_s=0.2, warmup_beats=2, metrics=False, **kw
+        settings, list(exchanges), heartbeat_s=heartbeat_s, warmup_beats=2, metrics=False, **kw
     ).start()
 
 
@@ -133,8 +138,8 @@ def sees_taking(ingestor: Ingestor, other: Ingestor) -> bool:
 
 
 def test_competing_ingestors_fetch_each_request_once(live) -> None:
-    a = start_ingestor(live, SimExchange(), ingestor_id="ing-a")
-    b = start_ingestor(live, SimExchange(), ingestor_id="ing-b")
+    a = start_ingestor(live, SimExchange(), ingestor_id="ing-a", heartbeat_s=PEER_BEAT_S)
+    b = start_ingestor(live, SimExchange(), ingestor_id="ing-b", heartbeat_s=PEER_BEAT_S)
     try:
         # Both past warm-up and each taking work in the other's view; then 16 requests
         # leave rendezvous hashing a 2 in 65,536 chance of giving them all to one.
