@@ -41,6 +41,9 @@ Echo = Callable[[str], None]
 # The local ingestor's exchanges: SIM under its own name, and under BINANCE so that
 # BINANCE:BTC/USDT works out of the box.
 LOCAL_EXCHANGES = ("SIM", "BINANCE=sim")
+# Parts an earlier version ran and this one does not, with a word of their command line: a
+# stack started before an upgrade still has them running, and `down` stops them too.
+RETIRED_PARTS = {"dagster-code": "dagster"}  # its code server, in the dagster part since 85a08a9
 
 
 class StackError(RuntimeError):
@@ -365,8 +368,25 @@ class Stack:
                         errors.append(exc)
                     else:
                         echo(f"{svc.name}: stopped")
+        self._stop_retired(echo)
         if errors:
             raise errors[0]
+
+    def _stop_retired(self, echo: Echo) -> None:
+        """Stop the :data:`RETIRED_PARTS` a pid file still names, if that pid is still theirs
+        (its command line has their word, so a reused pid is left alone)."""
+        for name, word in RETIRED_PARTS.items():
+            pidfile = self.settings.state_dir / "run" / f"{name}.pid"
+            try:
+                pid = int(pidfile.read_text().strip())
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except (OSError, ValueError):
+                pidfile.unlink(missing_ok=True)
+                continue
+            if word.encode() in cmdline and alive(pid):
+                stop_process_group(pid, 30.0)
+                echo(f"{name}: stopped (this version no longer runs it)")
+            pidfile.unlink(missing_ok=True)
 
     def status(self) -> list[tuple[str, int | None, int | None, str]]:
         """(name, port, pid, health) for each part."""

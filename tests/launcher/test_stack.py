@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -306,6 +308,33 @@ def test_parts_stop_together_once_nothing_that_needs_them_runs(tmp_path) -> None
     assert not down.is_alive()
     assert log.index("stop db") > log.index("stop ui")
     assert sorted(said) == sorted(f"{n}: stopped" for n in ("db", "broker", "app", "ui"))
+
+
+def test_down_stops_a_part_this_version_no_longer_runs(tmp_path) -> None:
+    """A stack started before an upgrade runs parts the new one does not list (Dagster's code
+    server had a part of its own); `down` stops them, and leaves a reused pid alone."""
+    settings = free_settings(tmp_path / "state")
+    run = settings.state_dir / "run"
+    run.mkdir(parents=True)
+    retired = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "dagster", "api", "grpc"],
+        start_new_session=True,
+    )
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / "dagster-code.pid").write_text(str(retired.pid))
+        said: list[str] = []
+        Stack(settings, []).down(said.append)
+        retired.wait(10)  # ended, 50 s before its sleep would have (down reaps it: no status)
+        assert said == ["dagster-code: stopped (this version no longer runs it)"]
+        assert not (run / "dagster-code.pid").exists()
+        (run / "dagster-code.pid").write_text(str(other.pid))  # the pid is someone else's now
+        Stack(settings, []).down(said.append)
+        assert other.poll() is None and len(said) == 1
+    finally:
+        for p in (retired, other):
+            p.kill()
+            p.wait()
 
 
 def test_a_part_that_will_not_stop_stops_nothing_less(tmp_path) -> None:
