@@ -42,6 +42,7 @@ RETRY_LEASE_S = 60.0
 MAX_REMEMBERED = 100_000  # beyond this, the dedup window is served by PostgreSQL alone
 MAX_BATCH = 512  # rows per database round trip
 MAX_ID = 128  # characters in an event or user id: the width of the tables' key columns
+DELIVER_SHARE = 0.8  # of the claim's lease a delivery may take; the rest is for the commit
 # Channels that reach a user through this gateway's sessions, by user id: no address needed.
 SESSION_CHANNELS = frozenset({ev.ACTIVE_SESSION, ev.WEB})
 
@@ -136,6 +137,7 @@ class CriticalDelivery:
         if known is None and event.event_id in self._busy:  # a resend while we still work
             known = await asyncio.shield(self._busy[event.event_id])
             if known is None:
+                self.metrics.critical.labels("elsewhere").inc()
                 return None
         if known is not None:
             self.metrics.critical.labels("duplicate").inc()
@@ -154,7 +156,10 @@ class CriticalDelivery:
                 self.metrics.critical.labels("duplicate").inc()
                 ack = verdict
             else:
-                answer = await self._deliver(event, 0, 0)
+                # Within the claim's lease, so no other gateway delivers it meanwhile; past
+                # it, no answer (the container resends, and the next claim decides).
+                async with asyncio.timeout(self.lease_s * DELIVER_SHARE):
+                    answer = await self._deliver(event, 0, 0)
                 await self._record(answer)
                 ack = answer.ack
                 self.metrics.critical.labels(ev.AckStatus.Name(ack.status).lower()).inc()

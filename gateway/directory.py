@@ -122,15 +122,18 @@ RECORD_SQL = f"WITH queued AS ({_unnest_upsert(retries, 'r_')}) {_unnest_upsert(
 # over from a lapsed lease (or from ourselves: a resend after a failed commit). One
 # statement: a concurrent claim of the same event waits on the row and then loses. A claim
 # stays after its answer, so a resend that read the answers just before that commit still
-# finds the claim held.
+# finds the claim held. Rows are claimed in id order, so two gateways claiming overlapping
+# batches wait on each other in one order, never in a cycle (a deadlock would fail both
+# batches). Leases run on the database's clock, which every gateway shares.
+DB_NOW = "CAST(extract(epoch FROM now()) AS double precision)"
 CLAIM_SQL = (
     f"WITH answered AS (SELECT event_id, status, error FROM {acks.name} "
     "WHERE event_id = ANY(%(ids)s) AND acked_at > %(since)s), "
     f"claimed AS (INSERT INTO {claims.name} (event_id, owner, until) "
-    "SELECT id, %(owner)s, %(until)s FROM unnest(CAST(%(ids)s AS TEXT[])) AS id "
-    "WHERE id NOT IN (SELECT event_id FROM answered) "
+    f"SELECT id, %(owner)s, {DB_NOW} + %(lease_s)s FROM unnest(CAST(%(ids)s AS TEXT[])) AS id "
+    "WHERE id NOT IN (SELECT event_id FROM answered) ORDER BY id "
     "ON CONFLICT (event_id) DO UPDATE SET owner = excluded.owner, until = excluded.until "
-    f"WHERE {claims.name}.until < %(now)s OR {claims.name}.owner = excluded.owner "
+    f"WHERE {claims.name}.until < {DB_NOW} OR {claims.name}.owner = excluded.owner "
     "RETURNING event_id) "
     "SELECT event_id, status, error FROM answered UNION ALL "
     "SELECT event_id, NULL, NULL FROM claimed"
@@ -222,13 +225,11 @@ class Directory:
         """For a batch of events, in one statement: the answers given within the window,
         and the events now claimed by ``owner`` for ``lease_s``. An event in neither is
         another gateway's to answer."""
-        now = time.time()
         params = {
-            "ids": list(set(event_ids)),
-            "since": now - window_s,
+            "ids": sorted(set(event_ids)),
+            "since": time.time() - window_s,
             "owner": owner,
-            "until": now + lease_s,
-            "now": now,
+            "lease_s": lease_s,
         }
         answers: dict[str, ev.EventAck] = {}
         ours: set[str] = set()
@@ -316,7 +317,8 @@ class Directory:
         cutoff = time.time() - window_s
         with self.engine.begin() as db:
             gone = db.execute(sa.delete(acks).where(acks.c.acked_at <= cutoff))
-            db.execute(sa.delete(claims).where(claims.c.until <= cutoff))
+            db_now = sa.literal_column(DB_NOW, sa.Float)
+            db.execute(sa.delete(claims).where(claims.c.until + window_s <= db_now))
         return gone.rowcount
 
     # -- queued deliveries -------------------------------------------------------------------

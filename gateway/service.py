@@ -72,6 +72,7 @@ from proto.envelope import EnvelopeError, decode, decode_sub, encode, expect
 log = logging.getLogger("candlewire.gateway")
 
 PURGE_EVERY_S = 60.0
+ANSWER_DRAIN_S = 5.0  # how long a stopping gateway lets critical events in flight finish
 CRITICAL_BATCH = 256  # critical events taken from the ROUTER in one loop turn
 INFORMATIONAL_BATCH = 256  # informational events taken from the SUB in one loop turn
 SEED_CANDLES = 90  # what the page draws
@@ -120,6 +121,7 @@ class Gateway:
         own = {f"http://{h}:{port}" for h in (self.settings.host, "127.0.0.1", "localhost")}
         self._last_seen: dict[str, tuple[int, int]] = {}  # chart topic -> (epoch, seq)
         self._depth: dict[str, asyncio.Task] = {}  # charted ticker -> its book subscription
+        self._answering: set[asyncio.Task] = set()  # critical events in flight
         self._origins = frozenset(own | set(self.gw.allowed_origins))
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -274,6 +276,7 @@ class Gateway:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self._finish_answers()  # before the sessions close: some deliver to them
             if server is not None:
                 server.close()
                 with contextlib.suppress(Exception):
@@ -286,9 +289,6 @@ class Gateway:
             if guard is not None:
                 guard.stop()
             ctx.destroy(linger=0)
-            if hasattr(self, "critical"):
-                with contextlib.suppress(Exception):  # else they lapse with their lease
-                    self.critical.release()
             self.directory.close()
 
     # -- sessions -------------------------------------------------------------------------
@@ -525,7 +525,24 @@ class Gateway:
                     continue
                 await slots.acquire()
                 task = asyncio.create_task(self._answer(identity, event))
+                self._answering.add(task)
+                task.add_done_callback(self._answering.discard)
                 task.add_done_callback(lambda _t: slots.release())
+
+    async def _finish_answers(self) -> None:
+        """At stop, once nothing more is read: the critical events in flight get
+        ``ANSWER_DRAIN_S`` to be answered (a channel call cut short may have delivered, and
+        another gateway would deliver it again); the rest are cancelled. Then this gateway's
+        claims on events it has not answered are given up, so that their resends need not
+        wait out the lease."""
+        if self._answering:
+            await asyncio.wait(set(self._answering), timeout=ANSWER_DRAIN_S)
+        for task in self._answering:
+            task.cancel()
+        await asyncio.gather(*self._answering, return_exceptions=True)
+        if hasattr(self, "critical"):
+            with contextlib.suppress(Exception):  # else they lapse with their lease
+                await asyncio.wait_for(asyncio.to_thread(self.critical.release), 5)
 
     def _may_send(self, peer: Peer | None, event: ev.UserEvent, channel: str) -> bool:
         """A container's key speaks for its own user only (None: CURVE is off)."""

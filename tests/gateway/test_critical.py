@@ -112,6 +112,29 @@ def test_a_stopping_gateway_gives_up_its_claims_and_another_delivers_at_once(
     assert second.metrics.critical.labels("elsewhere")._value.get() == 0
 
 
+def test_a_stopping_gateway_answers_the_deliveries_in_flight_first(
+    gw_env, telegram, make_gateway, container, monkeypatch
+) -> None:
+    gw = make_gateway(gw_env, gw_config(telegram))
+    user = new_user()
+    gw.directory.set_user(user, telegram_chat_id="4")
+    entered, go_on = held_telegram(gw, monkeypatch)
+    event = user_event(user, ev.CRITICAL, TELEGRAM_ONLY)
+    dealer = container(gw_env)
+    dealer.sock.send_multipart([b"", *encode(event)])
+    try:
+        assert entered.wait(20)
+        stopping = threading.Thread(target=gw.stop)
+        stopping.start()  # mid-delivery ...
+        time.sleep(0.5)
+    finally:
+        go_on.set()  # ... which then succeeds: answered and acked before the gateway goes
+    assert acks_of(dealer, 1)[0].status == ev.DELIVERED
+    stopping.join(20)
+    assert not stopping.is_alive()
+    assert refs(telegram.texts()) == [event.event_id]
+
+
 def test_a_rate_limit_is_queued_and_retried_even_by_another_gateway(
     gw_env, telegram, make_gateway, container
 ) -> None:

@@ -17,7 +17,7 @@ from ingest.service import Ingestor, stream_key
 from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, encode
 from relay import Relay
-from tests.ingest.test_service import start_ingestor, subprocess_ingestor, ticks_of
+from tests.ingest.test_service import PEER_BEAT_S, start_ingestor, subprocess_ingestor, ticks_of
 from tests.support import wait_for
 
 GRACE_S = 1.5
@@ -55,12 +55,17 @@ def sim(name: str) -> SimExchange:
 def test_first_subscriber_starts_second_adds_nothing_last_leaving_stops(relay, ctx) -> None:
     s = relay.settings
     ticker = "SIMD:A/USDT"
-    ings = [start_ingestor(s, sim("SIMD"), grace_s=GRACE_S, ingestor_id=f"d{i}") for i in (1, 2)]
+    ings = [
+        start_ingestor(
+            s, sim("SIMD"), grace_s=GRACE_S, ingestor_id=f"d{i}", heartbeat_s=PEER_BEAT_S
+        )
+        for i in (1, 2)
+    ]
     control = ctx.socket(zmq.SUB)
     control.subscribe(work_prefix("SIMD"))
     control.connect(s.connect("control"))
     try:
-        time.sleep(1.0)  # past warm-up
+        time.sleep(3 * PEER_BEAT_S)  # past warm-up
         first = Watcher(ctx, s, ticker, "tick")
         # One ingestor streams each ticker (a brief duplicate while heartbeat views disagree
         # resolves itself: the lower-ranked peer yields).
