@@ -26,14 +26,26 @@ def refs(texts: list[str]) -> list[str]:
     return [m.group(1) for t in texts for m in [re.search(r"ref: (\w+)", t)] if m]
 
 
-def test_a_resent_event_is_acked_again_not_delivered_again(
-    gw_env, telegram, make_gateway, container
-) -> None:
+def second_env(gw_env: Settings) -> Settings:
+    """Another gateway's ports on the same platform (and the same PostgreSQL)."""
+    ports = {n: free_port() for n in ("critical_events", "gateway_http", "gateway_metrics")}
+    return gw_env.model_copy(update={"ports": gw_env.ports | ports})
+
+
+def two_gateways(gw_env: Settings, telegram, make_gateway, chat_id: str):
+    """Two gateways on one platform, the second's settings, and a user with a Telegram chat."""
     first = make_gateway(gw_env, gw_config(telegram))
     other_env = second_env(gw_env)
     second = make_gateway(other_env, gw_config(telegram))
     user = new_user()
-    first.directory.set_user(user, telegram_chat_id="7")
+    first.directory.set_user(user, telegram_chat_id=chat_id)
+    return first, second, other_env, user
+
+
+def test_a_resent_event_is_acked_again_not_delivered_again(
+    gw_env, telegram, make_gateway, container
+) -> None:
+    first, second, other_env, user = two_gateways(gw_env, telegram, make_gateway, "7")
     event = user_event(user, ev.CRITICAL, TELEGRAM_ONLY)
     to_first, to_second = container(gw_env), container(other_env)
     assert to_first.send(event).status == ev.DELIVERED
@@ -45,12 +57,6 @@ def test_a_resent_event_is_acked_again_not_delivered_again(
     assert refs(telegram.texts()) == [event.event_id]
     assert restarted.metrics.critical.labels("duplicate")._value.get() == 1
     assert second.metrics.critical.labels("duplicate")._value.get() == 1
-
-
-def second_env(gw_env: Settings) -> Settings:
-    """Another gateway's ports on the same platform (and the same PostgreSQL)."""
-    ports = {n: free_port() for n in ("critical_events", "gateway_http", "gateway_metrics")}
-    return gw_env.model_copy(update={"ports": gw_env.ports | ports})
 
 
 def held_telegram(gw, monkeypatch) -> tuple[threading.Event, threading.Event]:
@@ -70,11 +76,7 @@ def held_telegram(gw, monkeypatch) -> tuple[threading.Event, threading.Event]:
 def test_a_resend_to_another_gateway_mid_delivery_is_not_delivered_twice(
     gw_env, telegram, make_gateway, container, monkeypatch
 ) -> None:
-    first = make_gateway(gw_env, gw_config(telegram))
-    other_env = second_env(gw_env)
-    second = make_gateway(other_env, gw_config(telegram))
-    user = new_user()
-    first.directory.set_user(user, telegram_chat_id="8")
+    first, second, other_env, user = two_gateways(gw_env, telegram, make_gateway, "8")
     entered, go_on = held_telegram(first, monkeypatch)
     event = user_event(user, ev.CRITICAL, TELEGRAM_ONLY)
     to_first, to_second = container(gw_env), container(other_env)
@@ -94,11 +96,8 @@ def test_a_resend_to_another_gateway_mid_delivery_is_not_delivered_twice(
 def test_a_stopping_gateway_gives_up_its_claims_and_another_delivers_at_once(
     gw_env, telegram, make_gateway, container, monkeypatch
 ) -> None:
-    first = make_gateway(gw_env, gw_config(telegram))
-    other_env = second_env(gw_env)
-    second = make_gateway(other_env, gw_config(telegram))  # the lease (60 s) is not waited
-    user = new_user()
-    first.directory.set_user(user, telegram_chat_id="6")
+    # The second gateway will not wait out the first's lease (60 s).
+    first, second, other_env, user = two_gateways(gw_env, telegram, make_gateway, "6")
     entered, go_on = held_telegram(first, monkeypatch)
     event = user_event(user, ev.CRITICAL, TELEGRAM_ONLY)
     try:
