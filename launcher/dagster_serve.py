@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -96,7 +95,7 @@ def serve_code(socket: str, stopping: threading.Event) -> threading.Event:
             log.exception("the Dagster code server failed")
         if not stopping.is_set():
             log.error("the Dagster code server stopped; stopping the process with it")
-            os.kill(os.getpid(), signal.SIGTERM)
+            _stop_process()
 
     threading.Thread(target=run, name="code-server", daemon=True).start()
     _await_socket(socket)  # the webserver and the daemon load the code from it at once
@@ -160,7 +159,14 @@ def _watch(daemons: DagsterDaemonController, stopping: threading.Event) -> None:
             return
         log.exception("a Dagster daemon stopped; stopping the webserver with it")
     if not stopping.is_set():
-        os.kill(os.getpid(), signal.SIGTERM)
+        _stop_process()
+
+
+def _stop_process() -> None:
+    """SIGTERM, as ``candlewire down`` sends it, to the main thread: sent to the process from
+    another thread, the kernel may hand it to a thread other than the main one, and Python
+    then runs its handler only once the main thread's blocking call returns by itself."""
+    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
 
 
 def main() -> None:

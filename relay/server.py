@@ -34,6 +34,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -82,6 +83,7 @@ _REJECT_FOR_ENVELOPE: dict[type[EnvelopeError], int] = {
 # unserved for longer is reported.
 UNSERVED_AFTER_S = 2.0
 STEER_TIMEOUT_MS = 2_000  # how long stop() waits for the proxy to take TERMINATE
+FINISH_BEGUN_ROUNDS = 64  # forwards before new dials, at most: a stream may never pause
 # How long accepted work waits for its notification topic's subscription. A client that
 # subscribes through another relay, or not at all, is only delayed this much.
 NOTIFY_HOLD_S = 1.0
@@ -263,6 +265,8 @@ class Relay:
                     self._guarded_proxy(steer)
                 else:
                     zmq.proxy_steerable(self._xsub, self._xpub, None, steer)
+                    if not self._stop.is_set():
+                        self._finish_begun(self._forward_one)
                 if self._stop.is_set():
                     return
                 self._take_dials()
@@ -294,6 +298,28 @@ class Relay:
             log.info("publishers found by DNS: +%s -%s", sorted(added), sorted(removed))
         return bool(added or removed)
 
+    def _finish_begun(self, forward: Callable[[], None]) -> None:
+        """Forward what XSUB has begun before a publisher is disconnected.
+
+        The poll that last woke the proxy may have fetched the first frame of a message
+        into XSUB. If that message's publisher is then disconnected, reading its next frame
+        aborts the process inside libzmq (``fq.cpp``: ``!_more``; zeromq/libzmq#2163). A poll
+        that finds nothing fetched nothing, and a whole message read leaves nothing begun,
+        so a stream that never pauses ends this loop too.
+        """
+        for _ in range(FINISH_BEGUN_ROUNDS):
+            if not self._xsub.poll(0):
+                return
+            forward()
+
+    def _forward_one(self) -> None:
+        """One whole waiting message from XSUB to XPUB, as the plain proxy forwards it."""
+        try:
+            frames = self._xsub.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+        self._xpub.send_multipart(frames)
+
     def _take_dials(self) -> None:
         while True:
             try:
@@ -317,7 +343,9 @@ class Relay:
         while True:
             ready = dict(poller.poll())
             if steer in ready and steer.recv() == b"TERMINATE":
-                return  # a stop, or publishers to dial: _proxy tells which
+                if not self._stop.is_set():  # publishers to dial
+                    self._finish_begun(lambda: self._forward_data(publishers))
+                return
             if self._xsub in ready:
                 self._forward_data(publishers)
             if self._xpub in ready:

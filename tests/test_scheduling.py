@@ -1,4 +1,4 @@
-"""``make test``'s two workers: the Spark, cluster and stack modules are one unit of work,
+"""``make test``'s two workers: the Spark and stack modules are one unit of work,
 every other module a unit of its own (tests/scheduling.py)."""
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ def test_the_jvm_modules_are_one_unit_and_every_other_module_its_own() -> None:
         )
     }
     assert units == {"together"}
+    kafka = "tests/launcher/test_kafka_cluster.py"
+    assert scope(f"{kafka}::test_g") == kafka
     assert scope("tests/relay/test_server.py::test_d") == "tests/relay/test_server.py"
     assert scope("tests/relay/test_server.py::Cls::test_e") == "tests/relay/test_server.py"
     assert scope("tests/candlewire/test_client.py::test_f") == "tests/candlewire/test_client.py"

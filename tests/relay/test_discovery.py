@@ -17,7 +17,7 @@ from candlewire.config import Settings
 from candlewire.curve import dial
 from candlewire.testing import free_port
 from proto import market_pb2
-from proto.envelope import decode
+from proto.envelope import decode, encode_topic
 from relay import Relay
 from relay.discovery import Discovery, endpoint, parse_name, resolve
 from tests.support import FakePublisher, free_settings, secured_settings, wait_for
@@ -165,3 +165,45 @@ def test_a_bad_name_is_a_clear_error(bad) -> None:
 def test_the_system_resolver_answers_from_the_hosts_file() -> None:
     assert "127.0.0.1" in resolve("localhost")
     assert endpoint("::1", 5557) == "tcp://[::1]:5557"
+
+
+def test_publishers_dropped_and_added_mid_stream_leave_the_relay_serving(
+    ctx, settings, answers, relay
+) -> None:
+    """A publisher removed while it streams: the relay may hold the first frame of one of its
+    messages when it disconnects it, which aborted the process inside libzmq. Each publisher
+    streams without pause while the name's answer flips between one and both."""
+    port = int(settings.publisher_names[0].rsplit(":", 1)[1])
+    pubs = [FakePublisher(ctx, f"tcp://{host}:{port}", settings=settings) for host in HOSTS]
+    sub = dial(ctx.socket(zmq.SUB), settings, "relay", "ingest")
+    sub.subscribe(TOPIC.encode())
+    sub.connect(settings.connect("market_data"))
+    stop = threading.Event()
+
+    def stream(pub: FakePublisher) -> None:
+        frames = encode_topic(TOPIC, market_pb2.Tick(trade_id="x" * 64))
+        while not stop.is_set():
+            pub.send(frames)
+
+    threads = [threading.Thread(target=stream, args=(p,)) for p in pubs]
+    for t in threads:
+        t.start()
+    got = 0
+    try:
+        for flip in range(30):
+            answers.answer(list(HOSTS) if flip % 2 else [HOSTS[0]])
+            answers.wait_looked_up()
+            for _ in range(1000):  # the streams never pause
+                if not sub.poll(0):
+                    break
+                sub.recv_multipart()
+                got += 1
+        assert got > 0
+        assert relay.metrics.up._value.get() == 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        sub.close()
+        for pub in pubs:
+            pub.close()
