@@ -38,17 +38,18 @@ from tests.support import (
 os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
-# The modules that run Spark in this process or the whole stack. Under ``make test``'s two
+# The modules that run Spark, its cluster or the whole stack. Under ``make test``'s two
 # pytest-xdist workers they are one unit of work, run one after another on one worker (so
 # the live pipeline's Spark job starts once), and every other module runs beside them on the
-# other: two Spark modules at once on two cores took about twice as long each. The brokers',
-# Dagster's and the Spark cluster's modules run beside the unit; in it they left the other
-# worker idle for a third of the run.
+# other: two Spark modules at once on two cores took about twice as long each. The brokers'
+# and Dagster's modules run beside the unit; in it they left the other worker idle for a
+# third of the run.
 ONE_AFTER_ANOTHER = (
     "tests/streaming/",
     "tests/orchestration/",
     "tests/test_examples.py",
     "tests/candlewire/test_spark.py",
+    "tests/launcher/test_spark_cluster.py",
     "tests/launcher/test_stack.py",
 )
 
