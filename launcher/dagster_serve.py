@@ -56,6 +56,20 @@ def quicken_backfills() -> None:
     controller.DEFAULT_DAEMON_INTERVAL_SECONDS = BACKFILL_INTERVAL_S
 
 
+def interrupts_raise() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt, as Dagster's commands set them up.
+
+    Dagster gives SIGTERM whatever SIGINT has, here and again after each load of the code.
+    A process started in the background by a shell without job control inherits SIGINT
+    ignored, so SIGTERM (``candlewire down``, or the code server stopping) would be ignored
+    too: SIGINT gets Python's own handler first.
+    """
+    from dagster._utils.interrupts import setup_interrupt_handlers
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    setup_interrupt_handlers()
+
+
 def serve_code(socket: str, stopping: threading.Event) -> threading.Event:
     """Load the definitions and serve them on ``socket`` from gRPC's threads, as ``dagster api
     grpc --socket SOCKET -m orchestration.definitions`` would. Returns the event that stops
@@ -117,14 +131,13 @@ def serve(host: str, port: int, workspace: str, code_socket: str) -> None:
     from dagster._core.workspace.context import WorkspaceProcessContext
     from dagster._core.workspace.load_target import WorkspaceFileTarget
     from dagster._daemon.controller import daemon_controller_from_instance
-    from dagster._utils.interrupts import setup_interrupt_handlers
     from dagster_webserver.cli import host_dagster_ui_with_workspace_process_context
     from dagster_webserver.version import __version__
 
     # SIGTERM raises KeyboardInterrupt, as in ``dagster-daemon run``. The webserver stops on
     # it first, then sends it again once it has stopped: it then leaves each ``with`` below,
     # so the daemon threads finish their iteration and the instances close, not killed.
-    setup_interrupt_handlers()
+    interrupts_raise()
     quicken_backfills()
     stopping = threading.Event()
     code = serve_code(code_socket, stopping)

@@ -76,8 +76,9 @@ def test_backfills_are_looked_at_every_few_seconds_and_automation_keeps_its_pace
 
 STOPPING_CODE_SERVER = """
 import threading, time
-from launcher.dagster_serve import serve_code
+from launcher.dagster_serve import interrupts_raise, serve_code
 
+interrupts_raise()  # as serve() does first
 stopping = threading.Event()
 ended = serve_code(SOCKET, stopping)  # returns once the definitions serve on the socket
 print("serving", flush=True)
