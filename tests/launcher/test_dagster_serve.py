@@ -75,9 +75,10 @@ def test_backfills_are_looked_at_every_few_seconds_and_automation_keeps_its_pace
 
 
 STOPPING_CODE_SERVER = """
-import threading, time
+import signal, threading, time
 from launcher.dagster_serve import interrupts_raise, serve_code
 
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell's background job inherits it
 interrupts_raise()  # as serve() does first
 stopping = threading.Event()
 ended = serve_code(SOCKET, stopping)  # returns once the definitions serve on the socket
