@@ -499,12 +499,14 @@ class Gateway:
     # -- the critical path ------------------------------------------------------------------
 
     async def _critical(self) -> None:
-        """Every event queued on the ROUTER is taken in one loop turn, so the events in flight
-        share their database round trips (:class:`~gateway.critical.Batcher`)."""
+        """Every event queued on the ROUTER is taken in one loop turn and answered as one
+        batch, so the events in flight share their database round trips
+        (:class:`~gateway.critical.Batcher`). At most ``max_inflight`` are answered at once."""
         slots = asyncio.Semaphore(self.gw.max_inflight)
         peer_of = peer_reader(self.settings)
         self._acks = router = Batches(self._router)
         while True:
+            batch: list[tuple[bytes, ev.UserEvent]] = []
             for raw in await router.recv(CRITICAL_BATCH):
                 peer, frames = peer_of(raw[-1]), [f.bytes for f in raw]
                 identity, body = frames[0], frames[1:]
@@ -523,11 +525,25 @@ class Gateway:
                     )
                     router.send([identity, b"", *encode(ack)])
                     continue
+                if slots.locked() and batch:
+                    self._start_answering(batch, slots)
+                    batch = []
                 await slots.acquire()
-                task = asyncio.create_task(self._answer(identity, event))
-                self._answering.add(task)
-                task.add_done_callback(self._answering.discard)
-                task.add_done_callback(lambda _t: slots.release())
+                batch.append((identity, event))
+            if batch:
+                self._start_answering(batch, slots)
+
+    def _start_answering(
+        self, batch: list[tuple[bytes, ev.UserEvent]], slots: asyncio.Semaphore
+    ) -> None:
+        def release(_task: asyncio.Task[None]) -> None:
+            for _ in batch:
+                slots.release()
+
+        task = asyncio.create_task(self._answer(batch))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+        task.add_done_callback(release)
 
     async def _finish_answers(self) -> None:
         """At stop, once nothing more is read: the critical events in flight get
@@ -552,15 +568,19 @@ class Gateway:
         log.warning("refused %s's event for user %s", peer.name, event.user_id)
         return False
 
-    async def _answer(self, identity: bytes, event: ev.UserEvent) -> None:
-        try:
-            ack = await self.critical.handle(event)
-        except Exception:  # no ack: the container resends, nothing is lost
-            log.exception("event %s not handled; the container will resend", event.event_id)
-            return
-        if ack is None:  # another gateway is delivering it; the container resends
-            return
-        self._acks.send([identity, b"", *encode(ack)])  # with the others of this loop turn
+    async def _answer(self, batch: list[tuple[bytes, ev.UserEvent]]) -> None:
+        def reply(i: int, answer: ev.EventAck | BaseException | None) -> None:
+            identity, event = batch[i]
+            if isinstance(answer, BaseException):  # no ack: the container resends
+                log.error(
+                    "event %s not handled; the container will resend",
+                    event.event_id,
+                    exc_info=answer,
+                )
+            elif answer is not None:  # None: another gateway delivers it; the container resends
+                self._acks.send([identity, b"", *encode(answer)])  # with this turn's others
+
+        await self.critical.handle([event for _, event in batch], reply)
 
     async def _retries(self) -> None:
         while True:
