@@ -104,6 +104,7 @@ BENCHES: dict[str, Bench] = {
             Figure("informational_events_per_s", "absolute"),
             # The gateway's own cost, whatever else shares the cores with it.
             Figure("informational_gateway_cpu_us_per_event", "absolute", "lower", slack=3.0),
+            Figure("critical_gateway_cpu_us_per_event", "absolute", "lower", slack=10.0),
         ),
     ),
     "history": Bench(
