@@ -184,14 +184,12 @@ def as_batch(msgs: Sequence[Message]) -> tuple[pa.RecordBatch, int]:
             fields=list(POSITION),
         )
     )
-    bad = _not_decimal(arrays, schema)
-    if bad is not None:
+    cast, bad = _decimals(arrays, schema)
+    if bad is not None:  # drop those rows, then cast what is left
         keep = pc.invert(bad)
         arrays = [a.filter(keep) for a in arrays]
-    batch = pa.RecordBatch.from_arrays(
-        [a.cast(f.type) if f.type == DECIMAL else a for a, f in zip(arrays, schema, strict=True)],
-        schema=schema,
-    )
+        cast, _ = _decimals(arrays, schema)
+    batch = pa.RecordBatch.from_arrays(cast, schema=schema)
     return batch, len(msgs) - len(batch)
 
 
@@ -201,20 +199,21 @@ def _column(values: tuple, f: pa.Field) -> pa.Array:
     return pa.array(values, pa.int32() if f.name == "side" else f.type)  # side: its number
 
 
-def _not_decimal(arrays: list[pa.Array], schema: pa.Schema) -> pa.Array | None:
-    """Which rows hold a decimal column that does not cast to DECIMAL(38,18), or None when
-    all cast (the rule, checked row by row only when the whole column fails)."""
-    bad = None
-    for a, f in zip(arrays, schema, strict=True):
+def _decimals(arrays: list[pa.Array], schema: pa.Schema) -> tuple[list[pa.Array], pa.Array | None]:
+    """The arrays with each decimal column cast to DECIMAL(38,18), and which rows hold one
+    that does not cast (None when all do: the rule, checked row by row only when a whole
+    column fails). Each column is cast once."""
+    cast, bad = list(arrays), None
+    for i, f in enumerate(schema):
         if f.type != DECIMAL:
             continue
         try:
-            a.cast(DECIMAL)
+            cast[i] = arrays[i].cast(DECIMAL)
             continue
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            rows = pa.array([not _casts(v) for v in a.to_pylist()])
+            rows = pa.array([not _casts(v) for v in arrays[i].to_pylist()])
         bad = rows if bad is None else pc.or_(bad, rows)
-    return bad
+    return cast, bad
 
 
 def _casts(text: str | None) -> bool:
