@@ -86,6 +86,8 @@ class Batcher(Generic[K, V]):
                 batch, self._queue = self._queue[:taken], self._queue[taken:]
                 try:
                     results = await self._run([item for items, _ in batch for item in items])
+                    if len(results) != size:
+                        raise RuntimeError(f"{len(results)} answers to a batch of {size}")
                 except Exception as exc:  # each caller sees it: no answer, no ack
                     for _, future in batch:
                         if not future.done():
@@ -145,121 +147,149 @@ class CriticalDelivery:
         answer was given before. ``reply(i, answer)`` is called once for each event, as soon
         as its answer is known: an EventAck; None while another gateway holds its claim; an
         exception when it could not be answered. Only an EventAck is acked: otherwise the
-        sender resends the event later.
+        sender resends the event later. A slow channel delays only its own event.
 
         An answer is committed to PostgreSQL before it is replied: a crash before the commit
         leaves the event unacked, and the sender resends it. The batch shares its database
-        round trips, with the other batches in flight too (:class:`Batcher`). Only the
-        deliveries run as a task an event (a channel may wait on a remote service); the
-        rest is done once a batch, which halved this path's Python against a task, three
-        futures and two callbacks an event."""
+        round trips, with the other batches in flight too (:class:`Batcher`), and so do the
+        deliveries that finish together. Only the deliveries run as a task an event (a
+        channel may wait on a remote service): against a task, three futures and two
+        callbacks an event, that halved this path's Python."""
         loop = asyncio.get_running_loop()
         fresh: list[int] = []
-        waiting: list[tuple[int, asyncio.Future[ev.EventAck | None]]] = []
-        for i, event in enumerate(events):
-            problem = _invalid(event)
-            if problem:
-                self._count("invalid")
-                reply(
-                    i, ev.EventAck(event_id=event.event_id, status=ev.ERROR, error_message=problem)
-                )
-                continue
-            event_id = event.event_id
-            known = self._remembered(event_id)
-            if known is not None:
-                self._count("duplicate")
-                self._remember(known)
-                reply(i, known)
-            elif (busy := self._busy.get(event_id)) is not None:  # a resend while we work on it
-                waiting.append((i, busy))
-            else:  # claimed before the first await: a copy in this batch or the next waits
-                self._busy[event_id] = loop.create_future()
-                fresh.append(i)
-        if fresh:
-            await self._answer_fresh(events, fresh, reply)
-        for i, busy in waiting:
-            try:
-                known = await asyncio.shield(busy)
-            except Exception as exc:  # the first copy was not answered: neither is this one
-                reply(i, exc)
-                continue
-            if known is None:
-                self._count("elsewhere")
-            else:
-                self._count("duplicate")
-                self._remember(known)
-            reply(i, known)
+        waits: list[Awaitable[None]] = []
+        mine: dict[str, asyncio.Future[ev.EventAck | None]] = {}
+        try:
+            for i, event in enumerate(events):
+                problem = _invalid(event)
+                event_id = event.event_id
+                if problem:
+                    self._count("invalid")
+                    reply(i, ev.EventAck(event_id=event_id, status=ev.ERROR, error_message=problem))
+                elif (known := self._remembered(event_id)) is not None:
+                    self._count("duplicate")
+                    self._remember(known)
+                    reply(i, known)
+                elif (busy := self._busy.get(event_id)) is not None:  # a resend while we work
+                    waits.append(self._answer_copy(i, busy, reply))
+                else:  # claimed before the first await: a copy in this batch or the next waits
+                    self._busy[event_id] = mine[event_id] = loop.create_future()
+                    fresh.append(i)
+            work = [*waits, self._answer_fresh(events, fresh, reply)] if fresh else waits
+            if len(work) == 1:
+                await work[0]
+            elif work:
+                await asyncio.gather(*work)
+        finally:  # whatever went wrong, nobody waits forever on an event of this batch
+            for event_id, busy in mine.items():
+                if not busy.done():
+                    busy.set_exception(RuntimeError("the gateway stopped answering it"))
+                    busy.exception()  # retrieved: a waiting resend sees it, nobody else must
+                if self._busy.get(event_id) is busy:
+                    del self._busy[event_id]
+
+    async def _answer_copy(
+        self, i: int, busy: asyncio.Future[ev.EventAck | None], reply: Reply
+    ) -> None:
+        """A resend that arrived while its first copy is answered: the same answer."""
+        try:
+            known = await asyncio.shield(busy)
+        except Exception as exc:  # the first copy was not answered: neither is this one
+            reply(i, exc)
+            return
+        if known is None:
+            self._count("elsewhere")
+        else:
+            self._count("duplicate")
+            self._remember(known)
+        reply(i, known)
 
     async def _answer_fresh(
         self, events: Sequence[ev.UserEvent], fresh: list[int], reply: Reply
     ) -> None:
-        """Claim, deliver and record the events of a batch seen for the first time."""
-        answers: dict[int, ev.EventAck | BaseException | None] = {}
+        """Claim the events of a batch seen for the first time; deliver ours, and record and
+        reply them as their deliveries finish."""
+        loop = asyncio.get_running_loop()
         try:
             verdicts = await self._claim([events[i].event_id for i in fresh])
-            ours: list[int] = []
-            for i, verdict in zip(fresh, verdicts, strict=True):
-                if verdict is Claim.ELSEWHERE:
-                    self._count("elsewhere")
-                    answers[i] = None
-                elif isinstance(verdict, ev.EventAck):
-                    self._count("duplicate")
-                    answers[i] = verdict
-                else:
-                    ours.append(i)
-            delivered = await self._deliver_all([events[i] for i in ours])
-            done = [(i, a) for i, a in zip(ours, delivered, strict=True) if isinstance(a, Answer)]
-            answers.update(
-                (i, a) for i, a in zip(ours, delivered, strict=True) if not isinstance(a, Answer)
-            )
-            if done:
-                try:
-                    await self._record([a for _, a in done])
-                except Exception as exc:  # not committed: no ack, the sender resends
-                    answers.update((i, exc) for i, _ in done)
-                else:
-                    for i, a in done:
-                        answers[i] = a.ack
-                        self._count(ev.AckStatus.Name(a.ack.status).lower())
-        except Exception as exc:  # the claim failed: nothing was delivered
-            answers.update((i, exc) for i in fresh if i not in answers)
-        finally:  # answered, failed, or cancelled (the gateway stops): nobody waits forever
-            for i in fresh:
-                event_id = events[i].event_id
-                busy = self._busy.pop(event_id)
-                answer = answers.get(i, asyncio.CancelledError())
-                if isinstance(answer, BaseException):
-                    busy.set_exception(answer)
-                    busy.exception()  # retrieved: a waiting resend sees it, nobody else must
-                else:
-                    busy.set_result(answer)
-                    if answer is not None:
-                        self._remember(answer)
-        for i in fresh:
-            reply(i, answers[i])
-
-    async def _deliver_all(self, events: list[ev.UserEvent]) -> list[Answer | BaseException]:
-        """Each event through its channels, all at once. Within the claims' lease, so no
-        other gateway delivers them meanwhile; past it, no answer (the sender resends, and
-        the next claim decides)."""
-        if not events:
-            return []
-        loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(self._deliver(e, 0, 0)) for e in events]
-        try:
-            _, late = await asyncio.wait(tasks, timeout=self.lease_s * DELIVER_SHARE)
-        finally:  # timed out, or cancelled
-            for task in tasks:
-                task.cancel()
-        if late:
-            await asyncio.gather(*late, return_exceptions=True)
-        out: list[Answer | BaseException] = []
-        for task in tasks:
-            if task in late:
-                out.append(TimeoutError(f"not delivered within the lease of {self.lease_s} s"))
+        except Exception as exc:  # nothing was claimed, nothing delivered
+            self._settle(events, [(i, exc) for i in fresh], reply)
+            return
+        ours: dict[asyncio.Task[Answer], int] = {}
+        known: list[tuple[int, ev.EventAck | BaseException | None]] = []
+        for i, verdict in zip(fresh, verdicts, strict=True):
+            if verdict is Claim.ELSEWHERE:
+                self._count("elsewhere")
+                known.append((i, None))
+            elif isinstance(verdict, ev.EventAck):
+                self._count("duplicate")
+                known.append((i, verdict))
             else:
-                out.append(task.exception() or task.result())
-        return out
+                ours[loop.create_task(self._deliver(events[i], 0, 0))] = i
+        self._settle(events, known, reply)
+        # Within the claims' lease, so no other gateway delivers them meanwhile; past it, no
+        # answer (the sender resends, and the next claim decides).
+        deadline = loop.time() + self.lease_s * DELIVER_SHARE
+        pending = set(ours)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(
+                    pending,
+                    timeout=max(deadline - loop.time(), 0),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not done:
+                    break
+                await self._record_done([(ours[t], _outcome(t)) for t in done], events, reply)
+        finally:  # timed out, or cancelled (the gateway stops): the rest get no answer
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        late = TimeoutError(f"not delivered within the lease of {self.lease_s} s")
+        self._settle(events, [(ours[t], late) for t in pending], reply)
+
+    async def _record_done(
+        self,
+        delivered: list[tuple[int, Answer | BaseException]],
+        events: Sequence[ev.UserEvent],
+        reply: Reply,
+    ) -> None:
+        """Commit the answers of deliveries that finished together, then reply them."""
+        done = [(i, a) for i, a in delivered if isinstance(a, Answer)]
+        out: list[tuple[int, ev.EventAck | BaseException | None]] = [
+            (i, a) for i, a in delivered if not isinstance(a, Answer)
+        ]
+        if done:
+            try:
+                await self._record([a for _, a in done])
+            except Exception as exc:  # not committed: no ack, the sender resends
+                out += [(i, exc) for i, _ in done]
+            else:
+                for i, a in done:
+                    self._count(ev.AckStatus.Name(a.ack.status).lower())
+                    out.append((i, a.ack))
+        self._settle(events, out, reply)
+
+    def _settle(
+        self,
+        events: Sequence[ev.UserEvent],
+        answers: list[tuple[int, ev.EventAck | BaseException | None]],
+        reply: Reply,
+    ) -> None:
+        """Answers to events this gateway claimed: the resends waiting on them are told, the
+        acks remembered, then each is replied."""
+        for i, answer in answers:
+            busy = self._busy.pop(events[i].event_id)
+            if isinstance(answer, BaseException):
+                busy.set_exception(answer)
+                busy.exception()  # retrieved: a waiting resend sees it, nobody else must
+            else:
+                busy.set_result(answer)
+                if answer is not None:
+                    self._remember(answer)
+        for i, answer in answers:
+            reply(i, answer)
 
     async def _deliver(self, event: ev.UserEvent, start: int, attempts: int) -> Answer:
         user: UserAddress | None = None  # looked up once, and only for a channel that needs it
@@ -356,6 +386,14 @@ class CriticalDelivery:
             or next(iter(self._recent.values()))[0] < now - self.window_s
         ):
             self._recent.popitem(last=False)
+
+
+def _outcome(task: asyncio.Task[Answer]) -> Answer | BaseException:
+    """A finished delivery's answer, or what ended it; one cancelled from inside (a channel
+    that let a cancellation out) fails alone, as any other error would."""
+    if task.cancelled():
+        return RuntimeError("the delivery was cancelled")
+    return task.exception() or task.result()
 
 
 def _invalid(event: ev.UserEvent) -> str:

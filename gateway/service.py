@@ -536,11 +536,32 @@ class Gateway:
     def _start_answering(
         self, batch: list[tuple[bytes, ev.UserEvent]], slots: asyncio.Semaphore
     ) -> None:
-        def release(_task: asyncio.Task[None]) -> None:
-            for _ in batch:
-                slots.release()
+        """Answer a batch in a task; each event's slot is freed at its answer (a slow channel
+        holds one slot, not the batch's), and what was never answered at the task's end."""
+        held = [True] * len(batch)
 
-        task = asyncio.create_task(self._answer(batch))
+        def reply(i: int, answer: ev.EventAck | BaseException | None) -> None:
+            identity, event = batch[i]
+            if held[i]:
+                held[i] = False
+                slots.release()
+            if isinstance(answer, BaseException):  # no ack: the container resends
+                log.error(
+                    "event %s not handled; the container will resend",
+                    event.event_id,
+                    exc_info=answer,
+                )
+            elif answer is not None:  # None: another gateway delivers it; the container resends
+                self._acks.send([identity, b"", *encode(answer)])  # with this turn's others
+
+        def release(_task: asyncio.Task[None]) -> None:
+            for i, still in enumerate(held):
+                if still:
+                    held[i] = False
+                    slots.release()
+
+        answering = self.critical.handle([event for _, event in batch], reply)
+        task: asyncio.Task[None] = asyncio.create_task(answering)
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
         task.add_done_callback(release)
@@ -567,20 +588,6 @@ class Gateway:
         self.metrics.refused.labels(channel, "other_user").inc()
         log.warning("refused %s's event for user %s", peer.name, event.user_id)
         return False
-
-    async def _answer(self, batch: list[tuple[bytes, ev.UserEvent]]) -> None:
-        def reply(i: int, answer: ev.EventAck | BaseException | None) -> None:
-            identity, event = batch[i]
-            if isinstance(answer, BaseException):  # no ack: the container resends
-                log.error(
-                    "event %s not handled; the container will resend",
-                    event.event_id,
-                    exc_info=answer,
-                )
-            elif answer is not None:  # None: another gateway delivers it; the container resends
-                self._acks.send([identity, b"", *encode(answer)])  # with this turn's others
-
-        await self.critical.handle([event for _, event in batch], reply)
 
     async def _retries(self) -> None:
         while True:

@@ -11,9 +11,12 @@ import threading
 import time
 from collections import Counter
 
+import pytest
+
 from candlewire.config import Settings
 from candlewire.testing import http_get as get
 from candlewire.testing import new_user, user_event
+from gateway.critical import Batcher
 from proto import events_pb2 as ev
 from proto.envelope import decode, encode, expect
 from tests.gateway.conftest import gw_config, sign_in, spawn_gateway
@@ -255,6 +258,57 @@ def test_a_burst_is_acked_once_per_copy_delivered_once_and_committed_in_batches(
     assert sum(committed) == len(events)  # every answer stored once ...
     assert max(committed) >= 10  # ... many to a statement
     ws.close()
+
+
+def test_a_slow_channel_holds_up_only_its_own_event_of_a_burst(
+    gw_env, telegram, make_gateway, container, monkeypatch
+) -> None:
+    gw = make_gateway(gw_env, gw_config(telegram, session_queue=1000))
+    user = new_user()
+    gw.directory.set_user(user, telegram_chat_id="5")
+    ws = sign_in(gw_env, user)
+    entered, go_on = held_telegram(gw, monkeypatch)
+    slow = user_event(user, ev.CRITICAL, TELEGRAM_ONLY)
+    fast = [user_event(user, ev.CRITICAL, ACTIVE) for _ in range(30)]
+    dealer = container(gw_env)
+    try:
+        burst(dealer, [slow, *fast])  # read in one loop turn: one batch
+        assert entered.wait(20)
+        acks = acks_of(dealer, len(fast))  # recorded and acked while Telegram holds its own
+        assert Counter(a.event_id for a in acks) == Counter(e.event_id for e in fast)
+        assert {a.status for a in acks} == {ev.DELIVERED}
+        assert dealer.sock.poll(300) == 0
+    finally:
+        go_on.set()
+    (ack,) = acks_of(dealer, 1)
+    assert (ack.event_id, ack.status) == (slow.event_id, ev.DELIVERED)
+    assert refs(telegram.texts()) == [slow.event_id]
+    ws.close()
+
+
+def test_a_batcher_gives_each_group_its_own_answers_in_batches_of_whole_groups() -> None:
+    runs: list[list[int]] = []
+
+    async def run(items: list[int]) -> list[int]:
+        runs.append(items)
+        await asyncio.sleep(0)
+        return [x * 10 for x in items]
+
+    groups = [[1], [2, 3, 4, 5, 6], [7, 8], [9], [10, 11, 12]]
+
+    async def main() -> list[list[int]]:
+        batcher = Batcher(run, max_batch=4)
+        return await asyncio.gather(*(batcher(g) for g in groups))
+
+    assert asyncio.run(main()) == [[x * 10 for x in g] for g in groups]
+    # Queued while the first ran alone; a group over the limit goes alone, none is split.
+    assert runs == [[1], [2, 3, 4, 5, 6], [7, 8, 9], [10, 11, 12]]
+
+    async def short(items: list[int]) -> list[int]:
+        return items[1:]
+
+    with pytest.raises(RuntimeError, match="2 answers to a batch of 3"):
+        asyncio.run(Batcher(short)([1, 2, 3]))
 
 
 def test_no_ack_before_the_commit_and_a_failed_commit_leaves_the_events_to_resend(
