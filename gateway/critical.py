@@ -157,7 +157,7 @@ class CriticalDelivery:
         callbacks an event, that halved this path's Python."""
         loop = asyncio.get_running_loop()
         fresh: list[int] = []
-        waits: list[Awaitable[None]] = []
+        waits: list[tuple[int, asyncio.Future[ev.EventAck | None]]] = []
         mine: dict[str, asyncio.Future[ev.EventAck | None]] = {}
         try:
             for i, event in enumerate(events):
@@ -171,15 +171,19 @@ class CriticalDelivery:
                     self._remember(known)
                     reply(i, known)
                 elif (busy := self._busy.get(event_id)) is not None:  # a resend while we work
-                    waits.append(self._answer_copy(i, busy, reply))
+                    waits.append((i, busy))
                 else:  # claimed before the first await: a copy in this batch or the next waits
                     self._busy[event_id] = mine[event_id] = loop.create_future()
                     fresh.append(i)
-            work = [*waits, self._answer_fresh(events, fresh, reply)] if fresh else waits
+            work = [self._answer_copy(i, busy, reply) for i, busy in waits]
+            if fresh:
+                work.append(self._answer_fresh(events, fresh, mine, reply))
             if len(work) == 1:
                 await work[0]
-            elif work:
-                await asyncio.gather(*work)
+            elif work:  # each to its end, whatever another does: then nothing runs on
+                for result in await asyncio.gather(*work, return_exceptions=True):
+                    if isinstance(result, BaseException):
+                        raise result
         finally:  # whatever went wrong, nobody waits forever on an event of this batch
             for event_id, busy in mine.items():
                 if not busy.done():
@@ -205,7 +209,11 @@ class CriticalDelivery:
         reply(i, known)
 
     async def _answer_fresh(
-        self, events: Sequence[ev.UserEvent], fresh: list[int], reply: Reply
+        self,
+        events: Sequence[ev.UserEvent],
+        fresh: list[int],
+        mine: dict[str, asyncio.Future[ev.EventAck | None]],
+        reply: Reply,
     ) -> None:
         """Claim the events of a batch seen for the first time; deliver ours, and record and
         reply them as their deliveries finish."""
@@ -213,46 +221,47 @@ class CriticalDelivery:
         try:
             verdicts = await self._claim([events[i].event_id for i in fresh])
         except Exception as exc:  # nothing was claimed, nothing delivered
-            self._settle(events, [(i, exc) for i in fresh], reply)
+            self._settle(events, [(i, exc) for i in fresh], mine, reply)
             return
-        ours: dict[asyncio.Task[Answer], int] = {}
-        known: list[tuple[int, ev.EventAck | BaseException | None]] = []
-        for i, verdict in zip(fresh, verdicts, strict=True):
-            if verdict is Claim.ELSEWHERE:
-                self._count("elsewhere")
-                known.append((i, None))
-            elif isinstance(verdict, ev.EventAck):
-                self._count("duplicate")
-                known.append((i, verdict))
-            else:
-                ours[loop.create_task(self._deliver(events[i], 0, 0))] = i
-        self._settle(events, known, reply)
         # Within the claims' lease, so no other gateway delivers them meanwhile; past it, no
         # answer (the sender resends, and the next claim decides).
         deadline = loop.time() + self.lease_s * DELIVER_SHARE
-        pending = set(ours)
+        ours: dict[asyncio.Task[Answer], int] = {}
+        pending: set[asyncio.Task[Answer]] = set()
         try:
+            known: list[tuple[int, ev.EventAck | BaseException | None]] = []
+            for i, verdict in zip(fresh, verdicts, strict=True):
+                if verdict is Claim.ELSEWHERE:
+                    self._count("elsewhere")
+                    known.append((i, None))
+                elif isinstance(verdict, ev.EventAck):
+                    self._count("duplicate")
+                    known.append((i, verdict))
+                else:
+                    task = loop.create_task(self._deliver_by(events[i], deadline))
+                    ours[task] = i
+                    pending.add(task)
+            self._settle(events, known, mine, reply)
             while pending:
-                done, pending = await asyncio.wait(
-                    pending,
-                    timeout=max(deadline - loop.time(), 0),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if not done:
-                    break
-                await self._record_done([(ours[t], _outcome(t)) for t in done], events, reply)
-        finally:  # timed out, or cancelled (the gateway stops): the rest get no answer
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                finished = [(ours[t], _outcome(t)) for t in done]
+                await self._record_done(finished, events, mine, reply)
+        finally:  # cancelled (the gateway stops), or a bug: the rest get no answer
             for task in pending:
                 task.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
-        late = TimeoutError(f"not delivered within the lease of {self.lease_s} s")
-        self._settle(events, [(ours[t], late) for t in pending], reply)
+
+    async def _deliver_by(self, event: ev.UserEvent, deadline: float) -> Answer:
+        """Deliver, cut off at the deadline (TimeoutError: no answer, no ack)."""
+        async with asyncio.timeout_at(deadline):
+            return await self._deliver(event, 0, 0)
 
     async def _record_done(
         self,
         delivered: list[tuple[int, Answer | BaseException]],
         events: Sequence[ev.UserEvent],
+        mine: dict[str, asyncio.Future[ev.EventAck | None]],
         reply: Reply,
     ) -> None:
         """Commit the answers of deliveries that finished together, then reply them."""
@@ -269,18 +278,22 @@ class CriticalDelivery:
                 for i, a in done:
                     self._count(ev.AckStatus.Name(a.ack.status).lower())
                     out.append((i, a.ack))
-        self._settle(events, out, reply)
+        self._settle(events, out, mine, reply)
 
     def _settle(
         self,
         events: Sequence[ev.UserEvent],
         answers: list[tuple[int, ev.EventAck | BaseException | None]],
+        mine: dict[str, asyncio.Future[ev.EventAck | None]],
         reply: Reply,
     ) -> None:
-        """Answers to events this gateway claimed: the resends waiting on them are told, the
+        """Answers to events this batch claimed: the resends waiting on them are told, the
         acks remembered, then each is replied."""
         for i, answer in answers:
-            busy = self._busy.pop(events[i].event_id)
+            event_id = events[i].event_id
+            busy = mine[event_id]
+            if self._busy.get(event_id) is busy:
+                del self._busy[event_id]
             if isinstance(answer, BaseException):
                 busy.set_exception(answer)
                 busy.exception()  # retrieved: a waiting resend sees it, nobody else must

@@ -277,12 +277,47 @@ def test_a_slow_channel_holds_up_only_its_own_event_of_a_burst(
         acks = acks_of(dealer, len(fast))  # recorded and acked while Telegram holds its own
         assert Counter(a.event_id for a in acks) == Counter(e.event_id for e in fast)
         assert {a.status for a in acks} == {ev.DELIVERED}
+        assert delivered(ws, len(fast)) == Counter(e.event_id for e in fast)
         assert dealer.sock.poll(300) == 0
     finally:
         go_on.set()
     (ack,) = acks_of(dealer, 1)
     assert (ack.event_id, ack.status) == (slow.event_id, ev.DELIVERED)
     assert refs(telegram.texts()) == [slow.event_id]
+    ws.close()
+
+
+def test_a_delivery_past_the_claim_s_lease_is_cut_off_unanswered_and_the_rest_acked(
+    gw_env, telegram, make_gateway, container, monkeypatch, caplog
+) -> None:
+    gw = make_gateway(gw_env, gw_config(telegram, session_queue=1000, claim_lease_s=2.0))
+    user = new_user()
+    gw.directory.set_user(user, telegram_chat_id="3")
+    ws = sign_in(gw_env, user)
+    entered, go_on = held_telegram(gw, monkeypatch)
+    slow = user_event(user, ev.CRITICAL, TELEGRAM_ONLY)
+    fast = [user_event(user, ev.CRITICAL, ACTIVE) for _ in range(10)]
+    dealer = container(gw_env)
+    caplog.set_level(logging.ERROR, "candlewire.gateway")
+
+    def cut_off() -> bool:
+        return any(
+            slow.event_id in r.getMessage() and "not handled" in r.getMessage()
+            for r in caplog.records
+        )
+
+    try:
+        burst(dealer, [slow, *fast])
+        acks = acks_of(dealer, len(fast))
+        assert Counter(a.event_id for a in acks) == Counter(e.event_id for e in fast)
+        assert delivered(ws, len(fast)) == Counter(e.event_id for e in fast)
+        assert entered.is_set()
+        wait_for(cut_off, timeout=10)  # at 0.8 of the lease: no answer ...
+        assert dealer.sock.poll(500) == 0  # ... so no ack: the container resends it
+    finally:
+        go_on.set()
+    time.sleep(0.5)
+    assert telegram.texts() == []  # the call was cancelled before it sent
     ws.close()
 
 
@@ -301,7 +336,8 @@ def test_a_batcher_gives_each_group_its_own_answers_in_batches_of_whole_groups()
         return await asyncio.gather(*(batcher(g) for g in groups))
 
     assert asyncio.run(main()) == [[x * 10 for x in g] for g in groups]
-    # Queued while the first ran alone; a group over the limit goes alone, none is split.
+    # All five queued before the first run: [1] alone, as [2..6] does not fit beside it; a
+    # group over the limit goes alone; none is split.
     assert runs == [[1], [2, 3, 4, 5, 6], [7, 8, 9], [10, 11, 12]]
 
     async def short(items: list[int]) -> list[int]:
