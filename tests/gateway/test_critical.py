@@ -260,16 +260,23 @@ def test_a_burst_is_acked_once_per_copy_delivered_once_and_committed_in_batches(
     ws.close()
 
 
+def one_slow_among_fast(gw_env: Settings, gw, monkeypatch, n: int):
+    """A signed-in user with a Telegram chat whose Telegram calls are held (see
+    :func:`held_telegram`): the session, (entered, go on), one event for Telegram and ``n``
+    for the session."""
+    user = new_user()
+    gw.directory.set_user(user, telegram_chat_id="5")
+    ws = sign_in(gw_env, user)
+    slow = user_event(user, ev.CRITICAL, TELEGRAM_ONLY)
+    fast = [user_event(user, ev.CRITICAL, ACTIVE) for _ in range(n)]
+    return ws, held_telegram(gw, monkeypatch), slow, fast
+
+
 def test_a_slow_channel_holds_up_only_its_own_event_of_a_burst(
     gw_env, telegram, make_gateway, container, monkeypatch
 ) -> None:
     gw = make_gateway(gw_env, gw_config(telegram, session_queue=1000))
-    user = new_user()
-    gw.directory.set_user(user, telegram_chat_id="5")
-    ws = sign_in(gw_env, user)
-    entered, go_on = held_telegram(gw, monkeypatch)
-    slow = user_event(user, ev.CRITICAL, TELEGRAM_ONLY)
-    fast = [user_event(user, ev.CRITICAL, ACTIVE) for _ in range(30)]
+    ws, (entered, go_on), slow, fast = one_slow_among_fast(gw_env, gw, monkeypatch, 30)
     dealer = container(gw_env)
     try:
         burst(dealer, [slow, *fast])  # read in one loop turn: one batch
@@ -291,12 +298,7 @@ def test_a_delivery_past_the_claim_s_lease_is_cut_off_unanswered_and_the_rest_ac
     gw_env, telegram, make_gateway, container, monkeypatch, caplog
 ) -> None:
     gw = make_gateway(gw_env, gw_config(telegram, session_queue=1000, claim_lease_s=2.0))
-    user = new_user()
-    gw.directory.set_user(user, telegram_chat_id="3")
-    ws = sign_in(gw_env, user)
-    entered, go_on = held_telegram(gw, monkeypatch)
-    slow = user_event(user, ev.CRITICAL, TELEGRAM_ONLY)
-    fast = [user_event(user, ev.CRITICAL, ACTIVE) for _ in range(10)]
+    ws, (entered, go_on), slow, fast = one_slow_among_fast(gw_env, gw, monkeypatch, 10)
     dealer = container(gw_env)
     caplog.set_level(logging.ERROR, "candlewire.gateway")
 
