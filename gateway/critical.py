@@ -153,8 +153,8 @@ class CriticalDelivery:
         leaves the event unacked, and the sender resends it. The batch shares its database
         round trips, with the other batches in flight too (:class:`Batcher`), and so do the
         deliveries that finish together. Only the deliveries run as a task an event (a
-        channel may wait on a remote service): against a task, three futures and two
-        callbacks an event, that halved this path's Python."""
+        channel may wait on a remote service), each with its deadline: against a task, three
+        futures and two callbacks an event, that cut this path's Python by about a quarter."""
         loop = asyncio.get_running_loop()
         fresh: list[int] = []
         waits: list[tuple[int, asyncio.Future[ev.EventAck | None]]] = []
