@@ -175,15 +175,26 @@ class Sink(RecordingSink):
         return self.sent(GAPS.name)
 
 
-def stream(sim: SimExchange, seconds: float, ticker: str = T) -> Sink:
-    """``run_stream`` for ``seconds`` with gaps found and repaired, every repair finished."""
+def stream(sim: SimExchange, ticker: str = T, timeout_s: float = 30.0) -> Sink:
+    """``run_stream`` with gaps found and repaired, until the stream's gap has its outcome.
+
+    It stops on that event, not after a fixed time: under a loaded CI the SIM's reconnect can
+    come late, and a timer then cut the stream before its gap was even found."""
     sink, stop = Sink(), threading.Event()
-    with ThreadPoolExecutor(2) as pool:
+
+    def settled() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not stop.wait(0.05) and time.monotonic() < deadline:
+            gaps = sink.gaps()
+            if gaps and gaps[-1].status != market_pb2.GAP_OPEN:
+                break
+        stop.set()
+
+    with ThreadPoolExecutor(3) as pool:
         repairer = GapRepairer(sink, pool)  # type: ignore[arg-type]
         detector = GapDetector(ticker, sim.sequential_ids, "ing-test")
         watch = GapWatch(detector, lambda gap, recent: repairer.found(sim, gap, recent))
-        timer = threading.Timer(seconds, stop.set)
-        timer.start()
+        pool.submit(settled)
         run_stream(ticker, sim, sink, stop, (60, None), gaps=watch)  # type: ignore[arg-type]
     return sink
 
@@ -209,7 +220,7 @@ def outcome(sink: Sink) -> market_pb2.Gap:
 
 def test_dropped_trades_are_found_by_id_and_fetched_again() -> None:
     sim = SimExchange(symbols={"BTC/USDT": 30_000.0}, rate=50.0, faults="drop:0.5s@0.4s")
-    sink = stream(sim, 1.3)
+    sink = stream(sim)
     ticks = sink.ticks()
     gap = outcome(sink)
     assert (gap.cause, gap.status, gap.reason) == (
@@ -227,7 +238,7 @@ def test_dropped_trades_are_found_by_id_and_fetched_again() -> None:
 
 def test_a_venue_that_serves_nothing_leaves_the_gap_unrepairable() -> None:
     sim = SimExchange(symbols={"BTC/USDT": 30_000.0}, rate=50.0, faults="drop:0.5s@0.4s,rest:off")
-    sink = stream(sim, 1.3)
+    sink = stream(sim)
     gap = outcome(sink)
     assert gap.status == market_pb2.GAP_UNREPAIRABLE and gap.refetched == 0
     assert "rest:off" in gap.reason
@@ -241,7 +252,7 @@ def test_a_venue_that_serves_part_says_how_much() -> None:
     sim = SimExchange(symbols={"BTC/USDT": 30_000.0}, rate=50.0, faults="drop:0.5s@0.4s")
     serve = sim.refetch
     sim.refetch = lambda *a: serve(*a)[::2]  # type: ignore[method-assign]
-    sink = stream(sim, 1.3)
+    sink = stream(sim)
     gap = outcome(sink)
     missing = int(gap.to_trade_id) - int(gap.from_trade_id) - 1
     assert gap.status == market_pb2.GAP_UNREPAIRABLE and 0 < gap.refetched < missing
@@ -254,7 +265,7 @@ def test_without_sequential_ids_a_reconnect_refetches_its_window_and_doubles_not
     sim = SimExchange(
         symbols={"BTC/USDT": 30_000.0}, rate=50.0, faults="ids:opaque,disconnect:0.3s@0.4s"
     )
-    sink = stream(sim, 2.2)  # down at 0.4 s, back after run_stream's 1 s pause
+    sink = stream(sim)  # down at 0.4 s, back after run_stream's 1 s pause
     ticks = sink.ticks()
     gap = outcome(sink)
     assert (gap.cause, gap.status) == (market_pb2.RECONNECT, market_pb2.GAP_REPAIRED)
