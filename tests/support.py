@@ -195,6 +195,39 @@ def read_topic(
     return out
 
 
+def read_topic_to_end(settings: Settings, topic: str, timeout: float = 60.0) -> list:
+    """Every decoded record the topic holds as of the call: each partition read up to its end
+    offset then. For "nothing more came" checks, where a read bounded by time alone may stop
+    short on a loaded machine."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from candlewire.kafka import consumer_config
+    from proto.envelope import from_record
+
+    consumer = Consumer(consumer_config(settings, f"reader-{time.monotonic_ns()}"))
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts
+    }
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    out: list = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            behind = [TopicPartition(topic, p) for p, end in ends.items() if end > 0]
+            if not behind:
+                return out
+            assert time.monotonic() < deadline, f"{topic}: not read to its end in {timeout} s"
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                out.append(from_record(msg.value()))
+            for tp in consumer.position(behind):  # past control records too
+                if tp.offset >= ends[tp.partition]:
+                    ends[tp.partition] = 0
+    finally:
+        consumer.close()
+
+
 # -- the real streaming job ------------------------------------------------------------------
 
 IDLE_TIMEOUT_S = 30.0

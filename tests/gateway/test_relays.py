@@ -9,9 +9,9 @@ import uuid
 from candlewire.topics import market_data_topic, ohlc_type
 from proto import market_pb2
 from relay import Relay
-from tests.gateway.conftest import gw_config, sign_in
+from tests.gateway.conftest import gw_config, next_of, sign_in
 from tests.gateway.test_metadata import chart, maybe_next, publish_until
-from tests.support import FakePublisher
+from tests.support import FakePublisher, wait_for
 
 A, B = "127.0.0.1", "127.0.0.2"
 
@@ -25,8 +25,9 @@ def candle(ticker: str, seq: int) -> market_pb2.OHLC:
     )
 
 
-def drawn(ws) -> list[int]:
-    got = []
+def drawn(ws, count: int = 0) -> list[int]:
+    """The next ``count`` candles drawn (waiting up to 30 s each), then any more that follow."""
+    got = [next_of(ws, "candle", timeout=30)["t"] for _ in range(count)]
     while (msg := maybe_next(ws, "candle")) is not None:
         got.append(msg["t"])
     return got
@@ -47,17 +48,16 @@ def test_each_candle_drawn_once_through_two_relays_and_on_after_one_dies(
         ws = sign_in(every, "relays-" + uuid.uuid4().hex[:6])
         chart(ws, ticker, 60)
         publish_until(pub, topic, candle(ticker, 1), lambda: maybe_next(ws, "candle"))
+        wait_for(lambda: a._watched.watched(ticker) and b._watched.watched(ticker), 30)
         time.sleep(0.5)  # both relays' paths are up: what the first took, the second has too
         drawn(ws)
         for seq in range(2, 12):
             pub.publish(topic, candle(ticker, seq))
-        time.sleep(0.5)
-        assert drawn(ws) == [candle(ticker, s).open_time_ms for s in range(2, 12)]
+        assert drawn(ws, 10) == [candle(ticker, s).open_time_ms for s in range(2, 12)]
         a.stop()
         for seq in range(12, 22):
             pub.publish(topic, candle(ticker, seq))
-        time.sleep(0.5)
-        assert drawn(ws) == [candle(ticker, s).open_time_ms for s in range(12, 22)]
+        assert drawn(ws, 10) == [candle(ticker, s).open_time_ms for s in range(12, 22)]
         ws.close()
     finally:
         pub.close()

@@ -22,7 +22,7 @@ from ingest.service import Ingestor
 from proto import market_pb2
 from proto import requests_pb2 as rq
 from relay import Relay
-from tests.support import read_topic, relay_call, wait_for
+from tests.support import read_topic, read_topic_to_end, relay_call, wait_for
 
 DAY = 86_400_000
 T0 = 1_700_006_400_000  # a day boundary
@@ -283,17 +283,26 @@ def ticks_of(settings, ticker: str, at_least: int, timeout: float = 30.0) -> lis
     return mine(read_topic(settings, TICKS.name, lambda rs: len(mine(rs)) >= at_least, timeout))
 
 
+def all_ticks_of(settings, ticker: str) -> list[market_pb2.Tick]:
+    """Every tick of ``ticker`` the topic holds now."""
+    return [
+        r
+        for r in read_topic_to_end(settings, TICKS.name)
+        if isinstance(r, market_pb2.Tick) and r.ticker == ticker
+    ]
+
+
 def test_realtime_stream_and_cancel(live) -> None:
     ing = start_ingestor(live, SimExchange(name="SIMC", symbols={"C1/USDT": 10.0}, rate=20.0))
     try:
         subscribe(live, "SIMC:C1/USDT", "SIMC")
         assert len(ticks_of(live, "SIMC:C1/USDT", 20)) >= 20
         cancel(live, "SIMC:C1/USDT", "SIMC")
-        time.sleep(1.0)
-        settled = len(ticks_of(live, "SIMC:C1/USDT", 10**9, timeout=3))
+        wait_for(lambda: not ing.jobs, timeout=30)
+        ing._sink.flush(30)
+        settled = len(all_ticks_of(live, "SIMC:C1/USDT"))
         time.sleep(2.0)
-        assert len(ticks_of(live, "SIMC:C1/USDT", 10**9, timeout=3)) == settled
-        assert not ing.jobs
+        assert len(all_ticks_of(live, "SIMC:C1/USDT")) == settled
     finally:
         ing.stop()
 
@@ -310,7 +319,7 @@ def test_broker_restart_mid_stream_loses_and_duplicates_nothing(live, kafka) -> 
         cancel(live, "SIMR:R1/USDT", "SIMR")
         wait_for(lambda: not ing.jobs, timeout=10)
         ing._sink.flush(60)
-        got = ticks_of(live, "SIMR:R1/USDT", 10**9, timeout=8)
+        got = all_ticks_of(live, "SIMR:R1/USDT")
     finally:
         ing.stop()
     ids = [int(t.trade_id) for t in got]
