@@ -116,6 +116,8 @@ def test_a_live_subscription_loses_nothing_when_a_relay_is_killed(journal_settin
             reader = threading.Thread(target=run)
             reader.start()
             wait_for(lambda: got or feed.publish(1), timeout=10)  # until the path is up
+            # ... and both paths: a tick through each relay, one of them a duplicate
+            wait_for(lambda: sub.stats.duplicates > 0 or feed.publish(1), timeout=30)
             flowing = feed.flow(per_s=2000, seconds=(total - feed.next_offset) / 2000)
             wait_for(lambda: len(got) > 2000, timeout=20)
             killed = time.monotonic()

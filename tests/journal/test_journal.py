@@ -204,7 +204,9 @@ def test_slow_subscriber_with_a_tiny_queue_loses_nothing(
 
             def burst() -> None:
                 started.wait()
-                time.sleep(0.5)  # next(sub) opens the SUB and subscribes
+                # next(sub) opens the SUB and subscribes; the first message waits for that
+                wait_for(lambda: relay._watched.watched(feed.ticker), 30)
+                time.sleep(0.2)  # and for the relay's XSUB to pass it upstream
                 feed.publish(1)  # the subscriber's first message
                 time.sleep(0.3)
                 for _ in range(BURST // 1000):
@@ -214,10 +216,10 @@ def test_slow_subscriber_with_a_tiny_queue_loses_nothing(
             t.start()
             started.set()
             first = next(sub)
-            time.sleep(4)  # asleep while the burst goes by; then nothing more is published
+            t.join()  # asleep while the whole burst goes by; then nothing more is published
+            time.sleep(0.5)
             got = [first.stream.source_offset, *collect(sub, until_offset=BURST)]
             sub.close()
-            t.join()
         assert got == list(range(BURST + 1))
         # More than the relay's queue, the client's and the kernel's buffers hold: the
         # journal gave back most of it.

@@ -40,6 +40,7 @@ from streaming.decode import ohlc_rows
 from streaming.progress import Progress
 from tests.support import (
     IDLE_TIMEOUT_S,
+    RELAYS,
     RUNNING,
     FakeIngestor,
     relay_call,
@@ -189,10 +190,8 @@ def test_a_late_trade_revises_its_closed_candles_and_one_beyond_the_horizon_chan
             timeout=30,
         )
         assert len(stored()) == 202
-        time.sleep(1.0)  # the live revision is on its way too
-        for period in PERIODS_S:
-            want = assert_candles(ohlc, ticker, [*ticks, late], period)
-            assert_live(live.last(ticker, period), want, (ticker, period))
+        wants = {p: assert_candles(ohlc, ticker, [*ticks, late], p) for p in PERIODS_S}
+        wait_live(live, ticker, wants)  # the live revision is on its way too
         minute = late.exchange_time_ns // 60_000_000_000 * 60_000
         revised = live.last(ticker, 60)[minute]
         assert revised.closed and revised.revision == 1 and revised.high == "999"
@@ -363,10 +362,8 @@ def assert_healed(
     if lost is not None:
         made = [t for t in made if not lost.from_ns < t.exchange_time_ns < lost.to_ns]
     assert sorted(got["trade_id"]) == sorted(t.trade_id for t in made), "each trade once"
-    time.sleep(1.0)  # the last live updates are on their way too
-    for period in PERIODS_S:
-        want = assert_candles(ohlc, ticker, made, period)
-        assert_live(live.last(ticker, period), want, (ticker, period))
+    wants = {p: assert_candles(ohlc, ticker, made, p) for p in PERIODS_S}
+    wait_live(live, ticker, wants)  # the last live updates are on their way too
     return made
 
 
@@ -527,11 +524,8 @@ def test_every_feed_gets_its_own_candles_once_per_trade(pipeline) -> None:
             )
 
         wait_for(c_closed, timeout=IDLE_TIMEOUT_S + 60, interval=1.0)
-        time.sleep(1.0)  # the live update that closed it is on its way too
-        for ticker, ticks in feeds.items():
-            for period in PERIODS_S:
-                want = assert_candles(ohlc, ticker, ticks, period)
-                assert_live(live.last(ticker, period), want, (ticker, period))
+        for ticker, ticks in feeds.items():  # the live update that closed it is on its way too
+            wait_live(live, ticker, {p: assert_candles(ohlc, ticker, ticks, p) for p in PERIODS_S})
             assert sorted(live.trades[ticker]) == sorted(t.trade_id for t in ticks), ticker
         assert live.last(c, 60)[last_minute].closed
     finally:
@@ -771,6 +765,21 @@ def assert_live(updates: dict[int, market_pb2.OHLC], want: pd.DataFrame, what: o
     assert got == expected, what
 
 
+def wait_live(live, ticker: str, wants: dict[int, pd.DataFrame], timeout: float = 30.0) -> None:
+    """``assert_live`` for each period, waited for: live updates trail the commit a little,
+    and on a loaded machine more than a fixed pause."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            for period, want in wants.items():
+                assert_live(live.last(ticker, period), want, (ticker, period))
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def counts(updates: dict[int, market_pb2.OHLC]) -> dict[int, int]:
     return {t: u.trade_count for t, u in updates.items()}
 
@@ -795,7 +804,11 @@ class TickWatcher:
         self._ingestor = FakeIngestor(zmq.Context.instance(), settings, [work_prefix("TEST")])
         self._thread = threading.Thread(target=self._run, args=(settings, ticker, n))
         self._thread.start()
-        time.sleep(1.0)  # the subscription reaches the job through the relay
+        # The subscription reaches the job through the relay: seen by the relay first (on a
+        # loaded machine, later than any fixed pause), then passed upstream.
+        if RELAYS:
+            wait_for(lambda: RELAYS[-1]._watched.watched(ticker), timeout=30)
+        time.sleep(1.0)
 
     def _run(self, settings, ticker: str, n: int) -> None:
         with Client(settings) as client:
@@ -830,7 +843,11 @@ class LiveUpdates:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
-        time.sleep(1.0)  # the subscription reaches the job through the relay
+        # The subscription reaches the job through the relay: seen by the relay first (on a
+        # loaded machine, later than any fixed pause), then passed upstream.
+        if RELAYS:
+            wait_for(lambda: all(map(RELAYS[-1]._watched.watched, tickers)), timeout=30)
+        time.sleep(1.0)
 
     def _run(self) -> None:
         while not self._stop.is_set():
