@@ -114,7 +114,9 @@ def test_metadata_update_reloads_symbols_used_by_charts_and_events(
     list_symbols(gw_env, exchange, [("FOO", "USD", "0.01")])
     loads = gw.symbols.loads
     note = market_pb2.SymbolMetadataUpdated(exchange=exchange, symbol_count=1, added=1)
-    publish_until(market, metadata_update_topic(), note, lambda: gw.symbols.loads > loads)
+    publish_until(
+        market, metadata_update_topic(), note, lambda: gw.symbols.loads > loads, timeout=60
+    )
     assert gw.symbols.get(f"{exchange}:FOO/USD").tick_size == Decimal("0.01")
 
     chart(ws, f"{exchange}:NOPE/USD", 60)
