@@ -43,7 +43,7 @@ class Flood(SimExchange):
     def trades(self, ticker, stop):
         m0 = (int(time.time() * 1000) - 86_400_000 - 1_577_836_800_000) // 60_000
         while not stop.is_set():
-            yield from self.trade_batch(ticker, m0, m0 + 10)
+            yield from self.iter_trades(ticker, m0, m0 + 10)
             m0 += 10
 
 

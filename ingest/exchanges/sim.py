@@ -324,15 +324,21 @@ class SimExchange(Exchange):
 
     def trade_batch(self, ticker: str, m0: int, m1: int) -> list[market_pb2.Tick]:
         """The trades of minutes [m0, m1) since genesis; what `trades` streams."""
+        return list(self.iter_trades(ticker, m0, m1))
+
+    def iter_trades(self, ticker: str, m0: int, m1: int) -> Iterator[market_pb2.Tick]:
+        """:meth:`trade_batch` one Tick at a time, each made as it is taken: a stream that
+        held a batch's Ticks at once spent about a microsecond more on each (36,000 messages
+        of a 10-minute flood, each its own allocation, cold again by the time it is sent)."""
         sym = self.symbol(ticker)
         t = self._minutes(sym, m0, m1)
         n = self.per_minute
         ids = (t["minute"] * n + t["j"]).tolist()  # columns as lists: no numpy scalars per tick
         if self.faults.opaque_ids:
             ids = [opaque_id(self.seed, ticker, i) for i in ids]
-        buy, sell = market_pb2.BUY, market_pb2.SELL
-        return [
-            market_pb2.Tick(
+        buy, sell, tick = market_pb2.BUY, market_pb2.SELL, market_pb2.Tick
+        return (
+            tick(
                 ticker=ticker,
                 trade_id=str(i),
                 price=p,
@@ -348,7 +354,7 @@ class SimExchange(Exchange):
                 (t["time_us"] * 1000).tolist(),
                 strict=True,
             )
-        ]
+        )
 
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
         sym = self.symbol(ticker)
@@ -358,7 +364,7 @@ class SimExchange(Exchange):
                 sym.started = now_ms / 1000
         minute = (now_ms - self.genesis_ms) // MINUTE_MS
         while not stop.is_set():
-            for tick in self.trade_batch(ticker, minute, minute + 1):
+            for tick in self.iter_trades(ticker, minute, minute + 1):
                 due = tick.exchange_time_ns / 1e9
                 if due * 1000 < now_ms:
                     continue  # already past when the stream started

@@ -411,21 +411,27 @@ def test_kill_9_of_a_gateway_with_events_in_flight_loses_none_and_duplicates_non
         directory = Directory(gw_env.sql_url())
         directory.set_user(user, telegram_chat_id="11")
         directory.close()
-        sent, killed_at = [], None
-        for i in range(300):
-            # From the 150th event on, once each gateway has delivered some (round robin):
-            # checked then, not at a fixed event, so a slow metrics read does not fail it.
+        sent: list[str] = []
+        killed_at = restarted_at = None
+        # 150 events, then the kill once each gateway has delivered some (round robin; checked
+        # then, not at a fixed event, so a slow metrics read does not fail it); 70 more, the
+        # restart, and 80 after it.
+        for i in range(600):
             if killed_at is None and i >= 150 and delivered_by(a) > 0 and delivered_by(b) > 0:
                 procs[0].send_signal(signal.SIGKILL)  # events are in flight to it
                 procs[0].wait()
                 killed_at = i
-            if killed_at is not None and i == killed_at + 70:
+            elif killed_at is not None and i == killed_at + 70:
                 procs[0] = spawn_gateway(a, telegram.url, one)
+                restarted_at = i
+            elif restarted_at is not None and i == restarted_at + 80:
+                break
             event = user_event(user, ev.CRITICAL, TELEGRAM_ONLY, payload={"n": i})
             pub.publish(event)
             sent.append(event.event_id)
             time.sleep(0.01)
-        assert killed_at is not None and killed_at + 70 < 300, "both gateways never delivered"
+        assert killed_at is not None, "each gateway never delivered some of the first events"
+        assert restarted_at is not None, "the killed gateway was not started again in time"
         wait_for(lambda: pub.unacked() == 0, timeout=60)
         got = Counter(refs(telegram.texts()))
         assert set(got) == set(sent)  # at least once

@@ -28,6 +28,7 @@ def candle(ticker: str, seq: int) -> market_pb2.OHLC:
 def drawn(ws, count: int = 0) -> list[int]:
     """The next ``count`` candles drawn (waiting up to 30 s each), then any more that follow."""
     got = [next_of(ws, "candle", timeout=30)["t"] for _ in range(count)]
+    time.sleep(0.5)  # room for a copy drawn twice to show
     while (msg := maybe_next(ws, "candle")) is not None:
         got.append(msg["t"])
     return got

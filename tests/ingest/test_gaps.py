@@ -187,6 +187,7 @@ def stream(sim: SimExchange, ticker: str = T, timeout_s: float = 30.0) -> Sink:
         while not stop.wait(0.05) and time.monotonic() < deadline:
             gaps = sink.gaps()
             if gaps and gaps[-1].status != market_pb2.GAP_OPEN:
+                stop.wait(0.5)  # and a little more stream: no second gap, nothing doubled
                 break
         stop.set()
 

@@ -96,6 +96,7 @@ def test_first_subscriber_starts_second_adds_nothing_last_leaving_stops(relay, c
         _, msg = decode_sub(control.recv_multipart())
         assert (msg.action, msg.ticker) == (rq.CANCEL_REALTIME, ticker)
         assert all(stream_key(ticker) not in i.pending for i in ings)
+        wait_for(job.future.done, timeout=30)  # its thread has sent its last tick
         for i in ings:
             i._sink.flush(30)
         settled = len(all_ticks_of(s, ticker))

@@ -18,7 +18,7 @@ from ingest.exchanges.base import Page
 from ingest.exchanges.replay import ReplayExchange
 from ingest.exchanges.sim import SimExchange
 from ingest.peers import TAKING_WORK
-from ingest.service import Ingestor
+from ingest.service import Ingestor, stream_key
 from proto import market_pb2
 from proto import requests_pb2 as rq
 from relay import Relay
@@ -297,8 +297,10 @@ def test_realtime_stream_and_cancel(live) -> None:
     try:
         subscribe(live, "SIMC:C1/USDT", "SIMC")
         assert len(ticks_of(live, "SIMC:C1/USDT", 20)) >= 20
+        job = ing.jobs[stream_key("SIMC:C1/USDT")]
         cancel(live, "SIMC:C1/USDT", "SIMC")
         wait_for(lambda: not ing.jobs, timeout=30)
+        wait_for(job.future.done, timeout=30)  # its thread has sent its last tick
         ing._sink.flush(30)
         settled = len(all_ticks_of(live, "SIMC:C1/USDT"))
         time.sleep(2.0)

@@ -152,7 +152,7 @@ def test_work_nobody_listens_for_still_goes_out_after_the_hold(ctx, settings, re
     assert released(relay) == {"timed_out": 1}
 
 
-def test_a_full_hold_sends_work_at_once(ctx, settings, relay, monkeypatch) -> None:
+def test_a_full_hold_sends_work_at_once(ctx, settings, relay, monkeypatch, long_hold) -> None:
     """The hold is bounded: past it, work goes out without waiting for a listener."""
     monkeypatch.setattr("relay.server.MAX_HELD", 1)
     ing = FakeIngestor(ctx, settings, [work_prefix("BINANCE")])
@@ -161,7 +161,7 @@ def test_a_full_hold_sends_work_at_once(ctx, settings, relay, monkeypatch) -> No
         for request_id in ("held", "overflow"):
             assert relay_call(settings, history_request(request_id)).status == rq.SUBMIT_OK
         first = ing.recv(30.0)
-        second = ing.recv(NOTIFY_HOLD_S + 30.0)
+        second = ing.recv(10.0 + 30.0)  # past long_hold's hold
     finally:
         ing.close()
     assert [first[1].request_id, second[1].request_id] == ["overflow", "held"]
