@@ -331,7 +331,13 @@ def test_a_peer_takes_a_dead_ingestors_stream_over_and_fills_the_gap(live) -> No
         )
         time.sleep(PEER_BEAT_S)
         first.exchanges[name].frozen.set()  # type: ignore[attr-defined]
-        time.sleep(2 * PEER_BEAT_S)  # its heartbeats still announce the last trade it sent
+        time.sleep(PEER_BEAT_S)  # the trade in hand, if any, is sent; then none
+
+        def heard_last() -> bool:  # its heartbeats still announce the last trade it sent
+            tail = first.jobs[key].gaps.detector.tail  # type: ignore[union-attr]
+            return second.views[name].tails[ticker][1].trade_id == tail.trade_id
+
+        wait_for(heard_last, timeout=30)
         first._heartbeat = lambda *a, **k: None  # type: ignore[method-assign] - then it dies
         first.stop()
 
@@ -339,7 +345,7 @@ def test_a_peer_takes_a_dead_ingestors_stream_over_and_fills_the_gap(live) -> No
             gaps = [g for g in read_gaps(live, 2).listed() if g.ticker == ticker]
             return any(g.status != market_pb2.GAP_OPEN for g in gaps)
 
-        wait_for(repaired, timeout=15)
+        wait_for(repaired, timeout=60)
         time.sleep(0.5)
         job = second.jobs[key]
         second.stop()

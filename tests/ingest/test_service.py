@@ -226,10 +226,32 @@ def subprocess_ingestor(
     )
 
 
+def wait_available(settings, exchange: str, ids: set[str], timeout: float = 60.0) -> None:
+    """Until each of ``ids`` has said in a heartbeat that it takes work (past its warm-up)."""
+    import zmq
+
+    from proto.envelope import decode_sub
+
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.subscribe(ingestor_topic(exchange))
+    sub.connect(settings.connect("market_data"))
+    ready: set[str] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while ready != ids:
+            assert time.monotonic() < deadline, f"only {ready} of {ids} took work"
+            if sub.poll(200):
+                _, hb = decode_sub(sub.recv_multipart())
+                if hb.ingestor_id in ids and hb.state == rq.AVAILABLE:
+                    ready.add(hb.ingestor_id)
+    finally:
+        sub.close(linger=0)
+
+
 def test_takeover_after_kill_9_of_busy_ingestor(live) -> None:
     procs = {i: subprocess_ingestor(live, i) for i in ("ing-x", "ing-y")}
     try:
-        time.sleep(5.0)  # both started and past warm-up
+        wait_available(live, "SIM", set(procs))  # both started and past warm-up
         with Client(live) as client:
             ack = client.submit(
                 "SIM:SOL/USDT", 60, T0, T0 + 365 * DAY
@@ -341,7 +363,7 @@ def test_heartbeats_are_visible_through_the_relay(live, ctx) -> None:
     sub.connect(live.connect("market_data"))
     try:
         states = []
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and rq.AVAILABLE not in states:
             if sub.poll(200):
                 _, hb = decode_sub(sub.recv_multipart())
