@@ -49,7 +49,7 @@ from candlewire.errors import (
     RequestTimeout,
     TriggerRefused,
 )
-from candlewire.market import Candle, Tick, as_batch
+from candlewire.market import Candle, Tick, TickColumns, as_batch
 from candlewire.positions import describe, run_items
 from candlewire.topics import check_id, metadata_update_topic, response_topic
 from proto import cep_pb2 as cep
@@ -494,17 +494,23 @@ class ClientCore:
                 yield Sleep(RETRY_PAUSE_S)
                 req, sent = seq.request(until, req.cursor, new_id("f")), False
                 continue
-            msgs = chunk_messages(reply)
             if reply.archive_until_ms:  # from Iceberg, before the journal: no positions
+                msgs = chunk_messages(reply)
                 seq.since_ms = reply.archive_until_ms
                 seq.stats.archived += len(msgs)
                 yield from hand_out(msgs, seq, batches)
                 req, sent = seq.request(until, 0, new_id("f")), False
                 continue
-            msgs = seq.accept_chunk(msgs, filled=not replay)
-            out = msgs
-            if replay:  # candles: the previous chunk goes out once this one is seen
-                out, held = final_revisions(held, msgs)
+            columns = TickColumns.of(reply) if batches else None
+            if columns is not None and seq.accept_edges(
+                columns.first, columns.last, len(columns), filled=not replay
+            ):
+                msgs = out = columns  # ticks for Arrow: read as columns, no object each
+            else:
+                msgs = seq.accept_chunk(chunk_messages(reply), filled=not replay)
+                out = msgs
+                if replay:  # candles: the previous chunk goes out once this one is seen
+                    out, held = final_revisions(held, msgs)
             finished = (until is None and reply.done) or (until is not None and seq.reached(until))
             if finished:
                 yield from hand_out(out, seq, batches)
@@ -574,16 +580,16 @@ def final_revisions(
     return held, msgs
 
 
-def hand_out(msgs: list[Message], seq: Sequence, batches: bool) -> Steps[None]:
+def hand_out(msgs: list[Message] | TickColumns, seq: Sequence, batches: bool) -> Steps[None]:
     """A chunk to the caller: its messages one by one, or as one RecordBatch (the rows Arrow
     cannot hold, a price that is no decimal(38,18), counted as malformed)."""
     if not msgs:
         return
     if not batches:
-        yield EmitMany(msgs)
+        yield EmitMany(msgs)  # type: ignore[arg-type] - columns only come with batches
         return
     with paused_gc():
-        batch, dropped = as_batch(msgs)
+        batch, dropped = msgs.batch() if isinstance(msgs, TickColumns) else as_batch(msgs)
     seq.stats.malformed += dropped
     yield Emit(batch)
 

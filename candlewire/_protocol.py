@@ -322,6 +322,17 @@ class Sequence:
         self._delivered(msgs[0].stream, msgs[-1].stream, len(msgs), filled)  # type: ignore[attr-defined]
         return msgs
 
+    def accept_edges(
+        self, first: StreamPosition, last: StreamPosition, n: int, filled: bool
+    ) -> bool:
+        """:meth:`accept_chunk` for a chunk held as columns, by its edges: True, and all of
+        it taken as delivered, when its first message comes after the last delivered; False
+        leaves it to :meth:`accept_chunk`, which drops the ones before."""
+        if not is_after(first, self.last):
+            return False
+        self._delivered(first, last, n, filled)
+        return True
+
     def _delivered(self, first: StreamPosition, last: StreamPosition, n: int, filled: bool) -> None:
         if self.last is None or first.epoch != self.last.epoch:
             self.stats.epochs += 1

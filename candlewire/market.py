@@ -9,7 +9,7 @@ yields the protobuf messages instead.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -17,9 +17,12 @@ from operator import attrgetter
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from candlewire.times import EPOCH
+from proto import journal_pb2 as jr
 from proto import market_pb2
 
 SIDES = {market_pb2.BUY: "buy", market_pb2.SELL: "sell"}
@@ -152,12 +155,16 @@ CANDLE_SCHEMA = pa.schema(
         ("stream", POSITION),
     ]
 )
-_TICK = attrgetter("ticker", "price", "size", "side", "trade_id", "exchange_time_ns", "stream")
 _CANDLE = attrgetter(
     "ticker", "period_s", "open_time_ms", "open", "high", "low", "close", "volume",
     "trade_count", "closed", "revision", "stream",
 )  # fmt: skip
-_POSITION = attrgetter("epoch", "seq", "publish_time_ms", "source_partition", "source_offset")
+# Each message's fields in the schema's order (the position last), as attrgetter reads them
+# row by row and TickColumns reads them as columns.
+_TICK_FIELDS = ("ticker", "price", "size", "side", "trade_id", "exchange_time_ns")
+_POSITION_FIELDS = ("epoch", "seq", "publish_time_ms", "source_partition", "source_offset")
+_TICK = attrgetter(*_TICK_FIELDS, "stream")
+_POSITION = attrgetter(*_POSITION_FIELDS)
 _SIDE_NAMES = pa.array(["", *(SIDES.get(v, "") for v in range(1, max(SIDES) + 1))])
 
 
@@ -171,13 +178,20 @@ def as_batch(msgs: Sequence[Message]) -> tuple[pa.RecordBatch, int]:
     tick = isinstance(msgs[0], market_pb2.Tick)
     schema, getter = (TICK_SCHEMA, _TICK) if tick else (CANDLE_SCHEMA, _CANDLE)
     *columns, streams = zip(*map(getter, msgs), strict=True)
+    return _batch(schema, columns, zip(*map(_POSITION, streams), strict=True), len(msgs))
+
+
+def _batch(
+    schema: pa.Schema, columns: Iterable[Sequence], positions: Iterable[Sequence], n: int
+) -> tuple[pa.RecordBatch, int]:
+    """:func:`as_batch` from each field's values (the schema's order, the position's last),
+    however they were read: row by row, or as columns (:class:`TickColumns`)."""
     arrays = [_column(values, f) for values, f in zip(columns, schema, strict=False)]
-    if tick:  # the Side enum's number as its name; an unknown one as ""
+    if schema is TICK_SCHEMA:  # the Side enum's number as its name; an unknown one as ""
         side = schema.get_field_index("side")
         numbers = arrays[side]
         known = pc.and_(pc.greater(numbers, 0), pc.less(numbers, len(_SIDE_NAMES)))
         arrays[side] = _SIDE_NAMES.take(pc.if_else(known, numbers, 0))
-    positions = zip(*map(_POSITION, streams), strict=True)
     arrays.append(
         pa.StructArray.from_arrays(
             [pa.array(v, f.type) for v, f in zip(positions, POSITION, strict=True)],
@@ -190,7 +204,99 @@ def as_batch(msgs: Sequence[Message]) -> tuple[pa.RecordBatch, int]:
         arrays = [a.filter(keep) for a in arrays]
         cast, _ = _decimals(arrays, schema)
     batch = pa.RecordBatch.from_arrays(cast, schema=schema)
-    return batch, len(msgs) - len(batch)
+    return batch, n - len(batch)
+
+
+def _shadow_columns() -> type[Message]:
+    """The message type that reads a FetchReply's tick runs as columns (#35).
+
+    It mirrors the reply down to the ticks with the same field numbers, but each of Tick's
+    and StreamPosition's fields is repeated, and each message field on the way is singular.
+    Parsing merges every occurrence of a singular message field and appends every value of
+    a repeated one, so one parse, in C, of the reply's bytes gives each field's values over
+    all its ticks, in order: no message object per tick. A value left at its default is not
+    on the wire, so a column is whole only when it has one value per tick or none at all."""
+    file = descriptor_pb2.FileDescriptorProto(name="tick_columns.proto", syntax="proto3")
+    file.package = "candlewire_columns"
+    types = {
+        "Reply": (jr.FetchReply.DESCRIPTOR, {"runs": "Run"}),
+        "Run": (jr.JournalBatch.DESCRIPTOR, {"ticks": "Tick"}),
+        "Tick": (market_pb2.Tick.DESCRIPTOR, {"stream": "Position"}),
+        "Position": (market_pb2.StreamPosition.DESCRIPTOR, {}),
+    }
+    for name, (desc, nested) in types.items():
+        shadow = file.message_type.add(name=name)
+        for f in desc.fields:
+            if f.name in nested:
+                shadow.field.add(
+                    name=f.name,
+                    number=f.number,
+                    type=FieldDescriptor.TYPE_MESSAGE,
+                    label=FieldDescriptor.LABEL_OPTIONAL,
+                    type_name=f".{file.package}.{nested[f.name]}",
+                )
+            elif name in ("Tick", "Position"):
+                enum = f.type == FieldDescriptor.TYPE_ENUM  # its number: the same varint
+                shadow.field.add(
+                    name=f.name,
+                    number=f.number,
+                    type=FieldDescriptor.TYPE_INT32 if enum else f.type,
+                    label=FieldDescriptor.LABEL_REPEATED,
+                )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{file.package}.Reply"))
+
+
+_REPLY_COLUMNS = _shadow_columns()
+_TEXTS = {"ticker", "price", "size", "trade_id"}  # string fields: "" by default, others 0
+
+
+class TickColumns:
+    """A FetchReply's ticks as columns, for a replay as Arrow: what :func:`as_batch` makes
+    of its messages, without a Python object per tick. ``first`` and ``last`` are the
+    chunk's edge positions, which the sequencing rules read."""
+
+    def __init__(self, columns: dict[str, Sequence], positions: dict[str, Sequence], n: int):
+        self._columns, self._positions, self._n = columns, positions, n
+        self.first, self.last = self._position(0), self._position(n - 1)
+
+    @classmethod
+    def of(cls, reply: jr.FetchReply) -> TickColumns | None:
+        """The reply's ticks as columns, or None when it holds anything else, nothing, or a
+        field that is at its default in some ticks only (then the rows are read one by one)."""
+        runs = reply.runs
+        n = sum(len(run.ticks) for run in runs)
+        if not n or any(not run.ticks for run in runs):
+            return None
+        ticks = _REPLY_COLUMNS.FromString(reply.SerializeToString()).runs.ticks
+        columns = {name: getattr(ticks, name) for name in _TICK_FIELDS}
+        positions = {name: getattr(ticks.stream, name) for name in _POSITION_FIELDS}
+        if any(len(v) not in (0, n) for v in (*columns.values(), *positions.values())):
+            return None
+        return cls(columns, positions, n)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _position(self, i: int) -> market_pb2.StreamPosition:
+        return market_pb2.StreamPosition(
+            **{name: values[i] for name, values in self._positions.items() if values}
+        )
+
+    def batch(self) -> tuple[pa.RecordBatch, int]:
+        """The RecordBatch :func:`as_batch` makes of the same ticks, and the rows dropped."""
+        columns, positions = self._columns, self._positions
+        return _batch(
+            TICK_SCHEMA,
+            [self._full(columns[name], name in _TEXTS) for name in _TICK_FIELDS],
+            [self._full(positions[name], False) for name in _POSITION_FIELDS],
+            self._n,
+        )
+
+    def _full(self, values: Sequence, text: bool) -> list:
+        """A column's values; its default in every row when none was on the wire."""
+        return list(values) if values else ["" if text else 0] * self._n
 
 
 def _column(values: tuple, f: pa.Field) -> pa.Array:

@@ -9,7 +9,17 @@ from decimal import Decimal
 
 import pytest
 
-from candlewire.market import CANDLE_SCHEMA, TICK_SCHEMA, Candle, Tick, as_batch, typed
+from candlewire.market import (
+    CANDLE_SCHEMA,
+    TICK_SCHEMA,
+    Candle,
+    Tick,
+    TickColumns,
+    as_batch,
+    typed,
+)
+from candlewire.positions import add_items
+from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto import requests_pb2 as rq
 
@@ -167,3 +177,61 @@ def test_rows_arrow_cannot_hold_are_dropped_and_counted_and_the_rest_kept() -> N
     assert [str(v.normalize()) for v in batch.column("price").to_pylist()] == ["1.5", "2", "3"]
     with pytest.raises(ValueError):
         as_batch([])
+
+
+def varied_tick(i: int, **fields: object) -> market_pb2.Tick:
+    values: dict = {
+        "ticker": "X:A/B",
+        "trade_id": str(10**9 + i),
+        "price": f"{30000 + i % 700 * 0.01:.2f}",
+        "size": f"0.{i % 997 + 1:05d}",
+        "side": 1 + i % 2,
+        "exchange_time_ns": NS + i * 1000,
+        "ingest_time_ns": NS,
+        "stream": market_pb2.StreamPosition(
+            epoch=17,
+            seq=i + 1,
+            publish_time_ms=i // 100 + 1,
+            source_partition=3,
+            source_offset=i + 1,
+        ),
+    }
+    return market_pb2.Tick(**(values | fields))
+
+
+def reply_of(*runs: list) -> jr.FetchReply:
+    reply = jr.FetchReply(request_id="r", status=jr.FETCH_OK)
+    for items in runs:
+        add_items(reply.runs.add(topic="X:A/B|tick"), items)
+    return reply
+
+
+@pytest.mark.parametrize(
+    "runs",
+    [
+        [[varied_tick(i) for i in range(100)], [varied_tick(i) for i in range(100, 250)]],
+        # fields at their default in every tick: not on the wire at all
+        [[varied_tick(i, side=0, stream=market_pb2.StreamPosition(seq=i + 1)) for i in range(9)]],
+        [[varied_tick(i, price="x" if i == 7 else str(i + 1)) for i in range(20)]],  # dropped
+    ],
+    ids=["two runs", "defaults", "no decimal"],
+)
+def test_ticks_read_as_columns_make_the_batch_their_messages_make(runs: list) -> None:
+    reply = reply_of(*runs)
+    msgs = [t for run in runs for t in run]
+    columns = TickColumns.of(reply)
+    assert columns is not None and len(columns) == len(msgs)
+    assert (columns.first, columns.last) == (msgs[0].stream, msgs[-1].stream)
+    batch, dropped = columns.batch()
+    expected, expected_dropped = as_batch(msgs)
+    assert batch.equals(expected) and dropped == expected_dropped
+
+
+def test_ticks_whose_fields_are_at_their_default_in_some_only_are_read_row_by_row() -> None:
+    """Such a field has fewer values than ticks, and which ticks lack it is not on the wire."""
+    some_sides = [varied_tick(i, side=i % 3) for i in range(30)]
+    first_at_0 = [varied_tick(i, stream=market_pb2.StreamPosition(seq=i + 1, source_offset=i))
+                  for i in range(30)]  # fmt: skip
+    candles = [market_pb2.OHLC(ticker="X:A/B", period_s=60, open="1")]
+    for runs in ([some_sides], [first_at_0], [candles], [[varied_tick(1)], candles], []):
+        assert TickColumns.of(reply_of(*runs)) is None

@@ -116,7 +116,7 @@ def test_late_joiner_replays_then_goes_live_without_gap_or_repeat(
         assert sub.stats.delivered == len(got)
 
 
-def publish_varied(feed: TickFeed, n: int) -> None:
+def publish_varied(feed: TickFeed, n: int, sides: tuple[int, ...] = (0, 1, 2)) -> None:
     """``n`` ticks of the feed with prices, sizes and sides that differ from tick to tick."""
     from candlewire.testing import to_record
 
@@ -128,7 +128,7 @@ def publish_varied(feed: TickFeed, n: int) -> None:
             trade_id=str(off),
             price=f"{100 + off % 7}.{off % 100:02d}",
             size=f"0.{off % 1000:03d}1",
-            side=off % 3,
+            side=sides[off % len(sides)],
             exchange_time_ns=now + off,
             ingest_time_ns=now,
         )
@@ -137,13 +137,23 @@ def publish_varied(feed: TickFeed, n: int) -> None:
     feed.publisher.publish_ticks(records)
 
 
+@pytest.mark.parametrize("columnar", [False, True], ids=["row by row", "as columns"])
 def test_an_arrow_replay_equals_the_object_replay_and_goes_on_live(
-    journal_settings, journal, stream_pub, relay
+    journal_settings, journal, stream_pub, relay, monkeypatch, columnar
 ) -> None:
+    """Row by row: some ticks have no side and the first is at offset 0, so some fields are
+    at their defaults (not on the wire) in some ticks only, and a chunk is read message by
+    message. As columns: every field is in every tick, and chunks are read as columns."""
     import pyarrow as pa
 
+    from candlewire.market import TickColumns
+
+    batched = TickColumns.batch
+    as_columns: list[int] = []
+    monkeypatch.setattr(TickColumns, "batch", lambda c: as_columns.append(len(c)) or batched(c))
     feed = TickFeed(stream_pub)
-    publish_varied(feed, 3000)
+    start = feed.next_offset = 1 if columnar else 0
+    publish_varied(feed, 3000, (1, 2) if columnar else (0, 1, 2))
     since = int(time.time() * 1000) - 60_000
     time.sleep(0.5)
     with Client(journal_settings) as client:
@@ -165,13 +175,13 @@ def test_an_arrow_replay_equals_the_object_replay_and_goes_on_live(
             else:
                 live.append(item)
             last = live[-1].stream.source_offset if live else rows[-1]["stream"]["source_offset"]
-            if last >= 3000 + 3999:
+            if last >= start + 6999:
                 break
         sub.close()
     flowing.join()
     assert len(rows) >= 3000 and len(live) > 0  # the replay came in batches, then live ticks
     offsets = [r["stream"]["source_offset"] for r in rows] + [t.stream.source_offset for t in live]
-    assert offsets == list(range(3000 + 4000))  # no gap, no repeat, at the seam too
+    assert offsets == list(range(start, start + 7000))  # no gap, no repeat, at the seam too
 
     def fields(t) -> tuple:
         s = t.stream
@@ -183,8 +193,9 @@ def test_an_arrow_replay_equals_the_object_replay_and_goes_on_live(
         return (*(r[n] for n in names), s["epoch"], s["seq"])
 
     assert [columns(r) for r in rows[:3000]] == [fields(t) for t in objects]
-    assert {t.side for t in objects} == {"", "buy", "sell"}
+    assert {t.side for t in objects} == ({"buy", "sell"} if columnar else {"", "buy", "sell"})
     assert sub.stats.malformed == 0
+    assert (sum(as_columns) >= 3000) if columnar else not as_columns
 
 
 BURST = 200_000
