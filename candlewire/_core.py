@@ -501,7 +501,7 @@ class ClientCore:
                 yield from hand_out(msgs, seq, batches)
                 req, sent = seq.request(until, 0, new_id("f")), False
                 continue
-            columns = TickColumns.of(reply) if batches else None
+            columns = TickColumns.of(reply, journal.wire[1:]) if batches else None
             if columns is not None and seq.accept_edges(
                 columns.first, columns.last, len(columns), filled=not replay
             ):
@@ -601,6 +601,7 @@ class JournalLink:
     def __init__(self, core: ClientCore) -> None:
         self.core = core
         self.sock: zmq.Socket | None = None
+        self.wire = b""  # the last reply's message bytes, as received (TickColumns reads them)
 
     def connected(self) -> zmq.Socket:
         if self.sock is None:
@@ -627,6 +628,7 @@ class JournalLink:
                 except EnvelopeError:
                     continue
                 if reply.request_id == req.request_id:
+                    self.wire = frames[-1]
                     return reply
             self.close()
             if not remaining(deadline):

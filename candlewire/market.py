@@ -262,14 +262,16 @@ class TickColumns:
         self.first, self.last = self._position(0), self._position(n - 1)
 
     @classmethod
-    def of(cls, reply: jr.FetchReply) -> TickColumns | None:
+    def of(cls, reply: jr.FetchReply, wire: bytes = b"") -> TickColumns | None:
         """The reply's ticks as columns, or None when it holds anything else, nothing, or a
-        field that is at its default in some ticks only (then the rows are read one by one)."""
+        field that is at its default in some ticks only (then the rows are read one by one).
+        ``wire``: the reply's bytes as received, when the caller has them (else it is
+        serialized again)."""
         runs = reply.runs
         n = sum(len(run.ticks) for run in runs)
         if not n or any(not run.ticks for run in runs):
             return None
-        ticks = _REPLY_COLUMNS.FromString(reply.SerializeToString()).runs.ticks
+        ticks = _REPLY_COLUMNS.FromString(wire or reply.SerializeToString()).runs.ticks
         columns = {name: getattr(ticks, name) for name in _TICK_FIELDS}
         positions = {name: getattr(ticks.stream, name) for name in _POSITION_FIELDS}
         if any(len(v) not in (0, n) for v in (*columns.values(), *positions.values())):
@@ -294,9 +296,10 @@ class TickColumns:
             self._n,
         )
 
-    def _full(self, values: Sequence, text: bool) -> list:
-        """A column's values; its default in every row when none was on the wire."""
-        return list(values) if values else ["" if text else 0] * self._n
+    def _full(self, values: Sequence, text: bool) -> Sequence:
+        """A column's values (the repeated field itself: Arrow reads it as a sequence); its
+        default in every row when none was on the wire."""
+        return values if values else ["" if text else 0] * self._n
 
 
 def _column(values: tuple, f: pa.Field) -> pa.Array:
