@@ -49,7 +49,7 @@ from candlewire.errors import (
     RequestTimeout,
     TriggerRefused,
 )
-from candlewire.market import Candle, Tick, TickColumns, as_batch
+from candlewire.market import Candle, Tick, _TickColumns, as_batch
 from candlewire.positions import describe, run_items
 from candlewire.topics import check_id, metadata_update_topic, response_topic
 from proto import cep_pb2 as cep
@@ -501,7 +501,7 @@ class ClientCore:
                 yield from hand_out(msgs, seq, batches)
                 req, sent = seq.request(until, 0, new_id("f")), False
                 continue
-            columns = TickColumns.of(reply, journal.wire[1:]) if batches else None
+            columns = _TickColumns.of(reply, journal.wire[1:]) if batches else None
             if columns is not None and seq.accept_edges(
                 columns.first, columns.last, len(columns), filled=not replay
             ):
@@ -580,7 +580,7 @@ def final_revisions(
     return held, msgs
 
 
-def hand_out(msgs: list[Message] | TickColumns, seq: Sequence, batches: bool) -> Steps[None]:
+def hand_out(msgs: list[Message] | _TickColumns, seq: Sequence, batches: bool) -> Steps[None]:
     """A chunk to the caller: its messages one by one, or as one RecordBatch (the rows Arrow
     cannot hold, a price that is no decimal(38,18), counted as malformed)."""
     if not msgs:
@@ -589,7 +589,7 @@ def hand_out(msgs: list[Message] | TickColumns, seq: Sequence, batches: bool) ->
         yield EmitMany(msgs)  # type: ignore[arg-type] - columns only come with batches
         return
     with paused_gc():
-        batch, dropped = msgs.batch() if isinstance(msgs, TickColumns) else as_batch(msgs)
+        batch, dropped = msgs.batch() if isinstance(msgs, _TickColumns) else as_batch(msgs)
     seq.stats.malformed += dropped
     yield Emit(batch)
 
@@ -601,7 +601,7 @@ class JournalLink:
     def __init__(self, core: ClientCore) -> None:
         self.core = core
         self.sock: zmq.Socket | None = None
-        self.wire = b""  # the last reply's message bytes, as received (TickColumns reads them)
+        self.wire = b""  # the last reply's message bytes, as received (_TickColumns reads them)
 
     def connected(self) -> zmq.Socket:
         if self.sock is None:

@@ -160,7 +160,7 @@ _CANDLE = attrgetter(
     "trade_count", "closed", "revision", "stream",
 )  # fmt: skip
 # Each message's fields in the schema's order (the position last), as attrgetter reads them
-# row by row and TickColumns reads them as columns.
+# row by row and _TickColumns reads them as columns.
 _TICK_FIELDS = ("ticker", "price", "size", "side", "trade_id", "exchange_time_ns")
 _POSITION_FIELDS = ("epoch", "seq", "publish_time_ms", "source_partition", "source_offset")
 _TICK = attrgetter(*_TICK_FIELDS, "stream")
@@ -185,7 +185,7 @@ def _batch(
     schema: pa.Schema, columns: Iterable[Sequence], positions: Iterable[Sequence], n: int
 ) -> tuple[pa.RecordBatch, int]:
     """:func:`as_batch` from each field's values (the schema's order, the position's last),
-    however they were read: row by row, or as columns (:class:`TickColumns`)."""
+    however they were read: row by row, or as columns (:class:`_TickColumns`)."""
     arrays = [_column(values, f) for values, f in zip(columns, schema, strict=False)]
     if schema is TICK_SCHEMA:  # the Side enum's number as its name; an unknown one as ""
         side = schema.get_field_index("side")
@@ -252,7 +252,7 @@ _REPLY_COLUMNS = _shadow_columns()
 _TEXTS = {"ticker", "price", "size", "trade_id"}  # string fields: "" by default, others 0
 
 
-class TickColumns:
+class _TickColumns:
     """A FetchReply's ticks as columns, for a replay as Arrow: what :func:`as_batch` makes
     of its messages, without a Python object per tick. ``first`` and ``last`` are the
     chunk's edge positions, which the sequencing rules read."""
@@ -262,7 +262,7 @@ class TickColumns:
         self.first, self.last = self._position(0), self._position(n - 1)
 
     @classmethod
-    def of(cls, reply: jr.FetchReply, wire: bytes = b"") -> TickColumns | None:
+    def of(cls, reply: jr.FetchReply, wire: bytes = b"") -> _TickColumns | None:
         """The reply's ticks as columns, or None when it holds anything else, nothing, or a
         field that is at its default in some ticks only (then the rows are read one by one).
         ``wire``: the reply's bytes as received, when the caller has them (else it is

@@ -14,7 +14,7 @@ from candlewire.market import (
     TICK_SCHEMA,
     Candle,
     Tick,
-    TickColumns,
+    _TickColumns,
     as_batch,
     typed,
 )
@@ -219,7 +219,7 @@ def reply_of(*runs: list) -> jr.FetchReply:
 def test_ticks_read_as_columns_make_the_batch_their_messages_make(runs: list) -> None:
     reply = reply_of(*runs)
     msgs = [t for run in runs for t in run]
-    columns = TickColumns.of(reply)
+    columns = _TickColumns.of(reply)
     assert columns is not None and len(columns) == len(msgs)
     assert (columns.first, columns.last) == (msgs[0].stream, msgs[-1].stream)
     batch, dropped = columns.batch()
@@ -234,4 +234,4 @@ def test_ticks_whose_fields_are_at_their_default_in_some_only_are_read_row_by_ro
                   for i in range(30)]  # fmt: skip
     candles = [market_pb2.OHLC(ticker="X:A/B", period_s=60, open="1")]
     for runs in ([some_sides], [first_at_0], [candles], [[varied_tick(1)], candles], []):
-        assert TickColumns.of(reply_of(*runs)) is None
+        assert _TickColumns.of(reply_of(*runs)) is None

@@ -146,11 +146,11 @@ def test_an_arrow_replay_equals_the_object_replay_and_goes_on_live(
     message. As columns: every field is in every tick, and chunks are read as columns."""
     import pyarrow as pa
 
-    from candlewire.market import TickColumns
+    from candlewire.market import _TickColumns
 
-    batched = TickColumns.batch
+    batched = _TickColumns.batch
     as_columns: list[int] = []
-    monkeypatch.setattr(TickColumns, "batch", lambda c: as_columns.append(len(c)) or batched(c))
+    monkeypatch.setattr(_TickColumns, "batch", lambda c: as_columns.append(len(c)) or batched(c))
     feed = TickFeed(stream_pub)
     start = feed.next_offset = 1 if columnar else 0
     publish_varied(feed, 3000, (1, 2) if columnar else (0, 1, 2))
