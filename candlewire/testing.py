@@ -458,8 +458,8 @@ class TickFeed:
     ``publish_ticks``) as the live query hands them: consecutive Kafka offsets of one
     partition, each tick's trade id its offset, stamped with the time it is made."""
 
-    def __init__(self, publisher: Any, prefix: str = "SIM:T") -> None:
-        self.publisher = publisher
+    def __init__(self, publisher: Any, prefix: str = "SIM:T", side: int = 0) -> None:
+        self.publisher, self.side = publisher, side  # side: none (0) unless given
         self.ticker = f"{prefix}{uuid.uuid4().hex[:8].upper()}/USDT"
         self.topic = market_data_topic(self.ticker, tick_type())
         self.next_offset = 0
@@ -472,6 +472,7 @@ class TickFeed:
                 trade_id=str(self.next_offset),
                 price="100.25",
                 size="0.01",
+                side=self.side,
                 exchange_time_ns=now,
                 ingest_time_ns=now,
             )
