@@ -249,7 +249,10 @@ def _shadow_columns() -> type[Message]:
 
 
 _REPLY_COLUMNS = _shadow_columns()
-_TEXTS = {"ticker", "price", "size", "trade_id"}  # string fields: "" by default, others 0
+# Fields whose default is "" (the others' is 0), from the contract itself.
+_TEXTS = {
+    f.name for f in market_pb2.Tick.DESCRIPTOR.fields if f.type == FieldDescriptor.TYPE_STRING
+}
 
 
 class _TickColumns:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import zmq
 from google.protobuf.message import Message
@@ -171,27 +173,36 @@ def relay_call(
     return relay_frames(settings, encode(msg), timeout, key)
 
 
+@contextmanager
+def _from_the_beginning(settings: Settings, topic: str) -> Iterator[tuple[Any, list[int]]]:
+    """A consumer of its own group, assigned every partition of ``topic`` from offset 0, and
+    those partitions; closed on the way out."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from candlewire.kafka import consumer_config
+
+    consumer = Consumer(consumer_config(settings, f"reader-{time.monotonic_ns()}"))
+    try:
+        parts = list(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        yield consumer, parts
+    finally:
+        consumer.close()
+
+
 def read_topic(
     settings: Settings, topic: str, done: Callable[[list], bool], timeout: float = 30.0
 ) -> list:
     """Decoded records of a Kafka topic from the beginning, until ``done(records)``."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    from candlewire.kafka import consumer_config
     from proto.envelope import from_record
 
-    consumer = Consumer(consumer_config(settings, f"reader-{time.monotonic_ns()}"))
-    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
     out: list = []
     deadline = time.monotonic() + timeout
-    try:
+    with _from_the_beginning(settings, topic) as (consumer, _):
         while not done(out) and time.monotonic() < deadline:
             msg = consumer.poll(0.2)
             if msg is not None and msg.error() is None:
                 out.append(from_record(msg.value()))
-    finally:
-        consumer.close()
     return out
 
 
@@ -199,20 +210,17 @@ def read_topic_to_end(settings: Settings, topic: str, timeout: float = 60.0) -> 
     """Every decoded record the topic holds as of the call: each partition read up to its end
     offset then. For "nothing more came" checks, where a read bounded by time alone may stop
     short on a loaded machine."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
-    from candlewire.kafka import consumer_config
     from proto.envelope import from_record
 
-    consumer = Consumer(consumer_config(settings, f"reader-{time.monotonic_ns()}"))
-    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    ends = {
-        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts
-    }
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
     out: list = []
     deadline = time.monotonic() + timeout
-    try:
+    with _from_the_beginning(settings, topic) as (consumer, parts):
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in parts
+        }
         while True:
             behind = [TopicPartition(topic, p) for p, end in ends.items() if end > 0]
             if not behind:
@@ -224,8 +232,6 @@ def read_topic_to_end(settings: Settings, topic: str, timeout: float = 60.0) -> 
             for tp in consumer.position(behind):  # past control records too
                 if tp.offset >= ends[tp.partition]:
                     ends[tp.partition] = 0
-    finally:
-        consumer.close()
 
 
 # -- the real streaming job ------------------------------------------------------------------
