@@ -5,7 +5,8 @@
    its DELIVERED ack: dedup lookup, directory lookup, delivery, ack row in PostgreSQL. (The
    stdlib Telegram stand-in serves ~300 requests/s by itself, so it would measure itself.)
 2. informational: an EventPublisher publishes INFORMATIONAL events to a user with a signed-in
-   WebSocket client; each is timed from publish to the client's receipt;
+   WebSocket client; each is timed from publish to the client's receipt. The events are made
+   before the clock starts, as the raw path's frames are;
 3. raw: the same UserEvent envelopes XPUB → SUB with nothing in between.
 
 In 2 and 3 the reader runs in a process of its own, as a browser does: sharing the
@@ -110,15 +111,15 @@ def critical(settings: Settings, n: int, window: int, gateway_pid: int) -> dict:
 
 def _session_reader(settings: Settings, user: str, n: int, out: Connection) -> None:
     """The browser's side, in a process of its own: signs in, reads ``n`` events, and sends
-    back the time it read the last and each event's latency from its publish."""
+    back each one's number and the time it was read."""
     ws = sign_in(settings, user)
     out.send("signed in")
-    latencies: list[float] = []
-    while len(latencies) < n:
+    received: list[tuple[int, float]] = []
+    while len(received) < n:
         msg = json.loads(ws.recv(timeout=30))
         if msg["type"] == "event":
-            latencies.append(time.time() - msg["data"]["sent"])
-    out.send((time.time(), latencies))
+            received.append((msg["data"]["i"], time.time()))
+    out.send(received)
     ws.close()
 
 
@@ -167,11 +168,18 @@ def informational(settings: Settings, n: int, journal: Path, gateway_pid: int) -
             while not pub.watched(user):
                 assert time.monotonic() < deadline, "the gateway never subscribed"
                 time.sleep(0.01)
+            # Made before the clock starts, as the raw path's frames are: what is measured is
+            # delivery, not the bench making events. Each is timed from its publish.
+            events = [user_event(user, ev.INFORMATIONAL, payload={"i": i}) for i in range(n)]
+            sent_at = [0.0] * n
             t0, cpu0 = time.time(), process_cpu_s(gateway_pid)
-            for _ in range(n):
-                pub.publish(user_event(user, ev.INFORMATIONAL, payload={"sent": time.time()}))
-            done_at, latencies = _answer(reader, 120)
+            for i, event in enumerate(events):
+                sent_at[i] = time.time()
+                pub.publish(event)
+            received = _answer(reader, 120)
             cpu = process_cpu_s(gateway_pid) - cpu0
+            done_at = max(at for _, at in received)
+            latencies = [at - sent_at[i] for i, at in received]
     finally:
         proc.join(10)
         proc.kill()

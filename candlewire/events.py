@@ -194,22 +194,24 @@ class EventPublisher:
 
     def publish(self, event: ev.UserEvent) -> Route:
         """Route one event; a DEALER-bound event is journalled before this returns."""
-        priority = event.delivery.priority
-        if priority != ev.CRITICAL and self.watched(event.user_id):
-            route = Route.XPUB
-        elif priority == ev.INFORMATIONAL:
-            return Route.DROPPED
-        else:
-            route = Route.DEALER
-            with self._lock:
+        priority, topic = event.delivery.priority, user_topic(event.user_id)
+        with self._lock:
+            if priority != ev.CRITICAL and self._watchers[topic] > 0:
+                route = Route.XPUB
+            elif priority == ev.INFORMATIONAL:
+                return Route.DROPPED
+            else:
+                route = Route.DEALER
                 self.journal.pending(event)
                 self.pending[event.event_id] = Pending(event, time.monotonic(), 0)
-        with self._lock:
+            # The I/O thread takes the whole outbox each time it wakes, so only the event
+            # that finds it empty wakes it: a wake-up refused by a full pipe raises, and
+            # raising cost more than the rest of a publish.
+            wake = not self._outbox
             self._outbox.append((route, event))
-        # A full wake pipe means a wake-up is already pending; the I/O thread takes the
-        # whole outbox each time it wakes.
-        with contextlib.suppress(zmq.Again):
-            self._wake.send(b"", zmq.NOBLOCK)
+        if wake:
+            with contextlib.suppress(zmq.Again):
+                self._wake.send(b"", zmq.NOBLOCK)
         return route
 
     def unacked(self) -> int:

@@ -42,7 +42,7 @@ from websockets.http11 import Request, Response
 
 from candlewire import curve
 from candlewire.config import PortTaken, Settings
-from candlewire.curve import GATEWAY_KEY, Guard, Peer, dial, peer_reader
+from candlewire.curve import GATEWAY_KEY, Guard, Peer, dial, peer_of
 from candlewire.runtime import MetricsServer, bind, binding, run_until_signal
 from candlewire.topics import (
     market_data_topic,
@@ -476,19 +476,18 @@ class Gateway:
     async def _informational(self) -> None:
         """Every event queued on the SUB is taken in one loop turn (:class:`Batches`): a
         receive through pyzmq's asyncio socket made a future per event."""
-        self._event_batches = events = Batches(self._events)
-        peer_of = peer_reader(self.settings)
+        self._event_batches = events = Batches(self._events, peers=self.settings.security.curve)
         counted = self.metrics.informational
         sent_to, no_session = counted.labels("sent"), counted.labels("no_session")
         while True:
-            for frames in await events.recv(INFORMATIONAL_BATCH):
+            for frames, last in await events.recv(INFORMATIONAL_BATCH):
                 try:
-                    _, msg = decode_sub([f.bytes for f in frames])
+                    _, msg = decode_sub(frames)
                     event = expect(msg, ev.UserEvent)
                 except EnvelopeError as exc:
                     self.metrics.dropped.labels("user_events", exc.reason).inc()
                     continue
-                if not self._may_send(peer_of(frames[-1]), event, "events"):
+                if not self._may_send(_peer(last), event, "events"):
                     continue
                 rendered = self.symbols.render(event)
                 sent = self.sessions.send(
@@ -503,12 +502,11 @@ class Gateway:
         batch, so the events in flight share their database round trips
         (:class:`~gateway.critical.Batcher`). At most ``max_inflight`` are answered at once."""
         slots = asyncio.Semaphore(self.gw.max_inflight)
-        peer_of = peer_reader(self.settings)
-        self._acks = router = Batches(self._router)
+        self._acks = router = Batches(self._router, peers=self.settings.security.curve)
         while True:
             batch: list[tuple[bytes, ev.UserEvent]] = []
-            for raw in await router.recv(CRITICAL_BATCH):
-                peer, frames = peer_of(raw[-1]), [f.bytes for f in raw]
+            for frames, last in await router.recv(CRITICAL_BATCH):
+                peer = _peer(last)
                 identity, body = frames[0], frames[1:]
                 if body and not body[0]:
                     body = body[1:]  # DEALER's empty delimiter
@@ -683,6 +681,11 @@ class Gateway:
             cache = "max-age=86400" if path.startswith("/vendor/") else "no-cache"
             return _typed(response, "text/javascript; charset=utf-8", cache)
         return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
+
+
+def _peer(last: zmq.Frame | None) -> Peer | None:
+    """Who sent a message, from its last frame as received (kept only with CURVE on)."""
+    return None if last is None else peer_of(last)
 
 
 def _typed(response: Response, content_type: str, cache: str = "no-store") -> Response:

@@ -6,9 +6,8 @@ with the symbol's tick size.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, NamedTuple
 
 from candlewire.config import PERIODS_S
 from candlewire.symbols import SymbolCatalog as BaseCatalog
@@ -25,12 +24,21 @@ def enum_name(names: dict[int, str], number: int) -> str:
     return names.get(number) or str(number)
 
 
-@dataclass(frozen=True)
-class Rendered:
+# Each event type's title ("Order filled"), made once rather than per event.
+TITLES = {
+    number: name.replace("_", " ").lower().capitalize() for number, name in EVENT_TYPES.items()
+}
+PRICE_KEYS = frozenset(("price", "stop", "limit", "fill_price"))
+
+
+class Rendered(NamedTuple):
+    """An event in words; a tuple, which is made in C (a frozen dataclass sets each field
+    through ``object.__setattr__``, on the informational fast path)."""
+
     event_id: str
     title: str
     text: str
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any]
 
 
 class SymbolCatalog(BaseCatalog):
@@ -70,24 +78,27 @@ class SymbolCatalog(BaseCatalog):
 
     def render(self, event: ev.UserEvent) -> Rendered:
         """Title and text for people; JSON payloads are shown field by field."""
-        kind = enum_name(EVENT_TYPES, event.event_type).replace("_", " ").lower()
+        event_id, payload, number = event.event_id, event.payload, event.event_type
+        kind = TITLES.get(number) or str(number)
         try:
-            data = json.loads(event.payload) if event.payload else {}
+            data = json.loads(payload) if payload else {}
         except (ValueError, UnicodeDecodeError):
             data = None
         if not isinstance(data, dict):
-            text = f"{len(event.payload)} bytes of payload"
-            return Rendered(event.event_id, kind.capitalize(), text, {"event_id": event.event_id})
+            text = f"{len(payload)} bytes of payload"
+            return Rendered(event_id, kind, text, {"event_id": event_id})
         ticker = str(data.get("ticker", ""))
         sym = self.get(ticker) if ticker else None
-        title = kind.capitalize() + (f": {ticker}" if ticker else "")
+        title = f"{kind}: {ticker}" if ticker else kind
         lines = []
         for key, value in data.items():
-            if key in ("price", "stop", "limit", "fill_price") and ticker:
+            if ticker and key in PRICE_KEYS:
                 value = self.price(ticker, value)
             lines.append(f"{key}: {value}")
         if sym is not None:
             lines.append(f"market: {sym.base}/{sym.quote}")
-        lines.append(f"ref: {event.event_id}")
-        out = {"event_id": event.event_id, **{k: v for k, v in data.items() if k != "event_id"}}
-        return Rendered(event.event_id, title, "\n".join(lines), out)
+        lines.append(f"ref: {event_id}")
+        out = {"event_id": event_id}  # first, and the event's own id over the payload's
+        out.update(data)
+        out["event_id"] = event_id
+        return Rendered(event_id, title, "\n".join(lines), out)

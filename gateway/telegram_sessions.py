@@ -359,8 +359,11 @@ class TelegramSessions:
 
     def deliver(self, user_id: str, message: Rendered) -> int:
         """Offer an event to the user's chats in session; the number that took it."""
+        chats = self.chats.chats(user_id)
+        if not chats:  # most users: no words to make
+            return 0
         text = message_text(message)
-        return sum(self._offer(Outgoing(c, text, event=True)) for c in self.chats.chats(user_id))
+        return sum(self._offer(Outgoing(c, text, event=True)) for c in chats)
 
     def _offer(self, item: Outgoing) -> bool:
         try:
