@@ -206,12 +206,12 @@ class EventPublisher:
                 self.pending[event.event_id] = Pending(event, time.monotonic(), 0)
             # The I/O thread takes the whole outbox each time it wakes, so only the event
             # that finds it empty wakes it: a wake-up refused by a full pipe raises, and
-            # raising cost more than the rest of a publish.
-            wake = not self._outbox
+            # raising cost more than the rest of a publish. Under the lock: publishing
+            # threads share the wake socket, and a ZMQ socket is not thread-safe.
+            if not self._outbox:
+                with contextlib.suppress(zmq.Again):
+                    self._wake.send(b"", zmq.NOBLOCK)
             self._outbox.append((route, event))
-        if wake:
-            with contextlib.suppress(zmq.Again):
-                self._wake.send(b"", zmq.NOBLOCK)
         return route
 
     def unacked(self) -> int:

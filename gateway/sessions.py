@@ -27,10 +27,10 @@ from proto import events_pb2 as ev
 log = logging.getLogger("candlewire.gateway.sessions")
 
 SLOW_CLOSE_CODE = 1013
-# Every message a session is sent, as compact JSON in UTF-8 (not \u-escaped): about a third
-# less time than ``json.dumps``'s defaults on the informational fast path. Our messages hold
-# no cycles, so there is none to look for.
-to_json = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":")).encode
+# Every message a session is sent, as compact JSON from one encoder, with no cycle check (our
+# messages hold none). ASCII, as json.dumps makes it: a payload may carry a lone surrogate
+# ("\ud800", a string cut inside an emoji), which only its escape can carry in UTF-8.
+to_json = json.JSONEncoder(check_circular=False, separators=(",", ":")).encode
 
 
 class Session:
@@ -52,10 +52,19 @@ class Session:
             return False
 
     async def write(self) -> None:
-        """Drain the outbox to the socket until the session ends."""
-        with contextlib.suppress(ConnectionClosed):
+        """Drain the outbox to the socket until the session ends. A message the socket
+        refuses closes the session (the browser reconnects), rather than ending this task
+        while the session looks open and its messages pile up unsent."""
+        try:
             while not self.closed:
                 await self.ws.send(await self.outbox.get())
+        except ConnectionClosed:
+            pass
+        except Exception:
+            log.exception("closing a session of %s: a message could not be sent", self.user_id)
+            self.closed = True
+            with contextlib.suppress(ConnectionClosed):
+                await self.ws.close(1011, "internal error")
 
 
 class Sessions:

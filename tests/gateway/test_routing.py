@@ -212,3 +212,43 @@ def test_an_event_of_a_type_this_build_does_not_know_is_shown_by_its_number(tmp_
     newer.event_type, newer.delivery.priority = 250, 9
     shown = event_message(newer, symbols.render(newer), "informational")
     assert (shown["event_type"], shown["priority"], shown["title"]) == ("250", "9", "250")
+
+
+def test_a_payload_with_a_lone_surrogate_still_makes_a_message_a_socket_can_send(
+    tmp_path,
+) -> None:
+    """JSON from a browser may hold "\\ud800" (a string cut inside an emoji): the session's
+    message carries it escaped, as text UTF-8 can hold, and parses back to the same."""
+    from gateway.sessions import event_message, to_json
+    from gateway.symbols import SymbolCatalog
+    from tests.support import free_settings
+
+    event = user_event("u1", ev.INFORMATIONAL)
+    event.payload = b'{"note": "cut \\ud83d", "qty": 1}'
+    rendered = SymbolCatalog(free_settings(tmp_path)).render(event)
+    text = to_json(event_message(event, rendered, "informational"))
+    text.encode()  # what the WebSocket does with a text message: raised before the fix
+    assert json.loads(text)["data"] == {"event_id": event.event_id, "note": "cut \ud83d", "qty": 1}
+
+
+def test_a_message_the_socket_refuses_closes_the_session() -> None:
+    """Not a writer that ends while its session looks open and its messages pile up."""
+    import asyncio
+
+    from gateway.sessions import Session
+
+    class Refusing:
+        closed_with: tuple[int, str] | None = None
+
+        async def send(self, _message: str) -> None:
+            raise ValueError("refused")
+
+        async def close(self, code: int, reason: str) -> None:
+            self.closed_with = (code, reason)
+
+    ws = Refusing()
+    session = Session("u1", ws, 4)  # type: ignore[arg-type]
+    assert session.offer({"type": "event"})
+    asyncio.run(session.write())
+    assert session.closed and ws.closed_with == (1011, "internal error")
+    assert not session.offer({"type": "event"})
