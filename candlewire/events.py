@@ -39,7 +39,7 @@ import zmq
 from candlewire.config import Settings
 from candlewire.curve import dial
 from candlewire.topics import user_topic
-from candlewire.zmqutil import harden, subscriptions
+from candlewire.zmqutil import NOBLOCK, harden, send_frames, subscriptions
 from proto import events_pb2 as ev
 from proto.envelope import EnvelopeError, decode, encode, encode_topic, expect
 
@@ -210,7 +210,7 @@ class EventPublisher:
             # threads share the wake socket, and a ZMQ socket is not thread-safe.
             if not self._outbox:
                 with contextlib.suppress(zmq.Again):
-                    self._wake.send(b"", zmq.NOBLOCK)
+                    self._wake.send(b"", NOBLOCK)
             self._outbox.append((route, event))
         return route
 
@@ -252,7 +252,7 @@ class EventPublisher:
             out, self._outbox = self._outbox, []
         for route, event in out:
             if route is Route.XPUB:
-                self._xpub.send_multipart(encode_topic(user_topic(event.user_id), event))
+                send_frames(self._xpub, encode_topic(user_topic(event.user_id), event))
             else:
                 self._send(event.event_id)
 
@@ -264,7 +264,7 @@ class EventPublisher:
             p.sent_at, p.attempts = time.monotonic(), p.attempts + 1
         # No gateway connected, or all full: the resend timer tries again.
         with contextlib.suppress(zmq.Again):
-            self._dealer.send_multipart([b"", *encode(p.event)], zmq.NOBLOCK)
+            send_frames(self._dealer, [b"", *encode(p.event)], NOBLOCK)
 
     def _resend_due(self, now: float) -> None:
         with self._lock:

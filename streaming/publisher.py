@@ -34,14 +34,12 @@ from candlewire.curve import PUBLISHER_KEY, dial
 from candlewire.kafka import JOURNAL, journal_partition, producer_config
 from candlewire.positions import add_items
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
-from candlewire.zmqutil import HWM, harden, subscriptions
+from candlewire.zmqutil import HWM, NOBLOCK, SNDMORE, harden, send_frames, subscriptions
 from proto import book_pb2, market_pb2
 from proto import journal_pb2 as jr
 from proto.envelope import MESSAGE_CLASSES, VERSION_FRAME, encode_topic, to_record, type_id
 
 log = logging.getLogger("candlewire.stream")
-SNDMORE = int(zmq.SNDMORE)  # send_multipart's flag enums cost more than the send itself
-NOBLOCK = int(zmq.NOBLOCK)
 TICK_TYPE = type_id(market_pb2.Tick())
 BOOK_TYPES = frozenset({type_id(book_pb2.BookDelta()), type_id(book_pb2.BookSnapshot())})
 HEAD_EVERY_S = 0.5  # the issue asks for at least one a second
@@ -116,7 +114,7 @@ class StreamPublisher:
         frames = encode_topic(topic, msg)
         with self._lock:
             try:
-                self._sock.send_multipart(frames, zmq.NOBLOCK)
+                send_frames(self._sock, frames, NOBLOCK)
             except zmq.Again:
                 self.dropped += 1
                 return

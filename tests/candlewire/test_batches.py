@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from candlewire.zmqutil import Batches
+from candlewire.zmqutil import NOBLOCK, Batches, send_frames
 
 
 @pytest.fixture
@@ -68,3 +68,17 @@ def test_a_flood_does_not_starve_the_loop_s_other_tasks(pair) -> None:
 
     seen = asyncio.run(read())
     assert seen == sorted(seen) and len(set(seen)) == len(seen), seen
+
+
+def test_send_frames_sends_a_message_whole_or_not_at_all(pair) -> None:
+    push, pull = pair
+    send_frames(push, [b"topic", b"\x01", b"body"])
+    send_frames(push, [b"alone"])
+    assert pull.recv_multipart() == [b"topic", b"\x01", b"body"]
+    assert pull.recv_multipart() == [b"alone"]
+    lonely = zmq.Context.instance().socket(zmq.PUSH)  # no peer: nothing can be queued
+    try:
+        with pytest.raises(zmq.Again):
+            send_frames(lonely, [b"a", b"b"], NOBLOCK)
+    finally:
+        lonely.close(linger=0)
