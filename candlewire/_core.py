@@ -52,6 +52,7 @@ from candlewire.errors import (
 from candlewire.market import Candle, Tick, _TickColumns, as_batch
 from candlewire.positions import describe, run_items
 from candlewire.topics import check_id, metadata_update_topic, response_topic
+from candlewire.zmqutil import recv_frames, send_frames
 from proto import cep_pb2 as cep
 from proto import journal_pb2 as jr
 from proto import market_pb2
@@ -161,9 +162,9 @@ def drive_iter(steps: Steps[None]) -> Iterator[Emitted]:
 def perform(op: Op) -> Any:
     if isinstance(op, Recv):
         timeout = None if op.timeout is None else int(op.timeout * 1000)
-        return op.sock.recv_multipart() if op.sock.poll(timeout) else None
+        return recv_frames(op.sock) if op.sock.poll(timeout) else None
     if isinstance(op, Send):
-        return op.sock.send_multipart(op.frames)
+        return send_frames(op.sock, op.frames)
     if isinstance(op, Sleep):
         return time.sleep(op.seconds)
     raise TypeError(f"{op!r} cannot be performed here")

@@ -47,6 +47,16 @@ def send_frames(sock: zmq.Socket, frames: Sequence[bytes], flags: int = 0) -> No
     send(frames[-1], flags)
 
 
+def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
+    """``sock.recv_multipart(flags)``, its frames as bytes, without its per-frame option enum.
+    A message's parts arrive together, so only the first can raise ``zmq.Again``."""
+    recv, more = sock.recv, sock.get
+    parts = [recv(flags)]
+    while more(_RCVMORE):
+        parts.append(recv(flags))
+    return parts
+
+
 def pending(sock: zmq.Socket, limit: int = 10_000) -> Iterator[bytes]:
     """The single-frame messages waiting on a socket, without blocking (at most ``limit``)."""
     for _ in range(limit):
@@ -116,17 +126,14 @@ class Batches:
 
     def _take(self, limit: int) -> list[Received]:
         batch: list[Received] = []
-        sock, recv, more = self.sock, self.sock.recv, self.sock.get
+        sock = self.sock
         with contextlib.suppress(zmq.Again):
             while len(batch) < limit:
                 if self._peers:
                     frames = sock.recv_multipart(NOBLOCK, copy=False)
                     batch.append(([f.bytes for f in frames], frames[-1]))
-                    continue
-                parts = [recv(NOBLOCK)]
-                while more(_RCVMORE):  # a message's parts arrive together
-                    parts.append(recv(NOBLOCK))
-                batch.append((parts, None))
+                else:
+                    batch.append((recv_frames(sock, NOBLOCK), None))
         return batch
 
     def send(self, frames: list[bytes]) -> None:
