@@ -190,13 +190,17 @@ class EventPublisher:
     def watched(self, user_id: str) -> bool:
         """Whether a gateway subscribes to ``user_id``'s events (a session is open)."""
         with self._lock:
-            return self._watchers[user_topic(user_id)] > 0
+            return self._watched(user_id)
+
+    def _watched(self, user_id: str) -> bool:
+        """:meth:`watched`, for a caller that holds the lock."""
+        return self._watchers[user_topic(user_id)] > 0
 
     def publish(self, event: ev.UserEvent) -> Route:
         """Route one event; a DEALER-bound event is journalled before this returns."""
-        priority, topic = event.delivery.priority, user_topic(event.user_id)
+        priority = event.delivery.priority
         with self._lock:
-            if priority != ev.CRITICAL and self._watchers[topic] > 0:
+            if priority != ev.CRITICAL and self._watched(event.user_id):
                 route = Route.XPUB
             elif priority == ev.INFORMATIONAL:
                 return Route.DROPPED

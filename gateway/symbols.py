@@ -79,7 +79,7 @@ class SymbolCatalog(BaseCatalog):
     def render(self, event: ev.UserEvent) -> Rendered:
         """Title and text for people; JSON payloads are shown field by field."""
         event_id, payload, number = event.event_id, event.payload, event.event_type
-        kind = TITLES.get(number) or str(number)
+        kind = enum_name(TITLES, number)
         try:
             data = json.loads(payload) if payload else {}
         except (ValueError, UnicodeDecodeError):

@@ -153,6 +153,8 @@ class StreamPublisher:
         for topic, records in runs.items():
             for i in range(0, len(records), JOURNAL_BATCH_MAX):
                 self._produce(topic, self._batch(topic, records[i : i + JOURNAL_BATCH_MAX]), now_ms)
+        # send_frames' loop, inlined for a message a tick: its call and a tuple of frames
+        # cost 0.4-0.6 µs more a tick than these three sends.
         send, more, first, dropped = self._sock.send, SNDMORE, SNDMORE | NOBLOCK, 0
         for topic, record in stamped:
             try:
