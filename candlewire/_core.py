@@ -57,7 +57,7 @@ from proto import cep_pb2 as cep
 from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto import requests_pb2 as rq
-from proto.envelope import EnvelopeError, decode, encode, expect
+from proto.envelope import EnvelopeError, decode, decode_body, encode, expect, payload_of
 from proto.market_pb2 import StreamPosition
 
 SUBMIT_TIMEOUT_S = 30.0  # the spec's REQ/REP default
@@ -484,7 +484,7 @@ class ClientCore:
         req, sent = seq.request(until, 0, new_id("f")), False
         held: list[Message] = []  # a catch-up's candles, until the next chunk is seen
         while True:
-            reply = yield from journal.call(req, deadline, sent)
+            reply, columns = yield from journal.call(req, deadline, sent, batches)
             if reply.status == jr.FETCH_OUT_OF_RANGE:
                 raise FellBehind(f"{seq.topic}: {reply.error}", seq.last)
             if reply.status == jr.FETCH_BAD_REQUEST:
@@ -502,12 +502,13 @@ class ClientCore:
                 yield from hand_out(msgs, seq, batches)
                 req, sent = seq.request(until, 0, new_id("f")), False
                 continue
-            columns = _TickColumns.of(reply, journal.wire[1:]) if batches else None
             if columns is not None and seq.accept_edges(
                 columns.first, columns.last, len(columns), filled=not replay
             ):
                 msgs = out = columns  # ticks for Arrow: read as columns, no object each
             else:
+                if columns is not None:  # it overlaps what was delivered: trimmed as messages
+                    reply = journal.whole(journal.wire)
                 msgs = seq.accept_chunk(chunk_messages(reply), filled=not replay)
                 out = msgs
                 if replay:  # candles: the previous chunk goes out once this one is seen
@@ -602,7 +603,7 @@ class JournalLink:
     def __init__(self, core: ClientCore) -> None:
         self.core = core
         self.sock: zmq.Socket | None = None
-        self.wire = b""  # the last reply's message bytes, as received (_TickColumns reads them)
+        self.wire = b""  # the last reply's message bytes, as received (decoded whole on demand)
 
     def connected(self) -> zmq.Socket:
         if self.sock is None:
@@ -612,9 +613,11 @@ class JournalLink:
         return self.sock
 
     def call(
-        self, req: jr.FetchRequest, deadline: float, sent: bool = False
-    ) -> Steps[jr.FetchReply]:
-        """The reply to ``req`` (already ``sent`` ahead, or sent now)."""
+        self, req: jr.FetchRequest, deadline: float, sent: bool = False, columns: bool = False
+    ) -> Steps[tuple[jr.FetchReply, _TickColumns | None]]:
+        """The reply to ``req`` (already ``sent`` ahead, or sent now). With ``columns`` (a
+        replay as Arrow), a reply of ticks comes as its own fields and its ticks as columns,
+        never decoded message by message; anything else comes whole, with None."""
         while True:
             sock = self.connected()
             if not sent:
@@ -625,15 +628,25 @@ class JournalLink:
                 if frames is None:
                     break
                 try:
-                    reply = expect(decode(frames), jr.FetchReply)
+                    read = (
+                        _TickColumns.read(payload_of(frames, jr.FetchReply, depth=1))
+                        if columns
+                        else None
+                    )
+                    reply, ticks = read or (expect(decode(frames), jr.FetchReply), None)
                 except EnvelopeError:
                     continue
                 if reply.request_id == req.request_id:
                     self.wire = frames[-1]
-                    return reply
+                    return reply, ticks  # type: ignore[return-value] - the columns' head
             self.close()
             if not remaining(deadline):
                 raise FellBehind(f"{req.topic}: the journal service did not answer")
+
+    @staticmethod
+    def whole(body: bytes) -> jr.FetchReply:
+        """A reply's message, decoded whole."""
+        return expect(decode_body(body), jr.FetchReply)
 
     def close(self) -> None:
         if self.sock is not None:

@@ -15,15 +15,17 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from operator import attrgetter
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from candlewire.times import EPOCH
 from proto import journal_pb2 as jr
 from proto import market_pb2
+from proto.envelope import MAX_STRING_BYTES
 
 SIDES = {market_pb2.BUY: "buy", market_pb2.SELL: "sell"}
 
@@ -207,15 +209,19 @@ def _batch(
     return batch, n - len(batch)
 
 
-def _shadow_columns() -> type[Message]:
-    """The message type that reads a FetchReply's tick runs as columns (#35).
+def _shadow_columns() -> tuple[type[Message], type[Message]]:
+    """The message types that read a FetchReply's tick runs as columns (#35), and count
+    its ticks.
 
-    It mirrors the reply down to the ticks with the same field numbers, but each of Tick's
-    and StreamPosition's fields is repeated, and each message field on the way is singular.
-    Parsing merges every occurrence of a singular message field and appends every value of
-    a repeated one, so one parse, in C, of the reply's bytes gives each field's values over
-    all its ticks, in order: no message object per tick. A value left at its default is not
-    on the wire, so a column is whole only when it has one value per tick or none at all."""
+    The first mirrors the reply down to the ticks with the same field numbers, but each of
+    Tick's and StreamPosition's fields is repeated, and each message field on the way is
+    singular. Parsing merges every occurrence of a singular message field and appends every
+    value of a repeated one, so one parse, in C, of the reply's bytes gives each field's
+    values over all its ticks, in order: no message object per tick. A value left at its
+    default is not on the wire, so a column is whole only when it has one value per tick or
+    none at all, and the ticks are counted apart: the second type holds each run's ticks as
+    bytes. The reply's own fields are kept as they are, and a run's other items as bytes,
+    so what is no tick run is seen (an enum is its number: the same varint)."""
     file = descriptor_pb2.FileDescriptorProto(name="tick_columns.proto", syntax="proto3")
     file.package = "candlewire_columns"
     types = {
@@ -224,32 +230,49 @@ def _shadow_columns() -> type[Message]:
         "Tick": (market_pb2.Tick.DESCRIPTOR, {"stream": "Position"}),
         "Position": (market_pb2.StreamPosition.DESCRIPTOR, {}),
     }
+    F = FieldDescriptor
     for name, (desc, nested) in types.items():
         shadow = file.message_type.add(name=name)
         for f in desc.fields:
+            kind = F.TYPE_INT32 if f.type == F.TYPE_ENUM else f.type
             if f.name in nested:
                 shadow.field.add(
                     name=f.name,
                     number=f.number,
-                    type=FieldDescriptor.TYPE_MESSAGE,
-                    label=FieldDescriptor.LABEL_OPTIONAL,
+                    type=F.TYPE_MESSAGE,
+                    label=F.LABEL_OPTIONAL,
                     type_name=f".{file.package}.{nested[f.name]}",
                 )
-            elif name in ("Tick", "Position"):
-                enum = f.type == FieldDescriptor.TYPE_ENUM  # its number: the same varint
-                shadow.field.add(
-                    name=f.name,
-                    number=f.number,
-                    type=FieldDescriptor.TYPE_INT32 if enum else f.type,
-                    label=FieldDescriptor.LABEL_REPEATED,
-                )
+            elif name == "Reply":
+                shadow.field.add(name=f.name, number=f.number, type=kind, label=F.LABEL_OPTIONAL)
+            elif name != "Run" or f.name in ("candles", "book_deltas", "book_snapshots"):
+                kind = F.TYPE_BYTES if kind == F.TYPE_MESSAGE else kind
+                shadow.field.add(name=f.name, number=f.number, type=kind, label=F.LABEL_REPEATED)
+    counts = file.message_type.add(name="Counts")
+    counts.field.add(
+        name="runs",
+        number=jr.FetchReply.DESCRIPTOR.fields_by_name["runs"].number,
+        type=F.TYPE_MESSAGE,
+        label=F.LABEL_REPEATED,
+        type_name=f".{file.package}.RunCount",
+    )
+    file.message_type.add(name="RunCount").field.add(
+        name="ticks",
+        number=jr.JournalBatch.DESCRIPTOR.fields_by_name["ticks"].number,
+        type=F.TYPE_BYTES,
+        label=F.LABEL_REPEATED,
+    )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{file.package}.Reply"))
+    return tuple(  # type: ignore[return-value]
+        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{file.package}.{name}"))
+        for name in ("Reply", "Counts")
+    )
 
 
-_REPLY_COLUMNS = _shadow_columns()
-# Fields whose default is "" (the others' is 0), from the contract itself.
+_REPLY_COLUMNS, _REPLY_COUNTS = _shadow_columns()
+# Fields whose default is "" (the others' is 0), from the contract itself; the only fields
+# of a tick with a limit (StreamPosition has no text).
 _TEXTS = {
     f.name for f in market_pb2.Tick.DESCRIPTOR.fields if f.type == FieldDescriptor.TYPE_STRING
 }
@@ -265,28 +288,55 @@ class _TickColumns:
         self.first, self.last = self._position(0), self._position(n - 1)
 
     @classmethod
-    def of(cls, reply: jr.FetchReply, wire: bytes = b"") -> _TickColumns | None:
-        """The reply's ticks as columns, or None when it holds anything else, nothing, or a
-        field that is at its default in some ticks only (then the rows are read one by one).
-        ``wire``: the reply's bytes as received, when the caller has them (else it is
-        serialized again)."""
-        runs = reply.runs
-        n = sum(len(run.ticks) for run in runs)
-        if not n or any(not run.ticks for run in runs):
+    def read(cls, payload: bytes) -> tuple[Message, _TickColumns] | None:
+        """A FetchReply's payload as its own fields (a message with the reply's field names)
+        and its ticks as columns. The payload's frames, and its fields down to its runs', are
+        checked already (``proto.envelope.payload_of(..., depth=1)``), and the ticks' text
+        here. None when it is no OK reply of ticks from the journal, holds nothing, a
+        field at its default in some ticks only, or a text past its limit: the caller then
+        decodes it whole (``decode_body``), which refuses what is wrong."""
+        try:
+            reply = _REPLY_COLUMNS.FromString(payload)
+        except (DecodeError, RuntimeWarning):
             return None
-        ticks = _REPLY_COLUMNS.FromString(wire or reply.SerializeToString()).runs.ticks
+        run = reply.runs
+        if reply.status != jr.FETCH_OK or reply.archive_until_ms:
+            return None
+        if run.candles or run.book_deltas or run.book_snapshots:
+            return None
+        n = sum(len(counted.ticks) for counted in _REPLY_COUNTS.FromString(payload).runs)
+        ticks = run.ticks
         columns = {name: getattr(ticks, name) for name in _TICK_FIELDS}
         positions = {name: getattr(ticks.stream, name) for name in _POSITION_FIELDS}
-        if any(len(v) not in (0, n) for v in (*columns.values(), *positions.values())):
+        if not n or any(len(v) not in (0, n) for v in (*columns.values(), *positions.values())):
             return None
-        return cls(columns, positions, n)
+        for name in _TEXTS:  # every text field of a tick, as Arrow: its longest value
+            text = pa.array(getattr(ticks, name), pa.string())
+            if len(text) and pc.max(pc.binary_length(text)).as_py() > MAX_STRING_BYTES:
+                return None
+            if name in columns:
+                columns[name] = text
+            ticks.ClearField(name)
+        # The numbers, out of the shadow's own bytes: with the texts gone, each is one
+        # packed field of varints, which numpy decodes without a Python int each.
+        ticks.DiscardUnknownFields()
+        fields = _wire_fields(ticks.SerializeToString())
+        stream = _wire_fields(fields.get(_STREAM_NUMBER, b""))
+        for got, numbers, out in (
+            (fields, _TICK_NUMBERS, columns),
+            (stream, _POSITION_NUMBERS, positions),
+        ):
+            for name, (number, dtype) in numbers.items():
+                if out[name]:
+                    out[name] = _varints(got[number], dtype)
+        return reply, cls(columns, positions, n)
 
     def __len__(self) -> int:
         return self._n
 
     def _position(self, i: int) -> market_pb2.StreamPosition:
         return market_pb2.StreamPosition(
-            **{name: values[i] for name, values in self._positions.items() if values}
+            **{name: int(values[i]) for name, values in self._positions.items() if len(values)}
         )
 
     def batch(self) -> tuple[pa.RecordBatch, int]:
@@ -302,10 +352,72 @@ class _TickColumns:
     def _full(self, values: Sequence, text: bool) -> Sequence:
         """A column's values (the repeated field itself: Arrow reads it as a sequence); its
         default in every row when none was on the wire."""
-        return values if values else ["" if text else 0] * self._n
+        return values if len(values) else ["" if text else 0] * self._n
 
 
-def _column(values: tuple, f: pa.Field) -> pa.Array:
+# The numbers of a tick and of its position as _TickColumns decodes them: field number and
+# the numpy type of the protobuf type (no other numeric type is in these messages).
+_NUMPY = {
+    FieldDescriptor.TYPE_INT64: np.int64,
+    FieldDescriptor.TYPE_UINT64: np.uint64,
+    FieldDescriptor.TYPE_INT32: np.int32,
+    FieldDescriptor.TYPE_ENUM: np.int32,
+}
+_TICK_NUMBERS, _POSITION_NUMBERS = (
+    {
+        f.name: (f.number, _NUMPY[f.type])
+        for f in desc.fields
+        if f.name in names and f.type != FieldDescriptor.TYPE_STRING
+    }
+    for desc, names in (
+        (market_pb2.Tick.DESCRIPTOR, _TICK_FIELDS),
+        (market_pb2.StreamPosition.DESCRIPTOR, _POSITION_FIELDS),
+    )
+)
+_STREAM_NUMBER = market_pb2.Tick.DESCRIPTOR.fields_by_name["stream"].number
+_SHIFTS = [np.uint64(7 * k) for k in range(10)]  # a varint's bytes: 7 bits each, 10 at most
+
+
+def _wire_fields(buf: bytes) -> dict[int, memoryview]:
+    """The fields of a message serialized here, by number: each a packed repeated scalar
+    or a sub-message, so length-delimited and once (no unknown fields: discarded)."""
+    out, i, view = {}, 0, memoryview(buf)
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        size, i = _varint(buf, i)
+        if key & 7 != 2:
+            raise ValueError(f"field {key >> 3} is not length-delimited")
+        out[key >> 3], i = view[i : i + size], i + size
+    return out
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[i]
+        value, shift, i = value | (byte & 0x7F) << shift, shift + 7, i + 1
+        if byte < 0x80:
+            return value, i
+
+
+def _varints(packed: memoryview | bytes, dtype: type[np.integer]) -> np.ndarray:
+    """A packed field's varints as numbers, decoded by numpy a byte position at a time (a
+    varint is at most 10 bytes), as ``dtype``: a negative int64 is 10 bytes of two's
+    complement, and an int32 the same sign-extended, so the low bits are the value."""
+    b = np.frombuffer(packed, np.uint8)
+    ends = np.flatnonzero(b < 0x80)  # each varint's last byte
+    lengths = np.diff(ends, prepend=-1)
+    starts = ends - lengths + 1
+    values = (b[starts] & 0x7F).astype(np.uint64)
+    for k in range(1, int(lengths.max(initial=1))):
+        more = lengths > k
+        values[more] |= (b[starts[more] + k] & 0x7F).astype(np.uint64) << _SHIFTS[k]
+    return values.view(np.int64).astype(dtype, copy=False)
+
+
+def _column(values: Sequence | pa.Array, f: pa.Field) -> pa.Array:
+    if isinstance(values, pa.Array):  # a text column already made (_TickColumns.read)
+        return values
     if f.type == DECIMAL:
         return pa.array(values, pa.string())  # cast once the rows that are no decimal are out
     return pa.array(values, pa.int32() if f.name == "side" else f.type)  # side: its number

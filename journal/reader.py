@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
@@ -20,7 +21,7 @@ from candlewire.kafka import JOURNAL, consumer_config, journal_partition
 from candlewire.positions import add_items, describe, is_after, run_items
 from candlewire.topics import book_type, ohlc_type, parse_ticker, tick_type
 from proto import journal_pb2 as jr
-from proto.envelope import EnvelopeError, expect, from_record
+from proto.envelope import EnvelopeError, expect, from_record_and_payload
 from proto.market_pb2 import StreamPosition
 
 CHUNK_MAX = 50_000  # messages per reply (about 7 MB of ticks), whatever the client asks
@@ -49,6 +50,16 @@ class Chunk:
     done: bool = False
     scanned: int = 0
     taken: int = 0
+    runs: list[bytes] = field(default_factory=list)  # each run's bytes, for the reply
+
+
+class Fetched(NamedTuple):
+    """A FETCH's reply, and the runs that go in it as bytes after its own (read from the
+    journal as they are: ``proto.envelope.encode_with``), and how many messages both hold."""
+
+    reply: jr.FetchReply
+    runs: list[bytes]
+    count: int
 
 
 @dataclass
@@ -119,7 +130,7 @@ class JournalReader:
             self._oldest[partition] = cached
         return low, high, cached[1]
 
-    def fetch(self, req: jr.FetchRequest) -> jr.FetchReply:
+    def fetch(self, req: jr.FetchRequest) -> Fetched:
         check_topic(req.topic)
         after = req.after if req.HasField("after") else None
         until = req.until if req.HasField("until") else None
@@ -143,21 +154,21 @@ class JournalReader:
                 from journal.archive import archive_chunk  # pyiceberg: on first use only
 
                 archive_chunk(self.settings, req, boundary, reply)
-                return reply
+                return Fetched(reply, [], sum(len(run_items(run)) for run in reply.runs))
             return self._out_of_range(reply, req, oldest_ms, describe(after))
         elif oldest_ms is None:
             reply.done = True  # nothing journalled (yet): the caller may ask again
-            return reply
+            return Fetched(reply, [], 0)
         else:
             start = self._offset_for(partition, max(start_ms, oldest_ms), high)
-        chunk = self._scan(req, reply, partition, start, high, after, until)
+        chunk = self._scan(req, partition, start, high, after, until)
         reply.cursor = chunk.cursor
         reply.done = chunk.done
-        return reply
+        return Fetched(reply, chunk.runs, chunk.taken)
 
     def _out_of_range(
         self, reply: jr.FetchReply, req: jr.FetchRequest, oldest_ms: int | None, what: str
-    ) -> jr.FetchReply:
+    ) -> Fetched:
         reply.status = jr.FETCH_OUT_OF_RANGE
         held = (
             "holds nothing"
@@ -168,7 +179,7 @@ class JournalReader:
             f"the journal no longer holds {req.topic} after {what}: it {held}; "
             "subscribe again with `since` at or after that"
         )
-        return reply
+        return Fetched(reply, [], 0)
 
     def _offset_for(self, partition: int, at_ms: int, high: int) -> int:
         (tp,) = self.consumer.offsets_for_times(
@@ -179,7 +190,6 @@ class JournalReader:
     def _scan(
         self,
         req: jr.FetchRequest,
-        reply: jr.FetchReply,
         partition: int,
         start: int,
         high: int,
@@ -204,11 +214,12 @@ class JournalReader:
                 if m.key() != key:
                     continue
                 try:
-                    run = expect(from_record(m.value()), jr.JournalBatch)
+                    msg, raw = from_record_and_payload(m.value())
+                    run = expect(msg, jr.JournalBatch)
                 except EnvelopeError:
                     continue
                 since_ms = req.since_ms if after is None else 0
-                last, done, taken = take(run, last, until, since_ms, reply)
+                last, done, taken = take(run, last, until, since_ms, chunk.runs, raw)
                 chunk.taken += taken
                 if done:
                     chunk.done = True
@@ -231,11 +242,13 @@ def take(
     last: StreamPosition | None,
     until: StreamPosition | None,
     since_ms: int,
-    out: jr.FetchReply,
+    out: list[bytes],
+    raw: bytes | None = None,
 ) -> tuple[StreamPosition | None, bool, int]:
-    """Add to ``out`` what of ``run`` comes after ``last`` (and up to ``until``); return the
-    new last position, whether ``until`` was passed, and how many messages were added. A
-    run wholly inside the range is added whole; only a run at an edge is cut."""
+    """Add to ``out`` (serialized runs) what of ``run`` comes after ``last`` (and up to
+    ``until``); return the new last position, whether ``until`` was passed, and how many
+    messages were added. A run wholly inside the range is added whole, as ``raw`` (its
+    bytes as read) when given; only a run at an edge is cut."""
     if last is not None and not is_after(run.last, last):
         return last, False, 0  # all delivered already (a replay after a restart)
     if run.last.publish_time_ms < since_ms:
@@ -243,7 +256,7 @@ def take(
     items = run_items(run)
     inside = is_after(run.first, last) and (until is None or not is_after(run.last, until))
     if inside and run.first.publish_time_ms >= since_ms:
-        out.runs.append(run)
+        out.append(run.SerializeToString() if raw is None else raw)
         return run.last, False, len(items)
     keep, done = [], False
     for item in items:
@@ -255,8 +268,9 @@ def take(
             keep.append(item)
             last = pos
     if keep:
-        cut = out.runs.add(topic=run.topic)
+        cut = jr.JournalBatch(topic=run.topic)
         add_items(cut, keep)
         cut.first.CopyFrom(keep[0].stream)
         cut.last.CopyFrom(keep[-1].stream)
+        out.append(cut.SerializeToString())
     return last, done, len(keep)

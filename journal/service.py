@@ -20,12 +20,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from candlewire.config import Settings
 from candlewire.curve import Guard, serve
-from candlewire.positions import run_items
 from candlewire.runtime import MetricsServer, bind, run_until_signal
 from candlewire.zmqutil import harden
-from journal.reader import JournalReader
+from journal.reader import Fetched, JournalReader
 from proto import journal_pb2 as jr
-from proto.envelope import EnvelopeError, decode, encode, expect, split_route
+from proto.envelope import EnvelopeError, decode, encode_with, expect, split_route
 
 log = logging.getLogger("candlewire.journal")
 
@@ -130,20 +129,22 @@ class JournalService:
             return None
         started = time.perf_counter()
         try:
-            reply = self.reader.fetch(req)
+            reply, runs, count = self.reader.fetch(req)
         except ValueError as exc:  # BadRequest, TopicError
-            reply = jr.FetchReply(
-                request_id=req.request_id, status=jr.FETCH_BAD_REQUEST, error=str(exc)
-            )
+            reply, runs, count = self._failed(req, jr.FETCH_BAD_REQUEST, exc)
         except Exception as exc:  # Kafka unreachable, timeouts: the client retries
             log.warning("fetch of %s failed: %s", req.topic, exc)
-            reply = jr.FetchReply(
-                request_id=req.request_id, status=jr.FETCH_UNAVAILABLE, error=str(exc)
-            )
+            reply, runs, count = self._failed(req, jr.FETCH_UNAVAILABLE, exc)
         self.metrics.seconds.observe(time.perf_counter() - started)
         self.metrics.replies.labels(jr.FetchStatus.Name(reply.status)).inc()
-        self.metrics.records.inc(sum(len(run_items(r)) for r in reply.runs))
-        return [*route, *encode(reply)]
+        self.metrics.records.inc(count)
+        return [*route, *encode_with(reply, "runs", runs)]
+
+    @staticmethod
+    def _failed(req: jr.FetchRequest, status: int, exc: Exception) -> Fetched:
+        return Fetched(
+            jr.FetchReply(request_id=req.request_id, status=status, error=str(exc)), [], 0
+        )
 
 
 def main(settings: Settings | None = None) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from itertools import chain, compress
 from operator import attrgetter, lt
 from typing import TypeVar
@@ -122,6 +122,11 @@ def encode_topic(topic: str, msg: Message) -> list[bytes]:
 
 def decode(frames: Sequence[bytes]) -> Message:
     """Decode exactly the two envelope frames."""
+    return decode_body(_body(frames))
+
+
+def _body(frames: Sequence[bytes]) -> bytes:
+    """The body of exactly two envelope frames, its version checked."""
     if len(frames) < 2:
         raise MissingFrame(f"expected 2 envelope frames, got {len(frames)}")
     if len(frames) > 2:
@@ -129,7 +134,30 @@ def decode(frames: Sequence[bytes]) -> Message:
     version, body = bytes(frames[0]), bytes(frames[1])
     if version != VERSION_FRAME:
         raise UnsupportedVersion(f"protocol version frame {version[:8].hex() or '(empty)'}")
-    return decode_body(body)
+    return body
+
+
+def payload_of(frames: Sequence[bytes], cls: type[Message], depth: int = 0) -> bytes:
+    """The payload of two envelope frames that hold a ``cls``, for a reader that parses it
+    its own way (the Arrow replay reads a FetchReply's ticks as columns, #35). Frames,
+    version and type are checked as :func:`decode` checks them, and the fields of the
+    message and of its sub-messages ``depth`` levels down are held to their limits; deeper
+    fields are the caller's to check, or to leave to :func:`decode_body`."""
+    body = _body(frames)
+    if not body:
+        raise MissingFrame("message frame is empty: no type byte")
+    if body[0] != TYPE_IDS[cls]:
+        got = MESSAGE_CLASSES.get(body[0])
+        if got is None:
+            raise UnknownMessageType(f"message type 0x{body[0]:02x}")
+        raise UnexpectedMessage(f"expected {cls.__name__}, got {got.__name__}")
+    payload = body[1:]
+    if len(payload) > _SMALL:
+        try:
+            _check_sizes(_LIMITS[cls.DESCRIPTOR.full_name], [payload], cls.__name__, depth)
+        except (DecodeError, RuntimeWarning) as exc:
+            raise MalformedPayload(f"{cls.__name__}: {exc}") from None
+    return payload
 
 
 def decode_body(body: bytes) -> Message:
@@ -228,14 +256,18 @@ def _shadow_shape(desc: Descriptor) -> descriptor_pb2.DescriptorProto:
 
 
 _LIMITS = _size_limits(MESSAGE_CLASSES.values())
+_DESCRIPTORS = {cls.DESCRIPTOR.full_name: cls.DESCRIPTOR for cls in MESSAGE_CLASSES.values()}
 
 
-def _check_sizes(limits: _Limits, occurrences: list[bytes], path: str) -> None:
+def _check_sizes(
+    limits: _Limits, occurrences: list[bytes], path: str, depth: int | None = None
+) -> None:
     """Raise OversizedField naming a field past its limit. ``occurrences`` are the wire
     bytes of one message: a singular sub-message may come in parts, merged on parsing,
     whose repeated fields add up. What the wire holds is judged, so a field a later part
     (or a map entry with the same key) overwrites is refused all the same, and a map's
-    entries are counted as sent."""
+    entries are counted as sent. ``depth``: how many levels of sub-messages to look into
+    (None: all)."""
     shadows = [limits.shadow.FromString(part) for part in occurrences]
     for name in limits.counted:
         count = sum(map(len, map(attrgetter(name), shadows)))
@@ -246,16 +278,19 @@ def _check_sizes(limits: _Limits, occurrences: list[bytes], path: str) -> None:
         longest = max(map(len, chain.from_iterable(values) if repeated else values), default=0)
         if longest > limit:
             raise OversizedField(f"{path}.{name}: {longest} bytes, at most {limit}")
+    if depth == 0:
+        return
+    deeper = None if depth is None else depth - 1
     for name, type_name, merged in limits.nested:
         where, fields = f"{path}.{name}", [getattr(shadow, name) for shadow in shadows]
         if merged:
             parts = list(chain.from_iterable(fields))
             if sum(map(len, parts)) > _SMALL:
-                _check_sizes(_LIMITS[type_name], parts, where)
+                _check_sizes(_LIMITS[type_name], parts, where, deeper)
         elif max(map(len, chain.from_iterable(fields)), default=0) > _SMALL:  # no tick is
             parts = list(chain.from_iterable(fields))
             for part in compress(parts, map(partial(lt, _SMALL), map(len, parts))):
-                _check_sizes(_LIMITS[type_name], [part], where)
+                _check_sizes(_LIMITS[type_name], [part], where, deeper)
 
 
 def decode_sub(frames: Sequence[bytes]) -> tuple[str, Message]:
@@ -307,6 +342,45 @@ def from_record(value: bytes) -> Message:
     if not value:
         raise MissingFrame("empty record")
     return decode([value[:1], value[1:]])
+
+
+def from_record_and_payload(value: bytes) -> tuple[Message, bytes]:
+    """:func:`from_record`, and the message's own bytes in the record (after its version
+    and type bytes): checked, for a writer that passes them on as they are
+    (:func:`encode_with`)."""
+    return from_record(value), value[2:]
+
+
+def encode_with(msg: Message, field: str, items: Sequence[bytes]) -> list[bytes]:
+    """:func:`encode` of ``msg`` with ``items`` added to its repeated message field
+    ``field`` after its own: each the serialized bytes of one element, as they came (the
+    journal's runs, checked as they are read from Kafka, are not parsed and serialized again
+    for each reply, #35). A message's bytes followed by more of its fields are that message
+    merged with them, so protobuf writes both halves: ``msg``, and a type with ``field``
+    alone, as bytes."""
+    more = _field_as_bytes(msg.DESCRIPTOR.full_name, field)(**{field: items})
+    return [
+        VERSION_FRAME,
+        b"".join((bytes([type_id(msg)]), msg.SerializeToString(), more.SerializeToString())),
+    ]
+
+
+@cache
+def _field_as_bytes(full_name: str, field: str) -> type[Message]:
+    """A message type with one field: ``field`` of ``full_name`` (a repeated message field),
+    same number, as repeated bytes."""
+    number = _DESCRIPTORS[full_name].fields_by_name[field].number
+    file = descriptor_pb2.FileDescriptorProto(name=f"as_bytes/{full_name}/{field}.proto")
+    shape = file.message_type.add(name="AsBytes")
+    shape.field.add(
+        name=field,
+        number=number,
+        type=FieldDescriptor.TYPE_BYTES,
+        label=FieldDescriptor.LABEL_REPEATED,
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("AsBytes"))
 
 
 def derive(cls: type[M], source: Message, **values: object) -> M:

@@ -22,6 +22,7 @@ from candlewire.positions import add_items
 from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto import requests_pb2 as rq
+from proto.envelope import MAX_REPEATED, MAX_STRING_BYTES, OversizedField, decode, encode
 
 NS = 1_704_067_200_123_456_789  # 2024-01-01T00:00:00.123456789Z
 
@@ -199,6 +200,36 @@ def varied_tick(i: int, **fields: object) -> market_pb2.Tick:
     return market_pb2.Tick(**(values | fields))
 
 
+EXTREMES = [
+    {
+        "side": side,
+        "exchange_time_ns": ns,
+        "stream": market_pb2.StreamPosition(
+            epoch=2**64 - 1 - k,
+            seq=k + 1,
+            publish_time_ms=ms,
+            source_partition=p,
+            source_offset=off,
+        ),
+    }
+    for k, (side, ns, ms, p, off) in enumerate(
+        [
+            (1, -1, 1, -1, -1),
+            (2, 2**63 - 1, 2**62, 2**31 - 1, 2**63 - 1),
+            (7, -(2**63), -(2**40), -(2**31), 1),
+            (-3, 127, 128, 300, 2**35),
+            (2**31 - 1, 2**14, -2, 1, 16383),
+        ]
+    )
+]
+
+
+def columns_of(reply: jr.FetchReply) -> _TickColumns | None:
+    """The reply's ticks as the Arrow replay reads them off the wire, or None."""
+    read = _TickColumns.read(reply.SerializeToString())
+    return read[1] if read else None
+
+
 def reply_of(*runs: list) -> jr.FetchReply:
     reply = jr.FetchReply(request_id="r", status=jr.FETCH_OK)
     for items in runs:
@@ -213,13 +244,15 @@ def reply_of(*runs: list) -> jr.FetchReply:
         # fields at their default in every tick: not on the wire at all
         [[varied_tick(i, side=0, stream=market_pb2.StreamPosition(seq=i + 1)) for i in range(9)]],
         [[varied_tick(i, price="x" if i == 7 else str(i + 1)) for i in range(20)]],  # dropped
+        # every varint length, negatives (10 bytes on the wire), unknown sides
+        [[varied_tick(i, **EXTREMES[i % len(EXTREMES)]) for i in range(200)]],
     ],
-    ids=["two runs", "defaults", "no decimal"],
+    ids=["two runs", "defaults", "no decimal", "extremes"],
 )
 def test_ticks_read_as_columns_make_the_batch_their_messages_make(runs: list) -> None:
     reply = reply_of(*runs)
     msgs = [t for run in runs for t in run]
-    columns = _TickColumns.of(reply)
+    columns = columns_of(reply)
     assert columns is not None and len(columns) == len(msgs)
     assert (columns.first, columns.last) == (msgs[0].stream, msgs[-1].stream)
     batch, dropped = columns.batch()
@@ -234,4 +267,38 @@ def test_ticks_whose_fields_are_at_their_default_in_some_only_are_read_row_by_ro
                   for i in range(30)]  # fmt: skip
     candles = [market_pb2.OHLC(ticker="X:A/B", period_s=60, open="1")]
     for runs in ([some_sides], [first_at_0], [candles], [[varied_tick(1)], candles], []):
-        assert _TickColumns.of(reply_of(*runs)) is None
+        assert columns_of(reply_of(*runs)) is None
+
+
+def test_a_reply_read_as_columns_keeps_its_own_fields_and_counts_every_tick() -> None:
+    reply = reply_of([varied_tick(i) for i in range(50)])
+    reply.cursor, reply.done, reply.available_from_ms = 77, True, 123
+    read = _TickColumns.read(reply.SerializeToString())
+    assert read is not None
+    head, columns = read
+    assert (head.request_id, head.status, head.cursor, head.done) == ("r", jr.FETCH_OK, 77, True)
+    assert head.available_from_ms == 123 and len(columns) == 50
+    # A tick with every field at its default is an empty message: no column holds a value
+    # of it, so only counting the ticks themselves finds it.
+    blank = reply_of([varied_tick(i) for i in range(10)] + [market_pb2.Tick()])
+    assert columns_of(blank) is None
+
+
+def test_what_the_columns_cannot_vouch_for_is_left_to_the_whole_decode() -> None:
+    """A text past its limit in the last of 100k ticks, a reply that is not OK or comes from
+    the archive, bytes that do not parse: the replay decodes those whole (``decode_body``),
+    which refuses or reads them message by message."""
+    ticks = [varied_tick(i) for i in range(MAX_REPEATED)]
+    ticks[-1].trade_id = "x" * (MAX_STRING_BYTES + 1)
+    oversized = reply_of(ticks[:50_000], ticks[50_000:])
+    assert columns_of(oversized) is None
+    with pytest.raises(OversizedField):
+        decode(encode(oversized))
+    ticks[-1].trade_id = "x" * MAX_STRING_BYTES  # at the limit: read as columns
+    assert len(columns_of(reply_of(ticks[:50_000], ticks[50_000:]))) == MAX_REPEATED
+    archived = reply_of([varied_tick(i) for i in range(5)])
+    archived.archive_until_ms = 1
+    failed = reply_of([varied_tick(i) for i in range(5)])
+    failed.status = jr.FETCH_OUT_OF_RANGE
+    assert columns_of(archived) is None and columns_of(failed) is None
+    assert _TickColumns.read(b"\xff" * 100) is None

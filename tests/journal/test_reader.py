@@ -5,6 +5,7 @@ from __future__ import annotations
 from journal.reader import take
 from proto import journal_pb2 as jr
 from proto import market_pb2
+from proto.envelope import decode, encode_with, expect
 
 
 def run(epoch: int, first_seq: int, offsets: list[int], at_ms: int = 1) -> jr.JournalBatch:
@@ -19,30 +20,47 @@ def run(epoch: int, first_seq: int, offsets: list[int], at_ms: int = 1) -> jr.Jo
     return out
 
 
-def offsets(out: jr.FetchReply) -> list[int]:
-    return [t.stream.source_offset for r in out.runs for t in r.ticks]
+def runs(out: list[bytes]) -> list[jr.JournalBatch]:
+    return [jr.JournalBatch.FromString(r) for r in out]
+
+
+def offsets(out: list[bytes]) -> list[int]:
+    return [t.stream.source_offset for r in runs(out) for t in r.ticks]
 
 
 def test_a_run_inside_the_range_is_taken_whole() -> None:
-    out = jr.FetchReply()
+    out: list[bytes] = []
     last, done, n = take(run(1, 1, [10, 11, 12]), None, None, 0, out)
     assert offsets(out) == [10, 11, 12] and last.seq == 3 and not done and n == 3
+    whole = run(1, 4, [13, 14])
+    as_read = b"bytes as read from Kafka"  # passed on as they are, not serialized again
+    assert take(whole, last, None, 0, out, as_read)[2] == 2 and out[-1] == as_read
+
+
+def test_a_reply_carries_its_runs_as_bytes_after_its_own() -> None:
+    reply = jr.FetchReply(request_id="f", status=jr.FETCH_OK, cursor=9)
+    reply.runs.add(topic="X|tick")  # from the archive: its own runs come first
+    more = [run(1, 1, [10, 11]).SerializeToString(), run(1, 3, [12]).SerializeToString()]
+    got = expect(decode(encode_with(reply, "runs", more)), jr.FetchReply)
+    assert (got.request_id, got.cursor) == ("f", 9)
+    assert [[t.stream.source_offset for t in r.ticks] for r in got.runs] == [[], [10, 11], [12]]
 
 
 def test_a_replayed_run_gives_only_what_follows_the_last_delivered() -> None:
-    out = jr.FetchReply()
+    out = []
     after = run(1, 1, [10, 11, 12]).last
     assert take(run(2, 1, [9, 10]), after, None, 0, out) == (after, False, 0)
     last, _, n = take(run(2, 3, [11, 12, 13, 14]), after, None, 0, out)
     assert offsets(out) == [13, 14] and last.epoch == 2 and n == 2
-    assert (out.runs[0].first.source_offset, out.runs[0].last.source_offset) == (13, 14)
+    cut = runs(out)[0]
+    assert (cut.first.source_offset, cut.last.source_offset) == (13, 14)
 
 
 def test_until_stops_inside_a_run_and_since_skips_older_runs() -> None:
-    out = jr.FetchReply()
+    out = []
     until = run(1, 2, [11]).last
     last, done, _ = take(run(1, 1, [10, 11, 12]), None, until, 0, out)
     assert offsets(out) == [10, 11] and done and last.seq == 2
-    out = jr.FetchReply()
+    out = []
     assert take(run(1, 1, [10], at_ms=5), None, None, 6, out) == (None, False, 0)
-    assert not out.runs
+    assert not out

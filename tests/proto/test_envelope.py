@@ -9,6 +9,7 @@ from proto.envelope import (
     MAX_REPEATED,
     MAX_STRING_BYTES,
     MESSAGE_CLASSES,
+    VERSION_FRAME,
     MalformedPayload,
     MissingFrame,
     OversizedField,
@@ -25,6 +26,7 @@ from proto.envelope import (
     encode_topic,
     expect,
     from_record,
+    payload_of,
     split_route,
     to_record,
 )
@@ -204,6 +206,37 @@ def test_a_field_past_its_limit_is_refused_in_the_last_of_100k_fetched_ticks() -
     with pytest.raises(OversizedField) as err:
         decode(encode(reply))
     assert err.value.reason == "oversized_field"
+
+
+def test_a_payload_for_a_reader_of_its_own_is_checked_to_the_depth_it_asks() -> None:
+    """``payload_of`` checks frames, version, type and the limits down to ``depth``; what
+    lies deeper is the reader's (the Arrow replay checks the ticks' texts itself)."""
+    reply = fetch_reply(runs=3, ticks=100)
+    frames = encode(reply)
+    assert payload_of(frames, journal_pb2.FetchReply, depth=1) == frames[1][1:]
+    reply.runs[-1].ticks[-1].trade_id = OVER  # a tick's: two levels down
+    assert payload_of(encode(reply), journal_pb2.FetchReply, depth=1)
+    with pytest.raises(OversizedField):
+        decode(encode(reply))
+    reply = fetch_reply(runs=3, ticks=100)
+    reply.runs[1].topic = OVER  # a run's: one level down
+    assert payload_of(encode(reply), journal_pb2.FetchReply, depth=0)
+    with pytest.raises(OversizedField, match=r"runs\.topic"):
+        payload_of(encode(reply), journal_pb2.FetchReply, depth=1)
+    reply = fetch_reply(runs=1, ticks=100)
+    reply.error = OVER  # its own
+    with pytest.raises(OversizedField, match="error"):
+        payload_of(encode(reply), journal_pb2.FetchReply)
+    with pytest.raises(UnexpectedMessage):
+        payload_of(encode(market_pb2.Tick(ticker="A:B/C")), journal_pb2.FetchReply)
+    for bad, error in (
+        ([VERSION_FRAME], MissingFrame),
+        ([b"\x09", frames[1]], UnsupportedVersion),
+        ([VERSION_FRAME, b"\xff"], UnknownMessageType),
+        ([VERSION_FRAME, frames[1][:1] + b"\xff" * 9000], MalformedPayload),
+    ):
+        with pytest.raises(error):
+            payload_of(bad, journal_pb2.FetchReply)
 
 
 def test_a_singular_sub_message_sent_in_parts_is_counted_whole() -> None:
