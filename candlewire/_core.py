@@ -51,7 +51,7 @@ from candlewire.errors import (
 )
 from candlewire.market import Candle, Tick, _TickColumns, as_batch
 from candlewire.positions import describe, run_items
-from candlewire.topics import check_id, metadata_update_topic, response_topic
+from candlewire.topics import check_id, metadata_update_topic, response_topic, tick_type
 from candlewire.zmqutil import recv_frames, send_frames
 from proto import cep_pb2 as cep
 from proto import journal_pb2 as jr
@@ -483,8 +483,9 @@ class ClientCore:
         deadline = time.monotonic() + FILL_TIMEOUT_S
         req, sent = seq.request(until, 0, new_id("f")), False
         held: list[Message] = []  # a catch-up's candles, until the next chunk is seen
+        ticks = seq.topic.endswith(f"|{tick_type()}")  # as Arrow, read as columns
         while True:
-            reply, columns = yield from journal.call(req, deadline, sent, batches)
+            reply, columns = yield from journal.call(req, deadline, sent, batches and ticks)
             if reply.status == jr.FETCH_OUT_OF_RANGE:
                 raise FellBehind(f"{seq.topic}: {reply.error}", seq.last)
             if reply.status == jr.FETCH_BAD_REQUEST:
@@ -508,7 +509,12 @@ class ClientCore:
                 msgs = out = columns  # ticks for Arrow: read as columns, no object each
             else:
                 if columns is not None:  # it overlaps what was delivered: trimmed as messages
-                    reply = journal.whole(journal.wire)
+                    try:
+                        reply = journal.whole(journal.wire)
+                    except EnvelopeError:  # what the columns vouched for does not decode
+                        req, sent = seq.request(until, req.cursor, new_id("f")), False
+                        yield Sleep(RETRY_PAUSE_S)
+                        continue
                 msgs = seq.accept_chunk(chunk_messages(reply), filled=not replay)
                 out = msgs
                 if replay:  # candles: the previous chunk goes out once this one is seen

@@ -220,8 +220,9 @@ def _shadow_columns() -> tuple[type[Message], type[Message]]:
     values over all its ticks, in order: no message object per tick. A value left at its
     default is not on the wire, so a column is whole only when it has one value per tick or
     none at all, and the ticks are counted apart: the second type holds each run's ticks as
-    bytes. The reply's own fields are kept as they are, and a run's other items as bytes,
-    so what is no tick run is seen (an enum is its number: the same varint)."""
+    bytes. The reply's own fields are kept as they are, a run's topics and positions are
+    parsed (so checked), and its other items kept as bytes, so what is no tick run is seen
+    (an enum is its number: the same varint)."""
     file = descriptor_pb2.FileDescriptorProto(name="tick_columns.proto", syntax="proto3")
     file.package = "candlewire_columns"
     types = {
@@ -245,7 +246,15 @@ def _shadow_columns() -> tuple[type[Message], type[Message]]:
                 )
             elif name == "Reply":
                 shadow.field.add(name=f.name, number=f.number, type=kind, label=F.LABEL_OPTIONAL)
-            elif name != "Run" or f.name in ("candles", "book_deltas", "book_snapshots"):
+            elif name == "Run" and f.message_type is market_pb2.StreamPosition.DESCRIPTOR:
+                shadow.field.add(  # first, last: parsed, so checked as the decoder checks them
+                    name=f.name,
+                    number=f.number,
+                    type=F.TYPE_MESSAGE,
+                    label=F.LABEL_OPTIONAL,
+                    type_name=f".{file.package}.Position",
+                )
+            else:  # Tick's and Position's fields; a run's topic and its other items
                 kind = F.TYPE_BYTES if kind == F.TYPE_MESSAGE else kind
                 shadow.field.add(name=f.name, number=f.number, type=kind, label=F.LABEL_REPEATED)
     counts = file.message_type.add(name="Counts")

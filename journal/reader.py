@@ -248,7 +248,7 @@ def take(
     """Add to ``out`` (serialized runs) what of ``run`` comes after ``last`` (and up to
     ``until``); return the new last position, whether ``until`` was passed, and how many
     messages were added. A run wholly inside the range is added whole, as ``raw`` (its
-    bytes as read) when given; only a run at an edge is cut."""
+    bytes as read) when given and canonical; only a run at an edge is cut."""
     if last is not None and not is_after(run.last, last):
         return last, False, 0  # all delivered already (a replay after a restart)
     if run.last.publish_time_ms < since_ms:
@@ -256,7 +256,12 @@ def take(
     items = run_items(run)
     inside = is_after(run.first, last) and (until is None or not is_after(run.last, until))
     if inside and run.first.publish_time_ms >= since_ms:
-        out.append(run.SerializeToString() if raw is None else raw)
+        # The bytes as read when they are the run's own encoding (each field once, minimal:
+        # what every writer of the journal makes); anything longer is written anew, as the
+        # decoder reads it, so a reader of the wire (the Arrow replay's columns) sees no
+        # field twice.
+        canonical = raw is not None and len(raw) == run.ByteSize()
+        out.append(raw if canonical else run.SerializeToString())  # type: ignore[arg-type]
         return run.last, False, len(items)
     keep, done = [], False
     for item in items:

@@ -22,7 +22,16 @@ from candlewire.positions import add_items
 from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto import requests_pb2 as rq
-from proto.envelope import MAX_REPEATED, MAX_STRING_BYTES, OversizedField, decode, encode
+from proto.envelope import (
+    MAX_REPEATED,
+    MAX_STRING_BYTES,
+    TYPE_IDS,
+    MalformedPayload,
+    OversizedField,
+    decode,
+    decode_body,
+    encode,
+)
 
 NS = 1_704_067_200_123_456_789  # 2024-01-01T00:00:00.123456789Z
 
@@ -302,3 +311,16 @@ def test_what_the_columns_cannot_vouch_for_is_left_to_the_whole_decode() -> None
     failed.status = jr.FETCH_OUT_OF_RANGE
     assert columns_of(archived) is None and columns_of(failed) is None
     assert _TickColumns.read(b"\xff" * 100) is None
+
+
+def test_a_run_s_own_fields_are_parsed_as_the_decoder_parses_them() -> None:
+    """A topic that is no UTF-8, or a position that does not parse, is refused by the
+    decoder; the columns do not vouch for such a reply."""
+    good = reply_of([varied_tick(i) for i in range(5)]).SerializeToString()
+    assert columns_of(jr.FetchReply.FromString(good)) is not None
+    runs = jr.FetchReply.DESCRIPTOR.fields_by_name["runs"].number
+    for run_field in (b"\x0a\x01\xff", b"\x12\x02\x08\xff"):  # topic; first: a cut varint
+        payload = good + bytes([runs << 3 | 2, len(run_field)]) + run_field
+        with pytest.raises(MalformedPayload):
+            decode_body(bytes([TYPE_IDS[jr.FetchReply]]) + payload)
+        assert _TickColumns.read(payload) is None

@@ -33,8 +33,20 @@ def test_a_run_inside_the_range_is_taken_whole() -> None:
     last, done, n = take(run(1, 1, [10, 11, 12]), None, None, 0, out)
     assert offsets(out) == [10, 11, 12] and last.seq == 3 and not done and n == 3
     whole = run(1, 4, [13, 14])
-    as_read = b"bytes as read from Kafka"  # passed on as they are, not serialized again
-    assert take(whole, last, None, 0, out, as_read)[2] == 2 and out[-1] == as_read
+    as_read = whole.SerializeToString()
+    assert take(whole, last, None, 0, out, as_read)[2] == 2
+    assert out[-1] is as_read  # passed on as they are, not serialized again
+
+
+def test_a_run_not_in_its_own_encoding_is_written_anew() -> None:
+    """A field twice (the decoder keeps the last) is passed on once, so a reader of the
+    wire sees what the decoder sees."""
+    whole = run(1, 1, [10, 11])
+    as_read = whole.SerializeToString() + jr.JournalBatch(topic="Y|tick").SerializeToString()
+    out: list[bytes] = []
+    take(jr.JournalBatch.FromString(as_read), None, None, 0, out, as_read)
+    assert out[0] != as_read and jr.JournalBatch.FromString(out[0]).topic == "Y|tick"
+    assert len(out[0]) == jr.JournalBatch.FromString(as_read).ByteSize()
 
 
 def test_a_reply_carries_its_runs_as_bytes_after_its_own() -> None:
