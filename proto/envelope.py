@@ -144,12 +144,8 @@ def payload_of(frames: Sequence[bytes], cls: type[Message], depth: int = 0) -> b
     message and of its sub-messages ``depth`` levels down are held to their limits; deeper
     fields are the caller's to check, or to leave to :func:`decode_body`."""
     body = _body(frames)
-    if not body:
-        raise MissingFrame("message frame is empty: no type byte")
-    if body[0] != TYPE_IDS[cls]:
-        got = MESSAGE_CLASSES.get(body[0])
-        if got is None:
-            raise UnknownMessageType(f"message type 0x{body[0]:02x}")
+    got = _class_of(body)
+    if got is not cls:
         raise UnexpectedMessage(f"expected {cls.__name__}, got {got.__name__}")
     payload = body[1:]
     if len(payload) > _SMALL:
@@ -160,12 +156,18 @@ def payload_of(frames: Sequence[bytes], cls: type[Message], depth: int = 0) -> b
     return payload
 
 
-def decode_body(body: bytes) -> Message:
+def _class_of(body: bytes) -> type[Message]:
+    """The message class a body's type byte names."""
     if not body:
         raise MissingFrame("message frame is empty: no type byte")
     cls = MESSAGE_CLASSES.get(body[0])
     if cls is None:
         raise UnknownMessageType(f"message type 0x{body[0]:02x}")
+    return cls
+
+
+def decode_body(body: bytes) -> Message:
+    cls = _class_of(body)
     msg, payload = cls(), body[1:]
     try:
         msg.ParseFromString(payload)

@@ -150,12 +150,10 @@ public final class DecodeTick implements UDF1<byte[], Row> {
     }
   }
 
+  /** A field of a type {@link #index} reached (every type a scan descends into), or null. */
   private static FieldDescriptor field(Descriptor type, int number) {
     FieldDescriptor[] byNumber = type == null ? null : FIELDS.get(type);
-    if (byNumber == null) {
-      return type == null ? null : type.findFieldByNumber(number);
-    }
-    return number < byNumber.length ? byNumber[number] : null;
+    return byNumber != null && number < byNumber.length ? byNumber[number] : null;
   }
 
   /** One pass over a payload's tags, in sub-messages and groups too. */
