@@ -22,6 +22,8 @@ def test_the_jvm_modules_are_one_unit_and_every_other_module_its_own() -> None:
         )
     }
     assert units == {"together"}
+    healing = "tests/orchestration/test_healing.py"  # no Spark: beside the unit
+    assert scope(f"{healing}::test_h") == healing
     kafka = "tests/launcher/test_kafka_cluster.py"
     assert scope(f"{kafka}::test_g") == kafka
     assert scope("tests/relay/test_server.py::test_d") == "tests/relay/test_server.py"
