@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 JARS   := .cache/jvm
 MVN    := mvn -q -B -s jvm/maven-settings.xml
 
-.PHONY: install jvm archives web system-packages test test-long fuzz up down status bench bench-quick soak gaps-long scale scale-bench lint docs proto clean
+.PHONY: install jvm profiler archives web system-packages test test-long fuzz up down status bench bench-quick soak gaps-long scale scale-bench lint docs proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ $(DECODER): $(JARS)/.fetched jvm/decoder/pom.xml $(wildcard jvm/decoder/src/main
 	cp jvm/target/decoder/candlewire-decoder.jar $@
 
 jvm: $(JARS)/.fetched $(DECODER)
+
+# async-profiler (jvm/profiler.xml), for `python -m bench.stream --cpu`: samples the job's JVM
+# without the overhead a JFR recording started by jcmd adds to it (see docs/benchmarks.md).
+profiler: $(JARS)/profiler/.fetched
+$(JARS)/profiler/.fetched: jvm/profiler.xml jvm/maven-settings.xml
+	rm -rf $(JARS)/profiler
+	$(MVN) -f jvm/profiler.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(JARS)/profiler
+	touch $@
 
 # Class archives (application class-data sharing) of the Spark driver and the Kafka broker:
 # each start maps the classes one run loaded instead of loading them again, and a Spark

