@@ -9,7 +9,6 @@ import java.io.IOException;
 import java.math.BigDecimal;
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.Comparator;
 import java.util.Iterator;
 import java.util.List;
 import java.util.TreeMap;
@@ -45,13 +44,15 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
   static final byte TICK = 0;
   static final byte CANDLE = 1;
   static final byte FEED = 2;
+  // A record's verdict as the group's output needs it: not stored (0), stored, stored late.
+  private static final byte STORE = 1;
+  private static final byte STORE_LATE = 2;
   // The ticks table is partitioned by (ticker, day of exchange time), and its append keeps one
   // file open per task (Iceberg's clustered writer): a feed's ticks go out a day at a time.
   // A fanout writer instead holds a Parquet writer per partition until the task ends, each
   // with its page-sized buffers, so its memory grows with the feeds a task holds: with a
   // 512 MiB heap and 50 feeds the append ran out of memory opening one (#36).
   private static final long DAY_NS = 86_400_000_000_000L;
-  private static final int TIME_OUT = 6; // exchange_time_ns in OUT
   private static final String NOT_A_FEED = "";
   // The ticker's tag in each message: (field number << 3) | wire type (length-delimited).
   private static final int TICK_TICKER =
@@ -170,46 +171,34 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
 
   @Override
   public Iterator<Row> call(String ticker, Iterator<Row> values, GroupState<byte[]> state) {
-    List<Row> rows = new ArrayList<>();
-    values.forEachRemaining(rows::add);
-    // Kafka order: a feed's records share a partition, and a batch arrives in no set order.
-    rows.sort(
-        Comparator.<Row>comparingInt(r -> r.getInt(at[PARTITION]))
-            .thenComparingLong(r -> r.getLong(at[OFFSET])));
+    Records in = new Records(at);
+    values.forEachRemaining(in::add);
+    int[] order = in.order(); // Kafka order: a batch arrives in no set order
     Counts counts = new Counts();
-    List<Row> out = new ArrayList<>();
-    Row[] decoded = new Row[rows.size()];
     boolean isFeed = !ticker.equals(NOT_A_FEED);
-    boolean judged = false;
-    for (int i = 0; i < decoded.length; i++) {
-      Row r = rows.get(i);
-      counts.read(r.getInt(at[PARTITION]), r.getLong(at[OFFSET]));
-      Row d = isFeed ? DecodeTick.decode(r.<byte[]>getAs(at[VALUE])) : null;
+    FeedState feed = null; // loaded at the group's first tick or idle mark: others touch none
+    byte[] verdicts = new byte[in.size];
+    int[] stored = new int[Math.min(in.size, 1024)]; // the stored ticks' records, in order
+    long[] days = new long[stored.length];
+    int n = 0;
+    boolean manyDays = false; // the feed's stored ticks span more than one UTC day
+    for (int k = 0; k < in.size; k++) {
+      int i = order == null ? k : order[k];
+      counts.read(in.partitions[i], in.offsets[i]);
+      Row d = isFeed ? DecodeTick.decode(in.values[i]) : null;
       if (d == null || !(d.getBoolean(DecodeTick.VALID) || d.getBoolean(DecodeTick.IDLE))) {
-        if (r.isNullAt(at[CONTROL])) {
-          counts.bad++;
-        } else {
+        if (in.control[i]) {
           counts.registrations++; // a CEP registration: neither a tick nor malformed
+        } else {
+          counts.bad++;
         }
-      } else {
-        decoded[i] = d;
-        judged = true;
-      }
-    }
-    if (!judged) { // no tick or idle mark: counted, and no feed's state is touched
-      counts.emit(null, 0, out);
-      return out.iterator();
-    }
-    FeedState feed =
-        state.exists()
-            ? FeedState.fromState(state.get(), allowanceNs, horizonNs)
-            : new FeedState(ticker, 0);
-    long firstDay = Long.MIN_VALUE;
-    boolean days = false; // the feed's stored ticks span more than one UTC day
-    for (int i = 0; i < decoded.length; i++) {
-      Row d = decoded[i];
-      if (d == null) {
         continue;
+      }
+      if (feed == null) {
+        feed =
+            state.exists()
+                ? FeedState.fromState(state.get(), allowanceNs, horizonNs)
+                : new FeedState(ticker, 0);
       }
       long timeNs = d.getLong(DecodeTick.TIME);
       if (d.getBoolean(DecodeTick.IDLE)) {
@@ -222,7 +211,7 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
         counts.bad++;
         continue;
       }
-      String tradeId = d.isNullAt(DecodeTick.TRADE_ID) ? "" : d.getString(DecodeTick.TRADE_ID);
+      String tradeId = tradeId(d);
       if (tradeId.isEmpty()) {
         counts.noTradeId++;
       }
@@ -231,12 +220,14 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
         counts.duplicates++;
         continue;
       }
-      Row r = rows.get(i);
-      out.add(
-          tick(d, tradeId, r.getInt(at[PARTITION]), r.getLong(at[OFFSET]), verdict != FeedState.KEEP));
-      long day = Math.floorDiv(timeNs, DAY_NS);
-      days |= firstDay != Long.MIN_VALUE && day != firstDay;
-      firstDay = firstDay == Long.MIN_VALUE ? day : firstDay;
+      verdicts[i] = (byte) (verdict == FeedState.KEEP ? STORE : STORE_LATE);
+      if (n == stored.length) {
+        stored = Arrays.copyOf(stored, 2 * n);
+        days = Arrays.copyOf(days, 2 * n);
+      }
+      days[n] = Math.floorDiv(timeNs, DAY_NS);
+      manyDays |= days[n] != days[0];
+      stored[n++] = i;
       if (verdict == FeedState.LATE) {
         counts.late++;
       } else if (verdict == FeedState.REVISE) {
@@ -248,14 +239,127 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
         feed.fold(amounts[0], amounts[1], timeNs, periods);
       }
     }
-    if (days) { // each (ticker, day) partition's ticks together, each in Kafka order
-      out.sort(Comparator.comparingLong(t -> Math.floorDiv(t.getLong(TIME_OUT), DAY_NS)));
+    List<Row> rest = new ArrayList<>();
+    if (feed == null) { // no tick or idle mark: counted, and no feed's state is touched
+      counts.emit(null, 0, rest);
+      return rest.iterator();
     }
     feed.evict(allowanceNs, horizonNs);
-    feed.drainTouched(c -> out.add(candle(ticker, c)));
-    counts.emit(ticker, feed.clockNs, out);
+    feed.drainTouched(c -> rest.add(candle(ticker, c)));
+    counts.emit(ticker, feed.clockNs, rest);
     state.update(feed.toState());
-    return out.iterator();
+    if (manyDays) { // each (ticker, day) partition's ticks together, each in Kafka order
+      stored = byDay(stored, days, n);
+    }
+    return new Ticks(in, stored, n, verdicts, rest.iterator());
+  }
+
+  private static String tradeId(Row d) {
+    return d.isNullAt(DecodeTick.TRADE_ID) ? "" : d.getString(DecodeTick.TRADE_ID);
+  }
+
+  /** {@code stored}'s first {@code n}, stably ordered by their days. */
+  private static int[] byDay(int[] stored, long[] days, int n) {
+    long first = Arrays.stream(days, 0, n).min().orElse(0);
+    long[] keys = new long[n];
+    for (int k = 0; k < n; k++) { // a day's offset from the first, then the position
+      keys[k] = (days[k] - first) << 32 | k;
+    }
+    Arrays.sort(keys);
+    int[] sorted = new int[n];
+    for (int k = 0; k < n; k++) {
+      sorted[k] = stored[(int) keys[k]];
+    }
+    return sorted;
+  }
+
+  /**
+   * A group's output: its stored ticks, each decoded again as it is taken, then its candles and
+   * summary. Made one at a time, none outlives its write: a group's rows held until its last
+   * was judged (Spark's input rows, their decoded rows, the output rows) outlived the young
+   * generation, and the serial collector copied and promoted them (docs/benchmarks.md).
+   */
+  private static final class Ticks implements Iterator<Row> {
+    private final Records in;
+    private final int[] stored;
+    private final int n;
+    private final byte[] verdicts;
+    private final Iterator<Row> rest;
+    private int k;
+
+    Ticks(Records in, int[] stored, int n, byte[] verdicts, Iterator<Row> rest) {
+      this.in = in;
+      this.stored = stored;
+      this.n = n;
+      this.verdicts = verdicts;
+      this.rest = rest;
+    }
+
+    @Override
+    public boolean hasNext() {
+      return k < n || rest.hasNext();
+    }
+
+    @Override
+    public Row next() {
+      if (k == n) {
+        return rest.next();
+      }
+      int i = stored[k++];
+      Row d = DecodeTick.decode(in.values[i]);
+      in.values[i] = null; // taken: its bytes can go
+      return tick(d, tradeId(d), in.partitions[i], in.offsets[i], verdicts[i] == STORE_LATE);
+    }
+  }
+
+  /**
+   * A group's records as their columns: the raw value and Kafka position, not Spark's row of
+   * each, which a group would otherwise hold until its last record is judged.
+   */
+  private static final class Records {
+    private final int[] at;
+    byte[][] values = new byte[16][];
+    int[] partitions = new int[16];
+    long[] offsets = new long[16];
+    /** The record has a control value (a CEP registration's). */
+    boolean[] control = new boolean[16];
+    int size;
+    private boolean ordered = true;
+
+    Records(int[] at) {
+      this.at = at;
+    }
+
+    void add(Row r) {
+      if (size == values.length) {
+        values = Arrays.copyOf(values, 2 * size);
+        partitions = Arrays.copyOf(partitions, 2 * size);
+        offsets = Arrays.copyOf(offsets, 2 * size);
+        control = Arrays.copyOf(control, 2 * size);
+      }
+      values[size] = r.getAs(at[VALUE]);
+      partitions[size] = r.getInt(at[PARTITION]);
+      offsets[size] = r.getLong(at[OFFSET]);
+      control[size] = !r.isNullAt(at[CONTROL]);
+      ordered &= size == 0 || compare(size - 1, size) <= 0;
+      size++;
+    }
+
+    private int compare(int a, int b) {
+      int c = Integer.compare(partitions[a], partitions[b]);
+      return c != 0 ? c : Long.compare(offsets[a], offsets[b]);
+    }
+
+    /** The records' indices in Kafka order, or null: they arrived in it (the usual case). */
+    int[] order() {
+      if (ordered) {
+        return null;
+      }
+      Integer[] boxed = new Integer[size];
+      Arrays.setAll(boxed, i -> i);
+      Arrays.sort(boxed, this::compare);
+      return Arrays.stream(boxed).mapToInt(Integer::intValue).toArray();
+    }
   }
 
   private static Row tick(Row d, String tradeId, int partition, long offset, boolean late) {
