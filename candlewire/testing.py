@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from candlewire.config import Settings
+from candlewire.config import REPO_ROOT, Settings
 from candlewire.endpoints import ENDPOINTS
 from candlewire.topics import market_data_topic, tick_type
 from proto import events_pb2 as ev
@@ -135,6 +135,14 @@ def candlewire_command(*args: str) -> list[str]:
     return [str(Path(sys.executable).with_name("candlewire")), *args]
 
 
+def this_tree() -> dict[str, str]:
+    """``PYTHONPATH`` that makes a spawned ``candlewire`` run this tree's code. The command
+    imports the tree the editable install points at, so a bench run from another worktree
+    (comparing two commits) would otherwise measure that tree's service in both arms."""
+    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {"PYTHONPATH": os.pathsep.join(paths)}
+
+
 def spawn(
     settings: Settings,
     args: list[str],
@@ -151,7 +159,7 @@ def spawn(
     out = log.open("ab")
     proc = subprocess.Popen(
         candlewire_command(*args),
-        env=os.environ | settings.to_env() | (env or {}),
+        env=os.environ | this_tree() | settings.to_env() | (env or {}),
         stdout=out,
         stderr=subprocess.STDOUT,
     )
