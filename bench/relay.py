@@ -33,7 +33,7 @@ import zmq
 from bench.stats import process_cpu_s
 from candlewire.config import Settings
 from candlewire.curve import Keyring, dial
-from candlewire.testing import candlewire_command, free_settings
+from candlewire.testing import candlewire_command, free_settings, this_tree
 from candlewire.topics import market_data_topic, tick_type
 from proto import market_pb2
 from proto.envelope import encode_topic
@@ -226,7 +226,7 @@ def handshakes(settings: Settings, clients: int = 1000) -> float:
 
 
 def start_relay(settings: Settings) -> subprocess.Popen:
-    env = {**os.environ, **settings.to_env()}
+    env = {**os.environ, **this_tree(), **settings.to_env()}
     relay = subprocess.Popen(candlewire_command("relay"), env=env)
     time.sleep(1.5)
     return relay

@@ -33,3 +33,23 @@ def test_a_spawned_process_imports_the_tree_that_spawned_it(
         check=True,
     )
     assert out.stdout.strip() == "the spawning tree"
+
+
+def test_spawn_starts_the_command_with_this_tree_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``spawn`` hands the command the path above, before the caller's own environment."""
+    seen: dict[str, str] = {}
+
+    class Started(Exception):
+        pass
+
+    def popen(argv: list[str], env: dict[str, str], **_kw: object) -> None:
+        seen.update(env)
+        raise Started
+
+    monkeypatch.setattr(testing.subprocess, "Popen", popen)
+    settings = testing.free_settings(tmp_path)
+    with pytest.raises(Started):
+        testing.spawn(settings, ["relay"], healthy="up", metrics_endpoint="relay_metrics")
+    assert seen["PYTHONPATH"].split(os.pathsep)[0] == str(testing.REPO_ROOT)
