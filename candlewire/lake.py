@@ -175,11 +175,19 @@ TABLES: dict[str, tuple[Schema, PartitionSpec, SortOrder]] = {
 }
 
 
+# Every table's Parquet in zstd at level 1. Iceberg's Java writer falls back to gzip for a
+# table whose properties name no codec (pyiceberg creates them so): deflate was 13 % of the
+# committing query's result stage, and a million ticks appended in 1.42 s with zstd:1 against
+# 2.46 s with gzip, in files of 3.9 MB against 7.0 (docs/benchmarks.md, 2026-12-01). Delete
+# files and compaction's rewrites take the same codec.
+FILE_PROPERTIES = {
+    "write.parquet.compression-codec": "zstd",
+    "write.parquet.compression-level": "1",
+}
 # Row groups small enough that a read of one ticker skips the others' by their statistics,
 # in the month files compaction writes with every ticker's candles, sorted by ticker.
-TABLE_PROPERTIES: dict[str, dict[str, str]] = {
-    "ohlc": {"write.parquet.row-group-size-bytes": str(8 << 20)},
-}
+TABLE_PROPERTIES: dict[str, dict[str, str]] = {name: dict(FILE_PROPERTIES) for name in TABLES}
+TABLE_PROPERTIES["ohlc"]["write.parquet.row-group-size-bytes"] = str(8 << 20)
 
 
 def table_name(settings: Settings, table: str) -> str:
@@ -335,7 +343,7 @@ def _evolve_layout(table: Table, spec: PartitionSpec, order: SortOrder) -> None:
         with table.update_sort_order() as update:
             for source_id, transform in sort_key:
                 update.asc(table.schema().find_column_name(source_id), transform)
-    extra = TABLE_PROPERTIES.get(table.name()[-1], {})
+    extra = TABLE_PROPERTIES[table.name()[-1]]
     if any(table.properties.get(k) != v for k, v in extra.items()):
         with table.transaction() as tx:
             tx.set_properties(extra)
@@ -370,7 +378,7 @@ def ensure_tables(settings: Settings) -> list[str]:
                         "write.update.mode": "merge-on-read",
                         "write.merge.mode": "merge-on-read",
                         "commit.retry.num-retries": "10",
-                        **TABLE_PROPERTIES.get(name, {}),
+                        **TABLE_PROPERTIES[name],
                     },
                 )
                 created.append(ident)

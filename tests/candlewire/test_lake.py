@@ -16,6 +16,7 @@ from pyiceberg.transforms import DayTransform, IdentityTransform
 
 from candlewire.lake import (
     BOOK_TABLES,
+    FILE_PROPERTIES,
     NAMESPACE,
     OHLC_SCHEMA,
     TABLE_PROPERTIES,
@@ -79,6 +80,11 @@ def test_an_older_ohlc_table_gains_columns_and_month_partitions(lakehouse, tmp_p
     wanted_order = [f.source_id for f in TABLES["ohlc"][2].fields]
     assert [f.source_id for f in table.sort_order().fields] == wanted_order
     assert TABLE_PROPERTIES["ohlc"].items() <= table.properties.items()
+    # Every table, made now or by an older release, names its codec: Iceberg's Java writer
+    # would fall back to gzip.
+    for name in TABLES:
+        properties = cat.load_table(f"{NAMESPACE}.{name}").properties
+        assert FILE_PROPERTIES.items() <= properties.items(), name
     rows = table.scan(row_filter="ticker = 'X:A/B' and period_s = 60").to_arrow().to_pylist()
     assert len(rows) == 1
     assert rows[0]["trade_count"] == 3 and rows[0]["first_trade_ns"] is None

@@ -13,6 +13,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 import zmq
@@ -146,6 +147,21 @@ def test_candles_equal_pandas_resample_for_every_period(pipeline) -> None:
     wait_for(complete, timeout=120, interval=1.0)
     for period in PERIODS_S:
         assert_candles(ohlc, ticker, ticks, period)
+    # The job's Spark writes every file in the tables' codec, not Iceberg's gzip fallback.
+    ticks_table = catalog(pipeline).load_table(f"{NAMESPACE}.ticks")
+    for table in (ticks_table, ohlc):
+        assert codecs(table, f"ticker = '{ticker}'") == {"ZSTD"}, table.name()
+
+
+def codecs(table, row_filter: str) -> set[str]:
+    """The compression of every column chunk in the data files a scan would read."""
+    out = set()
+    for task in table.scan(row_filter=row_filter).plan_files():
+        with table.io.new_input(task.file.file_path).open() as f:
+            meta = pq.ParquetFile(f).metadata
+        for g in range(meta.num_row_groups):
+            out |= {meta.row_group(g).column(c).compression for c in range(meta.num_columns)}
+    return out
 
 
 def test_a_late_trade_revises_its_closed_candles_and_one_beyond_the_horizon_changes_none(
