@@ -28,6 +28,7 @@ from zmq.utils.monitor import parse_monitor_message
 from candlewire._protocol import (
     MONITOR_EVENTS,
     ConnectionState,
+    FetchHead,
     HistoryCall,
     MarketFilter,
     MetadataCall,
@@ -38,6 +39,7 @@ from candlewire._protocol import (
     Verdict,
     new_id,
     remaining,
+    same_fetch,
     to_ms,
 )
 from candlewire.config import Settings
@@ -50,7 +52,7 @@ from candlewire.errors import (
     TriggerRefused,
 )
 from candlewire.market import Candle, Tick, _TickColumns, as_batch
-from candlewire.positions import describe, run_items
+from candlewire.positions import describe, is_after, run_items
 from candlewire.topics import check_id, metadata_update_topic, response_topic, tick_type
 from candlewire.zmqutil import recv_frames, send_frames
 from proto import cep_pb2 as cep
@@ -484,8 +486,19 @@ class ClientCore:
         req, sent = seq.request(until, 0, new_id("f")), False
         held: list[Message] = []  # a catch-up's candles, until the next chunk is seen
         ticks = seq.topic.endswith(f"|{tick_type()}")  # as Arrow, read as columns
+
+        def ahead(head: FetchHead) -> jr.FetchRequest | None:
+            """The next FETCH as it will be once this chunk is taken whole (it ends at
+            ``head.last``), asked for before the chunk is read, so the service reads the next
+            while this one is parsed. Used only if it is the one the taken chunk calls for."""
+            if head.status != jr.FETCH_OK or head.archived or head.last is None:
+                return None
+            if head.done if until is None else not is_after(until, head.last):
+                return None  # the last chunk
+            return seq.request(until, head.cursor, new_id("f"), after=head.last)
+
         while True:
-            reply, columns = yield from journal.call(req, deadline, sent, batches and ticks)
+            reply, columns = yield from journal.call(req, deadline, sent, batches and ticks, ahead)
             if reply.status == jr.FETCH_OUT_OF_RANGE:
                 raise FellBehind(f"{seq.topic}: {reply.error}", seq.last)
             if reply.status == jr.FETCH_BAD_REQUEST:
@@ -537,7 +550,10 @@ class ClientCore:
             req = seq.request(until, reply.cursor, new_id("f"))
             sent = bool(msgs)
             if sent:  # read ahead while the caller takes this chunk
-                yield Send(journal.connected(), encode(req))
+                if journal.early is not None and same_fetch(journal.early, req):
+                    req = journal.early  # asked already, as the chunk was read
+                else:
+                    yield Send(journal.connected(), encode(req))
                 yield from hand_out(out, seq, batches)
 
 
@@ -610,6 +626,7 @@ class JournalLink:
         self.core = core
         self.sock: zmq.Socket | None = None
         self.wire = b""  # the last reply's message bytes, as received (decoded whole on demand)
+        self.early: jr.FetchRequest | None = None  # the next FETCH, sent before this reply's read
 
     def connected(self) -> zmq.Socket:
         if self.sock is None:
@@ -619,11 +636,21 @@ class JournalLink:
         return self.sock
 
     def call(
-        self, req: jr.FetchRequest, deadline: float, sent: bool = False, columns: bool = False
+        self,
+        req: jr.FetchRequest,
+        deadline: float,
+        sent: bool = False,
+        columns: bool = False,
+        ahead: Callable[[FetchHead], jr.FetchRequest | None] | None = None,
     ) -> Steps[tuple[jr.FetchReply, _TickColumns | None]]:
         """The reply to ``req`` (already ``sent`` ahead, or sent now). With ``columns`` (a
         replay as Arrow), a reply of ticks comes as its own fields and its ticks as columns,
-        never decoded message by message; anything else comes whole, with None."""
+        never decoded message by message; anything else comes whole, with None.
+
+        ``ahead`` may name the next FETCH from the reply's head alone; it is sent before the
+        reply is read, and kept as :attr:`early`. A reply whose id is not ``req``'s (one
+        asked ahead and not used) is dropped by its head, unread."""
+        self.early = None
         while True:
             sock = self.connected()
             if not sent:
@@ -633,6 +660,13 @@ class JournalLink:
                 frames = yield Recv(sock, min(self.core.attempt_timeout, remaining(deadline)))
                 if frames is None:
                     break
+                head = FetchHead.read(frames)
+                if head is None or head.request_id != req.request_id:
+                    continue
+                if ahead is not None and self.early is None:
+                    self.early = ahead(head)
+                    if self.early is not None:
+                        yield Send(sock, encode(self.early))
                 try:
                     read = (
                         _TickColumns.read(payload_of(frames, jr.FetchReply, depth=1))
@@ -642,10 +676,10 @@ class JournalLink:
                     reply, ticks = read or (expect(decode(frames), jr.FetchReply), None)
                 except EnvelopeError:
                     continue
-                if reply.request_id == req.request_id:
-                    self.wire = frames[-1]
-                    return reply, ticks  # type: ignore[return-value] - the columns' head
+                self.wire = frames[-1]
+                return reply, ticks  # type: ignore[return-value] - the columns' head
             self.close()
+            self.early = None  # asked on the socket just closed: its answer is gone with it
             if not remaining(deadline):
                 raise FellBehind(f"{req.topic}: the journal service did not answer")
 

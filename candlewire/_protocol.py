@@ -14,7 +14,9 @@ from enum import Enum
 from typing import Literal
 
 import zmq
-from google.protobuf.message import Message
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError, Message
 
 from candlewire.book import JOIN_LOOKBACK_S, BookFeed
 from candlewire.errors import HistoryFailed, ProtocolError, RequestRejected, SubscriptionFailed
@@ -33,7 +35,14 @@ from proto import cep_pb2 as cep
 from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto import requests_pb2 as rq
-from proto.envelope import EnvelopeError, decode, decode_sub, encode, expect
+from proto.envelope import (
+    EnvelopeError,
+    decode,
+    decode_sub,
+    encode,
+    expect,
+    unchecked_payload,
+)
 from proto.market_pb2 import StreamPosition
 
 Notify = Literal["client", "request"]
@@ -344,18 +353,92 @@ class Sequence:
             self.stats.filled += n
 
     def request(
-        self, until: StreamPosition | None, cursor: int, request_id: str
+        self,
+        until: StreamPosition | None,
+        cursor: int,
+        request_id: str,
+        after: StreamPosition | None = None,
     ) -> jr.FetchRequest:
+        """The FETCH of what comes after the last delivered message, or after ``after`` (the
+        end of a chunk not yet taken: :class:`FetchHead`)."""
         req = jr.FetchRequest(
             request_id=request_id, topic=self.topic, cursor=cursor, max_messages=FETCH_MESSAGES
         )
-        if self.last is not None:
-            req.after.CopyFrom(self.last)
+        last = after or self.last
+        if last is not None:
+            req.after.CopyFrom(last)
         else:
             req.since_ms = self.since_ms
         if until is not None:
             req.until.CopyFrom(until)
         return req
+
+
+def _fetch_head_type() -> type[Message]:
+    """A shadow of FetchReply with its own fields, and of each run only its last position
+    (as its bytes): one parse of a 50k-tick chunk in under a millisecond, where the runs'
+    messages take tens. Field numbers and types come from the contract's descriptors."""
+    F = FieldDescriptor
+    file = descriptor_pb2.FileDescriptorProto(name="fetch_head.proto", syntax="proto3")
+    file.package = "candlewire_head"
+    head = file.message_type.add(name="Head")
+    for f in jr.FetchReply.DESCRIPTOR.fields:
+        field = head.field.add(name=f.name, number=f.number, label=F.LABEL_OPTIONAL)
+        if f.name == "runs":
+            field.type, field.label = F.TYPE_MESSAGE, F.LABEL_REPEATED
+            field.type_name = f".{file.package}.Run"
+        else:
+            field.type = F.TYPE_INT32 if f.type == F.TYPE_ENUM else f.type
+    last = jr.JournalBatch.DESCRIPTOR.fields_by_name["last"]
+    file.message_type.add(name="Run").field.add(
+        name=last.name, number=last.number, type=F.TYPE_BYTES, label=F.LABEL_OPTIONAL
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{file.package}.Head"))
+
+
+_FETCH_HEAD = _fetch_head_type()
+
+
+@dataclass(frozen=True)
+class FetchHead:
+    """What a FETCH reply says of itself and where its last run ends: enough to ask for the
+    next chunk before this one is read (#35: the service then reads while the client parses).
+    Read without holding the runs to their limits; the reply is checked as it is read."""
+
+    request_id: str
+    status: int
+    cursor: int
+    done: bool
+    archived: bool
+    last: StreamPosition | None
+
+    @classmethod
+    def read(cls, frames: list[bytes]) -> FetchHead | None:
+        """None when the frames hold no FetchReply, or one that does not parse."""
+        try:
+            head = _FETCH_HEAD.FromString(unchecked_payload(frames, jr.FetchReply))
+            last = StreamPosition.FromString(head.runs[-1].last) if head.runs else None
+        except (EnvelopeError, DecodeError, RuntimeWarning):
+            return None
+        return cls(
+            head.request_id, head.status, head.cursor, head.done, bool(head.archive_until_ms), last
+        )
+
+
+def same_fetch(a: jr.FetchRequest, b: jr.FetchRequest) -> bool:
+    """Whether two FETCHes ask for the same chunk (their ids aside)."""
+    return (
+        a.topic == b.topic
+        and a.cursor == b.cursor
+        and a.since_ms == b.since_ms
+        and a.max_messages == b.max_messages
+        and all(
+            a.HasField(f) == b.HasField(f) and getattr(a, f) == getattr(b, f)
+            for f in ("after", "until")
+        )
+    )
 
 
 def book_start(

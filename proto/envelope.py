@@ -137,17 +137,25 @@ def _body(frames: Sequence[bytes]) -> bytes:
     return body
 
 
+def unchecked_payload(frames: Sequence[bytes], cls: type[Message]) -> bytes:
+    """The payload of two envelope frames that hold a ``cls``, with frames, version and type
+    checked as :func:`decode` checks them but no field held to its limit yet: for a glance at
+    a few small fields (a FetchReply's cursor, before its runs are read) ahead of
+    :func:`payload_of` or :func:`decode`, which check the rest."""
+    body = _body(frames)
+    got = _class_of(body)
+    if got is not cls:
+        raise UnexpectedMessage(f"expected {cls.__name__}, got {got.__name__}")
+    return body[1:]
+
+
 def payload_of(frames: Sequence[bytes], cls: type[Message], depth: int = 0) -> bytes:
     """The payload of two envelope frames that hold a ``cls``, for a reader that parses it
     its own way (the Arrow replay reads a FetchReply's ticks as columns, #35). Frames,
     version and type are checked as :func:`decode` checks them, and the fields of the
     message and of its sub-messages ``depth`` levels down are held to their limits; deeper
     fields are the caller's to check, or to leave to :func:`decode_body`."""
-    body = _body(frames)
-    got = _class_of(body)
-    if got is not cls:
-        raise UnexpectedMessage(f"expected {cls.__name__}, got {got.__name__}")
-    payload = body[1:]
+    payload = unchecked_payload(frames, cls)
     if len(payload) > _SMALL:
         try:
             _check_sizes(_LIMITS[cls.DESCRIPTOR.full_name], [payload], cls.__name__, depth)

@@ -116,6 +116,56 @@ def test_late_joiner_replays_then_goes_live_without_gap_or_repeat(
         assert sub.stats.delivered == len(got)
 
 
+@pytest.mark.parametrize("taken", [True, False], ids=["asked ahead", "asked again"])
+def test_each_chunk_is_asked_for_ahead_and_one_asked_in_vain_is_dropped(
+    journal_settings, journal, stream_pub, relay, monkeypatch, taken
+) -> None:
+    """The next chunk is asked for from a reply's head, before its runs are read, so the
+    journal reads while the client parses: each message is served once. When that request
+    is not the one the taken chunk calls for, the client asks again and drops the first
+    one's reply by its id, unread: nothing is lost or repeated either way."""
+    from candlewire import _core
+
+    if not taken:
+        monkeypatch.setattr(_core, "same_fetch", lambda _a, _b: False)
+    fetches: list[jr.FetchRequest] = []  # as the journal received them
+    fetch = journal.reader.fetch
+    monkeypatch.setattr(journal.reader, "fetch", lambda req: fetches.append(req) or fetch(req))
+    ahead: list[bool] = []  # each chunk but the last: its successor was asked before its read
+    decode = _core.decode
+
+    def reading(frames):
+        msg = decode(frames)
+        if isinstance(msg, jr.FetchReply) and msg.runs and not msg.done:
+            wait_for(lambda: any(f.cursor == msg.cursor for f in fetches), 5)
+            ahead.append(True)
+        return msg
+
+    monkeypatch.setattr(_core, "decode", reading)
+    feed = TickFeed(stream_pub)
+    feed.next_offset = 1
+    n = 120_000  # three chunks: the journal serves 50,000 at most
+    for _ in range(n // 10_000):
+        feed.publish(10_000)
+    stream_pub._journal.flush(30)
+    since = int(time.time() * 1000) - 60_000
+
+    def served() -> float:
+        return journal.metrics.registry.get_sample_value("candlewire_journal_records_served_total")
+
+    before = served()
+    with Client(journal_settings) as client:
+        sub = client.subscribe(feed.ticker, since=since, raw=True, idle_timeout=30)
+        got = [m.stream.source_offset for _, m in zip(range(n), sub, strict=False)]
+        sub.close()
+    assert got == list(range(1, n + 1))
+    assert len(ahead) >= 2
+    if taken:
+        assert served() - before == n
+    else:  # the chunks asked ahead were served too, and dropped
+        assert served() - before > n
+
+
 def publish_varied(feed: TickFeed, n: int, sides: tuple[int, ...] = (0, 1, 2)) -> None:
     """``n`` ticks of the feed with prices, sizes and sides that differ from tick to tick."""
     from candlewire.testing import to_record
