@@ -415,6 +415,15 @@ def _varints(packed: memoryview | bytes, dtype: type[np.integer]) -> np.ndarray:
     complement, and an int32 the same sign-extended, so the low bits are the value."""
     b = np.frombuffer(packed, np.uint8)
     ends = np.flatnonzero(b < 0x80)  # each varint's last byte
+    width = int(ends[0]) + 1 if len(ends) else 0
+    if width and len(ends) * width == len(b) and (b[width - 1 :: width] < 0x80).all():
+        # Every varint as wide as the first (a chunk's times, epochs, ids of one size): each
+        # row of ``width`` bytes ends one, and there are no other ends, so each row is one.
+        rows = b.reshape(-1, width)
+        values = (rows[:, 0] & 0x7F).astype(np.uint64)
+        for k in range(1, width):
+            values |= (rows[:, k] & 0x7F).astype(np.uint64) << _SHIFTS[k]
+        return values.view(np.int64).astype(dtype, copy=False)
     lengths = np.diff(ends, prepend=-1)
     starts = ends - lengths + 1
     values = (b[starts] & 0x7F).astype(np.uint64)

@@ -7,14 +7,18 @@ import dataclasses
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import numpy as np
 import pytest
 
 from candlewire.market import (
+    _REPLY_COLUMNS,
     CANDLE_SCHEMA,
     TICK_SCHEMA,
     Candle,
     Tick,
     _TickColumns,
+    _varints,
+    _wire_fields,
     as_batch,
     typed,
 )
@@ -267,6 +271,26 @@ def test_ticks_read_as_columns_make_the_batch_their_messages_make(runs: list) ->
     batch, dropped = columns.batch()
     expected, expected_dropped = as_batch(msgs)
     assert batch.equals(expected) and dropped == expected_dropped
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        *([2 ** (7 * (w - 1)) + k for k in range(50)] for w in range(1, 10)),  # one width each
+        [-(2**63), -1, -5, -(2**31)],  # negatives: ten bytes each
+        [200, 5, 20_000],  # widths 2, 1, 3: as many bytes as three of the first's width
+        [1, 300, 2**40, -7, 2**63 - 1],
+    ],
+    ids=lambda v: f"{len(v)} values",
+)
+def test_packed_varints_decode_as_protobuf_encodes_them(values: list[int]) -> None:
+    ticks = _REPLY_COLUMNS().runs.ticks
+    ticks.exchange_time_ns.extend(values)  # packed int64: protobuf's own encoding
+    packed = _wire_fields(ticks.SerializeToString())[6]
+    assert _varints(packed, np.int64).tolist() == values
+    assert _varints(packed, np.int32).tolist() == [
+        int(np.int64(v).astype(np.int32)) for v in values
+    ]
 
 
 def test_ticks_whose_fields_are_at_their_default_in_some_only_are_read_row_by_row() -> None:
