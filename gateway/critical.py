@@ -23,17 +23,19 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import sys
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from gateway.channels import Channel, Outcome, Result
 from gateway.directory import Answer, Directory, Retry, UserAddress
 from gateway.metrics import GatewayMetrics
 from gateway.sessions import Sessions
-from gateway.symbols import SymbolCatalog
+from gateway.symbols import Rendered, SymbolCatalog
 from proto import events_pb2 as ev
 
 log = logging.getLogger("candlewire.gateway.critical")
@@ -43,8 +45,6 @@ MAX_REMEMBERED = 100_000  # beyond this, the dedup window is served by PostgreSQ
 MAX_BATCH = 512  # rows per database round trip
 MAX_ID = 128  # characters in an event or user id: the width of the tables' key columns
 DELIVER_SHARE = 0.8  # of the claim's lease a delivery may take; the rest is for the commit
-# Channels that reach a user through this gateway's sessions, by user id: no address needed.
-SESSION_CHANNELS = frozenset({ev.ACTIVE_SESSION, ev.WEB})
 
 # Called once for each event of a batch with its answer (see CriticalDelivery.handle).
 Reply = Callable[[int, "ev.EventAck | BaseException | None"], None]
@@ -230,6 +230,7 @@ class CriticalDelivery:
         pending: set[asyncio.Task[Answer]] = set()
         try:
             known: list[tuple[int, ev.EventAck | BaseException | None]] = []
+            now: list[tuple[int, Answer | BaseException]] = []  # answered without a wait
             for i, verdict in zip(fresh, verdicts, strict=True):
                 if verdict is Claim.ELSEWHERE:
                     self._count("elsewhere")
@@ -238,10 +239,17 @@ class CriticalDelivery:
                     self._count("duplicate")
                     known.append((i, verdict))
                 else:
-                    task = loop.create_task(self._deliver_by(events[i], deadline))
-                    ours[task] = i
-                    pending.add(task)
+                    way = self._way(events[i], 0, 0)
+                    step = self._walk(way)
+                    if isinstance(step, Answer):
+                        now.append((i, step))
+                    else:  # a channel that waits on a service: a task, with a deadline
+                        task = loop.create_task(self._deliver_by(way, deadline))
+                        ours[task] = i
+                        pending.add(task)
             self._settle(events, known, mine, reply)
+            if now:
+                await self._record_done(now, events, mine, reply)
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 finished = [(ours[t], _outcome(t)) for t in done]
@@ -252,10 +260,10 @@ class CriticalDelivery:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _deliver_by(self, event: ev.UserEvent, deadline: float) -> Answer:
+    async def _deliver_by(self, way: _Way, deadline: float) -> Answer:
         """Deliver, cut off at the deadline (TimeoutError: no answer, no ack)."""
         async with asyncio.timeout_at(deadline):
-            return await self._deliver(event, 0, 0)
+            return await self._deliver(way)
 
     async def _record_done(
         self,
@@ -304,46 +312,76 @@ class CriticalDelivery:
         for i, answer in answers:
             reply(i, answer)
 
-    async def _deliver(self, event: ev.UserEvent, start: int, attempts: int) -> Answer:
-        user: UserAddress | None = None  # looked up once, and only for a channel that needs it
-        rendered = self.symbols.render(event)
-        reasons: list[str] = []
+    def _way(self, event: ev.UserEvent, start: int, attempts: int) -> _Way:
         prefs = list(event.delivery.channels) or [ev.ChannelPreference(channel=ev.ACTIVE_SESSION)]
-        for index in range(start, len(prefs)):
-            pref = prefs[index]
-            name = ev.ChannelType.Name(pref.channel)
+        return _Way(event, prefs, start, attempts, self.symbols.render(event))
+
+    def _walk(self, way: _Way) -> Answer | Channel:
+        """Down the event's preferences, in order, while no channel needs to wait: the
+        answer, or the channel at ``way.index`` that must be awaited (:meth:`_deliver`).
+        A session channel answers at once (``send_now``): most critical events are answered
+        without a task, a deadline or a wait of their own."""
+        event = way.event
+        while way.index < len(way.prefs):
+            pref = way.prefs[way.index]
             if pref.only_if_active and not self.sessions.active(event.user_id):
-                reasons.append(f"{name}: skipped, no active session")
-                continue
-            channel = self.channels.get(pref.channel)
-            if channel is None:
-                reasons.append(f"{name}: not available")
-                continue
-            if pref.channel in SESSION_CHANNELS:
-                address = UserAddress(event.user_id)  # a session is found by its user id
-            else:
-                if user is None:
-                    user = (await self._user([event.user_id]))[0]
-                address = user
-            try:
-                result = await channel.send(address, event, rendered)
-            except Exception as exc:  # a channel bug must not lose the event
-                log.exception("channel %s failed on %s", name, event.event_id)
-                result = Result(Outcome.RETRY, f"{type(exc).__name__}", 30.0)
-            self.metrics.channel.labels(name.lower(), result.outcome.value).inc()
-            if result.outcome is Outcome.DELIVERED:
-                return Answer(ev.EventAck(event_id=event.event_id, status=ev.DELIVERED))
-            if result.outcome is Outcome.RETRY:
-                ack = ev.EventAck(
-                    event_id=event.event_id,
-                    status=ev.QUEUED,
-                    error_message=f"{name}: {result.detail}",
+                way.reasons.append(
+                    f"{ev.ChannelType.Name(pref.channel)}: skipped, no active session"
                 )
-                due = time.time() + max(result.retry_after_s, 0.05)
-                return Answer(ack, Retry(event, index, attempts + 1), due)
-            reasons.append(f"{name}: {result.detail}")
-        message = "; ".join(reasons) or "no channel preference"
+            elif (channel := self.channels.get(pref.channel)) is None:
+                way.reasons.append(f"{ev.ChannelType.Name(pref.channel)}: not available")
+            elif (send_now := getattr(channel, "send_now", None)) is None:
+                return channel
+            else:  # a session is found by its user id: no address needed
+                try:
+                    result = send_now(UserAddress(event.user_id), event, way.rendered)
+                except Exception:
+                    result = self._failed(way)
+                answer = self._answer(way, result)
+                if answer is not None:
+                    return answer
+            way.index += 1
+        message = "; ".join(way.reasons) or "no channel preference"
         return Answer(ev.EventAck(event_id=event.event_id, status=ev.ERROR, error_message=message))
+
+    async def _deliver(self, way: _Way) -> Answer:
+        """The first channel of the event's preferences that delivers, or says "later"
+        (QUEUED, with its retry), from ``way.index`` on; ERROR with each one's reason when
+        none does. The user's address is looked up once, and only for a channel that needs
+        it."""
+        while not isinstance(channel := self._walk(way), Answer):
+            if way.user is None:
+                way.user = (await self._user([way.event.user_id]))[0]
+            try:
+                result = await channel.send(way.user, way.event, way.rendered)
+            except Exception:
+                result = self._failed(way)
+            answer = self._answer(way, result)
+            if answer is not None:
+                return answer
+            way.index += 1
+        return channel
+
+    def _failed(self, way: _Way) -> Result:
+        """A channel that raised (a bug) must not lose the event: it is retried later."""
+        log.exception("channel %s failed on %s", way.name, way.event.event_id)
+        return Result(Outcome.RETRY, f"{type(sys.exception()).__name__}", 30.0)
+
+    def _answer(self, way: _Way, result: Result) -> Answer | None:
+        """A channel's result as the event's answer, or None (and its reason kept) to try
+        the next preference."""
+        name, event = way.name, way.event
+        self.metrics.channel.labels(name.lower(), result.outcome.value).inc()
+        if result.outcome is Outcome.DELIVERED:
+            return Answer(ev.EventAck(event_id=event.event_id, status=ev.DELIVERED))
+        if result.outcome is Outcome.RETRY:
+            ack = ev.EventAck(
+                event_id=event.event_id, status=ev.QUEUED, error_message=f"{name}: {result.detail}"
+            )
+            due = time.time() + max(result.retry_after_s, 0.05)
+            return Answer(ack, Retry(event, way.index, way.attempts + 1), due)
+        way.reasons.append(f"{name}: {result.detail}")
+        return None
 
     # -- one database round trip per batch --------------------------------------------------
 
@@ -372,7 +410,7 @@ class CriticalDelivery:
         """Deliver the queued events that are due; the number tried."""
         due = await asyncio.to_thread(self.directory.claim_due, RETRY_LEASE_S)
         for item in due:
-            answer = await self._deliver(item.event, item.channel_index, item.attempts)
+            answer = await self._deliver(self._way(item.event, item.channel_index, item.attempts))
             ack, retry, event_id = answer.ack, answer.retry, item.event.event_id
             if retry is not None and retry.attempts <= self.max_retries:
                 await asyncio.to_thread(self.directory.reschedule, retry, answer.due_at)
@@ -399,6 +437,24 @@ class CriticalDelivery:
             or next(iter(self._recent.values()))[0] < now - self.window_s
         ):
             self._recent.popitem(last=False)
+
+
+@dataclass
+class _Way:
+    """An event on its way down its channel preferences: the one it is at, and why those
+    before did not deliver."""
+
+    event: ev.UserEvent
+    prefs: list[ev.ChannelPreference]
+    index: int
+    attempts: int
+    rendered: Rendered
+    reasons: list[str] = field(default_factory=list)
+    user: UserAddress | None = None
+
+    @property
+    def name(self) -> str:
+        return ev.ChannelType.Name(self.prefs[self.index].channel)
 
 
 def _outcome(task: asyncio.Task[Answer]) -> Answer | BaseException:

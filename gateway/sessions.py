@@ -146,10 +146,14 @@ class SessionChannel:
     def __init__(self, kind: ev.ChannelType.ValueType, sessions: Sessions) -> None:
         self.kind, self._sessions = kind, sessions
 
-    async def send(self, user: UserAddress, event: ev.UserEvent, message: Rendered) -> Result:
+    def send_now(self, user: UserAddress, event: ev.UserEvent, message: Rendered) -> Result:
+        """The answer at once: a session's outbox takes the message or it does not."""
         if self._sessions.send(event.user_id, event_message(event, message, "critical")):
             return DELIVERED
         return Result(Outcome.SKIPPED, "no active session on this gateway")
+
+    async def send(self, user: UserAddress, event: ev.UserEvent, message: Rendered) -> Result:
+        return self.send_now(user, event, message)
 
     async def close(self) -> None:
         return None

@@ -180,6 +180,46 @@ def test_preferences_fall_through_and_end_in_error_with_reasons(
     assert refs(telegram.texts()) == [later.event_id]
 
 
+def test_a_session_channel_that_finds_no_session_falls_through_to_one_that_waits(
+    gw_env, telegram, make_gateway, container
+) -> None:
+    """A session channel answers at once, without a task (no session here: SKIPPED); the
+    event goes on down its preferences to a channel that waits on a service."""
+    gw = make_gateway(gw_env, gw_config(telegram))
+    user = new_user()
+    gw.directory.set_user(user, telegram_chat_id="7")
+    event = user_event(user, ev.CRITICAL, [(ev.ACTIVE_SESSION, False), (ev.TELEGRAM, False)])
+    assert container(gw_env).send(event).status == ev.DELIVERED
+    assert refs(telegram.texts()) == [event.event_id]
+    lone = user_event(user, ev.CRITICAL, [(ev.ACTIVE_SESSION, False)])
+    ack = container(gw_env).send(lone)
+    assert ack.status == ev.ERROR
+    assert ack.error_message == "ACTIVE_SESSION: no active session on this gateway"
+
+
+def test_a_channel_that_raises_leaves_its_event_queued_whether_it_waits_or_not(
+    gw_env, telegram, make_gateway, container, monkeypatch
+) -> None:
+    from gateway.channels.telegram import TelegramChannel
+    from gateway.sessions import SessionChannel
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("a bug")
+
+    async def broken_later(*_args: object) -> None:
+        raise LookupError("a bug")
+
+    monkeypatch.setattr(SessionChannel, "send_now", broken)
+    monkeypatch.setattr(TelegramChannel, "send", broken_later)
+    gw = make_gateway(gw_env, gw_config(telegram))
+    user = new_user()
+    gw.directory.set_user(user, telegram_chat_id="8")
+    for channel, error in ((ev.ACTIVE_SESSION, "RuntimeError"), (ev.TELEGRAM, "LookupError")):
+        ack = container(gw_env).send(user_event(user, ev.CRITICAL, [(channel, False)]))
+        assert ack.status == ev.QUEUED
+        assert ack.error_message == f"{ev.ChannelType.Name(channel)}: {error}"
+
+
 def test_malformed_frames_are_dropped_and_counted(gw_env, make_gateway, container) -> None:
     gw = make_gateway(gw_env, gw_config())
     dealer = container(gw_env)
@@ -316,7 +356,9 @@ def test_a_delivery_past_the_claim_s_lease_is_cut_off_unanswered_and_the_rest_ac
         acks = acks_of(dealer, len(fast))
         assert Counter(a.event_id for a in acks) == Counter(e.event_id for e in fast)
         assert delivered(ws, len(fast)) == Counter(e.event_id for e in fast)
-        assert entered.is_set()
+        # The session's events are answered at once; the slow one's call may begin after
+        # their acks (it looks the user's address up first), and it is in flight meanwhile.
+        assert entered.wait(20)
         wait_for(cut_off, timeout=30)  # at 0.8 of the lease: no answer ...
         assert dealer.sock.poll(500) == 0  # ... so no ack: the container resends it
     finally:
