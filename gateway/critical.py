@@ -316,20 +316,26 @@ class CriticalDelivery:
         prefs = list(event.delivery.channels) or [ev.ChannelPreference(channel=ev.ACTIVE_SESSION)]
         return _Way(event, prefs, start, attempts, self.symbols.render(event))
 
-    def _walk(self, way: _Way) -> Answer | Channel:
+    def _walk(self, way: _Way, awaited: Result | None = None) -> Answer | Channel:
         """Down the event's preferences, in order, while no channel needs to wait: the
-        answer, or the channel at ``way.index`` that must be awaited (:meth:`_deliver`).
-        A session channel answers at once (``send_now``): most critical events are answered
-        without a task, a deadline or a wait of their own."""
-        event = way.event
-        while way.index < len(way.prefs):
+        answer, or the channel at ``way.index`` that must be awaited (:meth:`_deliver`, which
+        brings its result back as ``awaited``). A session channel answers at once
+        (``send_now``): most critical events are answered without a task, a deadline or a
+        wait of their own."""
+        event, result = way.event, awaited
+        while True:
+            if result is not None:  # the channel at way.index answered
+                answer = self._answer(way, result)
+                if answer is not None:
+                    return answer
+                way.index, result = way.index + 1, None
+            if way.index >= len(way.prefs):
+                break
             pref = way.prefs[way.index]
             if pref.only_if_active and not self.sessions.active(event.user_id):
-                way.reasons.append(
-                    f"{ev.ChannelType.Name(pref.channel)}: skipped, no active session"
-                )
+                reason = "skipped, no active session"
             elif (channel := self.channels.get(pref.channel)) is None:
-                way.reasons.append(f"{ev.ChannelType.Name(pref.channel)}: not available")
+                reason = "not available"
             elif (send_now := getattr(channel, "send_now", None)) is None:
                 return channel
             else:  # a session is found by its user id: no address needed
@@ -337,9 +343,8 @@ class CriticalDelivery:
                     result = send_now(UserAddress(event.user_id), event, way.rendered)
                 except Exception:
                     result = self._failed(way)
-                answer = self._answer(way, result)
-                if answer is not None:
-                    return answer
+                continue
+            way.reasons.append(f"{way.name}: {reason}")
             way.index += 1
         message = "; ".join(way.reasons) or "no channel preference"
         return Answer(ev.EventAck(event_id=event.event_id, status=ev.ERROR, error_message=message))
@@ -349,18 +354,16 @@ class CriticalDelivery:
         (QUEUED, with its retry), from ``way.index`` on; ERROR with each one's reason when
         none does. The user's address is looked up once, and only for a channel that needs
         it."""
-        while not isinstance(channel := self._walk(way), Answer):
+        step = self._walk(way)
+        while not isinstance(step, Answer):
             if way.user is None:
                 way.user = (await self._user([way.event.user_id]))[0]
             try:
-                result = await channel.send(way.user, way.event, way.rendered)
+                result = await step.send(way.user, way.event, way.rendered)
             except Exception:
                 result = self._failed(way)
-            answer = self._answer(way, result)
-            if answer is not None:
-                return answer
-            way.index += 1
-        return channel
+            step = self._walk(way, result)
+        return step
 
     def _failed(self, way: _Way) -> Result:
         """A channel that raised (a bug) must not lose the event: it is retried later."""
