@@ -239,8 +239,12 @@ class CriticalDelivery:
                     self._count("duplicate")
                     known.append((i, verdict))
                 else:
-                    way = self._way(events[i], 0, 0)
-                    step = self._walk(way)
+                    try:  # a bug rendering one event (its payload) fails that event alone
+                        way = self._way(events[i], 0, 0)
+                        step = self._walk(way)
+                    except Exception as exc:
+                        now.append((i, exc))
+                        continue
                     if isinstance(step, Answer):
                         now.append((i, step))
                     else:  # a channel that waits on a service: a task, with a deadline

@@ -72,9 +72,12 @@ class SymbolCatalog(BaseCatalog):
         except InvalidOperation:
             return str(value)
         sym = self.get(ticker)
-        if sym is None or not sym.tick_size:
+        if sym is None or not sym.tick_size or not amount.is_finite():
             return str(amount)
-        return str(amount.quantize(sym.tick_size.normalize()))
+        try:
+            return str(amount.quantize(sym.tick_size.normalize()))
+        except InvalidOperation:  # more digits than the context holds: shown as sent
+            return str(amount)
 
     def render(self, event: ev.UserEvent) -> Rendered:
         """Title and text for people; JSON payloads are shown field by field."""
@@ -82,7 +85,7 @@ class SymbolCatalog(BaseCatalog):
         kind = enum_name(TITLES, number)
         try:
             data = json.loads(payload) if payload else {}
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # nested past the parser
             data = None
         if not isinstance(data, dict):
             text = f"{len(payload)} bytes of payload"

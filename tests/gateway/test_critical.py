@@ -337,6 +337,31 @@ def test_a_slow_channel_holds_up_only_its_own_event_of_a_burst(
     ws.close()
 
 
+def test_an_event_that_cannot_be_rendered_fails_alone_and_its_batch_is_acked(
+    gw_env, telegram, make_gateway, container, monkeypatch
+) -> None:
+    gw = make_gateway(gw_env, gw_config(telegram, session_queue=1000))
+    user = new_user()
+    ws = sign_in(gw_env, user)
+    poison, *fast = [user_event(user, ev.CRITICAL, ACTIVE) for _ in range(20)]
+    render = gw.symbols.render
+
+    def failing(event: ev.UserEvent):
+        if event.event_id == poison.event_id:
+            raise RuntimeError("a bug")
+        return render(event)
+
+    monkeypatch.setattr(gw.symbols, "render", failing)
+    dealer = container(gw_env)
+    burst(dealer, [poison, *fast])  # read in one loop turn: one batch
+    acks = acks_of(dealer, len(fast))
+    assert Counter(a.event_id for a in acks) == Counter(e.event_id for e in fast)
+    assert {a.status for a in acks} == {ev.DELIVERED}
+    assert delivered(ws, len(fast)) == Counter(e.event_id for e in fast)
+    assert dealer.sock.poll(500) == 0  # no answer: the container sends it again
+    ws.close()
+
+
 def test_a_delivery_past_the_claim_s_lease_is_cut_off_unanswered_and_the_rest_acked(
     gw_env, telegram, make_gateway, container, monkeypatch, caplog
 ) -> None:

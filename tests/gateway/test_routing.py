@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from decimal import Decimal
 
 import pytest
 from websockets.client import ClientProtocol
@@ -229,6 +230,25 @@ def test_a_payload_with_a_lone_surrogate_still_makes_a_message_a_socket_can_send
     text = to_json(event_message(event, rendered, "informational"))
     text.encode()  # what the WebSocket does with a text message: raised before the fix
     assert json.loads(text)["data"] == {"event_id": event.event_id, "note": "cut \ud83d", "qty": 1}
+
+
+def test_a_payload_no_price_or_parser_can_hold_is_shown_not_raised(tmp_path, monkeypatch) -> None:
+    """A price past what a tick size can round (infinite, or too many digits) is shown as
+    sent, and JSON nested past the parser's depth is shown as bytes: rendering never raises,
+    so one container's event cannot fail the batch it is answered with."""
+    from candlewire.symbols import Symbol
+    from gateway.symbols import SymbolCatalog
+    from tests.support import free_settings
+
+    symbols = SymbolCatalog(free_settings(tmp_path))
+    btc = Symbol("SIM:BTC/USDT", "BTC", "USDT", Decimal("0.01"), "TRADING")
+    monkeypatch.setattr(symbols, "get", lambda ticker: btc if ticker == btc.ticker else None)
+    event = user_event("u1", ev.CRITICAL)
+    for price, shown in (("Infinity", "Infinity"), ("1e30", "1E+30"), ("101.239", "101.24")):
+        event.payload = f'{{"ticker": "SIM:BTC/USDT", "price": {price}}}'.encode()
+        assert f"price: {shown}" in symbols.render(event).text.splitlines()
+    event.payload = b"[" * 60_000
+    assert symbols.render(event).text == "60000 bytes of payload"
 
 
 def test_a_message_the_socket_refuses_closes_the_session() -> None:
