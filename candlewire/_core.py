@@ -475,10 +475,12 @@ class ClientCore:
         batches: bool = False,
     ) -> Steps[None]:
         """FETCH chunks until ``until`` is delivered (None: the journal's end), emitting each
-        message after the last one delivered. The next chunk is asked for before this one is
-        handed out, so the service reads while the caller works (one chunk ahead, never
-        more). The journal is written a moment after the publish, so a position it does not
-        hold yet is asked for again, for a while."""
+        message after the last one delivered. The next chunk is asked for from this reply's
+        head, before its runs are read (:meth:`JournalLink.call`), and used once the chunk is
+        taken if it is still the one to ask for: the service reads while the client parses
+        and the caller works (one chunk ahead, never more). The journal is written a moment
+        after the publish, so a position it does not hold yet is asked for again, for a
+        while."""
         replay = seq.last is None or until is None  # a late joiner's catch-up, not a gap
         if not replay:
             seq.stats.gaps += 1

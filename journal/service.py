@@ -1,9 +1,10 @@
 """``candlewire journal``: FETCH over ZMQ, so no subscriber loses a message for good.
 
 One ROUTER (``journal``), one loop: each FetchRequest gets one FetchReply, a bounded chunk
-read from the journal (:mod:`journal.reader`). The client asks for the next chunk only when
-it has taken this one (lock-step, like the spec's sync protocol), so a slow client costs
-the service nothing while it is slow, and its memory stays at one chunk.
+read from the journal (:mod:`journal.reader`). The client asks for the next chunk as it
+receives this one, from the reply's head, before it reads the runs: one chunk ahead, never
+more (like the spec's sync protocol, one step early), so a slow client costs the service
+nothing while it is slow, and its memory stays at two chunks.
 
 Bad input is answered when it can be (FETCH_BAD_REQUEST names the problem) and otherwise
 dropped and counted; it never stops the loop.
