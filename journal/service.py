@@ -28,6 +28,7 @@ from proto import journal_pb2 as jr
 from proto.envelope import EnvelopeError, decode, encode_with, expect, split_route
 
 log = logging.getLogger("candlewire.journal")
+STOP_WAIT_S = 30.0  # a fetch's longest: its Kafka calls time out within seconds
 
 
 class JournalMetrics:
@@ -95,14 +96,23 @@ class JournalService:
         return self._thread.is_alive()
 
     def stop(self) -> None:
+        """Stop once the fetch in hand is answered. The loop's socket and Kafka consumers are
+        closed only after its thread has ended: a ZMQ socket or a Kafka consumer closed by one
+        thread while another uses it (a fetch still running on a loaded machine, after
+        several queued requests) is undefined, and libzmq's or librdkafka's asserts abort."""
         self._running = False
-        self._thread.join(5)
+        self._thread.join(STOP_WAIT_S)
         self.metrics.up.set(0)
-        self._sock.close(linger=0)
-        self.reader.close()
-        if self._guard is not None:
-            self._guard.stop()
-        self._ctx.term()
+        if self._thread.is_alive():  # a fetch bounded by Kafka's timeouts, yet still going
+            log.warning(
+                "journal loop still busy after %.0fs: its sockets are left open", STOP_WAIT_S
+            )
+        else:
+            self._sock.close(linger=0)
+            self.reader.close()
+            if self._guard is not None:
+                self._guard.stop()
+            self._ctx.term()
         if self._http is not None:
             self._http.close()
 

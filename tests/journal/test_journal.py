@@ -142,11 +142,12 @@ def test_each_chunk_is_asked_for_ahead_and_one_asked_in_vain_is_dropped(
         return msg
 
     monkeypatch.setattr(_core, "decode", reading)
+    monkeypatch.setattr(_protocol, "FETCH_MESSAGES", 3_000)  # four chunks of three runs
     feed = TickFeed(stream_pub)
     feed.next_offset = 1
-    n = 120_000  # three chunks: the journal serves 50,000 at most
-    for _ in range(n // 10_000):
-        feed.publish(10_000)
+    n = 12_000
+    for _ in range(n // 1_000):
+        feed.publish(1_000)  # a journal run each
     stream_pub._journal.flush(30)
     since = int(time.time() * 1000) - 60_000
 
