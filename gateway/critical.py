@@ -248,7 +248,7 @@ class CriticalDelivery:
                     if isinstance(step, Answer):
                         now.append((i, step))
                     else:  # a channel that waits on a service: a task, with a deadline
-                        task = loop.create_task(self._deliver_by(way, deadline))
+                        task = loop.create_task(self._deliver_by(way, step, deadline))
                         ours[task] = i
                         pending.add(task)
             self._settle(events, known, mine, reply)
@@ -264,10 +264,11 @@ class CriticalDelivery:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _deliver_by(self, way: _Way, deadline: float) -> Answer:
-        """Deliver, cut off at the deadline (TimeoutError: no answer, no ack)."""
+    async def _deliver_by(self, way: _Way, channel: Channel, deadline: float) -> Answer:
+        """Deliver from ``channel`` on (where the walk stopped), cut off at the deadline
+        (TimeoutError: no answer, no ack)."""
         async with asyncio.timeout_at(deadline):
-            return await self._deliver(way)
+            return await self._deliver(way, channel)
 
     async def _record_done(
         self,
@@ -353,12 +354,13 @@ class CriticalDelivery:
         message = "; ".join(way.reasons) or "no channel preference"
         return Answer(ev.EventAck(event_id=event.event_id, status=ev.ERROR, error_message=message))
 
-    async def _deliver(self, way: _Way) -> Answer:
+    async def _deliver(self, way: _Way, step: Answer | Channel | None = None) -> Answer:
         """The first channel of the event's preferences that delivers, or says "later"
         (QUEUED, with its retry), from ``way.index`` on; ERROR with each one's reason when
-        none does. The user's address is looked up once, and only for a channel that needs
-        it."""
-        step = self._walk(way)
+        none does. ``step``: where a walk already stopped. The user's address is looked up
+        once, and only for a channel that needs it."""
+        if step is None:
+            step = self._walk(way)
         while not isinstance(step, Answer):
             if way.user is None:
                 way.user = (await self._user([way.event.user_id]))[0]
