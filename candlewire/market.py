@@ -319,17 +319,14 @@ class _TickColumns:
         positions = {name: getattr(ticks.stream, name) for name in _POSITION_FIELDS}
         if not n or any(len(v) not in (0, n) for v in (*columns.values(), *positions.values())):
             return None
-        for name in _TEXTS:  # every text field of a tick, as Arrow: its longest value
-            text = pa.array(getattr(ticks, name), pa.string())
-            if len(text) and pc.max(pc.binary_length(text)).as_py() > MAX_STRING_BYTES:
-                return None
-            if name in columns:
-                columns[name] = text
-            ticks.ClearField(name)
-        # The numbers, out of the shadow's own bytes: with the texts gone, each is one
-        # packed field of varints, which numpy decodes without a Python int each.
+        # Every field out of the shadow's own bytes: each text field's n values one after
+        # another, each number one packed field of varints, which numpy decodes without a
+        # Python object each.
         ticks.DiscardUnknownFields()
-        fields = _wire_fields(ticks.SerializeToString())
+        fields, texts = _wire_columns(ticks.SerializeToString(), n, ticks)
+        if texts is None:
+            return None
+        columns.update(texts)
         stream = _wire_fields(fields.get(_STREAM_NUMBER, b""))
         for got, numbers, out in (
             (fields, _TICK_NUMBERS, columns),
@@ -398,6 +395,65 @@ def _wire_fields(buf: bytes) -> dict[int, memoryview]:
             raise ValueError(f"field {key >> 3} is not length-delimited")
         out[key >> 3], i = view[i : i + size], i + size
     return out
+
+
+_TEXT_NUMBERS = {
+    f.number: f.name
+    for f in market_pb2.Tick.DESCRIPTOR.fields
+    if f.type == FieldDescriptor.TYPE_STRING and f.name in _TICK_FIELDS
+}
+
+
+def _wire_columns(
+    buf: bytes, n: int, ticks: Message
+) -> tuple[dict[int, memoryview], dict[str, pa.Array] | None]:
+    """The shadow's ``ticks`` as serialized here (:func:`_wire_fields`' fields, and each
+    text field's ``n`` values one after another) as its numeric fields by number and its
+    text columns as Arrow; None for the texts when one is past its limit.
+
+    A text field whose values all have one byte length (a ticker, a chunk's trade ids,
+    prices and sizes of one width) is one matrix of ``n`` rows, tag, length and value, whose
+    values column is the Arrow array's data as it is: no Python object each (upb checked the
+    UTF-8 as it parsed). Any other comes through Python strings from ``ticks``."""
+    out: dict[int, memoryview] = {}
+    texts: dict[str, pa.Array] = {}
+    b, view, i = np.frombuffer(buf, np.uint8), memoryview(buf), 0
+    while i < len(buf):
+        start = i
+        key, i = _varint(buf, i)
+        name = _TEXT_NUMBERS.get(key >> 3)
+        if name is None:
+            if key & 7 != 2:
+                raise ValueError(f"field {key >> 3} is not length-delimited")
+            size, i = _varint(buf, i)
+            out[key >> 3], i = view[i : i + size], i + size
+            continue
+        length = buf[i]
+        width = 2 + length  # tag and length, one byte each, then the value
+        rows = b[start : start + n * width]
+        if i == start + 1 and length < 0x80 and len(rows) == n * width:
+            rows = rows.reshape(n, width)
+            if (rows[:, 0] == key).all() and (rows[:, 1] == length).all():
+                offsets = np.arange(n + 1, dtype=np.int32) * np.int32(length)
+                data = np.ascontiguousarray(rows[:, 2:])
+                texts[name] = pa.StringArray.from_buffers(
+                    n, pa.py_buffer(offsets), pa.py_buffer(data)
+                )
+                i = start + n * width
+                continue
+        text = pa.array(getattr(ticks, name), pa.string())
+        lengths = pc.binary_length(text).to_numpy().astype(np.int64)
+        if lengths.max(initial=0) > MAX_STRING_BYTES:
+            return out, None
+        texts[name] = text
+        # each value: its tag (one byte: fields 1-15), its length as a varint, its bytes
+        i = start + int((1 + _varint_sizes(lengths) + lengths).sum())
+    return out, texts
+
+
+def _varint_sizes(values: np.ndarray) -> np.ndarray:
+    """Bytes each value takes as a varint (values below 2**28: a length's limit is far less)."""
+    return 1 + (values >= 1 << 7) + (values >= 1 << 14) + (values >= 1 << 21)
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:

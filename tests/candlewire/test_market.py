@@ -259,8 +259,22 @@ def reply_of(*runs: list) -> jr.FetchReply:
         [[varied_tick(i, price="x" if i == 7 else str(i + 1)) for i in range(20)]],  # dropped
         # every varint length, negatives (10 bytes on the wire), unknown sides
         [[varied_tick(i, **EXTREMES[i % len(EXTREMES)]) for i in range(200)]],
+        # texts of many byte lengths (some past 127: two bytes of length), multibyte UTF-8,
+        # and widths that change from one field to the next and within one only at its end
+        [
+            [
+                varied_tick(
+                    i,
+                    ticker="Ü:A/B",
+                    trade_id="é" * (i % 5) + "x" * (i * 37 % 300) + str(i),
+                    price=str(1 + i * 0.5),
+                    size="0.5" if i < 59 else "0.25",
+                )
+                for i in range(60)
+            ]
+        ],
     ],
-    ids=["two runs", "defaults", "no decimal", "extremes"],
+    ids=["two runs", "defaults", "no decimal", "extremes", "texts of mixed widths"],
 )
 def test_ticks_read_as_columns_make_the_batch_their_messages_make(runs: list) -> None:
     reply = reply_of(*runs)
