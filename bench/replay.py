@@ -9,6 +9,10 @@ journals what it publishes) runs here and publishes ticks as the live query does
   has yielded them all (protobuf messages, ``raw=True``).
 - ``replay_arrow_rows_per_s``: the same range again with ``batches=True``, one RecordBatch
   per chunk, until they hold every row.
+- ``replay_client_cpu_us_per_msg`` and ``replay_arrow_client_cpu_us_per_row``: this
+  process's CPU (the client's; the publisher is idle by then) for each, and the journal
+  service's in the Arrow replay: unlike the rates, these hardly depend on what else shares
+  the machine's two cores.
 - ``lost`` and ``duplicated``: ticks flow at ``--rate``/s for ``--flow-seconds`` to a client
   that sleeps for two seconds in the middle, while the relay is killed (SIGKILL) and
   restarted; counted against what was published.
@@ -35,7 +39,7 @@ from pathlib import Path
 
 import zmq
 
-from bench.stats import pct
+from bench.stats import pct, process_cpu_s
 from candlewire.client import Client
 from candlewire.config import Settings
 from candlewire.kafka import ensure_topics
@@ -71,7 +75,7 @@ def start_relay(settings: Settings, work: zmq.Socket):
     return proc
 
 
-def replay(settings: Settings, pub: StreamPublisher, n: int) -> dict:
+def replay(settings: Settings, pub: StreamPublisher, n: int, journal_pid: int) -> dict:
     feed = TickFeed(pub, prefix="SIM:R")
     since = int(time.time() * 1000) - 3_600_000
     started = time.perf_counter()
@@ -80,31 +84,41 @@ def replay(settings: Settings, pub: StreamPublisher, n: int) -> dict:
     pub._journal.flush(120)
     print(f"published {n} ticks in {time.perf_counter() - started:.1f}s", flush=True)
     with Client(settings) as client:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         sub = client.subscribe(feed.ticker, since=since, raw=True)
         count = 0
         for msg in sub:
             count += 1
             if msg.stream.source_offset == n - 1:
                 break
-        took = time.perf_counter() - started
+        took, cpu = time.perf_counter() - started, time.process_time() - cpu
         sub.close()
     result = {
         "replayed": count,
         "replay_s": round(took, 2),
         "replay_msgs_per_s": round(count / took),
+        "replay_client_cpu_us_per_msg": round(cpu / count * 1e6, 3),
     }
     with Client(settings) as client:  # the same range again, as Arrow
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
+        journal_cpu = process_cpu_s(journal_pid)
         sub = client.subscribe(feed.ticker, since=since, batches=True)
         rows = 0
         for batch in sub:
             rows += len(batch)
             if rows >= n:
                 break
-        took = time.perf_counter() - started
+        took, cpu = time.perf_counter() - started, time.process_time() - cpu
+        journal_cpu = process_cpu_s(journal_pid) - journal_cpu
         sub.close()
-    result.update({"replayed_rows": rows, "replay_arrow_rows_per_s": round(rows / took)})
+    result.update(
+        {
+            "replayed_rows": rows,
+            "replay_arrow_rows_per_s": round(rows / took),
+            "replay_arrow_client_cpu_us_per_row": round(cpu / rows * 1e6, 3),
+            "replay_arrow_journal_cpu_us_per_row": round(journal_cpu / rows * 1e6, 3),
+        }
+    )
     return result
 
 
@@ -225,7 +239,7 @@ def main() -> None:
         relay = start_relay(settings, work)
         pub = StreamPublisher(settings)
         result: dict = {}
-        result.update(replay(settings, pub, args.replay))
+        result.update(replay(settings, pub, args.replay, procs[0].pid))
         print(json.dumps(result), flush=True)
         relay, trouble_result = trouble(settings, pub, relay, work, args.rate, args.flow_seconds)
         result.update(trouble_result)

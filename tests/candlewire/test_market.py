@@ -8,14 +8,18 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from candlewire.market import (
     _REPLY_COLUMNS,
     CANDLE_SCHEMA,
+    DECIMAL,
+    DISTINCT_SAMPLE,
     TICK_SCHEMA,
     Candle,
     Tick,
+    _as_decimal,
     _TickColumns,
     _varints,
     _wire_fields,
@@ -307,13 +311,43 @@ def test_packed_varints_decode_as_protobuf_encodes_them(values: list[int]) -> No
     ]
 
 
-def test_ticks_whose_fields_are_at_their_default_in_some_only_are_read_row_by_row() -> None:
-    """Such a field has fewer values than ticks, and which ticks lack it is not on the wire."""
+@pytest.mark.parametrize(
+    "texts",
+    [
+        [f"{30000 + i % 300 * 0.5:.1f}" for i in range(8 * DISTINCT_SAMPLE)],  # a tick grid
+        [f"0.{i:07d}" for i in range(8 * DISTINCT_SAMPLE)],  # every one different
+        # repeating at first, then not; spellings of one value; the smallest and largest
+        ["1", "1.0", "01.000"] * DISTINCT_SAMPLE + [str(i) for i in range(5 * DISTINCT_SAMPLE)],
+        ["0.000000000000000001", "99999999999999999999.5"] * (4 * DISTINCT_SAMPLE),
+    ],
+    ids=["grid", "distinct", "repeating then not", "extremes"],
+)
+def test_decimal_texts_cast_as_arrow_casts_them_one_by_one(texts: list[str]) -> None:
+    column = pa.array(texts, pa.string())
+    assert _as_decimal(column).equals(column.cast(DECIMAL))
+    bad = pa.array([*texts[:-1], "1e"], pa.string())  # no decimal: refused either way
+    with pytest.raises(pa.ArrowInvalid):
+        _as_decimal(bad)
+
+
+def test_a_run_whose_fields_are_at_their_default_in_some_ticks_only_is_read_as_messages() -> None:
+    """Such a field has fewer values than ticks, and which ticks lack it is not on the wire:
+    that run's ticks are decoded as messages, the chunk's other runs still as columns, and
+    the batch is the one their messages make."""
     some_sides = [varied_tick(i, side=i % 3) for i in range(30)]
     first_at_0 = [varied_tick(i, stream=market_pb2.StreamPosition(seq=i + 1, source_offset=i))
-                  for i in range(30)]  # fmt: skip
+                  for i in range(30, 60)]  # fmt: skip
+    whole = [varied_tick(i) for i in range(60, 100)]
+    for runs in ([some_sides], [first_at_0, whole], [whole, some_sides, whole[:3]]):
+        msgs = [t for run in runs for t in run]
+        columns = columns_of(reply_of(*runs))
+        assert columns is not None and len(columns) == len(msgs)
+        assert (columns.first, columns.last) == (msgs[0].stream, msgs[-1].stream)
+        batch, dropped = columns.batch()
+        expected, expected_dropped = as_batch(msgs)
+        assert batch.equals(expected) and dropped == expected_dropped
     candles = [market_pb2.OHLC(ticker="X:A/B", period_s=60, open="1")]
-    for runs in ([some_sides], [first_at_0], [candles], [[varied_tick(1)], candles], []):
+    for runs in ([candles], [[varied_tick(1)], candles], []):
         assert columns_of(reply_of(*runs)) is None
 
 
@@ -326,9 +360,11 @@ def test_a_reply_read_as_columns_keeps_its_own_fields_and_counts_every_tick() ->
     assert (head.request_id, head.status, head.cursor, head.done) == ("r", jr.FETCH_OK, 77, True)
     assert head.available_from_ms == 123 and len(columns) == 50
     # A tick with every field at its default is an empty message: no column holds a value
-    # of it, so only counting the ticks themselves finds it.
-    blank = reply_of([varied_tick(i) for i in range(10)] + [market_pb2.Tick()])
-    assert columns_of(blank) is None
+    # of it, so only counting the ticks themselves finds it (and its run is read as messages).
+    msgs = [*(varied_tick(i) for i in range(10)), market_pb2.Tick()]
+    blank = columns_of(reply_of(msgs))
+    assert blank is not None and len(blank) == 11
+    assert blank.batch() == as_batch(msgs)
 
 
 def test_what_the_columns_cannot_vouch_for_is_left_to_the_whole_decode() -> None:

@@ -188,23 +188,31 @@ def publish_varied(feed: TickFeed, n: int, sides: tuple[int, ...] = (0, 1, 2)) -
     feed.publisher.publish_ticks(records)
 
 
-@pytest.mark.parametrize("columnar", [False, True], ids=["row by row", "as columns"])
+@pytest.mark.parametrize("columnar", [False, True], ids=["runs as messages", "as columns"])
 def test_an_arrow_replay_equals_the_object_replay_and_goes_on_live(
     journal_settings, journal, stream_pub, relay, monkeypatch, columnar
 ) -> None:
-    """Row by row: some ticks have no side and the first is at offset 0, so some fields are
-    at their defaults (not on the wire) in some ticks only, and a chunk is read message by
-    message. As columns: every field is in every tick, and chunks are read as columns."""
+    """Runs as messages: some ticks have no side and the first is at offset 0, so some
+    fields are at their defaults (not on the wire) in some ticks only, and their runs are
+    read message by message. As columns: every field is in every tick, and chunks are read
+    as columns."""
     import pyarrow as pa
 
     from candlewire.market import _TickColumns
 
     batched = _TickColumns.batch
-    as_columns: list[tuple[int, int]] = []  # each chunk read as columns: first offset, length
+    # each chunk read off the wire: its first offset, length, and how many runs of it were
+    # read as messages
+    as_columns: list[tuple[int, int, int]] = []
     monkeypatch.setattr(
         _TickColumns,
         "batch",
-        lambda c: as_columns.append((c.first.source_offset, len(c))) or batched(c),
+        lambda c: (
+            as_columns.append(
+                (c.first.source_offset, len(c), sum(isinstance(p, list) for p in c._pieces))
+            )
+            or batched(c)
+        ),
     )
     # As columns, the live ticks that follow carry every field too: a chunk that mixes them
     # with ticks lacking one is read row by row.
@@ -255,10 +263,10 @@ def test_an_arrow_replay_equals_the_object_replay_and_goes_on_live(
     assert [columns(r) for r in rows[:3000]] == [fields(t) for t in objects]
     assert {t.side for t in objects} == ({"buy", "sell"} if columnar else {"", "buy", "sell"})
     assert sub.stats.malformed == 0
-    if columnar:
-        assert sum(n for _, n in as_columns) >= 3000
-    else:  # the varied ticks went row by row; a later chunk of the flow's alone may not
-        assert all(first >= start + 3000 for first, _ in as_columns), as_columns
+    replayed = [(n, messages) for first, n, messages in as_columns if first < start + 3000]
+    assert sum(n for n, _ in replayed) >= 3000, as_columns
+    # the varied ticks' runs went as messages; as columns, none did
+    assert any(messages for _, messages in replayed) is not columnar, as_columns
 
 
 BURST = 200_000
