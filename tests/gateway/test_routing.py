@@ -272,3 +272,36 @@ def test_a_message_the_socket_refuses_closes_the_session() -> None:
     asyncio.run(session.write())
     assert session.closed and ws.closed_with == (1011, "internal error")
     assert not session.offer({"type": "event"})
+
+
+def test_what_a_session_has_queued_goes_out_in_order_in_few_writes() -> None:
+    """A burst queued for a session reaches its browser whole and in order, the frames
+    written together rather than one system call each."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+    from websockets.asyncio.server import serve
+
+    from gateway.sessions import WRITE_BATCH, Session
+
+    n = 3 * WRITE_BATCH + 7
+    writes: list[int] = []
+
+    async def handler(ws) -> None:
+        write = ws.transport.write
+        ws.transport.write = lambda data: writes.append(len(data)) or write(data)
+        session = Session("u1", ws, n)
+        for i in range(n):
+            assert session.offer({"type": "event", "i": i})
+        writer = asyncio.create_task(session.write())
+        await ws.wait_closed()
+        writer.cancel()
+
+    async def main() -> list[int]:
+        async with serve(handler, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            async with connect(f"ws://127.0.0.1:{port}") as client:
+                return [json.loads(await client.recv())["i"] for _ in range(n)]
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == list(range(n))
+    assert 0 < len(writes) <= n // WRITE_BATCH + 2, len(writes)
