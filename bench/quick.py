@@ -83,6 +83,8 @@ BENCHES: dict[str, Bench] = {
         (
             Figure("replay_msgs_per_s", "absolute"),
             Figure("replay_arrow_rows_per_s", "absolute"),
+            Figure("replay_arrow_client_cpu_us_per_row", "absolute", "lower", slack=0.1),
+            Figure("replay_arrow_journal_cpu_us_per_row", "absolute", "lower", slack=0.1),
             Figure("lost", "zero"),
             Figure("duplicated", "zero"),
             Figure("live_p99_ms_sequenced", "absolute", "lower", slack=5.0),
