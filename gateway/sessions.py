@@ -79,7 +79,8 @@ class Session:
         """Several messages, each its own frame, in one write to the socket: websockets
         writes each frame on its own, a system call each: nearly all a session's
         writer cost per event under load. Its send context still checks the connection's state
-        and waits while the socket's buffer is full."""
+        and waits while the socket's buffer is full, once a batch: the buffer can pass its
+        high-water mark by one batch (WRITE_BATCH messages, each bounded by the outbox's)."""
         ws = self.ws
         async with ws.send_context():
             for text in texts:
