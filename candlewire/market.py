@@ -224,7 +224,7 @@ def _shadow_columns() -> tuple[type[Message], ...]:
     bytes. The reply's own fields are kept as they are, a run's topics and positions are
     parsed (so checked), and its other items kept as bytes, so what is no tick run is seen
     (an enum is its number: the same varint). The others read one run at a time: a run as
-    the first reads it, a run's ticks counted, and the reply's runs as bytes."""
+    the first reads it, and the reply's runs as bytes."""
     file = descriptor_pb2.FileDescriptorProto(name="tick_columns.proto", syntax="proto3")
     file.package = "candlewire_columns"
     types = {
@@ -283,17 +283,20 @@ def _shadow_columns() -> tuple[type[Message], ...]:
     pool.Add(file)
     return tuple(  # type: ignore[return-value]
         message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{file.package}.{name}"))
-        for name in ("Reply", "Counts", "Run", "RunCount", "RunBytes")
+        for name in ("Reply", "Counts", "Run", "RunBytes")
     )
 
 
-_REPLY_COLUMNS, _REPLY_COUNTS, _RUN_COLUMNS, _RUN_COUNT, _REPLY_RUNS = _shadow_columns()
+_REPLY_COLUMNS, _REPLY_COUNTS, _RUN_COLUMNS, _REPLY_RUNS = _shadow_columns()
 _RUN_HEAD = to_record(jr.JournalBatch())  # a run's bytes after it are a journal record
-# Fields whose default is "" (the others' is 0), from the contract itself; the only fields
-# of a tick with a limit (StreamPosition has no text).
-_TEXTS = {
-    f.name for f in market_pb2.Tick.DESCRIPTOR.fields if f.type == FieldDescriptor.TYPE_STRING
+# The text fields of a tick by number (their default is "", the others' is 0), from the
+# contract itself: the only fields of a tick with a limit (StreamPosition has no text).
+_TEXT_NUMBERS = {
+    f.number: f.name
+    for f in market_pb2.Tick.DESCRIPTOR.fields
+    if f.type == FieldDescriptor.TYPE_STRING
 }
+_TEXTS = frozenset(_TEXT_NUMBERS.values())
 
 
 class _TickColumns:
@@ -325,11 +328,12 @@ class _TickColumns:
             return None
         if run.candles or run.book_deltas or run.book_snapshots:
             return None
-        n = sum(len(counted.ticks) for counted in _REPLY_COUNTS.FromString(payload).runs)
+        counts = [len(counted.ticks) for counted in _REPLY_COUNTS.FromString(payload).runs]
+        n = sum(counts)
         if not n:
             return None
         whole = _Columns.of(run.ticks, n)
-        pieces = [whole] if whole is not None else _run_pieces(payload)
+        pieces = [whole] if whole is not None else _run_pieces(payload, counts)
         return None if pieces is None else (reply, cls(pieces))
 
     def __len__(self) -> int:
@@ -405,12 +409,12 @@ def _edge(piece: _Columns | list[market_pb2.Tick], i: int) -> market_pb2.StreamP
     return piece.position(i) if isinstance(piece, _Columns) else piece[i].stream
 
 
-def _run_pieces(payload: bytes) -> list[_Columns | list[market_pb2.Tick]] | None:
-    """A FetchReply's ticks run by run: each run's as columns where they can be, else its
-    messages, decoded whole (so held to every limit); None when a run does not decode."""
+def _run_pieces(payload: bytes, counts: list[int]) -> list[_Columns | list[market_pb2.Tick]] | None:
+    """A FetchReply's ticks run by run (``counts``: each run's ticks, as the reply's count
+    found them): each run's as columns where they can be, else its messages, decoded whole
+    (so held to every limit); None when a run does not decode."""
     pieces: list[_Columns | list[market_pb2.Tick]] = []
-    for raw in _REPLY_RUNS.FromString(payload).runs:
-        n = len(_RUN_COUNT.FromString(raw).ticks)
+    for raw, n in zip(_REPLY_RUNS.FromString(payload).runs, counts, strict=True):
         if not n:
             continue
         piece = _Columns.of(_RUN_COLUMNS.FromString(raw).ticks, n)
@@ -457,13 +461,6 @@ def _wire_fields(buf: bytes) -> dict[int, memoryview]:
             raise ValueError(f"field {key >> 3} is not length-delimited")
         out[key >> 3], i = view[i : i + size], i + size
     return out
-
-
-_TEXT_NUMBERS = {
-    f.number: f.name
-    for f in market_pb2.Tick.DESCRIPTOR.fields
-    if f.type == FieldDescriptor.TYPE_STRING and f.name in _TICK_FIELDS
-}
 
 
 def _wire_columns(
