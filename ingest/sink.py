@@ -16,6 +16,8 @@ from candlewire.config import Settings
 from candlewire.kafka import producer_config
 from proto.envelope import to_record
 
+KEYS_KEPT = 4096  # encoded keys remembered; a history request's id is a key too
+
 
 class SinkError(RuntimeError):
     pass
@@ -38,20 +40,34 @@ class KafkaSink:
         config.setdefault("delivery.report.only.error", True)
         config.setdefault("on_delivery", on_delivery)
         self._producer = Producer(config)
+        self._produce = self._producer.produce
         self.failed = failed
         self._sent = 0
+        self._keys: dict[str, bytes] = {}  # a stream sends one key over and over
 
     def send(self, topic: str, key: str, msg: Message) -> None:
-        value, key_bytes = to_record(msg), key.encode()
-        while True:
-            try:
-                self._producer.produce(topic, value, key_bytes)
-                break
-            except BufferError:
-                self._producer.poll(0.05)  # back-pressure: wait for the broker to drain us
+        value, key_bytes = to_record(msg), self._keys.get(key)
+        if key_bytes is None:
+            if len(self._keys) >= KEYS_KEPT:
+                self._keys.clear()
+            key_bytes = self._keys[key] = key.encode()
+        try:
+            self._produce(topic, value, key_bytes)
+        except BufferError:
+            self._produce_when_room(topic, value, key_bytes)
         self._sent += 1
-        if self._sent % 1024 == 0:  # serve error reports and events in bulk
+        if not self._sent & 1023:  # serve error reports and events in bulk
             self._producer.poll(0)
+
+    def _produce_when_room(self, topic: str, value: bytes, key: bytes) -> None:
+        """Back-pressure: serve the broker's replies until the queue takes the record."""
+        while True:
+            self._producer.poll(0.05)
+            try:
+                self._produce(topic, value, key)
+                return
+            except BufferError:
+                continue
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every record is acknowledged; raise if any was not."""

@@ -335,22 +335,18 @@ class SimExchange(Exchange):
         n = self.per_minute
         ids = (t["minute"] * n + t["j"]).tolist()  # columns as lists: no numpy scalars per tick
         if self.faults.opaque_ids:
-            ids = [opaque_id(self.seed, ticker, i) for i in ids]
-        buy, sell, tick = market_pb2.BUY, market_pb2.SELL, market_pb2.Tick
+            trade_ids = [opaque_id(self.seed, ticker, i) for i in ids]
+        else:
+            trade_ids = list(map(str, ids))
+        sides = np.where(t["buy"], market_pb2.BUY, market_pb2.SELL).tolist()
+        tick = market_pb2.Tick
         return (
-            tick(
-                ticker=ticker,
-                trade_id=str(i),
-                price=p,
-                size=q,
-                side=buy if b else sell,
-                exchange_time_ns=ns,
-            )
+            tick(ticker=ticker, trade_id=i, price=p, size=q, side=b, exchange_time_ns=ns)
             for i, p, q, b, ns in zip(
-                ids,
+                trade_ids,
                 fmt_fixed_column(t["price"], PRICE_DECIMALS),
                 fmt_fixed_column(t["size"], SIZE_DECIMALS),
-                t["buy"].tolist(),
+                sides,
                 (t["time_us"] * 1000).tolist(),
                 strict=True,
             )

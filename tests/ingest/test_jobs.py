@@ -44,6 +44,11 @@ def tick(price: str = "1.5", size: str = "2", at: int = NOW) -> market_pb2.Tick:
         (tick(at=NOW + 61 * S), "ahead"),
         (tick(at=NOW - 3599 * S), None),
         (tick(at=NOW - 3601 * S), "behind"),
+        # The bounds themselves are in the window, a nanosecond past them is not.
+        (tick(at=NOW + 60 * S), None),
+        (tick(at=NOW + 60 * S + 1), "ahead"),
+        (tick(at=NOW - 3600 * S), None),
+        (tick(at=NOW - 3600 * S - 1), "behind"),
     ],
 )
 def test_tick_problem(t: market_pb2.Tick, problem: str | None) -> None:
