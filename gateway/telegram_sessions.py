@@ -263,6 +263,9 @@ class ChatSessions:
     def chats(self, user_id: str) -> list[str]:
         return sorted(self._chats.get(user_id, ()))
 
+    def has(self, user_id: str) -> bool:
+        return user_id in self._chats
+
     def __len__(self) -> int:
         return len(self._users)
 
@@ -359,9 +362,9 @@ class TelegramSessions:
 
     def deliver(self, user_id: str, message: Rendered) -> int:
         """Offer an event to the user's chats in session; the number that took it."""
-        chats = self.chats.chats(user_id)
-        if not chats:  # most users: no words to make
+        if not self.chats.has(user_id):  # most users: no list to sort, no words to make
             return 0
+        chats = self.chats.chats(user_id)
         text = message_text(message)
         return sum(self._offer(Outgoing(c, text, event=True)) for c in chats)
 

@@ -232,6 +232,22 @@ def test_a_payload_with_a_lone_surrogate_still_makes_a_message_a_socket_can_send
     assert json.loads(text)["data"] == {"event_id": event.event_id, "note": "cut \ud83d", "qty": 1}
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"type": "event", "text": "line\nline", "data": {"i": 1, "f": 0.1, "n": None}},
+        {"note": "cut \ud83d", "emoji": "\U0001f600", "quote": '"\\', "nested": [1, [2, {}]]},
+        {"big": 10**30, "neg": -1.5e-300, "nan": float("nan"), "inf": float("-inf"), "t": True},
+        {"unicode": "é中", "empty": "", "list": [], "key with space": {"k": "v"}},
+    ],
+)
+def test_a_sessions_text_is_what_json_dumps_makes(message: dict) -> None:
+    """The gateway's encoder, made once, writes the same text as json.dumps compact."""
+    from gateway.sessions import to_json
+
+    assert to_json(message) == json.dumps(message, separators=(",", ":"))
+
+
 def test_a_payload_no_price_or_parser_can_hold_is_shown_not_raised(tmp_path, monkeypatch) -> None:
     """A price past what a tick size can round (infinite, or too many digits) is shown as
     sent, and JSON nested past the parser's depth is shown as bytes: rendering never raises,
