@@ -106,8 +106,7 @@ def tick_checker(
     """:func:`tick_problem` for one window, its bounds in whole nanoseconds once: a stream
     judges every trade by it, and a float product and an int-to-float comparison per trade
     held about a quarter of the judgement's samples under py-spy (#35)."""
-    ahead_ns = math.floor(ahead_s * 1e9)  # an integer passes a bound as it passes its floor
-    behind_ns = None if behind_s is None else math.floor(behind_s * 1e9)
+    ahead_ns, behind_ns = _bound_ns(ahead_s), None if behind_s is None else _bound_ns(behind_s)
 
     def problem(tick: market_pb2.Tick, now_ns: int) -> str | None:
         price_text, size_text, at_ns = tick.price, tick.size, tick.exchange_time_ns
@@ -131,6 +130,12 @@ def tick_checker(
         return None
 
     return problem
+
+
+def _bound_ns(seconds: float) -> int:
+    """A window's bound in whole nanoseconds: an integer passes a bound as it passes its
+    floor. An infinite one is past every int64 time."""
+    return math.floor(seconds * 1e9) if math.isfinite(seconds) else 1 << 64
 
 
 def run_stream(

@@ -55,6 +55,12 @@ def test_tick_problem(t: market_pb2.Tick, problem: str | None) -> None:
     assert tick_problem(t, NOW, 60, 3600) == problem
 
 
+def test_an_unbounded_window_lets_any_time_in() -> None:
+    far = [tick(at=NOW + 10**18), tick(at=NOW - 10**18)]
+    assert [tick_problem(t, NOW, float("inf"), float("inf")) for t in far] == [None, None]
+    assert [tick_problem(t, NOW, 60, None) for t in far] == ["ahead", None]
+
+
 class Listing:
     name = "SIM"
 
