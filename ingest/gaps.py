@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from candlewire.kafka import GAPS, TICKS
 from ingest.exchanges.base import Exchange, ExchangeError
-from ingest.jobs import retry, tick_problem
+from ingest.jobs import retry, tick_checker
 from proto import market_pb2
 from proto.requests_pb2 import StreamTail
 
@@ -249,7 +249,7 @@ class GapRepairer:
         metrics: IngestMetrics | None = None,
     ) -> None:
         self.sink, self.executor = sink, executor
-        self.ahead_s = ahead_s
+        self._problem = tick_checker(ahead_s, None)  # a repair's window: ahead only
         self.metrics = metrics
 
     def found(
@@ -283,7 +283,7 @@ class GapRepairer:
                         continue
                     served += 1
                     tick.ingest_time_ns = time.time_ns()
-                    if tick_problem(tick, time.time_ns(), self.ahead_s, None) is None:
+                    if self._problem(tick, time.time_ns()) is None:
                         self.sink.send(TICKS.name, gap.ticker, tick)
                         produced.add(tick.trade_id)
         except ExchangeError as exc:
