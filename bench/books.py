@@ -2,13 +2,18 @@
 stays SIM's book.
 
 SIM's own updates for one ticker, as the stream job publishes them (the wire envelope, a
-stream position each), go through what a ``subscribe(ticker, "book")`` runs per message:
-the envelope decode and :class:`candlewire.book.BookFeed`. Sockets are left out: the relay
-and the subscription core have benches of their own (``bench.relay``, ``bench.subscribe``).
+stream position each), go through what a ``subscribe(ticker, "book")`` runs on what it
+received: runs of up to ``RUN_MAX`` messages cut into pieces (:func:`delta_pieces`), each
+stretch of deltas read and applied at once (:class:`DeltaRun`, ``BookFeed.offer_run``) and
+any other message decoded and offered alone. Sockets are left out: the relay and the
+subscription core have benches of their own (``bench.relay``, ``bench.subscribe``).
 
-- ``deltas_per_s``: decode and apply, the median of three passes over ``--deltas`` updates;
+- ``deltas_per_s``: as a subscriber that is behind takes them (runs of ``RUN_MAX``), the
+  median of three passes over ``--deltas`` updates; ``deltas_per_s_one_by_one``: each
+  decoded and applied alone, as a subscriber that keeps up takes them, in the same run;
 - ``mismatches``: of ``--samples`` moments spread over them, how many books differ from
-  SIM's own book at that update (``SimExchange.book_at``);
+  SIM's own book at that update (``SimExchange.book_at``), with the updates taken in runs
+  of random lengths (a run of 16 or more deltas is read at once), so books come both ways;
 - ``rebuild_s``: a whole day of updates at SIM's default rate (86,400) replayed onto the
   day's first snapshot, which is what ``history(ticker, "book", at=T)`` does after reading
   Iceberg when no later snapshot is held (it reads one at most 30 s old in practice).
@@ -22,10 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 
-from candlewire.book import Book, BookFeed, replay
+from candlewire.book import RUN_MAX, Book, BookFeed, DeltaRun, delta_pieces, replay
 from ingest.exchanges.sim import SimExchange
 from proto import book_pb2
 from proto.envelope import decode_sub, encode_topic
@@ -60,29 +66,44 @@ def wire(snapshot: book_pb2.BookSnapshot, deltas: list[book_pb2.BookDelta]) -> l
     return frames
 
 
-def apply_all(frames: list[list[bytes]]) -> float:
-    """Seconds to decode and apply every message, as a subscription's book does."""
+def take(feed: BookFeed, received: list[list[bytes]]) -> Book | None:
+    """What a book subscription does with messages received one after another: the book as
+    it hands it out after them (None: not changed, or not trusted)."""
+    book = None
+    for piece in delta_pieces(received, TOPIC.encode()):
+        if isinstance(piece, DeltaRun):
+            book = feed.offer_run(piece) or book
+        else:
+            for f in piece:
+                book = feed.offer(decode_sub(f)[1]) or book
+    return book if feed.sync.book is book else None
+
+
+def apply_all(frames: list[list[bytes]], run: int) -> float:
+    """Seconds to decode and apply every message, taken ``run`` at a time."""
     feed = BookFeed(TICKER)
-    offer = feed.offer
     started = time.perf_counter()
-    for f in frames:
-        offer(decode_sub(f)[1])
+    for i in range(0, len(frames), run):
+        take(feed, frames[i : i + run])
     return time.perf_counter() - started
 
 
 def mismatches(
     sim: SimExchange, frames: list[list[bytes]], first: int, samples: int
 ) -> tuple[int, int]:
-    """(books that differ from SIM's, books compared) at ``samples`` evenly spread updates."""
-    feed, every = BookFeed(TICKER), max(1, (len(frames) - 1) // samples)
-    wrong = compared = 0
-    for i, f in enumerate(frames):
-        book = feed.offer(decode_sub(f)[1])
-        if i % every or book is None:
-            continue
+    """(books that differ from SIM's, books compared) at about ``samples`` evenly spread
+    moments, the updates taken in runs of random lengths up to 64."""
+    feed, rng = BookFeed(TICKER), random.Random(1)
+    every = max(1, (len(frames) - 1) // samples)
+    wrong = compared = i = 0
+    while i < len(frames):
+        n = min(rng.choice([1, rng.randint(2, 64)]), len(frames) - i)
+        book, i = take(feed, frames[i : i + n]), i + n
+        if book is None or (i - 1) // every == (i - 1 - n) // every:
+            continue  # no sampled moment in this run
         compared += 1
-        truth = Book.from_snapshot(sim.book_at(TICKER, first + i))
-        wrong += not book.same_levels(truth)
+        truth = Book.from_snapshot(sim.book_at(TICKER, book.seq))
+        wrong += not book.same_levels(truth) or book.seq != first + i - 1
     return wrong, compared
 
 
@@ -99,7 +120,8 @@ def main() -> None:
     snapshot, deltas = sim.book_at(TICKER, first), sim_updates(sim, first, args.deltas)
     frames = wire(snapshot, deltas)
     made_s = time.perf_counter() - t0
-    passes = [apply_all(frames) for _ in range(3)]
+    passes = [apply_all(frames, RUN_MAX) for _ in range(3)]
+    alone = [apply_all(frames, 1) for _ in range(3)]
     wrong, compared = mismatches(sim, frames, first, args.samples)
 
     day = SimExchange()  # the default rate: one update a second, 86,400 a day
@@ -119,6 +141,7 @@ def main() -> None:
             {
                 "deltas_per_s": round(len(frames) / statistics.median(passes)),
                 "passes_s": [round(p, 3) for p in passes],
+                "deltas_per_s_one_by_one": round(len(frames) / statistics.median(alone)),
                 "levels_per_delta": round(levels, 1),
                 "mismatches": wrong + (not rebuilt_right),
                 "compared": compared + 1,

@@ -120,6 +120,7 @@ BENCHES: dict[str, Bench] = {
         ("--deltas", "20000", "--samples", "200"),
         (
             Figure("deltas_per_s", "absolute"),
+            Figure("deltas_per_s_one_by_one", "absolute"),
             Figure("rebuild_s", "absolute", "lower", slack=0.2),
             Figure("mismatches", "zero"),
         ),

@@ -42,6 +42,7 @@ from candlewire._protocol import (
     same_fetch,
     to_ms,
 )
+from candlewire.book import RUN_MAX, DeltaRun, delta_pieces
 from candlewire.config import Settings
 from candlewire.curve import dial, owned_id
 from candlewire.errors import (
@@ -53,7 +54,7 @@ from candlewire.errors import (
 )
 from candlewire.market import Candle, Tick, _TickColumns, as_batch
 from candlewire.positions import describe, is_after, run_items
-from candlewire.topics import check_id, metadata_update_topic, response_topic, tick_type
+from candlewire.topics import book_type, check_id, metadata_update_topic, response_topic, tick_type
 from candlewire.zmqutil import recv_frames, send_frames
 from proto import cep_pb2 as cep
 from proto import journal_pb2 as jr
@@ -82,6 +83,17 @@ class Recv:
 
 
 @dataclass(frozen=True)
+class RecvRun:
+    """Wait up to ``timeout`` seconds (None: forever) for a message, then take the ones
+    already queued behind it, ``limit`` in all; outcome: their frames, in order (empty:
+    none came). A subscriber that fell behind reads its backlog in runs, one wait each."""
+
+    sock: zmq.Socket
+    timeout: float | None
+    limit: int
+
+
+@dataclass(frozen=True)
 class Send:
     """Send one multipart message; outcome: None."""
 
@@ -94,8 +106,9 @@ class Sleep:
     seconds: float
 
 
-# What a subscription's procedure hands its caller: a message, or a replayed run as Arrow.
-Emitted = Message | pa.RecordBatch
+# What a subscription's procedure hands its caller: a message, a replayed run as Arrow, or
+# a live run of book deltas read at once.
+Emitted = Message | pa.RecordBatch | DeltaRun
 
 
 @dataclass(frozen=True)
@@ -113,7 +126,7 @@ class EmitMany:
     msgs: list[Message]
 
 
-Op = Recv | Send | Sleep | Emit | EmitMany
+Op = Recv | RecvRun | Send | Sleep | Emit | EmitMany
 T = TypeVar("T")
 Steps = Generator[Op, Any, T]
 
@@ -165,6 +178,17 @@ def perform(op: Op) -> Any:
     if isinstance(op, Recv):
         timeout = None if op.timeout is None else int(op.timeout * 1000)
         return recv_frames(op.sock) if op.sock.poll(timeout) else None
+    if isinstance(op, RecvRun):
+        timeout = None if op.timeout is None else int(op.timeout * 1000)
+        if not op.sock.poll(timeout):
+            return []
+        run = [recv_frames(op.sock)]
+        try:
+            while len(run) < op.limit:
+                run.append(recv_frames(op.sock, zmq.NOBLOCK))
+        except zmq.Again:
+            pass
+        return run
     if isinstance(op, Send):
         return send_frames(op.sock, op.frames)
     if isinstance(op, Sleep):
@@ -199,6 +223,17 @@ async def async_perform(op: Op) -> Any:
     if isinstance(op, Recv):
         timeout = None if op.timeout is None else int(op.timeout * 1000)
         return await op.sock.recv_multipart() if await op.sock.poll(timeout) else None
+    if isinstance(op, RecvRun):
+        timeout = None if op.timeout is None else int(op.timeout * 1000)
+        if not await op.sock.poll(timeout):
+            return []
+        run = [await op.sock.recv_multipart()]
+        try:
+            while len(run) < op.limit:
+                run.append(await op.sock.recv_multipart(zmq.NOBLOCK))
+        except zmq.Again:
+            pass
+        return run
     if isinstance(op, Send):
         return await op.sock.send_multipart(op.frames)
     if isinstance(op, Sleep):
@@ -436,33 +471,46 @@ class ClientCore:
             if since is not None:
                 yield from self.fill(journal, seq, None, batches)
             quiet_until = None if idle_timeout is None else time.monotonic() + idle_timeout
+            # A book's deltas that queued up are read at once, when they follow one another
+            # (DeltaRun); everything else one message at a time.
+            deltas_of = filt.topic.encode() if data_type == book_type() else None
             while True:
                 wait = POLL_SLICE_S if quiet_until is None else remaining(quiet_until)
-                frames = yield Recv(sub, min(wait, POLL_SLICE_S))
-                if frames is None:
+                run = yield RecvRun(sub, min(wait, POLL_SLICE_S), RUN_MAX)
+                if not run:
                     if quiet_until is not None and not remaining(quiet_until):
                         raise RequestTimeout(f"no {filt.topic} message in {idle_timeout}s")
                     continue
-                msg = filt.accept(frames)
-                if msg is None:
-                    continue
-                if isinstance(msg, market_pb2.StreamHead):
-                    if seq.behind(msg.last):
-                        yield from self.fill(journal, seq, msg.last, batches)
-                    continue
-                if not msg.HasField("stream"):  # type: ignore[attr-defined]
-                    yield Emit(msg)  # an unsequenced publisher: nothing to check
-                    continue
-                pos = msg.stream  # type: ignore[attr-defined]
-                verdict = seq.judge(pos)
-                if verdict is Verdict.GAP:
-                    yield from self.fill(journal, seq, pos, batches)
-                    verdict = seq.judge(pos)
-                if verdict is Verdict.NEXT:
-                    seq.take(pos)
-                    yield Emit(msg)
-                if idle_timeout is not None:
-                    quiet_until = time.monotonic() + idle_timeout
+                pieces = (run,) if deltas_of is None else delta_pieces(run, deltas_of)
+                for piece in pieces:
+                    if isinstance(piece, DeltaRun):
+                        if seq.take_run(piece.first.stream, piece.last.stream, len(piece)):
+                            yield Emit(piece)
+                            if idle_timeout is not None:
+                                quiet_until = time.monotonic() + idle_timeout
+                            continue
+                        piece = piece.frames  # each then judged as it came
+                    for frames in piece:
+                        msg = filt.accept(frames)
+                        if msg is None:
+                            continue
+                        if isinstance(msg, market_pb2.StreamHead):
+                            if seq.behind(msg.last):
+                                yield from self.fill(journal, seq, msg.last, batches)
+                            continue
+                        if not msg.HasField("stream"):  # type: ignore[attr-defined]
+                            yield Emit(msg)  # an unsequenced publisher: nothing to check
+                            continue
+                        pos = msg.stream  # type: ignore[attr-defined]
+                        verdict = seq.judge(pos)
+                        if verdict is Verdict.GAP:
+                            yield from self.fill(journal, seq, pos, batches)
+                            verdict = seq.judge(pos)
+                        if verdict is Verdict.NEXT:
+                            seq.take(pos)
+                            yield Emit(msg)
+                        if idle_timeout is not None:
+                            quiet_until = time.monotonic() + idle_timeout
         finally:
             journal.close()
             sub.close(linger=0)

@@ -321,6 +321,15 @@ class Sequence:
         """A live message, delivered."""
         self._delivered(pos, pos, 1, filled=False)
 
+    def take_run(self, first: StreamPosition, last: StreamPosition, n: int) -> bool:
+        """A run of ``n`` live messages whose positions follow one another (as
+        :class:`~candlewire.book.DeltaRun` reads them): True, and all taken as delivered,
+        when the first is the next; False leaves each to :meth:`judge`."""
+        if not is_next(first, self.last):
+            return False
+        self._delivered(first, last, n, filled=False)
+        return True
+
     def accept_chunk(self, msgs: list[Message], filled: bool) -> list[Message]:
         """A FETCH chunk's messages after the last delivered, taken as delivered. The service
         sends them in order after ``after``; only the chunk's edges are checked."""

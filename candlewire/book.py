@@ -28,8 +28,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from operator import gt, le
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError, Message
 
 from proto import book_pb2
+from proto.envelope import SUB_PAYLOAD_MAX, TYPE_IDS, sub_payloads
 from proto.market_pb2 import StreamPosition
 
 Level = tuple[Decimal, Decimal]
@@ -280,6 +288,253 @@ class BookSync:
         self.book = None
         self._held.append(delta)
 
+    def on_run(self, run: DeltaRun) -> bool:
+        """Apply a run of deltas whole, when :meth:`on_delta` would find each of them
+        APPLIED: the book is trusted, each venue number comes after the one before (the
+        book's, for the first) with its ``prev_seq`` at or before it, no checksum is to be
+        checked, and every level is a price and size. Anything else is False, and the book
+        as it was: the caller then offers the run's deltas one by one (:meth:`DeltaRun.deltas`),
+        so a run is judged by the same rule, only faster when all of it applies."""
+        book, n, c = self.book, len(run), run.columns
+        seqs, prevs = c.venue_seq, c.prev_seq
+        if book is None or len(seqs) != n or (self.checksum is not None and c.checksum):
+            return False
+        seqs = list(seqs)
+        if seqs[-1] > MAX_SEQ:
+            return False
+        before = [book.seq, *seqs[:-1]]  # each delta's book: the one the delta before left
+        if not all(map(gt, seqs, before)):
+            return False  # a repeat or an older delta: STALE, one by one
+        if prevs and (len(prevs) != n or not all(map(le, prevs, before))):
+            return False  # a missing update before one of them (GAP), or mixed defaults
+        if not prevs and (seqs[0] != book.seq + 1 or seqs[-1] - seqs[0] != n - 1):
+            return False  # no prev_seq: each is venue_seq - 1, so the numbers run on
+        sides = [_run_levels(c.bids, run.bid_count), _run_levels(c.asks, run.ask_count)]
+        if None in sides:
+            return False  # a malformed level: MALFORMED, one by one
+        for side, levels in zip((book._bids, book._asks), sides, strict=True):
+            _put_run(side, levels)  # type: ignore[arg-type]
+        last = run.last
+        book.seq, book.time_ns = last.venue_seq, last.exchange_time_ns
+        self.counts[Verdict.APPLIED] += n
+        return True
+
+
+# A run of fewer deltas is offered one by one: its two parses and Arrow's calls cost more
+# than they save. A subscriber reads at most RUN_MAX queued messages at once.
+RUN_MIN = 16
+RUN_MAX = 1024
+
+
+def _run_types() -> tuple[type[Message], type[Message], dict[int, bytes]]:
+    """Two shadows of a run of BookDelta payloads, each framed as one occurrence of a
+    singular message field (so each is parsed within its own bytes, as alone), and the
+    framing by payload length.
+
+    The first, ``Columns``, has BookDelta's field numbers and types with each scalar
+    repeated and each message field singular: the parser merges the occurrences, so one
+    parse, in C, gives every delta's venue numbers, and every bid's (ask's) price and size
+    in order, with no object per delta or level. A value at its default is not on the
+    wire, so a column is whole only with one value per delta, or none. The second,
+    ``Counts``, counts what the first cannot: each delta's levels (one with neither price
+    nor size adds nothing to a column), and any scalar sent packed, which a repeated field
+    reads but BookDelta's singular one would not. Field numbers and types come from the
+    contract's descriptors."""
+    F = FieldDescriptor
+    file = descriptor_pb2.FileDescriptorProto(name="book_runs.proto", syntax="proto3")
+    file.package = "candlewire_book_runs"
+    nested = {
+        book_pb2.BookLevel.DESCRIPTOR.full_name: "Levels",
+        StreamPosition.DESCRIPTOR.full_name: "Position",
+    }
+
+    def add(shadow: descriptor_pb2.DescriptorProto, f: FieldDescriptor, **kw: object) -> None:
+        shadow.field.add(name=f.name, number=f.number, **kw)  # type: ignore[arg-type]
+
+    for desc in (book_pb2.BookLevel.DESCRIPTOR, StreamPosition.DESCRIPTOR):
+        name = nested[desc.full_name]
+        columns, packed = (
+            file.message_type.add(name=name),
+            file.message_type.add(name=f"{name}Packed"),
+        )
+        for f in desc.fields:
+            add(columns, f, type=f.type, label=F.LABEL_REPEATED)
+            if f.type not in (F.TYPE_STRING, F.TYPE_BYTES):
+                add(packed, f, type=F.TYPE_BYTES, label=F.LABEL_REPEATED)
+    columns, counts = file.message_type.add(name="Columns"), file.message_type.add(name="Counts")
+    for f in book_pb2.BookDelta.DESCRIPTOR.fields:
+        if f.message_type is None:
+            add(columns, f, type=f.type, label=F.LABEL_REPEATED)
+            if f.type not in (F.TYPE_STRING, F.TYPE_BYTES):
+                add(counts, f, type=F.TYPE_BYTES, label=F.LABEL_REPEATED)
+        elif f.is_repeated:  # the levels: merged, and counted as their bytes
+            name = f".{file.package}.{nested[f.message_type.full_name]}"
+            add(columns, f, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=name)
+            add(counts, f, type=F.TYPE_BYTES, label=F.LABEL_REPEATED)
+        else:  # the position: merged, and its scalars sent packed caught
+            name = f".{file.package}.{nested[f.message_type.full_name]}"
+            add(columns, f, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=name)
+            add(counts, f, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=f"{name}Packed")
+    for name in ("Columns", "Counts"):
+        run = file.message_type.add(name=f"Run{name}")
+        run.field.add(
+            name="deltas",
+            number=1,
+            type=F.TYPE_MESSAGE,
+            label=F.LABEL_OPTIONAL,
+            type_name=f".{file.package}.{name}",
+        )
+    frame = file.message_type.add(name="Frame")
+    frame.field.add(name="deltas", number=1, type=F.TYPE_BYTES, label=F.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    get = message_factory.GetMessageClass
+    run_columns, run_counts, framing = (
+        get(pool.FindMessageTypeByName(f"{file.package}.{name}"))
+        for name in ("RunColumns", "RunCounts", "Frame")
+    )
+    # Each payload's tag and length as protobuf encodes them, for every length a run takes.
+    heads = {
+        n: framing(deltas=b"\0" * n).SerializeToString()[:-n] if n else b"\n\0"
+        for n in range(SUB_PAYLOAD_MAX + 1)
+    }
+    return run_columns, run_counts, heads
+
+
+_RUN_COLUMNS, _RUN_COUNTS, _RUN_HEADS = _run_types()
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaRun:
+    """BookDelta messages that came one after another on one topic, read at once (#38):
+    their fields as columns (:func:`_run_types`), the first and last decoded whole (the
+    positions a subscription's sequencing reads), and their payloads, decoded one by one
+    only when the run cannot be applied whole (:meth:`BookSync.on_run`)."""
+
+    frames: Sequence[Sequence[bytes]]
+    payloads: list[bytes]
+    columns: Message
+    bid_count: int
+    ask_count: int
+    first: book_pb2.BookDelta
+    last: book_pb2.BookDelta
+
+    @classmethod
+    def read(cls, run: Sequence[Sequence[bytes]], topic: bytes) -> DeltaRun | None:
+        """A run of SUB messages (``[topic, version, body]`` each) as one DeltaRun; None
+        when it is shorter than :data:`RUN_MIN`, any message is no BookDelta of ``topic``
+        (or one too big to pass over its limits), does not parse, or is not sequenced one
+        right after the other: the caller then takes the messages one by one, which judges
+        and counts each."""
+        payloads = sub_payloads(run, topic, book_pb2.BookDelta) if len(run) >= RUN_MIN else None
+        if payloads is None:
+            return None
+        heads = _RUN_HEADS
+        framed = b"".join([part for p in payloads for part in (heads[len(p)], p)])
+        try:
+            columns = _RUN_COLUMNS.FromString(framed).deltas
+            counts = _RUN_COUNTS.FromString(framed).deltas
+            first, last = map(book_pb2.BookDelta.FromString, (payloads[0], payloads[-1]))
+        except (DecodeError, RuntimeWarning):
+            return None
+        n, stream, packed = len(payloads), columns.stream, counts.stream
+        if any(
+            map(len, (packed.epoch, packed.seq, packed.publish_time_ms, packed.source_partition))
+        ):
+            return None
+        if packed.source_offset or counts.venue_seq or counts.prev_seq or counts.checksum:
+            return None  # a scalar sent packed: its singular field would not read it
+        if counts.exchange_time_ns or counts.ingest_time_ns:
+            return None
+        epochs, seqs = stream.epoch, stream.seq
+        if len(seqs) != n or len(epochs) not in (0, n):
+            return None  # a message without a position, or some in epoch 0 only
+        seqs, epoch = list(seqs), first.stream.epoch
+        if seqs[-1] - seqs[0] != n - 1 or seqs != list(range(seqs[0], seqs[0] + n)):
+            return None
+        if epochs and (list(epochs).count(epoch) != n):
+            return None
+        return cls(run, payloads, columns, len(counts.bids), len(counts.asks), first, last)
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    def deltas(self) -> list[book_pb2.BookDelta]:
+        """Each delta decoded, as a subscription decodes one that comes alone."""
+        return list(map(book_pb2.BookDelta.FromString, self.payloads))
+
+
+_DELTA_TYPE = bytes([TYPE_IDS[book_pb2.BookDelta]])
+
+
+def delta_pieces(
+    run: Sequence[Sequence[bytes]], topic: bytes
+) -> list[DeltaRun | Sequence[Sequence[bytes]]]:
+    """Messages received one after another, in pieces, in order: each stretch of BookDelta
+    messages that :meth:`DeltaRun.read` reads at once, and the others (a head beacon, a
+    snapshot, a stretch too short or that does not read) as they came, to be taken one by
+    one."""
+    if len(run) < RUN_MIN:
+        return [run]
+    delta = _DELTA_TYPE
+    others = [i for i, f in enumerate(run) if len(f) != 3 or f[2][:1] != delta]
+    pieces: list[DeltaRun | Sequence[Sequence[bytes]]] = []
+    start = i = 0  # the part not yet cut into pieces; the stretch of deltas looked at
+    n = len(run)
+    for j in [*others, n]:  # each stretch of deltas ends before a message that is none
+        deltas = DeltaRun.read(run[i:j], topic) if j - i >= RUN_MIN else None
+        if deltas is not None:
+            if start < i:
+                pieces.append(run[start:i])
+            pieces.append(deltas)
+            start = j
+        i = j + 1
+    if start < n:
+        pieces.append(run[start:])
+    return pieces
+
+
+# One side's levels in a run: each price's last level (price text, size text), by price.
+_RunLevels = dict[Decimal, tuple[str, str]]
+
+
+def _run_levels(levels: Message, count: int) -> _RunLevels | None:
+    """One side's merged levels, each price's last; None when a level lacks its price or
+    size, or either is no decimal as :func:`_parse` judges it. Sizes go through Arrow's
+    cast, which reads no text that ``float`` refuses (a text it cannot read sends the run
+    one by one, where ``float`` judges it), and the finite and not-negative check is
+    :func:`_parse`'s."""
+    prices, sizes = list(levels.price), list(levels.size)
+    if len(prices) != count or len(sizes) != count:
+        return None
+    if not count:
+        return {}
+    try:
+        keys = list(map(_prices.__getitem__, prices))
+    except KeyError:
+        try:
+            keys = [_prices.get(p) or _price(p) for p in prices]
+        except BookError:
+            return None
+    try:
+        amounts = pc.cast(pa.array(sizes, pa.string()), pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if not pc.all(pc.is_finite(amounts)).as_py() or pc.min(amounts).as_py() < 0:
+        return None
+    return dict(zip(keys, zip(prices, sizes, strict=True), strict=True))
+
+
+def _put_run(side: dict[Decimal, tuple[str, str]], levels: _RunLevels) -> None:
+    """:func:`_put` of a side's levels in order, which leaves each price as its last level
+    left it: set, or removed by a size of zero."""
+    pop = side.pop
+    for key, level in levels.items():
+        if float(level[1]):
+            side[key] = level
+        else:
+            pop(key, None)
+
 
 @dataclass
 class BookFeed:
@@ -307,10 +562,23 @@ class BookFeed:
                 return None
         else:
             return None
+        return self._handed(msg.stream)
+
+    def offer_run(self, run: DeltaRun) -> Book | None:
+        """:meth:`offer` for a run of deltas: the book once, after the run, when the run
+        changed it (and it is trusted); the same book as offering them one by one."""
+        if self.sync.on_run(run):
+            return self._handed(run.last.stream)
+        offer, changed = self.offer, False
+        for delta in run.deltas():
+            changed |= offer(delta) is not None
+        return self.sync.book if changed else None
+
+    def _handed(self, position: StreamPosition) -> Book | None:
         book = self.sync.book
         if book is None or book.time_ns < self.from_ns:
             return None
-        book.depth, book.position = self.depth, msg.stream
+        book.depth, book.position = self.depth, position
         return book
 
 

@@ -45,7 +45,7 @@ from candlewire._protocol import (
     book_start,
     new_id,
 )
-from candlewire.book import Book, BookFeed, Verdict
+from candlewire.book import Book, BookFeed, DeltaRun, Verdict
 from candlewire.config import Settings
 from candlewire.market import Candle, Tick, typed
 from candlewire.topics import book_type, market_data_topic
@@ -242,7 +242,8 @@ class Client:
         ``data_type="book"`` yields the ticker's L2 :class:`~candlewire.book.Book`, kept
         from a snapshot and the deltas after it, each time an update changed it (the same
         object, maintained; its ``bids()`` and ``asks()`` give ``depth`` levels). ``since``
-        (a time) starts it from the last snapshot before then.
+        (a time) starts it from the last snapshot before then. A subscriber that fell
+        behind gets the book once per run of deltas that had queued up, as of the last.
         """
         since, feed = book_start(ticker, data_type, since, depth)
         batches = batches and feed is None  # a book is kept message by message
@@ -331,7 +332,7 @@ def _booked(
     messages: Iterator[Emitted], feed: BookFeed, stats: SubscriptionStats
 ) -> Iterator[Book]:
     for msg in messages:
-        book = feed.offer(msg)
+        book = feed.offer_run(msg) if isinstance(msg, DeltaRun) else feed.offer(msg)
         stats.malformed = feed.sync.counts[Verdict.MALFORMED]
         if book is not None:
             yield book
@@ -341,7 +342,7 @@ async def _booked_async(
     messages: AsyncIterator[Emitted], feed: BookFeed, stats: SubscriptionStats
 ) -> AsyncIterator[Book]:
     async for msg in messages:
-        book = feed.offer(msg)
+        book = feed.offer_run(msg) if isinstance(msg, DeltaRun) else feed.offer(msg)
         stats.malformed = feed.sync.counts[Verdict.MALFORMED]
         if book is not None:
             yield book

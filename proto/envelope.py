@@ -189,6 +189,7 @@ def decode_body(body: bytes) -> Message:
 # No field of a message this small can be past a limit: a string or bytes field is shorter
 # than the bytes that carry it, and a repeated field takes at least a byte an item.
 _SMALL = min(MAX_STRING_BYTES, MAX_BYTES_FIELD, MAX_REPEATED)
+SUB_PAYLOAD_MAX = _SMALL  # the largest payload :func:`sub_payloads` passes
 
 
 @dataclass(frozen=True)
@@ -311,6 +312,26 @@ def decode_sub(frames: Sequence[bytes]) -> tuple[str, Message]:
     except UnicodeDecodeError:
         raise MalformedPayload("topic frame is not UTF-8") from None
     return topic, decode(frames[1:])
+
+
+def sub_payloads(
+    run: Sequence[Sequence[bytes]], topic: bytes, cls: type[Message]
+) -> list[bytes] | None:
+    """The payloads of a run of SUB messages, each ``[topic, version, body]`` whose body is
+    a ``cls`` of at most ``_SMALL`` bytes, so no field in it can be past a limit: what
+    :func:`decode_sub` checks before it parses, for a receiver that parses the run at once.
+    None when any message is otherwise; the receiver then decodes them one by one, which
+    refuses and counts what is wrong."""
+    head, out = TYPE_IDS[cls], []
+    append = out.append
+    for frames in run:
+        if len(frames) != 3 or frames[0] != topic or frames[1] != VERSION_FRAME:
+            return None
+        body = frames[2]
+        if not body or body[0] != head or len(body) > _SMALL + 1:
+            return None
+        append(body[1:])
+    return out
 
 
 def split_route(frames: Sequence[bytes]) -> tuple[list[bytes], list[bytes], bool]:

@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import random
 import zlib
 from decimal import Decimal
 
 import pytest
 
 from candlewire.book import (
+    RUN_MAX,
+    RUN_MIN,
     Book,
     BookError,
+    BookFeed,
     BookSync,
+    DeltaRun,
     Verdict,
+    delta_pieces,
     kraken_checksum,
     okx_checksum,
     replay,
 )
 from proto import book_pb2
+from proto.envelope import EnvelopeError, decode_sub, encode_topic
+from proto.market_pb2 import StreamHead, StreamPosition
 
 T = "OKX:BTC/USDT"
 
@@ -157,3 +166,217 @@ def test_a_venue_number_beyond_64_bits_is_malformed() -> None:
     assert sync.on_delta(delta(1 << 63, prev=1)) is Verdict.MALFORMED
     with pytest.raises(BookError):
         Book.from_snapshot(snap(1 << 63))
+
+
+# Runs of deltas read at once (#38): the same books and verdicts as one by one.
+
+TOPIC = b"OKX:BTC/USDT|book"
+ZEROS = ("0", "0.0", "0.000", "-0", "0e3")
+BAD_SIZES = (
+    "x",
+    "-1",
+    "nan",
+    "inf",
+    " 1",
+    "1_0",
+    "",
+    "1,5",
+    "0x10",
+    "\u0661",
+)  # an Arabic-Indic one
+BAD_PRICES = ("abc", "-1", "0", "inf", "")
+
+
+def frames_of(deltas: list[book_pb2.BookDelta], epoch: int = 7, seq: int = 1) -> list[list[bytes]]:
+    """Each delta as the stream job publishes it on its topic, positioned one after another."""
+    out = []
+    for i, d in enumerate(deltas):
+        d.stream.CopyFrom(
+            StreamPosition(epoch=epoch, seq=seq + i, publish_time_ms=5, source_offset=-1)
+        )
+        out.append(encode_topic(TOPIC.decode(), d))
+    return out
+
+
+def random_deltas(
+    rng: random.Random, first: int, n: int, faults: float
+) -> list[book_pb2.BookDelta]:
+    """Deltas from venue number ``first`` on; with probability ``faults`` each is wrong in
+    some way one by one would judge: a repeat, a gap, a chained prev_seq (right or wrong), a
+    malformed level, a level without price or size, a checksum."""
+    out, seq = [], first
+    for _ in range(n):
+        sides = []
+        for _side in range(2):
+            levels = []
+            for _ in range(rng.randint(0, 6)):
+                price = f"{rng.randint(90, 110)}.{rng.choice(['5', '50', '0'])}"
+                size = rng.choice(ZEROS) if rng.random() < 0.35 else f"{rng.random() * 3:.4f}"
+                levels.append(book_pb2.BookLevel(price=price, size=size))
+            sides.append(levels)
+        d = book_pb2.BookDelta(ticker=T, venue_seq=seq, exchange_time_ns=seq * 1000)
+        d.bids.extend(sides[0])
+        d.asks.extend(sides[1])
+        if rng.random() < faults:
+            fault = rng.randrange(8)
+            if fault == 0:
+                d.venue_seq = max(seq - rng.randint(1, 3), 0)  # a repeat or older
+            elif fault == 1:
+                d.venue_seq = seq = seq + rng.randint(1, 3)  # a gap
+            elif fault == 2:
+                d.prev_seq = seq - 1  # chained as ccxt's venues are
+            elif fault == 3:
+                d.prev_seq = seq  # chained to an update not yet seen: a gap
+            elif fault == 4:
+                d.bids.add(price="101", size=rng.choice(BAD_SIZES))
+            elif fault == 5:
+                d.asks.add(price=rng.choice(BAD_PRICES), size="1")
+            elif fault == 6:
+                d.asks.add()  # neither price nor size
+            else:
+                d.checksum = rng.randrange(1 << 32)
+        out.append(d)
+        seq += 1
+    return out
+
+
+def same(a: BookSync, b: BookSync) -> bool:
+    if (a.book is None) != (b.book is None) or a.counts != b.counts:
+        return False
+    if a.book is None or b.book is None:
+        return True
+    return (
+        (a.book.seq, a.book.time_ns) == (b.book.seq, b.book.time_ns)
+        and a.book.texts(True) == b.book.texts(True)
+        and a.book.texts(False) == b.book.texts(False)
+    )
+
+
+@pytest.mark.parametrize("faults", [0.0, 0.02, 0.3])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_run_leaves_the_book_and_counts_as_one_by_one_does(seed: int, faults: float) -> None:
+    rng = random.Random(seed)
+    deltas = random_deltas(rng, 2, 3_000, faults)
+    frames = frames_of(deltas)
+    one, runs = BookFeed(T), BookFeed(T)
+    for feed in (one, runs):
+        feed.offer(snap(1))
+    whole = 0
+    i = 0
+    while i < len(frames):
+        chunk = frames[i : i + rng.choice([1, RUN_MIN - 1, RUN_MIN, 50, 300, RUN_MAX])]
+        i += len(chunk)
+        books = [one.offer(decode_sub(f)[1]) for f in chunk]
+        run = DeltaRun.read(chunk, TOPIC)
+        if run is None:
+            assert len(chunk) < RUN_MIN  # every message here is a BookDelta, sequenced
+            got = [runs.offer(decode_sub(f)[1]) for f in chunk][-1]
+        else:
+            applied = runs.sync.counts[Verdict.APPLIED]
+            got = runs.offer_run(run)
+            whole += runs.sync.counts[Verdict.APPLIED] - applied == len(run) and not any(
+                v for k, v in runs.sync.counts.items() if k is not Verdict.APPLIED
+            )
+            # handed out when one by one would have handed out the book after some delta
+            assert (got is not None) == (
+                any(b is not None for b in books) and one.sync.book is not None
+            )
+        assert same(one.sync, runs.sync), i
+        if got is not None:
+            assert got.position == one.sync.book.position
+    if faults == 0.0:
+        assert whole, "no run was applied whole"
+
+
+def test_a_run_with_one_bad_level_is_judged_one_by_one() -> None:
+    """The bad delta is dropped, so the one after it finds an update missing: the book waits
+    for a snapshot, exactly as delta by delta."""
+    deltas = [delta(s, bids=[("100", str(s))]) for s in range(2, 2 + RUN_MIN * 2)]
+    deltas[RUN_MIN].asks.add(price="101", size="nan")
+    feed = BookFeed(T)
+    feed.offer(snap(1))
+    run = DeltaRun.read(frames_of(deltas), TOPIC)
+    assert run is not None and not feed.sync.on_run(run)
+    assert feed.sync.book is not None and feed.sync.book.seq == 1  # left as it was
+    assert feed.offer_run(run) is None
+    counts = feed.sync.counts
+    assert (counts[Verdict.APPLIED], counts[Verdict.MALFORMED], counts[Verdict.GAP]) == (
+        RUN_MIN,
+        1,
+        1,
+    )
+    assert feed.sync.needs_snapshot
+
+
+@pytest.mark.parametrize("prev", [False, True], ids=["numbered", "chained"])
+def test_a_run_after_a_missing_update_finds_the_gap(prev: bool) -> None:
+    deltas = [delta(s, bids=[("100", str(s))]) for s in range(3, 3 + RUN_MIN)]
+    for d in deltas if prev else ():
+        d.prev_seq = d.venue_seq - 1  # the first chains to update 2, which the book lacks
+    feed = BookFeed(T)
+    feed.offer(snap(1))
+    run = DeltaRun.read(frames_of(deltas), TOPIC)
+    assert run is not None and not feed.sync.on_run(run)
+    assert feed.offer_run(run) is None and feed.sync.needs_snapshot
+    assert feed.sync.counts[Verdict.GAP] == 1
+
+
+def test_a_run_that_is_not_one_after_another_or_not_all_deltas_is_not_read() -> None:
+    deltas = [delta(s, bids=[("100", "1")]) for s in range(2, 2 + RUN_MIN)]
+    frames = frames_of(deltas)
+    assert DeltaRun.read(frames, TOPIC) is not None
+    assert DeltaRun.read(frames[:-1], TOPIC) is None  # too short to be worth it
+    assert DeltaRun.read(frames, b"OKX:BTC/USDT|tick") is None
+    skipped = frames_of(deltas[:8], seq=1) + frames_of(deltas[8:], seq=10)
+    assert DeltaRun.read(skipped, TOPIC) is None  # a position missing between them
+    epochs = frames_of(deltas[:8], epoch=7) + frames_of(deltas[8:], epoch=8, seq=9)
+    assert DeltaRun.read(epochs, TOPIC) is None
+    mixed = [*frames[:-1], encode_topic(TOPIC.decode(), snap(20))]
+    assert DeltaRun.read(mixed, TOPIC) is None
+    torn = [list(f) for f in frames]
+    torn[3][2] = torn[3][2][:-2]  # a payload cut short, whole again only with the next
+    torn[4][2] = torn[4][2][:1] + frames[3][2][-2:] + torn[4][2][1:]
+    assert DeltaRun.read(torn, TOPIC) is None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_any_byte_changed_in_a_run_gives_the_book_one_by_one_gives(seed: int) -> None:
+    """Frames as a hostile or broken relay might pass them on: one by one drops what does
+    not decode (as a subscription's filter does) and judges the rest; a run may only ever
+    reach the same book."""
+    rng = random.Random(seed)
+    for _ in range(40):
+        frames = [list(f) for f in frames_of(random_deltas(rng, 2, RUN_MIN * 2, 0.05))]
+        for _ in range(rng.randint(1, 3)):
+            f = frames[rng.randrange(len(frames))]
+            body = bytearray(f[2])
+            body[rng.randrange(1, len(body))] = rng.randrange(256)
+            f[2] = bytes(body)
+        one, runs = BookFeed(T), BookFeed(T)
+        for feed in (one, runs):
+            feed.offer(snap(1))
+        for f in frames:
+            with contextlib.suppress(EnvelopeError):
+                one.offer(decode_sub(f)[1])
+        run = DeltaRun.read(frames, TOPIC)
+        if run is None:
+            continue
+        runs.offer_run(run)
+        assert same(one.sync, runs.sync)
+
+
+def test_a_received_run_is_cut_into_stretches_of_deltas_and_the_rest_in_order() -> None:
+    deltas = frames_of([delta(s, bids=[("100", "1")]) for s in range(2, 2 + 3 * RUN_MIN)])
+    head = encode_topic(TOPIC.decode(), StreamHead(topic=TOPIC.decode()))
+    snapshot = encode_topic(TOPIC.decode(), snap(5))
+    short = deltas[RUN_MIN : RUN_MIN + 3]
+    received = [head, *deltas[:RUN_MIN], snapshot, *short, head, *deltas[2 * RUN_MIN :]]
+    pieces = delta_pieces(received, TOPIC)
+    assert [p if isinstance(p, list) else len(p) for p in pieces] == [
+        [head],
+        RUN_MIN,
+        [snapshot, *short, head],
+        RUN_MIN,
+    ]
+    assert [m for p in pieces for m in (p.frames if isinstance(p, DeltaRun) else p)] == received
+    assert delta_pieces(received[:RUN_MIN], TOPIC) == [received[:RUN_MIN]]

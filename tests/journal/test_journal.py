@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -21,14 +23,15 @@ import pytest
 import zmq
 
 from candlewire import _protocol
+from candlewire.book import Verdict
 from candlewire.client import Client
 from candlewire.config import Settings
 from candlewire.errors import FellBehind
 from candlewire.testing import TickFeed, free_settings, metric, spawn, wait_for
-from candlewire.topics import market_data_topic, work_prefix
+from candlewire.topics import book_type, market_data_topic, work_prefix
 from journal.service import JournalService
+from proto import book_pb2, market_pb2
 from proto import journal_pb2 as jr
-from proto import market_pb2
 from proto.envelope import decode, encode
 from relay import Relay
 from streaming.publisher import StreamPublisher
@@ -625,3 +628,84 @@ def test_candles_older_than_the_journal_come_from_iceberg(
     assert [(c.open, c.close, c.trade_count, c.closed) for c in got[:1]] == [
         ("10", "11.5", 7, True)
     ]
+
+
+def book_updates(
+    ticker: str, n: int, seed: int
+) -> list[book_pb2.BookSnapshot | book_pb2.BookDelta]:
+    """A snapshot, then ``n`` deltas that each set or remove a few levels of it."""
+    rng = random.Random(seed)
+    now = time.time_ns()
+    snap = book_pb2.BookSnapshot(ticker=ticker, venue_seq=1, exchange_time_ns=now)
+    snap.bids.extend(book_pb2.BookLevel(price=f"{p}.5", size="1") for p in range(90, 100))
+    snap.asks.extend(book_pb2.BookLevel(price=f"{p}.5", size="1") for p in range(101, 111))
+    out: list[book_pb2.BookSnapshot | book_pb2.BookDelta] = [snap]
+    for seq in range(2, n + 2):
+        d = book_pb2.BookDelta(ticker=ticker, venue_seq=seq, exchange_time_ns=now + seq)
+        for side, prices in ((d.bids, range(85, 100)), (d.asks, range(101, 116))):
+            for _ in range(rng.randint(0, 4)):
+                size = "0" if rng.random() < 0.3 else f"{rng.random() * 5:.4f}"
+                side.add(price=f"{rng.choice(prices)}.5", size=size)
+        out.append(d)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_book_subscriber_behind_reads_its_queue_in_runs_and_its_books_stay_right(
+    journal_settings, journal, stream_pub, relay, kind
+) -> None:
+    """#38: a subscriber that does not read while 599 deltas come takes them in runs, one
+    book handed out per run (DeltaRun), and every book it is handed equals the book of the
+    same updates applied one by one, down to the venue's texts; every message is counted
+    delivered once."""
+    import asyncio
+
+    from candlewire.book import RUN_MIN, BookSync
+    from candlewire.client import AsyncClient
+
+    ticker = f"SIM:B{uuid.uuid4().hex[:6].upper()}/USDT"
+    topic = market_data_topic(ticker, book_type()).encode()
+    updates = book_updates(ticker, 610, seed=3)
+    truth, expected = BookSync(ticker), {}
+    truth.on_snapshot(updates[0])
+    for d in updates:
+        assert isinstance(d, book_pb2.BookSnapshot) or truth.on_delta(d) is Verdict.APPLIED
+        expected[d.venue_seq] = (truth.book.texts(True), truth.book.texts(False))
+    stream_pub.publish_sequenced([(topic, m) for m in updates[:11]])
+    stream_pub._journal.flush(10)
+    last = updates[-1].venue_seq
+    seen: list[tuple[int, tuple]] = []
+
+    def take(book) -> bool:
+        seen.append((book.seq, (book.texts(True), book.texts(False))))
+        if book.seq == 11:  # replayed: one more, live
+            stream_pub.publish_sequenced([(topic, updates[11])])
+        elif book.seq == 12:  # live: 599 deltas come while nobody reads
+            stream_pub.publish_sequenced([(topic, m) for m in updates[12:]])
+            time.sleep(1.0)
+        return book.seq < last
+
+    if kind == "sync":
+        with Client(journal_settings) as client:
+            sub = client.subscribe(ticker, "book", idle_timeout=30)
+            for book in sub:
+                if not take(book):
+                    break
+            sub.close()
+    else:
+
+        async def main():
+            async with AsyncClient(journal_settings) as client:
+                sub = client.subscribe(ticker, "book", idle_timeout=30)
+                async for book in sub:
+                    if not take(book):
+                        break
+                await sub.aclose()
+                return sub
+
+        sub = asyncio.run(main())
+    assert seen[-1][0] == last
+    assert all(texts == expected[seq] for seq, texts in seen), "a book differs from one by one"
+    after = [seq for seq, _ in seen if seq > 12]
+    assert len(after) <= 599 // RUN_MIN, f"{len(after)} books for 599 queued deltas: no runs"
+    assert sub.stats.delivered == len(updates) and sub.stats.gaps == 0

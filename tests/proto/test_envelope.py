@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from google.protobuf import descriptor_pb2
 
-from proto import envelope_pb2, events_pb2, journal_pb2, market_pb2, requests_pb2
+from proto import book_pb2, envelope_pb2, events_pb2, journal_pb2, market_pb2, requests_pb2
 from proto.envelope import (
     MAX_BYTES_FIELD,
     MAX_REPEATED,
@@ -250,3 +250,21 @@ def test_a_singular_sub_message_sent_in_parts_is_counted_whole() -> None:
     assert len(decode_body(body + half).delivery.channels) == MAX_REPEATED // 2 + 1
     with pytest.raises(OversizedField):
         decode_body(body + half + half)
+
+
+def test_sub_payloads_passes_a_run_of_small_messages_of_one_topic_and_type_only() -> None:
+    from proto.envelope import SUB_PAYLOAD_MAX, sub_payloads
+
+    delta = book_pb2.BookDelta(ticker="X", venue_seq=3)
+    run = [encode_topic("X|book", delta) for _ in range(3)]
+    assert sub_payloads(run, b"X|book", book_pb2.BookDelta) == [delta.SerializeToString()] * 3
+    assert sub_payloads(run, b"X|tick", book_pb2.BookDelta) is None
+    assert sub_payloads(run, b"X|book", book_pb2.BookSnapshot) is None
+    for bad in (
+        [b"X|book", b"\x02", run[0][2]],  # another version
+        [b"X|book", run[0][1]],  # a frame missing
+        [*run[0], b""],  # one too many
+        [b"X|book", run[0][1], b""],  # no type byte
+        encode_topic("X|book", book_pb2.BookDelta(ticker="X" * (SUB_PAYLOAD_MAX + 1))),
+    ):
+        assert sub_payloads([*run, bad], b"X|book", book_pb2.BookDelta) is None
