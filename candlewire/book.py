@@ -292,9 +292,10 @@ class BookSync:
         """Apply a run of deltas whole, when :meth:`on_delta` would find each of them
         APPLIED: the book is trusted, each venue number comes after the one before (the
         book's, for the first) with its ``prev_seq`` at or before it, no checksum is to be
-        checked, and every level is a price and size. Anything else is False, and the book
-        as it was: the caller then offers the run's deltas one by one (:meth:`DeltaRun.deltas`),
-        so a run is judged by the same rule, only faster when all of it applies."""
+        checked (every level is a price and size: :meth:`DeltaRun.read` saw to that).
+        Anything else is False, and the book as it was: the caller then offers the run's
+        deltas one by one (:meth:`DeltaRun.deltas`), so a run is judged by the same rule,
+        only faster when all of it applies."""
         book, n, c = self.book, len(run), run.columns
         seqs, prevs = c.venue_seq, c.prev_seq
         if book is None or len(seqs) != n or (self.checksum is not None and c.checksum):
@@ -309,11 +310,8 @@ class BookSync:
             return False  # a missing update before one of them (GAP), or mixed defaults
         if not prevs and (seqs[0] != book.seq + 1 or seqs[-1] - seqs[0] != n - 1):
             return False  # no prev_seq: each is venue_seq - 1, so the numbers run on
-        sides = [_run_levels(c.bids, run.bid_count), _run_levels(c.asks, run.ask_count)]
-        if None in sides:
-            return False  # a malformed level: MALFORMED, one by one
-        for side, levels in zip((book._bids, book._asks), sides, strict=True):
-            _put_run(side, levels)  # type: ignore[arg-type]
+        _put_run(book._bids, run.bids)
+        _put_run(book._asks, run.asks)
         last = run.last
         book.seq, book.time_ns = last.venue_seq, last.exchange_time_ns
         self.counts[Verdict.APPLIED] += n
@@ -351,16 +349,16 @@ def _run_types() -> tuple[type[Message], type[Message], dict[int, bytes]]:
     def add(shadow: descriptor_pb2.DescriptorProto, f: FieldDescriptor, **kw: object) -> None:
         shadow.field.add(name=f.name, number=f.number, **kw)  # type: ignore[arg-type]
 
-    for desc in (book_pb2.BookLevel.DESCRIPTOR, StreamPosition.DESCRIPTOR):
-        name = nested[desc.full_name]
-        columns, packed = (
-            file.message_type.add(name=name),
-            file.message_type.add(name=f"{name}Packed"),
-        )
-        for f in desc.fields:
-            add(columns, f, type=f.type, label=F.LABEL_REPEATED)
-            if f.type not in (F.TYPE_STRING, F.TYPE_BYTES):
-                add(packed, f, type=F.TYPE_BYTES, label=F.LABEL_REPEATED)
+    levels = file.message_type.add(name="Levels")
+    for f in book_pb2.BookLevel.DESCRIPTOR.fields:
+        add(levels, f, type=f.type, label=F.LABEL_REPEATED)
+    position, packed = (
+        file.message_type.add(name="Position"),
+        file.message_type.add(name="PositionPacked"),
+    )
+    for f in StreamPosition.DESCRIPTOR.fields:
+        add(position, f, type=f.type, label=F.LABEL_REPEATED)
+        add(packed, f, type=F.TYPE_BYTES, label=F.LABEL_REPEATED)
     columns, counts = file.message_type.add(name="Columns"), file.message_type.add(name="Counts")
     for f in book_pb2.BookDelta.DESCRIPTOR.fields:
         if f.message_type is None:
@@ -402,6 +400,14 @@ def _run_types() -> tuple[type[Message], type[Message], dict[int, bytes]]:
 
 
 _RUN_COLUMNS, _RUN_COUNTS, _RUN_HEADS = _run_types()
+# Counts' fields that catch a scalar sent packed: a delta's own, and its position's.
+_COUNTS = _RUN_COUNTS.DESCRIPTOR.fields_by_name["deltas"].message_type
+_PACKED = tuple(
+    f.name
+    for f in _COUNTS.fields
+    if book_pb2.BookDelta.DESCRIPTOR.fields_by_name[f.name].message_type is None
+)
+_PACKED_POSITION = tuple(f.name for f in _COUNTS.fields_by_name["stream"].message_type.fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,8 +420,8 @@ class DeltaRun:
     frames: Sequence[Sequence[bytes]]
     payloads: list[bytes]
     columns: Message
-    bid_count: int
-    ask_count: int
+    bids: _RunLevels
+    asks: _RunLevels
     first: book_pb2.BookDelta
     last: book_pb2.BookDelta
 
@@ -423,9 +429,9 @@ class DeltaRun:
     def read(cls, run: Sequence[Sequence[bytes]], topic: bytes) -> DeltaRun | None:
         """A run of SUB messages (``[topic, version, body]`` each) as one DeltaRun; None
         when it is shorter than :data:`RUN_MIN`, any message is no BookDelta of ``topic``
-        (or one too big to pass over its limits), does not parse, or is not sequenced one
-        right after the other: the caller then takes the messages one by one, which judges
-        and counts each."""
+        (or one too big to pass over its limits), does not parse, has a level that is no
+        price and size, or is not sequenced one right after the other: the caller then
+        takes the messages one by one, which judges and counts each."""
         payloads = sub_payloads(run, topic, book_pb2.BookDelta) if len(run) >= RUN_MIN else None
         if payloads is None:
             return None
@@ -437,15 +443,11 @@ class DeltaRun:
             first, last = map(book_pb2.BookDelta.FromString, (payloads[0], payloads[-1]))
         except (DecodeError, RuntimeWarning):
             return None
-        n, stream, packed = len(payloads), columns.stream, counts.stream
-        if any(
-            map(len, (packed.epoch, packed.seq, packed.publish_time_ms, packed.source_partition))
+        n, stream = len(payloads), columns.stream
+        if any(len(getattr(counts, f)) for f in _PACKED) or any(
+            len(getattr(counts.stream, f)) for f in _PACKED_POSITION
         ):
-            return None
-        if packed.source_offset or counts.venue_seq or counts.prev_seq or counts.checksum:
             return None  # a scalar sent packed: its singular field would not read it
-        if counts.exchange_time_ns or counts.ingest_time_ns:
-            return None
         epochs, seqs = stream.epoch, stream.seq
         if len(seqs) != n or len(epochs) not in (0, n):
             return None  # a message without a position, or some in epoch 0 only
@@ -454,7 +456,11 @@ class DeltaRun:
             return None
         if epochs and (list(epochs).count(epoch) != n):
             return None
-        return cls(run, payloads, columns, len(counts.bids), len(counts.asks), first, last)
+        bids = _run_levels(columns.bids, len(counts.bids))
+        asks = _run_levels(columns.asks, len(counts.asks))
+        if bids is None or asks is None:
+            return None  # a malformed level, or a text that would not decode
+        return cls(run, payloads, columns, bids, asks, first, last)
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -511,11 +517,13 @@ def _run_levels(levels: Message, count: int) -> _RunLevels | None:
         return {}
     try:
         keys = list(map(_prices.__getitem__, prices))
-    except KeyError:
+    except KeyError:  # prices not seen before, each parsed once
         try:
-            keys = [_prices.get(p) or _price(p) for p in prices]
+            for text in set(prices).difference(_prices):
+                _price(text)
         except BookError:
             return None
+        keys = [_prices.get(p) or _price(p) for p in prices]  # (the cache may have been full)
     try:
         amounts = pc.cast(pa.array(sizes, pa.string()), pa.float64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
