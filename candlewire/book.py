@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from operator import gt, le
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
@@ -510,6 +508,9 @@ def _run_levels(levels: Message, count: int) -> _RunLevels | None:
     cast, which reads no text that ``float`` refuses (a text it cannot read sends the run
     one by one, where ``float`` judges it), and the finite and not-negative check is
     :func:`_parse`'s."""
+    import pyarrow as pa  # only a subscriber's runs read it: an ingestor's start does not
+    import pyarrow.compute as pc
+
     prices, sizes = list(levels.price), list(levels.size)
     if len(prices) != count or len(sizes) != count:
         return None

@@ -550,12 +550,15 @@ def test_every_feed_gets_its_own_candles_once_per_trade(pipeline) -> None:
 
 def test_exactly_once_under_kill_9(pipeline) -> None:
     """kill -9 while batches are in flight; after a restart the tables hold each row once,
-    and the live candles a subscriber sees through the relay end on the same values."""
+    and the live candles a subscriber sees through the relay end on the same values. A book
+    subscriber across it (#38) gets SIM's own book each time; ``book_deltas`` holds each of
+    its deltas once, and books rebuilt from Iceberg on either side equal the live ones."""
     ticker = f"TEST:K{uuid.uuid4().hex[:6].upper()}/USDT"
     start = int(time.time() * 1000) - 3_600_000
     ticks = make_ticks(ticker, start, 3000, seed=4)
     live = LiveUpdates(pipeline, [ticker])
     watcher = TickWatcher(pipeline, ticker, 3000)
+    books = BookWatcher(pipeline, BOOKED)
     # The module's job keeps running: stop it so this test owns the checkpoints.
     job = next(p for p in _jobs(pipeline))
     ohlc = catalog(pipeline).load_table(f"{NAMESPACE}.ohlc")
@@ -580,6 +583,7 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
     # left, so only the restarted job can deliver it (a second epoch).
     wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in jvm), timeout=60)
     produce_ticks(pipeline, with_resends(ticks[2000:], seed=9, earlier=ticks[:2000]))
+    booked_before = max(books.got, default=0)
     restarted = start_job(pipeline)
     try:
         wait_for(lambda: ticks_in_table() >= 3000, timeout=180, interval=1.0)
@@ -610,9 +614,13 @@ def test_exactly_once_under_kill_9(pipeline) -> None:
         offsets = [t.stream.source_offset for t in watcher.got]
         assert offsets == sorted(set(offsets))
         assert len({t.stream.epoch for t in watcher.got}) == 2, watcher.stats
+        wait_for(lambda: max(books.got, default=0) > booked_before + 3, timeout=120)
+        books.stop()
+        books.check_against_iceberg(pipeline, booked_before)
     finally:
         live.close()
         watcher.join()
+        books.stop()
         # The restarted job is the module's from here on (its teardown stops it): a third
         # start would cost the run half a minute, and its first batch could meet SPARK-55271.
         if restarted.poll() is None:
@@ -842,6 +850,61 @@ class TickWatcher:
     def join(self) -> None:
         self._thread.join(300)
         self._ingestor.close()
+
+
+BOOKED = "SIM:ETH/USDT"  # the pipeline's SIM ingestor streams its book once watched
+
+
+class BookWatcher:
+    """``Client.subscribe(ticker, "book")`` on a thread: each book it yields, by its venue
+    number, and those that differ from SIM's own book at that number."""
+
+    def __init__(self, settings, ticker: str) -> None:
+        self.ticker = ticker
+        self.got: dict[int, tuple[list, list, int]] = {}
+        self.wrong: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(settings,), daemon=True)
+        self._thread.start()
+        wait_for(lambda: self.got, timeout=120)
+
+    def _run(self, settings) -> None:
+        sim = SimExchange()  # the pipeline ingestor's twin: the same seed, so the same book
+        with Client(settings) as client:
+            sub = client.subscribe(self.ticker, "book", idle_timeout=240)
+            for book in sub:
+                if not book.same_levels(Book.from_snapshot(sim.book_at(self.ticker, book.seq))):
+                    self.wrong.append(book.seq)
+                self.got[book.seq] = (book.bids(), book.asks(), book.time_ns)
+                if self._stop.is_set():
+                    break
+            sub.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def check_against_iceberg(self, settings, split: int) -> None:
+        """Every book was SIM's; ``book_deltas`` holds each delta of the span once; a book
+        rebuilt from Iceberg equals the live one, before ``split`` and after it."""
+        assert not self.wrong, f"books that were not SIM's: {self.wrong[:5]}"
+        first, last = min(self.got), max(self.got)
+        deltas = catalog(settings).load_table(f"{NAMESPACE}.book_deltas")
+
+        def held() -> list[int]:
+            deltas.refresh()
+            rows = deltas.scan(row_filter=f"ticker = '{self.ticker}' AND venue_seq > {first}")
+            return sorted(s for s in rows.to_arrow()["venue_seq"].to_pylist() if s <= last)
+
+        wait_for(lambda: held()[-1:] == [last], timeout=120, interval=1.0)
+        assert held() == list(range(first + 1, last + 1)), "deltas lost or stored twice"
+        before = [s for s in self.got if s <= split][-2:]
+        after = [s for s in self.got if s > split][-2:]
+        with Client(settings) as client:
+            for seq in before + after:
+                bids, asks, time_ns = self.got[seq]
+                book = client.history(self.ticker, "book", at=time_ns // 1_000_000)
+                assert book.seq == seq and (book.bids(), book.asks()) == (bids, asks), seq
 
 
 class LiveUpdates:
