@@ -383,3 +383,23 @@ def test_a_received_run_is_cut_into_stretches_of_deltas_and_the_rest_in_order() 
     ]
     assert [m for p in pieces for m in (p.frames if isinstance(p, DeltaRun) else p)] == received
     assert delta_pieces(received[:RUN_MIN], TOPIC) == [received[:RUN_MIN]]
+
+
+@pytest.mark.parametrize("order", [("100.5", "100.50"), ("100.50", "100.5")])
+def test_a_price_spelled_two_ways_in_a_run_ends_as_its_last_level_left_it(order) -> None:
+    first, second = order
+    deltas = [delta(s, bids=[("99", str(s))]) for s in range(2, 2 + RUN_MIN)]
+    deltas[3].bids.add(price=first, size="1")
+    deltas[5].bids.add(price=second, size="0")  # removed, in the other spelling
+    deltas[7].bids.add(price=first, size="2")
+    deltas[9].bids.add(price=second, size="3")  # and set again: this spelling stays
+    one, runs = BookFeed(T), BookFeed(T)
+    for feed in (one, runs):
+        feed.offer(snap(1))
+    frames = frames_of(deltas)
+    for f in frames:
+        one.offer(decode_sub(f)[1])
+    run = DeltaRun.read(frames, TOPIC)
+    assert run is not None and runs.sync.on_run(run)
+    assert same(one.sync, runs.sync)
+    assert runs.sync.book is not None and (second, "3") in runs.sync.book.texts(True)
