@@ -9,7 +9,8 @@ any other message decoded and offered alone. Sockets are left out: the relay and
 subscription core have benches of their own (``bench.relay``, ``bench.subscribe``).
 
 - ``deltas_per_s``: as a subscriber that is behind takes them (runs of ``RUN_MAX``), the
-  median of three passes over ``--deltas`` updates; ``deltas_per_s_one_by_one``: each
+  median of three passes over ``--deltas`` updates, after an untimed one (a client's first
+  run imports pyarrow's compute functions, about 0.3 s, once); ``deltas_per_s_one_by_one``: each
   decoded and applied alone, as a subscriber that keeps up takes them, in the same run;
 - ``mismatches``: of ``--samples`` moments spread over them, how many books differ from
   SIM's own book at that update (``SimExchange.book_at``), with the updates taken in runs
@@ -120,6 +121,7 @@ def main() -> None:
     snapshot, deltas = sim.book_at(TICKER, first), sim_updates(sim, first, args.deltas)
     frames = wire(snapshot, deltas)
     made_s = time.perf_counter() - t0
+    apply_all(frames, RUN_MAX)  # untimed: the first imports pyarrow's compute functions
     passes = [apply_all(frames, RUN_MAX) for _ in range(3)]
     alone = [apply_all(frames, 1) for _ in range(3)]
     wrong, compared = mismatches(sim, frames, first, args.samples)
