@@ -504,10 +504,17 @@ _RunLevels = dict[Decimal, tuple[str, str]]
 
 def _run_levels(levels: Message, count: int) -> _RunLevels | None:
     """One side's merged levels, each price's last; None when a level lacks its price or
-    size, or either is no decimal as :func:`_parse` judges it. Sizes go through Arrow's
-    cast, which reads no text that ``float`` refuses (a text it cannot read sends the run
-    one by one, where ``float`` judges it), and the finite and not-negative check is
-    :func:`_parse`'s."""
+    size, or either is no decimal as :func:`_parse` judges it. Read off the wire where the
+    texts allow it (:func:`_wire_levels`), else level by level (:func:`_text_levels`)."""
+    wired = _wire_levels(levels, count)
+    return wired if wired is not None else _text_levels(levels, count)
+
+
+def _text_levels(levels: Message, count: int) -> _RunLevels | None:
+    """:func:`_run_levels` with each level's texts as Python strings. Sizes go through
+    Arrow's cast, which reads no text that ``float`` refuses (a text it cannot read sends
+    the run one by one, where ``float`` judges it), and the finite and not-negative check
+    is :func:`_parse`'s."""
     import pyarrow as pa  # only a subscriber's runs read it: an ingestor's start does not
     import pyarrow.compute as pc
 
@@ -532,6 +539,71 @@ def _run_levels(levels: Message, count: int) -> _RunLevels | None:
     if not pc.all(pc.is_finite(amounts)).as_py() or pc.min(amounts).as_py() < 0:
         return None
     return dict(zip(keys, zip(prices, sizes, strict=True), strict=True))
+
+
+# A level's texts as the merged ``Levels`` serializes them: every price, then every size,
+# each its tag, a length and its bytes. No byte of a decimal's text is below "+", so the
+# bytes below it are where the tags and lengths are, to be checked as such.
+_LEVEL_TAGS = tuple(
+    f.number << 3 | 2 for f in book_pb2.BookLevel.DESCRIPTOR.fields
+)  # (price, size): field number and wire type 2
+_TEXT_LOWEST = ord("+")
+
+
+def _wire_levels(levels: Message, count: int) -> _RunLevels | None:
+    """:func:`_run_levels` with no Python object a level: the texts read off the merged
+    levels' own bytes into Arrow, each price's last level found by Arrow and numpy, and
+    only the distinct prices made Python strings. None when it cannot be read so (a text
+    with a byte below "+" or of 43 bytes or more, a level missing a text, a size that is
+    no decimal, a price spelled two ways): :func:`_text_levels` then reads it level by
+    level. The bytes below "+" are taken as tags and lengths only when they cut the buffer
+    into whole (tag, length, text) items from its first byte to its last, which is how the
+    parser read them, so every text is what upb holds."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not count:
+        return None
+    b = np.frombuffer(levels.SerializeToString(), np.uint8)
+    marks = np.flatnonzero(b < _TEXT_LOWEST)
+    if len(marks) != 4 * count:
+        return None
+    tags, at = marks[0::2], marks[1::2]
+    lengths = b[at].astype(np.int64)
+    ends = np.append(tags[1:], len(b))
+    if tags[0] != 0 or not ((at == tags + 1).all() and (at + 1 + lengths == ends).all()):
+        return None
+    kinds = b[tags]
+    if not ((kinds[:count] == _LEVEL_TAGS[0]).all() and (kinds[count:] == _LEVEL_TAGS[1]).all()):
+        return None
+    keep = np.ones(len(b), bool)
+    keep[marks] = False
+    data = pa.py_buffer(b[keep])
+    offsets = np.zeros(2 * count + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    prices = pa.StringArray.from_buffers(count, pa.py_buffer(offsets[: count + 1]), data)
+    sizes = pa.StringArray.from_buffers(count, pa.py_buffer(offsets[count:]), data)
+    try:
+        amounts = pc.cast(sizes, pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if not pc.all(pc.is_finite(amounts)).as_py() or pc.min(amounts).as_py() < 0:
+        return None
+    coded = prices.dictionary_encode()
+    distinct, first_from_end = np.unique(coded.indices.to_numpy()[::-1], return_index=True)
+    texts = coded.dictionary.take(pa.array(distinct)).to_pylist()
+    try:
+        keys = list(map(_prices.__getitem__, texts))
+    except KeyError:
+        try:
+            keys = [_prices.get(p) or _price(p) for p in texts]
+        except BookError:
+            return None
+    if len(set(keys)) != len(keys):
+        return None  # a price spelled two ways ("100.5", "100.50"): which came last counts
+    last = sizes.take(pa.array(count - 1 - first_from_end)).to_pylist()
+    return dict(zip(keys, zip(texts, last, strict=True), strict=True))
 
 
 def _put_run(side: dict[Decimal, tuple[str, str]], levels: _RunLevels) -> None:

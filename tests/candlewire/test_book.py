@@ -10,6 +10,8 @@ from decimal import Decimal
 import pytest
 
 from candlewire.book import (
+    _RUN_COLUMNS,
+    _RUN_HEADS,
     RUN_MAX,
     RUN_MIN,
     Book,
@@ -18,6 +20,9 @@ from candlewire.book import (
     BookSync,
     DeltaRun,
     Verdict,
+    _run_levels,
+    _text_levels,
+    _wire_levels,
     delta_pieces,
     kraken_checksum,
     okx_checksum,
@@ -199,18 +204,20 @@ def frames_of(deltas: list[book_pb2.BookDelta], epoch: int = 7, seq: int = 1) ->
 
 
 def random_deltas(
-    rng: random.Random, first: int, n: int, faults: float
+    rng: random.Random, first: int, n: int, faults: float, respell: bool = True
 ) -> list[book_pb2.BookDelta]:
     """Deltas from venue number ``first`` on; with probability ``faults`` each is wrong in
     some way one by one would judge: a repeat, a gap, a chained prev_seq (right or wrong), a
-    malformed level, a level without price or size, a checksum."""
+    malformed level, a level without price or size, a checksum. ``respell``: a price may be
+    spelled two ways ("95.5", "95.50"), which a run reads level by level, not off the wire."""
     out, seq = [], first
     for _ in range(n):
         sides = []
         for _side in range(2):
             levels = []
             for _ in range(rng.randint(0, 6)):
-                price = f"{rng.randint(90, 110)}.{rng.choice(['5', '50', '0'])}"
+                cents = rng.choice(["5", "50", "0"]) if respell else str(rng.randint(0, 9))
+                price = f"{rng.randint(90, 110)}.{cents}"
                 size = rng.choice(ZEROS) if rng.random() < 0.35 else f"{rng.random() * 3:.4f}"
                 levels.append(book_pb2.BookLevel(price=price, size=size))
             sides.append(levels)
@@ -252,11 +259,14 @@ def same(a: BookSync, b: BookSync) -> bool:
     )
 
 
+@pytest.mark.parametrize("respell", [True, False], ids=["respelled", "off the wire"])
 @pytest.mark.parametrize("faults", [0.0, 0.02, 0.3])
-@pytest.mark.parametrize("seed", range(4))
-def test_a_run_leaves_the_book_and_counts_as_one_by_one_does(seed: int, faults: float) -> None:
+@pytest.mark.parametrize("seed", range(3))
+def test_a_run_leaves_the_book_and_counts_as_one_by_one_does(
+    seed: int, faults: float, respell: bool
+) -> None:
     rng = random.Random(seed)
-    deltas = random_deltas(rng, 2, 3_000, faults)
+    deltas = random_deltas(rng, 2, 3_000, faults, respell)
     frames = frames_of(deltas)
     one, runs = BookFeed(T), BookFeed(T)
     for feed in (one, runs):
@@ -342,14 +352,18 @@ def test_a_run_that_is_not_one_after_another_or_not_all_deltas_is_not_read() -> 
     assert DeltaRun.read(torn, TOPIC) is None
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_any_byte_changed_in_a_run_gives_the_book_one_by_one_gives(seed: int) -> None:
+@pytest.mark.parametrize("respell", [True, False], ids=["respelled", "off the wire"])
+@pytest.mark.parametrize("seed", range(6))
+def test_any_byte_changed_in_a_run_gives_the_book_one_by_one_gives(
+    seed: int, respell: bool
+) -> None:
     """Frames as a hostile or broken relay might pass them on: one by one drops what does
     not decode (as a subscription's filter does) and judges the rest; a run may only ever
     reach the same book."""
     rng = random.Random(seed)
     for _ in range(40):
-        frames = [list(f) for f in frames_of(random_deltas(rng, 2, RUN_MIN * 2, 0.05))]
+        deltas = random_deltas(rng, 2, RUN_MIN * 2, 0.05, respell)
+        frames = [list(f) for f in frames_of(deltas)]
         for _ in range(rng.randint(1, 3)):
             f = frames[rng.randrange(len(frames))]
             body = bytearray(f[2])
@@ -403,3 +417,31 @@ def test_a_price_spelled_two_ways_in_a_run_ends_as_its_last_level_left_it(order)
     assert run is not None and runs.sync.on_run(run)
     assert same(one.sync, runs.sync)
     assert runs.sync.book is not None and (second, "3") in runs.sync.book.texts(True)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_run_s_levels_off_the_wire_equal_those_read_level_by_level(seed: int) -> None:
+    """Read off the merged levels' bytes where the texts allow it, else None, which sends
+    them level by level: never a different answer."""
+    rng = random.Random(seed)
+    odd = ["0x1", " 1", "1\t", "1" * 43, "\u0661", "", "1e3", "+2", "-0", ".5", "5."]
+    wired = 0
+    for _ in range(200):
+        deltas = random_deltas(rng, 2, RUN_MIN, 0.0, respell=rng.random() < 0.2)
+        if rng.random() < 0.3:
+            d = rng.choice(deltas)
+            d.bids.add(price=rng.choice(["101.5", *odd]), size=rng.choice(["1", *odd]))
+        run = DeltaRun.read(frames_of(deltas), TOPIC)
+        columns = _RUN_COLUMNS.FromString(
+            b"".join(_RUN_HEADS[len(p)] + p for p in (d.SerializeToString() for d in deltas))
+        ).deltas
+        counts = [sum(len(d.bids) for d in deltas), sum(len(d.asks) for d in deltas)]
+        for levels, count in zip((columns.bids, columns.asks), counts, strict=True):
+            off_wire = _wire_levels(levels, count)
+            by_level = _text_levels(levels, count)
+            if off_wire is not None:
+                wired += 1
+                assert off_wire == by_level
+        sides = zip((columns.bids, columns.asks), counts, strict=True)
+        assert (run is None) == any(_run_levels(lv, n) is None for lv, n in sides)
+    assert wired > 100
