@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from itertools import chain
 from operator import gt, le
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -35,7 +36,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from proto import book_pb2
-from proto.envelope import SUB_PAYLOAD_MAX, TYPE_IDS, sub_payloads
+from proto.envelope import SUB_PAYLOAD_MAX, sub_payloads
 from proto.market_pb2 import StreamPosition
 
 Level = tuple[Decimal, Decimal]
@@ -430,11 +431,16 @@ class DeltaRun:
         (or one too big to pass over its limits), does not parse, has a level that is no
         price and size, or is not sequenced one right after the other: the caller then
         takes the messages one by one, which judges and counts each."""
-        payloads = sub_payloads(run, topic, book_pb2.BookDelta) if len(run) >= RUN_MIN else None
-        if payloads is None:
+        payloads = sub_payloads(run, topic, book_pb2.BookDelta)
+        return None if None in payloads else cls._read(run, payloads)  # type: ignore[arg-type]
+
+    @classmethod
+    def _read(cls, run: Sequence[Sequence[bytes]], payloads: list[bytes]) -> DeltaRun | None:
+        """:meth:`read` of messages whose payloads :func:`sub_payloads` passed."""
+        if len(payloads) < RUN_MIN:
             return None
-        heads = _RUN_HEADS
-        framed = b"".join([part for p in payloads for part in (heads[len(p)], p)])
+        heads = map(_RUN_HEADS.__getitem__, map(len, payloads))
+        framed = b"".join(chain.from_iterable(zip(heads, payloads, strict=True)))
         try:
             columns = _RUN_COLUMNS.FromString(framed).deltas
             counts = _RUN_COUNTS.FromString(framed).deltas
@@ -468,25 +474,22 @@ class DeltaRun:
         return list(map(book_pb2.BookDelta.FromString, self.payloads))
 
 
-_DELTA_TYPE = bytes([TYPE_IDS[book_pb2.BookDelta]])
-
-
 def delta_pieces(
     run: Sequence[Sequence[bytes]], topic: bytes
 ) -> list[DeltaRun | Sequence[Sequence[bytes]]]:
     """Messages received one after another, in pieces, in order: each stretch of BookDelta
-    messages that :meth:`DeltaRun.read` reads at once, and the others (a head beacon, a
-    snapshot, a stretch too short or that does not read) as they came, to be taken one by
-    one."""
+    messages of ``topic`` that :meth:`DeltaRun.read` reads at once, and the others (a head
+    beacon, a snapshot, anything :func:`~proto.envelope.sub_payloads` does not pass, a
+    stretch too short or that does not read) as they came, to be taken one by one."""
     if len(run) < RUN_MIN:
         return [run]
-    delta = _DELTA_TYPE
-    others = [i for i, f in enumerate(run) if len(f) != 3 or f[2][:1] != delta]
+    payloads = sub_payloads(run, topic, book_pb2.BookDelta)
+    others = [i for i, p in enumerate(payloads) if p is None]
     pieces: list[DeltaRun | Sequence[Sequence[bytes]]] = []
     start = i = 0  # the part not yet cut into pieces; the stretch of deltas looked at
     n = len(run)
     for j in [*others, n]:  # each stretch of deltas ends before a message that is none
-        deltas = DeltaRun.read(run[i:j], topic) if j - i >= RUN_MIN else None
+        deltas = DeltaRun._read(run[i:j], payloads[i:j]) if j - i >= RUN_MIN else None  # type: ignore[arg-type]
         if deltas is not None:
             if start < i:
                 pieces.append(run[start:i])
@@ -590,9 +593,10 @@ def _wire_levels(levels: Message, count: int) -> _RunLevels | None:
         return None
     if not pc.all(pc.is_finite(amounts)).as_py() or pc.min(amounts).as_py() < 0:
         return None
-    coded = prices.dictionary_encode()
-    distinct, first_from_end = np.unique(coded.indices.to_numpy()[::-1], return_index=True)
-    texts = coded.dictionary.take(pa.array(distinct)).to_pylist()
+    coded = prices.dictionary_encode()  # each distinct price text once, and a code a level
+    texts = coded.dictionary.to_pylist()
+    first_from_end = np.full(len(texts), count, np.int64)  # each price's last level, from the end
+    np.minimum.at(first_from_end, coded.indices.to_numpy()[::-1], np.arange(count))
     try:
         keys = list(map(_prices.__getitem__, texts))
     except KeyError:

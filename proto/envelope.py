@@ -316,21 +316,26 @@ def decode_sub(frames: Sequence[bytes]) -> tuple[str, Message]:
 
 def sub_payloads(
     run: Sequence[Sequence[bytes]], topic: bytes, cls: type[Message]
-) -> list[bytes] | None:
-    """The payloads of a run of SUB messages, each ``[topic, version, body]`` whose body is
-    a ``cls`` of at most ``_SMALL`` bytes, so no field in it can be past a limit: what
-    :func:`decode_sub` checks before it parses, for a receiver that parses the run at once.
-    None when any message is otherwise; the receiver then decodes them one by one, which
-    refuses and counts what is wrong."""
-    head, out = TYPE_IDS[cls], []
+) -> list[bytes | None]:
+    """Each of a run of SUB messages' payload, when it is ``[topic, version, body]`` whose
+    body is a ``cls`` of at most ``_SMALL`` bytes, so no field in it can be past a limit
+    (what :func:`decode_sub` checks before it parses, for a receiver that parses several at
+    once); None for any other, which the receiver decodes alone, and so refuses and counts
+    what is wrong."""
+    head, most, out = TYPE_IDS[cls], _SMALL + 1, []
     append = out.append
     for frames in run:
-        if len(frames) != 3 or frames[0] != topic or frames[1] != VERSION_FRAME:
-            return None
-        body = frames[2]
-        if not body or body[0] != head or len(body) > _SMALL + 1:
-            return None
-        append(body[1:])
+        if (
+            len(frames) == 3
+            and frames[0] == topic
+            and frames[1] == VERSION_FRAME
+            and (body := frames[2])
+            and body[0] == head
+            and len(body) <= most
+        ):
+            append(body[1:])
+        else:
+            append(None)
     return out
 
 

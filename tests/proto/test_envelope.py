@@ -252,19 +252,22 @@ def test_a_singular_sub_message_sent_in_parts_is_counted_whole() -> None:
         decode_body(body + half + half)
 
 
-def test_sub_payloads_passes_a_run_of_small_messages_of_one_topic_and_type_only() -> None:
+def test_sub_payloads_passes_small_messages_of_one_topic_and_type_only() -> None:
     from proto.envelope import SUB_PAYLOAD_MAX, sub_payloads
 
     delta = book_pb2.BookDelta(ticker="X", venue_seq=3)
-    run = [encode_topic("X|book", delta) for _ in range(3)]
-    assert sub_payloads(run, b"X|book", book_pb2.BookDelta) == [delta.SerializeToString()] * 3
-    assert sub_payloads(run, b"X|tick", book_pb2.BookDelta) is None
-    assert sub_payloads(run, b"X|book", book_pb2.BookSnapshot) is None
-    for bad in (
-        [b"X|book", b"\x02", run[0][2]],  # another version
-        [b"X|book", run[0][1]],  # a frame missing
-        [*run[0], b""],  # one too many
-        [b"X|book", run[0][1], b""],  # no type byte
+    good = encode_topic("X|book", delta)
+    assert (
+        sub_payloads([good, good], b"X|book", book_pb2.BookDelta) == [delta.SerializeToString()] * 2
+    )
+    assert sub_payloads([good], b"X|tick", book_pb2.BookDelta) == [None]
+    assert sub_payloads([good], b"X|book", book_pb2.BookSnapshot) == [None]
+    bad = [
+        [b"X|book", b"\x02", good[2]],  # another version
+        [b"X|book", good[1]],  # a frame missing
+        [*good, b""],  # one too many
+        [b"X|book", good[1], b""],  # no type byte
         encode_topic("X|book", book_pb2.BookDelta(ticker="X" * (SUB_PAYLOAD_MAX + 1))),
-    ):
-        assert sub_payloads([*run, bad], b"X|book", book_pb2.BookDelta) is None
+    ]
+    got = sub_payloads([good, *bad, good], b"X|book", book_pb2.BookDelta)
+    assert got == [delta.SerializeToString(), *[None] * len(bad), delta.SerializeToString()]
