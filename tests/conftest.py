@@ -25,6 +25,7 @@ from tests.support import (
     RUNNING,
     FakeIngestor,
     FakePublisher,
+    fast_books,
     free_settings,
     serve_pipeline,
     start_job,
@@ -183,7 +184,7 @@ def live_pipeline(lakehouse: Settings, kafka: ProcessService) -> Iterator[Settin
     RELAYS.append(Relay(lakehouse, metrics=False).start())
     journal = JournalService(lakehouse, metrics=False).start()
     ingestor = Ingestor(
-        lakehouse, [SimExchange()], heartbeat_s=0.2, warmup_beats=2, metrics=False
+        lakehouse, [SimExchange(), fast_books()], heartbeat_s=0.2, warmup_beats=2, metrics=False
     ).start()
     RUNNING.append(start_job(lakehouse))
     yield lakehouse

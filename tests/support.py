@@ -241,6 +241,15 @@ RUNNING: list[subprocess.Popen] = []  # streaming-job processes, stopped at sess
 RELAYS: list = []  # the live pipeline's relay; a test may replace it (the last one is stopped)
 
 
+def fast_books() -> Any:
+    """The live pipeline's second SIM exchange, ``BOOKS``: 25 book updates a second, so a
+    test compares a thousand books in under a minute (SIM's own makes one a second). Each
+    call makes the same exchange (its seed and rate), a test's oracle for the ingestor's."""
+    from ingest.exchanges.sim import SimExchange
+
+    return SimExchange(name="BOOKS", rate=25.0)
+
+
 def start_job(settings: Settings) -> subprocess.Popen:
     """`candlewire stream` as a process, returned once its metrics say it is up.
 

@@ -44,6 +44,7 @@ from tests.support import (
     RELAYS,
     RUNNING,
     FakeIngestor,
+    fast_books,
     relay_call,
     start_job,
     stream_metric,
@@ -490,6 +491,23 @@ def test_a_book_is_sims_live_whole_at_the_seam_and_rebuilt_from_iceberg(pipeline
 
         book = wait_for(rebuilt, timeout=90, interval=2.0)
     assert (book.bids(), book.asks()) == live[last][:2]
+
+
+def test_a_live_book_is_sims_own_at_a_thousand_moments(pipeline) -> None:
+    """#38's live book: every book a subscriber is handed, a thousand of them, equals SIM's
+    own book at that update, through the ingestor, Kafka, the Spark job and the relay."""
+    sim = fast_books()
+    ticker = "BOOKS:ETH/USDT"
+    compared = 0
+    with Client(pipeline) as client:
+        sub = client.subscribe(ticker, "book", idle_timeout=120)
+        for book in sub:
+            assert book.same_levels(Book.from_snapshot(sim.book_at(ticker, book.seq))), book.seq
+            compared += 1
+            if compared == 1000:
+                break
+        sub.close()
+    assert sub.stats.malformed == 0
 
 
 def test_every_feed_gets_its_own_candles_once_per_trade(pipeline) -> None:
