@@ -242,8 +242,9 @@ class Client:
         ``data_type="book"`` yields the ticker's L2 :class:`~candlewire.book.Book`, kept
         from a snapshot and the deltas after it, each time an update changed it (the same
         object, maintained; its ``bids()`` and ``asks()`` give ``depth`` levels). ``since``
-        (a time) starts it from the last snapshot before then. A subscriber that fell
-        behind gets the book once per run of deltas that had queued up, as of the last.
+        (a time) starts it from the last snapshot before then. Deltas that arrive together
+        (one of the stream job's micro-batches, or what queued while the caller was busy)
+        are applied at once, and the book is handed out once, as of the last of them.
         """
         since, feed = book_start(ticker, data_type, since, depth)
         batches = batches and feed is None  # a book is kept message by message

@@ -242,12 +242,12 @@ RELAYS: list = []  # the live pipeline's relay; a test may replace it (the last 
 
 
 def fast_books() -> Any:
-    """The live pipeline's second SIM exchange, ``BOOKS``: 25 book updates a second, so a
+    """The live pipeline's second SIM exchange, ``BOOKS``: 50 book updates a second, so a
     test compares a thousand books in under a minute (SIM's own makes one a second). Each
     call makes the same exchange (its seed and rate), a test's oracle for the ingestor's."""
     from ingest.exchanges.sim import SimExchange
 
-    return SimExchange(name="BOOKS", rate=25.0)
+    return SimExchange(name="BOOKS", rate=50.0)
 
 
 def start_job(settings: Settings) -> subprocess.Popen:

@@ -435,8 +435,17 @@ class SimExchange(Exchange):
 
     def book_at(self, ticker: str, n: int) -> book_pb2.BookSnapshot:
         """The book right after update ``n``: the oracle a client's book is held to."""
-        ((n, time_ns, (bids, asks)),) = self._book_states(self.symbol(ticker), n, n + 1)
-        return self._book_text(ticker).snapshot(n, time_ns, bids, asks, book_pb2.SNAPSHOT_START)
+        (book,) = self.books(ticker, n, n + 1)
+        return book
+
+    def books(self, ticker: str, n0: int, n1: int) -> list[book_pb2.BookSnapshot]:
+        """:meth:`book_at` of each update n0 <= n < n1, made in one pass over their minutes
+        (each call of :meth:`book_at` makes its minute's trades again)."""
+        text = self._book_text(ticker)
+        return [
+            text.snapshot(n, time_ns, bids, asks, book_pb2.SNAPSHOT_START)
+            for n, time_ns, (bids, asks) in self._book_states(self.symbol(ticker), n0, n1)
+        ]
 
     def book_seq_at(self, ticker: str, time_ns: int) -> int:
         """The last update at or before ``time_ns``."""
