@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from candlewire import Client
 from candlewire.book import Book
 from candlewire.config import PERIODS_S
-from candlewire.kafka import TICKS, producer_config
+from candlewire.kafka import BOOKS, TICKS, producer_config
 from candlewire.lake import NAMESPACE, catalog
 from candlewire.market import Tick
 from candlewire.topics import (
@@ -45,6 +45,7 @@ from tests.support import (
     RUNNING,
     FakeIngestor,
     fast_books,
+    read_topic_to_end,
     relay_call,
     start_job,
     stream_metric,
@@ -932,19 +933,39 @@ class BookWatcher:
         self._thread.join(60)
 
     def check_against_iceberg(self, settings, split: int) -> None:
-        """Every book was SIM's; ``book_deltas`` holds each delta of the span once; a book
-        rebuilt from Iceberg equals the live one, before ``split`` and after it."""
+        """Every book was SIM's; ``book_deltas`` and ``book_snapshots`` hold each record Kafka
+        holds for the span once, and nothing else; a book rebuilt from Iceberg equals the live
+        one, before ``split`` and after it.
+
+        Kafka is the oracle, not an unbroken run of venue numbers: the ingestor's stream may
+        start afresh inside the span (its last subscriber's grace ran out just before this
+        one's subscription came), from a snapshot, and the updates in between never exist."""
         assert not self.wrong, f"books that were not SIM's: {self.wrong[:5]}"
         first, last = min(self.got), max(self.got)
-        deltas = catalog(settings).load_table(f"{NAMESPACE}.book_deltas")
 
-        def held() -> list[int]:
-            deltas.refresh()
-            rows = deltas.scan(row_filter=f"ticker = '{self.ticker}' AND venue_seq > {first}")
+        def held(table: str) -> list[int]:
+            rows = (
+                catalog(settings)
+                .load_table(f"{NAMESPACE}.{table}")
+                .scan(row_filter=f"ticker = '{self.ticker}' AND venue_seq > {first}")
+            )
             return sorted(s for s in rows.to_arrow()["venue_seq"].to_pylist() if s <= last)
 
-        wait_for(lambda: held()[-1:] == [last], timeout=120, interval=1.0)
-        assert held() == list(range(first + 1, last + 1)), "deltas lost or stored twice"
+        sent: dict[str, list[int]] = {"book_deltas": [], "book_snapshots": []}
+        for r in read_topic_to_end(settings, BOOKS.name):  # all the job has read, and more
+            if getattr(r, "ticker", None) == self.ticker and first < r.venue_seq <= last:
+                sent["book_deltas" if type(r).__name__ == "BookDelta" else "book_snapshots"].append(
+                    r.venue_seq
+                )
+        deltas = sent["book_deltas"]
+        assert deltas and min(deltas) <= split < max(deltas), "deltas on both sides of the kill"
+        wait_for(
+            lambda: all(held(t)[-1:] == sorted(seqs)[-1:] for t, seqs in sent.items()),
+            timeout=120,
+            interval=1.0,
+        )
+        for table, seqs in sent.items():
+            assert held(table) == sorted(seqs), f"{table}: records lost or stored twice"
         before = [s for s in self.got if s <= split][-2:]
         after = [s for s in self.got if s > split][-2:]
         with Client(settings) as client:
