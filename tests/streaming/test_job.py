@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -54,6 +55,7 @@ from tests.support import (
 
 DAY = 86_400_000
 S = 1_000_000_000  # ns per second
+FIVE_MINUTES_NS = 300 * S
 T0 = 1_700_006_400_000
 
 
@@ -718,6 +720,56 @@ def test_the_catalog_s_connections_ended_by_postgresql_lose_nothing(pipeline) ->
     assert not restarts, restarts
 
 
+@pytest.mark.timeout(600)  # run alone, it waits five minutes for the live client
+def test_a_late_joiner_from_five_minutes_back_reaches_the_books_of_a_client_live_throughout(
+    pipeline, book_tape
+) -> None:
+    """#38's lossless seam at length: a subscriber with ``since`` five minutes back (the
+    journal from the snapshot before it, then live) reaches the same book as the client that
+    has been live on SIM's book since this module's first pipeline test, across the kill -9
+    and the restarts in between, wherever both were handed one; every book either was
+    handed is SIM's own, and the late joiner misses none of the live client's updates.
+
+    ``since`` is ten seconds after one of the ingestor's snapshots (one every 30 s), so the
+    joiner has to start from the snapshot before it: with the replay begun at ``since`` it
+    would wait for the next one and miss twenty updates. The module's tests take more than
+    five minutes; this one waits out whatever is left."""
+    began_ns = min(t for _, _, t in book_tape.got.values())
+    wait_for(lambda: time.time_ns() - began_ns >= FIVE_MINUTES_NS + 11 * S, timeout=340, interval=1)
+    snapshots = catalog(pipeline).load_table(f"{NAMESPACE}.book_snapshots")
+    back_ns = time.time_ns() - FIVE_MINUTES_NS
+    rows = snapshots.scan(
+        row_filter=f"ticker = '{BOOKED}' AND exchange_time_ns >= {began_ns - S}",
+        selected_fields=("exchange_time_ns",),
+    ).to_arrow()
+    since_ms = (
+        max(t for t in rows["exchange_time_ns"].to_pylist() if t + 10 * S <= back_ns) + 10 * S
+    ) // 1_000_000
+    until = max(book_tape.got)
+    late: dict[int, tuple[list, list, int]] = {}
+    with Client(pipeline) as client:
+        joiner = client.subscribe(BOOKED, "book", since=since_ms, idle_timeout=120)
+        for book in joiner:
+            late[book.seq] = (book.bids(), book.asks(), book.time_ns)
+            if book.seq >= until:
+                break
+        joiner.close()
+    assert joiner.stats.malformed == 0
+    live = {s: v for s, v in book_tape.got.items() if v[2] >= since_ms * 1_000_000 and s <= until}
+    assert len(live) > 200, "the live client's books of those five minutes"
+    assert not book_tape.wrong, f"live books that were not SIM's: {book_tape.wrong[:5]}"
+    truth = {
+        b.seq: (b.bids(), b.asks())
+        for b in map(Book.from_snapshot, SimExchange().books(BOOKED, min(late), max(late) + 1))
+    }
+    wrong = [s for s, (bids, asks, _) in late.items() if truth[s] != (bids, asks)]
+    assert not wrong, f"late books that were not SIM's: {wrong[:5]}"
+    assert all(t >= since_ms * 1_000_000 for _, _, t in late.values()), "handed out before since"
+    missed = sorted(live.keys() - late.keys())
+    assert not missed, f"updates the live client was handed and the late joiner not: {missed[:5]}"
+    assert all(late[s] == live[s] for s in live)
+
+
 @pytest.mark.long
 def test_restart_after_maintenance_expired_the_recorded_snapshot(pipeline) -> None:
     """The forming candles are restored from ``ohlc`` as of the last recorded commit. If
@@ -1048,6 +1100,14 @@ def _jobs(settings):
             yield pid
 
 
+@pytest.fixture(scope="module")
+def book_tape(live_pipeline) -> Iterator[BookWatcher]:
+    """A client live on SIM's book from this module's first pipeline test to its last."""
+    tape = BookWatcher(live_pipeline, BOOKED)
+    yield tape
+    tape.stop()
+
+
 @pytest.fixture
-def pipeline(live_pipeline):
+def pipeline(live_pipeline, book_tape):
     return live_pipeline
