@@ -44,7 +44,7 @@ class BookStream:
     ) -> None:
         self.ticker, self.exchange, self.sink = ticker, exchange, sink
         self.counted, self.snapshot_s = counted, snapshot_s
-        self.sync = BookSync(ticker, CHECKSUMS.get(exchange.name))
+        self.sync = BookSync(ticker, CHECKSUMS.get(exchange.checksum_as or exchange.name))
         self.sent = 0
         self._next_snapshot = 0.0
         self._next_try = 0.0  # when an untrusted book asks for a snapshot again

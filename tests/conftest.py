@@ -26,6 +26,7 @@ from tests.support import (
     FakeIngestor,
     FakePublisher,
     fast_books,
+    faulty_books,
     free_settings,
     serve_pipeline,
     start_job,
@@ -184,7 +185,11 @@ def live_pipeline(lakehouse: Settings, kafka: ProcessService) -> Iterator[Settin
     RELAYS.append(Relay(lakehouse, metrics=False).start())
     journal = JournalService(lakehouse, metrics=False).start()
     ingestor = Ingestor(
-        lakehouse, [SimExchange(), fast_books()], heartbeat_s=0.2, warmup_beats=2, metrics=False
+        lakehouse,
+        [SimExchange(), fast_books(), faulty_books()],
+        heartbeat_s=0.2,
+        warmup_beats=2,
+        metrics=False,
     ).start()
     RUNNING.append(start_job(lakehouse))
     yield lakehouse

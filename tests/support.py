@@ -250,6 +250,15 @@ def fast_books() -> Any:
     return SimExchange(name="BOOKS", rate=50.0)
 
 
+def faulty_books() -> Any:
+    """The live pipeline's third SIM exchange, ``FAULTY``: ten book updates a second, and
+    once its book streams, an update that loses a level change under its true checksum (at
+    2 s) and a skipped one (at 6 s). Each call makes the same exchange, a test's oracle."""
+    from ingest.exchanges.sim import SimExchange
+
+    return SimExchange(name="FAULTY", rate=10.0, faults="book:checksum@2s,book:skip@6s")
+
+
 def start_job(settings: Settings) -> subprocess.Popen:
     """`candlewire stream` as a process, returned once its metrics say it is up.
 

@@ -83,6 +83,9 @@ def dec_str(value: Decimal | float | str) -> str:
 
 class Exchange(ABC):
     name: str
+    # Whose checksum formula its book deltas carry (``candlewire.book.CHECKSUMS``), when that
+    # is not its name: a SIM venue under another name still checksums as SIM.
+    checksum_as: str | None = None
 
     @abstractmethod
     def markets(self) -> list[market_pb2.Market]:

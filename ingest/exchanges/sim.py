@@ -166,6 +166,8 @@ class _Symbol:
 
 
 class SimExchange(Exchange):
+    checksum_as = "SIM"  # its deltas carry the OKX-formula checksum, whatever its name
+
     def __init__(
         self,
         name: str = "SIM",

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
+from itertools import pairwise
 from pathlib import Path
 
 import pandas as pd
@@ -21,7 +22,7 @@ import zmq
 from confluent_kafka import Producer
 
 from candlewire import Client
-from candlewire.book import Book
+from candlewire.book import Book, BookSync, Verdict
 from candlewire.config import PERIODS_S
 from candlewire.kafka import BOOKS, TICKS, producer_config
 from candlewire.lake import NAMESPACE, catalog
@@ -35,7 +36,7 @@ from candlewire.topics import (
 )
 from ingest.exchanges.base import Page
 from ingest.exchanges.sim import SimExchange
-from proto import market_pb2
+from proto import book_pb2, market_pb2
 from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, to_record
 from streaming.decode import ohlc_rows
@@ -46,6 +47,7 @@ from tests.support import (
     RUNNING,
     FakeIngestor,
     fast_books,
+    faulty_books,
     read_topic_to_end,
     relay_call,
     start_job,
@@ -540,6 +542,57 @@ def test_a_book_is_sims_own_at_a_thousand_moments_live_and_late(pipeline) -> Non
     # From since on (the first live book's millisecond): none of the updates missed there.
     assert min(late) <= min(live), f"the late joiner began at {min(late)}, after {min(live)}"
     assert all(late[s] == live[s] for s in live.keys() & late.keys())
+
+
+def test_a_checksum_mismatch_and_a_jump_are_resnapshotted_and_the_book_stays_sims(
+    pipeline,
+) -> None:
+    """#38's bad input end to end: the live pipeline's FAULTY venue sends, 2 s into its book
+    stream, an update that loses a level change under its true checksum, and skips one at
+    6 s (``tests.support.faulty_books``). The ingestor writes neither: what Kafka holds for
+    the ticker, applied in order, is SIM's own book at every update, and a fresh snapshot
+    follows each fault with its reason, in Kafka and in ``book_snapshots``. A subscriber's
+    book equals SIM's at every update it is handed, and it is handed one again within
+    seconds of each fault: the stream healed rather than stopped."""
+    sim, ticker = faulty_books(), "FAULTY:ETH/USDT"
+    got: dict[int, tuple[list, list, int]] = {}
+    with Client(pipeline) as client:
+        sub = client.subscribe(ticker, "book", idle_timeout=120)
+        for book in sub:
+            got[book.seq] = (book.bids(), book.asks(), book.time_ns)
+            if book.time_ns - got[min(got)][2] >= 10 * S:
+                break
+        sub.close()
+    truth = {
+        b.seq: (b.bids(), b.asks())
+        for b in map(Book.from_snapshot, sim.books(ticker, min(got), max(got) + 1))
+    }
+    wrong = [s for s, (bids, asks, _) in got.items() if truth[s] != (bids, asks)]
+    assert not wrong, f"books that were not SIM's: {wrong[:5]}"
+    times = sorted(t for _, _, t in got.values())
+    assert max(b - a for a, b in pairwise(times)) < 5 * S, "no book for seconds"
+
+    records = [
+        r for r in read_topic_to_end(pipeline, BOOKS.name) if getattr(r, "ticker", None) == ticker
+    ]
+    sync, reasons = BookSync(ticker), []
+    for r in records:  # one partition per ticker: in the order written
+        if isinstance(r, book_pb2.BookSnapshot):
+            reasons.append(book_pb2.SnapshotReason.Name(r.reason))
+            sync.on_snapshot(r)
+        else:
+            assert sync.on_delta(r) is Verdict.APPLIED, r.venue_seq
+        if r.venue_seq in truth:
+            assert (sync.book.bids(), sync.book.asks()) == truth[r.venue_seq], r.venue_seq
+    assert reasons[:3] == ["SNAPSHOT_START", "SNAPSHOT_CHECKSUM", "SNAPSHOT_SEQUENCE"]
+    snapshots = catalog(pipeline).load_table(f"{NAMESPACE}.book_snapshots")
+
+    def stored() -> list[str]:
+        snapshots.refresh()
+        rows = snapshots.scan(row_filter=f"ticker = '{ticker}'").to_arrow().sort_by("venue_seq")
+        return rows["reason"].to_pylist()
+
+    wait_for(lambda: stored() == reasons, timeout=60, interval=1.0)
 
 
 def test_every_feed_gets_its_own_candles_once_per_trade(pipeline) -> None:
