@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from candlewire.book import CHECKSUMS, SNAPSHOT_EVERY_S, BookError, BookSync, Verdict
+from candlewire.book import SNAPSHOT_EVERY_S, BookError, BookSync, Verdict
 from candlewire.kafka import BOOKS
 from ingest.exchanges.base import BookBroken, Exchange, ExchangeError, NoBook, UnknownSymbol
 from ingest.jobs import retry
@@ -44,7 +44,7 @@ class BookStream:
     ) -> None:
         self.ticker, self.exchange, self.sink = ticker, exchange, sink
         self.counted, self.snapshot_s = counted, snapshot_s
-        self.sync = BookSync(ticker, CHECKSUMS.get(exchange.checksum_as or exchange.name))
+        self.sync = BookSync(ticker, exchange.book_checksum())
         self.sent = 0
         self._next_snapshot = 0.0
         self._next_try = 0.0  # when an untrusted book asks for a snapshot again

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from candlewire.book import Verdict
+from candlewire.book import CHECKSUMS, Checksum, Verdict
 from proto import book_pb2, market_pb2
 
 
@@ -86,6 +86,10 @@ class Exchange(ABC):
     # Whose checksum formula its book deltas carry (``candlewire.book.CHECKSUMS``), when that
     # is not its name: a SIM venue under another name still checksums as SIM.
     checksum_as: str | None = None
+
+    def book_checksum(self) -> Checksum | None:
+        """The formula its book deltas' checksums follow; None when they carry none."""
+        return CHECKSUMS.get(self.checksum_as or self.name)
 
     @abstractmethod
     def markets(self) -> list[market_pb2.Market]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import ccxt
 
-from candlewire.book import CHECKSUMS, Verdict
+from candlewire.book import Verdict
 from ingest.exchanges.base import (
     BookBroken,
     Exchange,
@@ -353,7 +353,7 @@ class BookWatch:
         self.ticker, self.stop = ticker, stop
         self._symbol = exchange.symbol(ticker)
         self._client = exchange.pro_client()
-        self._broken = Verdict.CHECKSUM if exchange.name in CHECKSUMS else Verdict.GAP
+        self._broken = Verdict.CHECKSUM if exchange.book_checksum() else Verdict.GAP
         self._queue: queue.Queue[book_pb2.BookDelta] = queue.Queue(BOOK_BACKLOG)
         self._lock = threading.Lock()
         self._bids: Levels = {}
