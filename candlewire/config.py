@@ -97,7 +97,7 @@ class IngestSettings(BaseModel):
     sim_faults: str = ""
     """What SIM gets wrong on purpose, to watch gaps found and repaired: comma-separated
     ``drop:20s@60s``, ``disconnect:20s@60s``, ``rest:off``, ``ids:opaque``, and for books
-    ``book:checksum@30s``, ``book:skip@30s``."""
+    ``book:checksum@30s``, ``book:skip@30s``, ``book:malformed@30s``."""
 
 
 class SecuritySettings(BaseModel):

@@ -253,10 +253,12 @@ def fast_books() -> Any:
 def faulty_books() -> Any:
     """The live pipeline's third SIM exchange, ``FAULTY``: ten book updates a second, and
     once its book streams, an update that loses a level change under its true checksum (at
-    2 s) and a skipped one (at 6 s). Each call makes the same exchange, a test's oracle."""
+    2 s), a skipped one (at 6 s) and one with a price that is no number (at 10 s). Each call
+    makes the same exchange, a test's oracle."""
     from ingest.exchanges.sim import SimExchange
 
-    return SimExchange(name="FAULTY", rate=10.0, faults="book:checksum@2s,book:skip@6s")
+    faults = "book:checksum@2s,book:skip@6s,book:malformed@10s"
+    return SimExchange(name="FAULTY", rate=10.0, faults=faults)
 
 
 def start_job(settings: Settings) -> subprocess.Popen:

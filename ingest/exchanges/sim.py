@@ -81,11 +81,11 @@ def fmt_fixed_column(values: np.ndarray, decimals: int) -> list[str]:
 
 FAULT_SYNTAX = (
     "drop:DURs@ATs, disconnect:DURs@ATs, rest:off, ids:opaque, book:checksum@ATs, "
-    "book:skip@ATs (e.g. drop:20s@60s)"
+    "book:skip@ATs, book:malformed@ATs (e.g. drop:20s@60s)"
 )
 _SECONDS = r"(\d+(?:\.\d+)?)s"
 _OUTAGE = re.compile(rf"(drop|disconnect):{_SECONDS}@{_SECONDS}")
-_BOOK_FAULT = re.compile(rf"book:(checksum|skip)@{_SECONDS}")
+_BOOK_FAULT = re.compile(rf"book:(checksum|skip|malformed)@{_SECONDS}")
 
 
 @dataclass(frozen=True)
@@ -487,7 +487,7 @@ class SimExchange(Exchange):
                     kind, _ = faults.pop(0)
                     if kind == "skip":
                         continue
-                    delta = sim_book.corrupt(delta)
+                    delta = (sim_book.corrupt if kind == "checksum" else sim_book.malformed)(delta)
                 delta.ingest_time_ns = time.time_ns()
                 yield delta
             n += 1

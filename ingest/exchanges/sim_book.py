@@ -90,6 +90,14 @@ class BookText:
         return delta
 
 
+def malformed(delta: book_pb2.BookDelta) -> book_pb2.BookDelta:
+    """The delta with a level whose price is no number: what ``book:malformed`` sends."""
+    bad = book_pb2.BookDelta()
+    bad.CopyFrom(delta)
+    bad.bids.add(price="not-a-price", size="1")
+    return bad
+
+
 def corrupt(delta: book_pb2.BookDelta) -> book_pb2.BookDelta:
     """The delta with one level change lost, its checksum still the venue's true one: what
     ``book:checksum`` sends."""

@@ -121,6 +121,24 @@ def test_checksum_mismatch_and_sequence_jump_each_resnapshot_and_are_counted() -
     assert after.count(0) > 20 and compared > 80
 
 
+def test_a_malformed_delta_is_dropped_counted_and_the_next_asks_for_a_snapshot() -> None:
+    """SIM sends a delta with a price that is no number at 0.5 s: it never reaches Kafka, it
+    is counted, and the delta after it (which no longer follows on) brings a fresh snapshot;
+    the book is SIM's throughout."""
+
+    def healed(records: list) -> bool:
+        kinds = kinds_of(records)
+        sequence = book_pb2.SNAPSHOT_SEQUENCE
+        return sequence in kinds and kinds[kinds.index(sequence) :].count(0) > 20
+
+    sim, records, events = book_stream("book:malformed@0.5s", 1.0, until=healed)
+    assert events == ["malformed", "gap"]
+    compared, reasons = check_against_sim(sim, records)
+    assert reasons == [book_pb2.SNAPSHOT_START, book_pb2.SNAPSHOT_SEQUENCE]
+    assert compared > 40
+    assert all(level.price != "not-a-price" for r in records for level in r.bids)
+
+
 def test_a_snapshot_that_lags_the_stream_is_asked_for_again_until_one_catches_up() -> None:
     """The venue's REST snapshot is behind its stream four times in a row (three tries,
     then the retry a second later): the stream writes nothing unchecked meanwhile, and
