@@ -66,6 +66,13 @@ def kinds_of(records: list) -> list[int]:
     return [r.reason if isinstance(r, book_pb2.BookSnapshot) else 0 for r in records]
 
 
+def healed(records: list) -> bool:
+    """A sequence snapshot written, and more than 20 deltas after the first one."""
+    kinds = kinds_of(records)
+    sequence = book_pb2.SNAPSHOT_SEQUENCE
+    return sequence in kinds and kinds[kinds.index(sequence) :].count(0) > 20
+
+
 def check_against_sim(sim: SimExchange, records: list, ticker: str = T) -> tuple[int, list[int]]:
     """Replay what was written as a client would, comparing with SIM's book at every update;
     returns (updates compared, the snapshot reasons seen)."""
@@ -102,11 +109,6 @@ def test_checksum_mismatch_and_sequence_jump_each_resnapshot_and_are_counted() -
     (A fault that falls before the stream restarted after the one before is not made, so
     the two are far apart: on a loaded machine the resnapshot took more than 0.5 s.)"""
 
-    def healed(records: list) -> bool:  # the second fault's snapshot, and deltas after it
-        kinds = kinds_of(records)
-        sequence = book_pb2.SNAPSHOT_SEQUENCE
-        return sequence in kinds and kinds[kinds.index(sequence) :].count(0) > 20
-
     sim, records, events = book_stream("book:checksum@0.5s,book:skip@4s", 4.5, until=healed)
     assert events == ["checksum", "gap"]
     compared, reasons = check_against_sim(sim, records)
@@ -125,11 +127,6 @@ def test_a_malformed_delta_is_dropped_counted_and_the_next_asks_for_a_snapshot()
     """SIM sends a delta with a price that is no number at 0.5 s: it never reaches Kafka, it
     is counted, and the delta after it (which no longer follows on) brings a fresh snapshot;
     the book is SIM's throughout."""
-
-    def healed(records: list) -> bool:
-        kinds = kinds_of(records)
-        sequence = book_pb2.SNAPSHOT_SEQUENCE
-        return sequence in kinds and kinds[kinds.index(sequence) :].count(0) > 20
 
     sim, records, events = book_stream("book:malformed@0.5s", 1.0, until=healed)
     assert events == ["malformed", "gap"]
