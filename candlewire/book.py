@@ -513,6 +513,20 @@ def _run_levels(levels: Message, count: int) -> _RunLevels | None:
     return wired if wired is not None else _text_levels(levels, count)
 
 
+def _price_keys(texts: list[str]) -> list[Decimal] | None:
+    """Each price text's Decimal, from the cache, each text not in it parsed once by
+    :func:`_price`; None when one is no price."""
+    try:
+        return list(map(_prices.__getitem__, texts))
+    except KeyError:  # prices not seen before
+        try:
+            for text in set(texts).difference(_prices):
+                _price(text)
+        except BookError:
+            return None
+        return [_prices.get(p) or _price(p) for p in texts]  # (the cache may have been full)
+
+
 def _text_levels(levels: Message, count: int) -> _RunLevels | None:
     """:func:`_run_levels` with each level's texts as Python strings. Sizes go through
     Arrow's cast, which reads no text that ``float`` refuses (a text it cannot read sends
@@ -526,15 +540,9 @@ def _text_levels(levels: Message, count: int) -> _RunLevels | None:
         return None
     if not count:
         return {}
-    try:
-        keys = list(map(_prices.__getitem__, prices))
-    except KeyError:  # prices not seen before, each parsed once
-        try:
-            for text in set(prices).difference(_prices):
-                _price(text)
-        except BookError:
-            return None
-        keys = [_prices.get(p) or _price(p) for p in prices]  # (the cache may have been full)
+    keys = _price_keys(prices)
+    if keys is None:
+        return None
     try:
         amounts = pc.cast(pa.array(sizes, pa.string()), pa.float64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -597,13 +605,9 @@ def _wire_levels(levels: Message, count: int) -> _RunLevels | None:
     texts = coded.dictionary.to_pylist()
     first_from_end = np.full(len(texts), count, np.int64)  # each price's last level, from the end
     np.minimum.at(first_from_end, coded.indices.to_numpy()[::-1], np.arange(count))
-    try:
-        keys = list(map(_prices.__getitem__, texts))
-    except KeyError:
-        try:
-            keys = [_prices.get(p) or _price(p) for p in texts]
-        except BookError:
-            return None
+    keys = _price_keys(texts)
+    if keys is None:
+        return None
     if len(set(keys)) != len(keys):
         return None  # a price spelled two ways ("100.5", "100.50"): which came last counts
     last = sizes.take(pa.array(count - 1 - first_from_end)).to_pylist()

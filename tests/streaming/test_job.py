@@ -531,10 +531,7 @@ def test_a_book_is_sims_own_at_a_thousand_moments_live_and_late(pipeline) -> Non
                 break
         joiner.close()
     assert sub.stats.malformed == 0 and joiner.stats.malformed == 0
-    truth = {
-        b.seq: (b.bids(), b.asks())
-        for b in map(Book.from_snapshot, sim.books(ticker, min(live), max(late) + 1))
-    }
+    truth = sims_books(sim, ticker, min(live), max(late))
     wrong = [s for s, (bids, asks, _) in [*live.items(), *late.items()] if truth[s] != (bids, asks)]
     assert not wrong, f"books that are not SIM's: {wrong[:5]}"
     assert len(live) + len(late) >= 1000, (len(live), len(late))
@@ -565,10 +562,7 @@ def test_a_checksum_mismatch_and_a_jump_are_resnapshotted_and_the_book_stays_sim
             if book.time_ns - got[min(got)][2] >= 13 * S:
                 break
         sub.close()
-    truth = {
-        b.seq: (b.bids(), b.asks())
-        for b in map(Book.from_snapshot, sim.books(ticker, min(got), max(got) + 1))
-    }
+    truth = sims_books(sim, ticker, min(got), max(got))
     wrong = [s for s, (bids, asks, _) in got.items() if truth[s] != (bids, asks)]
     assert not wrong, f"books that were not SIM's: {wrong[:5]}"
     times = sorted(t for _, _, t in got.values())
@@ -818,10 +812,7 @@ def test_a_late_joiner_from_five_minutes_back_reaches_the_books_of_a_client_live
     live = {s: v for s, v in book_tape.got.items() if v[2] >= since_ms * 1_000_000 and s <= until}
     assert len(live) > 200, "the live client's books of those five minutes"
     assert not book_tape.wrong, f"live books that were not SIM's: {book_tape.wrong[:5]}"
-    truth = {
-        b.seq: (b.bids(), b.asks())
-        for b in map(Book.from_snapshot, SimExchange().books(BOOKED, min(late), max(late) + 1))
-    }
+    truth = sims_books(SimExchange(), BOOKED, min(late), max(late))
     wrong = [s for s, (bids, asks, _) in late.items() if truth[s] != (bids, asks)]
     assert not wrong, f"late books that were not SIM's: {wrong[:5]}"
     assert all(t >= since_ms * 1_000_000 for _, _, t in late.values()), "handed out before since"
@@ -1013,6 +1004,15 @@ class TickWatcher:
 
 
 BOOKED = "SIM:ETH/USDT"  # the pipeline's SIM ingestor streams its book once watched
+
+
+def sims_books(sim: SimExchange, ticker: str, first: int, last: int) -> dict[int, tuple]:
+    """SIM's own (bids, asks) after each update from ``first`` to ``last``, made in one
+    pass (one at a time, each would make its minute's trades again)."""
+    return {
+        b.seq: (b.bids(), b.asks())
+        for b in map(Book.from_snapshot, sim.books(ticker, first, last + 1))
+    }
 
 
 class BookWatcher:
