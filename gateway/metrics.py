@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class GatewayMetrics:
@@ -15,6 +15,12 @@ class GatewayMetrics:
             "candlewire_gateway_informational",
             "Fast-path events, by result (sent to sessions, or no session here)",
             ["result"],
+            registry=r,
+        )
+        self.informational_batch = Histogram(
+            "candlewire_gateway_informational_batch_events",
+            "Fast-path events taken from the SUB in one loop turn (events_coalesce_ms)",
+            buckets=(1, 4, 16, 64, 256),
             registry=r,
         )
         self.critical = Counter(
