@@ -46,6 +46,9 @@ from proto.envelope import EnvelopeError, decode, encode, encode_topic, expect
 log = logging.getLogger("candlewire.events")
 
 ACK_TIMEOUT_S = 30.0  # the spec's default
+# Once woken, the I/O thread waits this long for more events before it sends: one at a time,
+# an event cost it 35 µs of CPU at 10,000 a second, a batch's share about 5.
+COALESCE_S = 0.001
 
 
 class Route(Enum):
@@ -117,9 +120,15 @@ class EventPublisher:
         ack_timeout: float = ACK_TIMEOUT_S,
         endpoint: str = "user_events",
         key: str | None = None,
+        coalesce_s: float = COALESCE_S,
     ) -> None:
         """``key``: the CURVE key proved to gateways (default the configured one): a
-        container's, bound to its user, or the stream job's publisher key."""
+        container's, bound to its user, or the stream job's publisher key. ``coalesce_s``:
+        how long the I/O thread lets events gather once woken, so that events published one
+        at a time leave together (0: each as it comes)."""
+        if not 0 <= coalesce_s <= 0.1:
+            raise ValueError(f"coalesce_s must be 0 to 0.1 seconds, not {coalesce_s}")
+        self.coalesce_s = coalesce_s
         self.settings = settings or Settings()
         self.endpoint = endpoint  # the XPUB's, by name: a user container's, or the job's
         self.key = key
@@ -129,6 +138,7 @@ class EventPublisher:
         self.pending: dict[str, Pending] = {}
         self.acks: Counter[str] = Counter()
         self.dropped_frames = 0
+        self.outboxes_sent = 0  # the times the I/O thread took a non-empty outbox
         self._watchers: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._outbox: list[tuple[Route, ev.UserEvent]] = []
@@ -232,6 +242,8 @@ class EventPublisher:
         while not self._stop.is_set():
             events = dict(poller.poll(100))
             if self._wake_recv in events:
+                if self.coalesce_s:  # the events published meanwhile go out with this one
+                    self._stop.wait(self.coalesce_s)
                 while self._wake_recv.poll(0):
                     self._wake_recv.recv()
             if self._xpub in events:
@@ -254,6 +266,8 @@ class EventPublisher:
     def _send_outbox(self) -> None:
         with self._lock:
             out, self._outbox = self._outbox, []
+        if out:
+            self.outboxes_sent += 1
         for route, event in out:
             if route is Route.XPUB:
                 send_frames(self._xpub, encode_topic(user_topic(event.user_id), event))

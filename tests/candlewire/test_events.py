@@ -193,3 +193,43 @@ def test_publishing_faster_than_the_io_thread_never_raises(ctx, settings, tmp_pa
             got += 1
         assert got == n
     sub.close()
+
+
+@pytest.mark.parametrize("coalesce_s", [0.0, 0.1])
+def test_events_published_one_at_a_time_leave_together(ctx, settings, tmp_path, coalesce_s) -> None:
+    """With ``coalesce_s`` the I/O thread, once woken, lets the events published meanwhile
+    gather and sends them as one outbox; without it, each event a few milliseconds apart
+    leaves alone. Either way every event arrives, in order."""
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.subscribe(user_topic("paced"))
+    sub.connect(settings.connect("user_events"))
+    endpoints = [f"tcp://127.0.0.1:{free_port()}"]
+    with publisher(settings, endpoints, tmp_path, coalesce_s=coalesce_s) as pub:
+        wait_for(lambda: pub.watched("paced"))
+        sent = [event("paced", ev.INFORMATIONAL) for _ in range(10)]
+        before = pub.outboxes_sent
+        for e in sent:
+            pub.publish(e)
+            time.sleep(0.003)
+        got = []
+        while len(got) < len(sent) and sub.poll(5000):
+            got.append(expect_event(sub.recv_multipart()))
+        assert got == [e.event_id for e in sent]
+        outboxes = pub.outboxes_sent - before
+    if coalesce_s:  # the first event's wake-up holds 100 ms; publishing takes about 30
+        assert outboxes <= 3, f"{outboxes} outboxes for 10 events"
+    else:
+        assert outboxes >= 5, f"{outboxes} outboxes for 10 events 3 ms apart"
+    sub.close()
+
+
+def expect_event(frames: list[bytes]) -> str:
+    _, msg = decode_sub(frames)
+    assert isinstance(msg, ev.UserEvent)
+    return msg.event_id
+
+
+def test_coalescing_is_bounded(settings, tmp_path) -> None:
+    with pytest.raises(ValueError, match="coalesce_s"):
+        EventPublisher(settings, journal=tmp_path / "p.db", coalesce_s=1.0)
