@@ -32,6 +32,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -192,8 +193,53 @@ def frozen_heap() -> Iterator[None]:
 def informational(settings: Settings, n: int, journal: Path, gateway_pid: int) -> dict:
     """Also the gateway's CPU per event: unlike the rate, it does not depend on what else
     shares the machine's two cores."""
+    run = _publish(settings, n, None, journal, gateway_pid, _session_reader)
+    done_at = max(at for _, at in run.received)
+    return {
+        "events_per_s": n / (done_at - run.t0),
+        "p50_ms": pct(run.latencies, 0.5),
+        "p99_ms": pct(run.latencies, 0.99),
+        "gateway_cpu_us_per_event": run.gateway_cpu_s / n * 1e6,
+    }
+
+
+def paced(settings: Settings, rate: float, seconds: float, journal: Path, gateway_pid: int) -> dict:
+    """INFORMATIONAL events published at ``rate`` a second for ``seconds``: what reached the
+    client, the latencies at that rate, and the gateway's CPU per event."""
+    n = max(1, int(rate * seconds))
+    run = _publish(settings, n, rate, journal, gateway_pid, _counting_reader, 5.0)
+    return {
+        "rate": rate,
+        "published_per_s": n / run.published_s,
+        "delivered": len(run.received) / n,
+        "p50_ms": pct(run.latencies or [float("nan")], 0.5),
+        "p99_ms": pct(run.latencies or [float("nan")], 0.99),
+        "gateway_cpu_us_per_event": run.gateway_cpu_s / n * 1e6,
+    }
+
+
+@dataclass
+class Published:
+    t0: float
+    published_s: float
+    received: list[tuple[int, float]]
+    latencies: list[float]
+    gateway_cpu_s: float
+
+
+def _publish(
+    settings: Settings,
+    n: int,
+    rate: float | None,
+    journal: Path,
+    gateway_pid: int,
+    reader_target: Callable[..., None],
+    *reader_args: object,
+) -> Published:
+    """``n`` INFORMATIONAL events to a signed-in reader in a process of its own, as fast as
+    they go (``rate`` None) or at ``rate`` a second, each timed from its publish."""
     user = new_user()
-    proc, reader = _reader(_session_reader, settings, user, n)
+    proc, reader = _reader(reader_target, settings, user, n, *reader_args)
     try:
         _answer(reader, 60)  # signed in
         with EventPublisher(settings, journal=journal) as pub:
@@ -202,67 +248,26 @@ def informational(settings: Settings, n: int, journal: Path, gateway_pid: int) -
                 assert time.monotonic() < deadline, "the gateway never subscribed"
                 time.sleep(0.01)
             # Made before the clock starts, as the raw path's frames are: what is measured is
-            # delivery, not the bench making events. Each is timed from its publish.
+            # delivery, not the bench making events.
             events = [user_event(user, ev.INFORMATIONAL, payload={"i": i}) for i in range(n)]
             sent_at = [0.0] * n
             with frozen_heap():
                 t0, cpu0 = time.time(), process_cpu_s(gateway_pid)
                 for i, event in enumerate(events):
+                    if rate is not None:
+                        due = t0 + i / rate
+                        while (now := time.time()) < due:
+                            time.sleep(min(due - now, 0.001))
                     sent_at[i] = time.time()
                     pub.publish(event)
-                received = _answer(reader, 120)
-            cpu = process_cpu_s(gateway_pid) - cpu0
-            done_at = max(at for _, at in received)
-            latencies = [at - sent_at[i] for i, at in received]
-    finally:
-        proc.join(10)
-        proc.kill()
-    return {
-        "events_per_s": n / (done_at - t0),
-        "p50_ms": pct(latencies, 0.5),
-        "p99_ms": pct(latencies, 0.99),
-        "gateway_cpu_us_per_event": cpu / n * 1e6,
-    }
-
-
-def paced(settings: Settings, rate: float, seconds: float, journal: Path, gateway_pid: int) -> dict:
-    """INFORMATIONAL events published at ``rate`` a second for ``seconds``: what reached the
-    client, the latencies at that rate, and the gateway's CPU per event."""
-    n = max(1, int(rate * seconds))
-    user = new_user()
-    proc, reader = _reader(_counting_reader, settings, user, n, 5.0)
-    try:
-        _answer(reader, 60)  # signed in
-        with EventPublisher(settings, journal=journal) as pub:
-            deadline = time.monotonic() + 10
-            while not pub.watched(user):
-                assert time.monotonic() < deadline, "the gateway never subscribed"
-                time.sleep(0.01)
-            events = [user_event(user, ev.INFORMATIONAL, payload={"i": i}) for i in range(n)]
-            sent_at = [0.0] * n
-            with frozen_heap():
-                t0, cpu0 = time.time(), process_cpu_s(gateway_pid)
-                for i, event in enumerate(events):
-                    due = t0 + i / rate
-                    while (now := time.time()) < due:
-                        time.sleep(min(due - now, 0.001))
-                    sent_at[i] = now
-                    pub.publish(event)
                 published_s = time.time() - t0
-                received = _answer(reader, seconds + 120)
+                received = _answer(reader, 120 + n / (rate or n))
             cpu = process_cpu_s(gateway_pid) - cpu0
     finally:
         proc.join(10)
         proc.kill()
-    latencies = [at - sent_at[i] for i, at in received] or [float("nan")]
-    return {
-        "rate": rate,
-        "published_per_s": n / published_s,
-        "delivered": len(received) / n,
-        "p50_ms": pct(latencies, 0.5),
-        "p99_ms": pct(latencies, 0.99),
-        "gateway_cpu_us_per_event": cpu / n * 1e6,
-    }
+    latencies = [at - sent_at[i] for i, at in received]
+    return Published(t0, published_s, received, latencies, cpu)
 
 
 def raw(n: int, quiet_s: float = 2.0) -> tuple[float, int]:

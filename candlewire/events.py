@@ -47,7 +47,7 @@ log = logging.getLogger("candlewire.events")
 
 ACK_TIMEOUT_S = 30.0  # the spec's default
 # Once woken, the I/O thread waits this long for more events before it sends: one at a time,
-# an event cost it 35 µs of CPU at 10,000 a second, a batch's share about 5.
+# an event cost it 35 µs of CPU at 10,000 a second, 14 with this wait, 3 in a flood.
 COALESCE_S = 0.001
 
 
