@@ -68,10 +68,14 @@ class Session:
 
     def offer(self, message: dict[str, Any]) -> bool:
         """Queue a message; False (and the session is closing) when the client is too slow."""
+        return self.offer_text(to_json(message))
+
+    def offer_text(self, text: str) -> bool:
+        """:meth:`offer` of a message already made text (:func:`to_json`)."""
         if self.closed:
             return False
         try:
-            self.outbox.put_nowait(to_json(message))
+            self.outbox.put_nowait(text)
             return True
         except asyncio.QueueFull:
             self.closed = True
@@ -168,9 +172,13 @@ class Sessions:
         return self.offer_to(list(self._by_user.get(user_id, ())), message)
 
     def offer_to(self, sessions: list[Session], message: dict[str, Any]) -> int:
-        taken = 0
+        """Offer a message to each of ``sessions``, made text once for all of them (a candle
+        goes to every session drawing its chart); the number that took it."""
+        if not sessions:
+            return 0
+        text, taken = to_json(message), 0
         for session in sessions:
-            if session.offer(message):
+            if session.offer_text(text):
                 taken += 1
             elif session.closed and session in self._by_user.get(session.user_id, ()):
                 self.close(session)

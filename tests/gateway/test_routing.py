@@ -352,3 +352,25 @@ def test_events_coming_one_at_a_time_share_a_loop_turn(
     else:
         assert turns >= 10, f"{turns:.0f} loop turns for 20 events 3 ms apart"
     ws.close()
+
+
+def test_a_message_to_many_sessions_is_made_text_once(monkeypatch) -> None:
+    """A candle goes to every session drawing its chart: each gets the same text, encoded
+    once for all of them, and a session too slow to take it is closed and told."""
+    import gateway.sessions as sessions_module
+    from gateway.sessions import Sessions
+
+    encoded: list[dict] = []
+    real = sessions_module.to_json
+    monkeypatch.setattr(sessions_module, "to_json", lambda m: encoded.append(m) or real(m))
+    slow: list[str] = []
+    sessions = Sessions(1, 16, lambda _u: None, lambda _u: None, lambda s: slow.append(s.user_id))
+    watchers = [sessions.open(f"u{i}", object()) for i in range(5)]  # type: ignore[arg-type]
+    assert all(w is not None for w in watchers)
+    candle = {"type": "candle", "ticker": "SIM:BTC/USDT", "close": "101.5"}
+    assert sessions.offer_to(watchers, candle) == 5
+    assert len(encoded) == 1
+    assert {w.outbox.get_nowait() for w in watchers} == {real(candle)}
+    watchers[0].outbox.put_nowait("queued")  # its one slot taken: too slow for the next
+    assert sessions.offer_to(watchers, candle) == 4
+    assert len(encoded) == 2 and slow == ["u0"] and not sessions.active("u0")
