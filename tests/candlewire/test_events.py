@@ -14,7 +14,7 @@ import zmq
 from candlewire.events import EventPublisher, Route
 from candlewire.topics import user_topic
 from proto import events_pb2 as ev
-from proto.envelope import decode, decode_sub, encode
+from proto.envelope import decode, decode_sub, encode, expect
 from tests.support import free_port, wait_for
 
 
@@ -214,7 +214,7 @@ def test_events_published_one_at_a_time_leave_together(ctx, settings, tmp_path, 
             time.sleep(0.003)
         got = []
         while len(got) < len(sent) and sub.poll(5000):
-            got.append(expect_event(sub.recv_multipart()))
+            got.append(expect(decode_sub(sub.recv_multipart())[1], ev.UserEvent).event_id)
         assert got == [e.event_id for e in sent]
         outboxes = pub.outboxes_sent - before
     if coalesce_s:  # the first event's wake-up holds 100 ms; publishing takes about 30
@@ -222,12 +222,6 @@ def test_events_published_one_at_a_time_leave_together(ctx, settings, tmp_path, 
     else:
         assert outboxes >= 5, f"{outboxes} outboxes for 10 events 3 ms apart"
     sub.close()
-
-
-def expect_event(frames: list[bytes]) -> str:
-    _, msg = decode_sub(frames)
-    assert isinstance(msg, ev.UserEvent)
-    return msg.event_id
 
 
 def test_coalescing_is_bounded(settings, tmp_path) -> None:
