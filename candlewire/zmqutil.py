@@ -13,6 +13,9 @@ from collections.abc import Callable, Iterator, Sequence
 import zmq
 
 HWM = 100_000
+# The longest a dialling socket waits between attempts: how late a relay can find a
+# publisher that came back.
+RECONNECT_IVL_MAX_MS = 2_000
 # Flags and options as plain ints: pyzmq turns an enum into an int per call, in Python,
 # which costs more than the call itself on a fast path.
 _RCVMORE = int(zmq.RCVMORE)
@@ -32,7 +35,7 @@ def harden(
     sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2_000)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
     return sock
 
 

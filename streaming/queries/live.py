@@ -53,7 +53,7 @@ from candlewire.curve import PUBLISHER_KEY, client_conf
 from candlewire.kafka import JOURNAL, TICKS, spark_options
 from candlewire.runtime import pid_alive
 from candlewire.topics import market_data_topic, ohlc_type, tick_type
-from candlewire.zmqutil import HWM
+from candlewire.zmqutil import HWM, RECONNECT_IVL_MAX_MS
 from proto import cep_pb2, live_pb2, market_pb2
 from proto.envelope import from_record
 from streaming.context import JobContext
@@ -199,6 +199,8 @@ def live_conf(settings: Settings, restore: Path) -> str:
         "allowance_s": repr(settings.stream_watermark_s),
         "horizon_s": repr(settings.stream_dedup_horizon_s),
         "hwm": str(HWM),
+        # A relay's next dial at the latest, and a second for its handshake.
+        "subscribers_wait_ms": str(RECONNECT_IVL_MAX_MS + 1_000),
         "max_message_bytes": str(settings.max_message_bytes),
         **client_conf(settings, "relay", PUBLISHER_KEY),
     }

@@ -327,3 +327,50 @@ def test_what_a_relay_sends_up_the_live_xpub_that_is_no_subscription_is_counted(
     finally:
         fuzzer.close()
         live.close()
+
+
+def test_what_the_live_path_sends_before_its_relays_have_redialled_reaches_them(
+    spark, lakehouse, tmp_path
+) -> None:
+    """A restarted job replays at once what its predecessor had not committed, while its
+    relays are still redialling (their back-off: up to RECONNECT_IVL_MAX_MS). The live path
+    holds its first round until a subscriber is in, so a plain subscriber that connects half
+    a second late still gets those ticks and their candle."""
+    settings = free_settings(tmp_path, kafka_bootstrap=lakehouse.kafka_servers())
+    ticker = "LIVEJVM:W/USD"
+    live = spark._jvm.io.candlewire.spark.Live
+    live.start(live_conf(settings, restore_file(Restored(), str(tmp_path))))
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    try:
+        for i in range(3):
+            tick = market_pb2.Tick(
+                ticker=ticker,
+                trade_id=f"w-{i}",
+                price="100",
+                size="1",
+                exchange_time_ns=T0 + i * 10**9,
+            )
+            live.offer(to_record(tick), 0, i)
+        time.sleep(0.5)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(settings.connect("stream_live"))
+        ticks: list[str] = []
+        candles: dict[int, int] = {}
+
+        def received() -> bool:
+            while sub.poll(20):
+                msg = from_record(b"".join(sub.recv_multipart()[1:]))
+                if isinstance(msg, market_pb2.Tick):
+                    ticks.append(msg.trade_id)
+                elif isinstance(msg, market_pb2.OHLC):
+                    candles[msg.period_s] = msg.trade_count
+            return len(ticks) >= 3 and len(candles) == len(PERIODS_S)
+
+        wait_for(received, timeout=10)
+        assert ticks == ["w-0", "w-1", "w-2"]
+        assert candles == dict.fromkeys(PERIODS_S, 3)
+    finally:
+        live.stop()
+        sub.close(0)
+        ctx.term()

@@ -301,6 +301,7 @@ public final class Live {
     long nextCandles = 0;
     long nextHead = 0;
     try {
+      out.awaitSubscribers();
       while (running) {
         LiveOut.Read first = queue.poll(1, TimeUnit.MILLISECONDS);
         long now = System.nanoTime();

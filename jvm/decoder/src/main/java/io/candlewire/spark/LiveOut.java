@@ -38,8 +38,10 @@ final class LiveOut implements AutoCloseable {
   private static final int JOURNAL_BATCH_MAX = 5_000;
   private static final long HEAD_ACTIVE_NS = 600_000_000_000L;
   private static final int BIND_ATTEMPTS = 60; // 15 s
+  private static final int SUBSCRIPTIONS_QUIET_MS = 50;
 
   private final long epoch = System.currentTimeMillis();
+  private final int subscribersWaitMs;
   private final Map<String, StreamPosition> last = new HashMap<>();
   private final Map<String, Long> seenAt = new HashMap<>();
   private final ZContext zmq = new ZContext();
@@ -81,6 +83,7 @@ final class LiveOut implements AutoCloseable {
       sock.setCurveSecretKey(ZMQ.Curve.z85Decode(conf.getProperty("curve_secret")));
       sock.setCurveServerKey(ZMQ.Curve.z85Decode(conf.getProperty("curve_server")));
     }
+    subscribersWaitMs = Integer.parseInt(conf.getProperty("subscribers_wait_ms"));
     bind(conf.getProperty("bind"));
     for (String endpoint : conf.getProperty("connect", "").split(",")) {
       if (!endpoint.isBlank()) {
@@ -261,9 +264,43 @@ final class LiveOut implements AutoCloseable {
   void drainSubscriptions() {
     byte[] frame;
     while ((frame = sock.recv(ZMQ.DONTWAIT)) != null) {
-      if (frame.length == 0 || (frame[0] != 0 && frame[0] != 1)) {
-        refused.incrementAndGet();
+      subscription(frame);
+    }
+  }
+
+  private boolean subscription(byte[] frame) {
+    if (frame.length == 0 || (frame[0] != 0 && frame[0] != 1)) {
+      refused.incrementAndGet();
+      return false;
+    }
+    return frame[0] == 1;
+  }
+
+  /**
+   * Before the first round: until a relay's subscriptions have arrived, at most {@code
+   * subscribers_wait_ms}. A restarted job's first rounds replay what its predecessor had not
+   * committed, at once; relays redial a gone publisher with a back-off, and an XPUB drops
+   * what nobody has subscribed to yet, so without this wait those rounds' candle updates
+   * would reach no plain subscriber. A relay sends all its subscriptions as it connects: once
+   * the first is in, a short quiet drains the rest.
+   */
+  void awaitSubscribers() {
+    long deadline = System.nanoTime() + subscribersWaitMs * 1_000_000L;
+    int timeout = subscribersWaitMs;
+    boolean subscribed = false;
+    try {
+      while (timeout > 0) {
+        sock.setReceiveTimeOut(timeout);
+        byte[] frame = sock.recv(0);
+        if (frame == null) {
+          return;
+        }
+        subscribed |= subscription(frame);
+        timeout = (int) Math.min(subscribed ? SUBSCRIPTIONS_QUIET_MS : Integer.MAX_VALUE,
+            (deadline - System.nanoTime()) / 1_000_000L);
       }
+    } finally {
+      sock.setReceiveTimeOut(-1);
     }
   }
 
