@@ -117,13 +117,13 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
+        # Each batch writes only the state it changed, not a snapshot of the whole store
+        # (snapshots are made in the background): batches of 31-58 ticks were judged and
+        # written in 0.98-0.99 s against 1.16-1.56 s (bench.stream).
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # One bound for every state store instance's memtables and block cache together
         # (RocksDB's default is 64 MiB of memtable per instance, twice, per partition): the
         # committing query's state is each feed's clock, candles and packed trade ids.
-        # Each batch writes only the state it changed, not a snapshot of the whole store
-        # (snapshots are made in the background): a small batch's stateful tasks took 0.3 s
-        # less each.
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         "spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage": "true",
         "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": str(STATE_STORE_MEMORY_MB),
         **spark_catalog_conf(settings),
