@@ -328,15 +328,23 @@ class ClientCore:
     # -- requests to the relay ---------------------------------------------------------------
 
     def send(self, call: HistoryCall | MetadataCall | TriggerCall) -> Steps[rq.SubmitResponse]:
-        """REQ with Lazy-Pirate retries; a NO_INGESTOR rejection is retried until the deadline."""
+        """REQ with Lazy-Pirate retries; a NO_INGESTOR rejection is retried until the deadline,
+        and when a retry runs out of time the caller gets that rejection, the relay's last
+        word, not a timeout."""
         deadline = time.monotonic() + self.submit_timeout
         yield from self.wait_connected(min(CONNECT_TIMEOUT_S, self.submit_timeout / 2))
+        rejected: RequestRejected | None = None
         while True:
             try:
                 return call.accept((yield from self.lazy_pirate(call.frames(), deadline)))
             except RequestRejected as exc:
                 if not exc.retryable or remaining(deadline) < RETRY_PAUSE_S:
                     raise
+                rejected = exc
+            except RequestTimeout as exc:
+                if rejected is None:
+                    raise
+                raise rejected from exc
             yield Sleep(RETRY_PAUSE_S)
 
     def wait_connected(self, timeout: float) -> Steps[None]:

@@ -8,12 +8,14 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+import zmq
 
 from candlewire import AsyncClient, Client, RequestRejected, RequestTimeout
 from candlewire.market import Tick
 from candlewire.testing import candlewire_command
 from proto import market_pb2
 from proto import requests_pb2 as rq
+from proto.envelope import decode_router, encode
 
 START = 1_700_000_000_000
 DAY_MS = 86_400_000
@@ -71,6 +73,39 @@ def test_submit_times_out_without_relay(settings) -> None:
     with client, pytest.raises(RequestTimeout):
         client.submit("BINANCE:BTC/USDT", 60, START, START + DAY_MS)
     assert time.monotonic() - t0 < 5
+
+
+def test_a_rejection_whose_retry_runs_out_of_time_is_still_the_rejection(settings) -> None:
+    """A relay that answers NO_INGESTOR, then answers no retry in time: the caller learns
+    that no ingestor serves the exchange (retryable), not that the relay timed out."""
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.bind(settings.bind("client_requests"))
+    asked: list[str] = []
+
+    def reject_the_first() -> None:
+        route, request = decode_router(router.recv_multipart())
+        asked.append(request.request_id)
+        answer = rq.SubmitResponse(
+            request_id=request.request_id,
+            status=rq.SUBMIT_REJECTED,
+            reason=rq.NO_INGESTOR,
+            error_message="no live ingestor serves KRAKEN",
+        )
+        router.send_multipart([*route, *encode(answer)])
+
+    relay = threading.Thread(target=reject_the_first)
+    relay.start()
+    try:
+        client = Client(settings, submit_timeout=3.0, attempt_timeout=5.0)
+        with client, pytest.raises(RequestRejected) as info:
+            client.submit("KRAKEN:BTC/USD", 60, START, START + DAY_MS)
+        assert info.value.reason == "NO_INGESTOR" and info.value.retryable
+        # Retried (no ingestor may come up in a moment), unanswered: the old answer stands.
+        assert isinstance(info.value.__cause__, RequestTimeout)
+    finally:
+        relay.join()
+        router.close(linger=0)
+    assert len(asked) == 1
 
 
 def test_subscribe_yields_only_its_topic_and_skips_malformed(
