@@ -322,6 +322,10 @@ def test_down_stops_a_part_this_version_no_longer_runs(tmp_path) -> None:
     )
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
+        # Popen returns once the child has begun its exec, a moment before the kernel gives it
+        # a command line: on a busy machine `down` could read it empty, as no part's.
+        for p in (retired, other):
+            wait_for(lambda p=p: Path(f"/proc/{p.pid}/cmdline").read_bytes())
         (run / "dagster-code.pid").write_text(str(retired.pid))
         said: list[str] = []
         Stack(settings, []).down(said.append)
