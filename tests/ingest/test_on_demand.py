@@ -18,8 +18,9 @@ from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, encode
 from relay import Relay
 from tests.ingest.test_service import (
-    PEER_BEAT_S,
+    STEADY_BEAT_S,
     all_ticks_of,
+    sees_taking,
     start_ingestor,
     subprocess_ingestor,
     ticks_of,
@@ -46,12 +47,39 @@ class Watcher:
         self.sock.subscribe(market_data_topic(ticker, kind))
         self.sock.connect(settings.connect("market_data"))
 
+    def read(self) -> None:
+        """Take what arrived, as a subscriber does; libzmq acts on a reconnection (resends
+        the subscriptions) only when the application next uses the socket."""
+        while self.sock.poll(0):
+            self.sock.recv_multipart()
+
     def close(self) -> None:
         self.sock.close()
 
 
 def streaming(ingestors: list[Ingestor], ticker: str) -> list[Ingestor]:
     return [i for i in ingestors if stream_key(ticker) in i.jobs]
+
+
+def demand_topics(ingestor: Ingestor, ticker: str) -> set[str]:
+    """The topics of ``ticker`` the ingestor has heard someone subscribe to."""
+    return set(ingestor.demand.topics.get(ticker, ()))
+
+
+def settled_owner(ingestors: list[Ingestor], ticker: str, exchange: str) -> list[Ingestor]:
+    """The one ingestor streaming ``ticker``, once every other one has heard it does (its
+    heartbeat lists the stream, so they leave it to it); else nothing."""
+    found = streaming(ingestors, ticker)
+    if len(found) != 1:
+        return []
+    now = time.monotonic()
+    key, owner = stream_key(ticker), found[0]
+    agreed = all(
+        i.views[exchange].owner(key, now, i.taking_work(now)) == owner.id
+        for i in ingestors
+        if i is not owner
+    )
+    return found if agreed else []
 
 
 def sim(name: str) -> SimExchange:
@@ -61,9 +89,12 @@ def sim(name: str) -> SimExchange:
 def test_first_subscriber_starts_second_adds_nothing_last_leaving_stops(relay, ctx) -> None:
     s = relay.settings
     ticker = "SIMD:A/USDT"
+    tick, candles = market_data_topic(ticker, "tick"), market_data_topic(ticker, "ohlc:60")
+    # Beats of 2 s: a stalled test process must not make either peer think the other dead
+    # and take the stream over (that would be a new job).
     ings = [
         start_ingestor(
-            s, sim("SIMD"), grace_s=GRACE_S, ingestor_id=f"d{i}", heartbeat_s=PEER_BEAT_S
+            s, sim("SIMD"), grace_s=GRACE_S, ingestor_id=f"d{i}", heartbeat_s=STEADY_BEAT_S
         )
         for i in (1, 2)
     ]
@@ -71,31 +102,40 @@ def test_first_subscriber_starts_second_adds_nothing_last_leaving_stops(relay, c
     control.subscribe(work_prefix("SIMD"))
     control.connect(s.connect("control"))
     try:
-        time.sleep(3 * PEER_BEAT_S)  # past warm-up
+        # Both past warm-up and each taking work in the other's view: they agree who ranks
+        # first for the ticker.
+        a, b = ings
+        wait_for(lambda: sees_taking(a, b, "SIMD") and sees_taking(b, a, "SIMD"), timeout=30)
         first = Watcher(ctx, s, ticker, "tick")
         # One ingestor streams each ticker (a brief duplicate while heartbeat views disagree
-        # resolves itself: the lower-ranked peer yields).
-        owners = wait_for(lambda: len(streaming(ings, ticker)) == 1 and streaming(ings, ticker))
+        # resolves itself: the lower-ranked peer yields). The owner, once the other has
+        # heard it stream:
+        owners = wait_for(lambda: settled_owner(ings, ticker, "SIMD"), timeout=30)
         time.sleep(1.0)
         assert streaming(ings, ticker) == owners
         job = owners[0].jobs[stream_key(ticker)]
         assert len(ticks_of(s, ticker, 20)) >= 20
 
         second = Watcher(ctx, s, ticker, "ohlc:60")
-        time.sleep(2 * GRACE_S)
+        wait_for(lambda: all(demand_topics(i, ticker) == {tick, candles} for i in ings), 30)
         first.close()
-        time.sleep(2 * GRACE_S)
+        wait_for(lambda: all(demand_topics(i, ticker) == {candles} for i in ings), 30)
+        time.sleep(2 * GRACE_S)  # the first subscriber left more than a grace ago
         assert streaming(ings, ticker) == owners and owners[0].jobs[stream_key(ticker)] is job
+        assert not job.stop.is_set()
         assert not control.poll(0), "no cancel while someone still watches"
 
+        left = time.monotonic()
         second.close()
-        time.sleep(GRACE_S / 3)
-        assert streaming(ings, ticker) == owners, "the stream outlives its subscriber for a grace"
-        wait_for(lambda: not streaming(ings, ticker), timeout=GRACE_S + 5)
-        assert control.poll(5000), "the cancel goes out on the control channel"
+        wait_for(lambda: not streaming(ings, ticker), timeout=GRACE_S + 30)
+        # The ingestor heard the last subscriber leave after ``left`` and stops the stream a
+        # grace after that: however late this thread sees it, never sooner.
+        assert time.monotonic() - left >= GRACE_S, "the stream outlives its subscriber for a grace"
+        assert control.poll(30_000), "the cancel goes out on the control channel"
         _, msg = decode_sub(control.recv_multipart())
         assert (msg.action, msg.ticker) == (rq.CANCEL_REALTIME, ticker)
-        assert all(stream_key(ticker) not in i.pending for i in ings)
+        # Each peer drops its own request, at its own grace's end or on the cancel.
+        wait_for(lambda: all(stream_key(ticker) not in i.pending for i in ings), 30)
         wait_for(job.future.done, timeout=30)  # its thread has sent its last tick
         for i in ings:
             i._sink.flush(30)
@@ -112,7 +152,10 @@ def test_relay_restart_keeps_active_subscriptions_streaming(platform_settings, k
     s = platform_settings
     ticker = "SIMD:B/USDT"
     relays = [Relay(s, metrics=False).start()]
-    ing = start_ingestor(s, sim("SIMD"), grace_s=4.0)
+    # A grace far longer than the restart can take: the ingestor's publisher dials the new
+    # relay again only after a backoff of up to RECONNECT_IVL_MAX_MS, and a loaded machine
+    # adds its own delays.
+    ing = start_ingestor(s, sim("SIMD"), grace_s=30.0)
     watcher = Watcher(ctx, s, ticker, "tick")
     try:
         wait_for(lambda: streaming([ing], ticker), timeout=10)
@@ -120,13 +163,20 @@ def test_relay_restart_keeps_active_subscriptions_streaming(platform_settings, k
         relays.pop().stop()
         time.sleep(1.0)
         relays.append(Relay(s, metrics=False).start())
+
         # The SUB resends its subscription to the new relay, which hands it to the ingestor
-        # before the grace period ends: the stream never stopped.
-        wait_for(lambda: ing.demand.watched(ticker), timeout=5)
-        time.sleep(5.0)
+        # (back on the new relay too) before the grace period ends: the stream never stopped.
+        def resubscribed() -> bool:
+            watcher.read()
+            return relays[-1]._watched.watched(ticker)
+
+        wait_for(resubscribed, timeout=30)
+        wait_for(lambda: relays[-1].has_ingestor("SIMD"), timeout=30)
+        wait_for(lambda: ing.demand.watched(ticker), timeout=30)
         assert ing.jobs.get(stream_key(ticker)) is job and not job.stop.is_set()
         before = len(all_ticks_of(s, ticker))
         assert len(ticks_of(s, ticker, before + 20, timeout=30)) >= before + 20
+        assert ing.jobs.get(stream_key(ticker)) is job and not job.stop.is_set()
     finally:
         watcher.close()
         ing.stop()
@@ -145,6 +195,13 @@ def test_several_relays_count_their_subscribers_together(relay, ctx) -> None:
     try:
         wait_for(lambda: streaming([ing], ticker), timeout=10)
         job = ing.jobs[stream_key(ticker)]
+        # B's subscription to the same topic has reached the ingestor before A's leaves:
+        # a probe topic subscribed after it on B's connection, and then its removal, have.
+        tick, probe = market_data_topic(ticker, "tick"), market_data_topic(ticker, "ohlc:60")
+        on_b.sock.subscribe(probe)
+        wait_for(lambda: demand_topics(ing, ticker) == {tick, probe}, timeout=30)
+        on_b.sock.unsubscribe(probe)
+        wait_for(lambda: demand_topics(ing, ticker) == {tick}, timeout=30)
         on_a.close()
         time.sleep(3 * GRACE_S)
         assert ing.jobs.get(stream_key(ticker)) is job, "a subscriber on relay B still watches"
