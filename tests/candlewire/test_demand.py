@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import zmq
 
 from candlewire.demand import Demand
+from candlewire.testing import wait_for
 from candlewire.topics import demanded_ticker
 from candlewire.zmqutil import subscription, subscriptions
 
@@ -66,8 +65,14 @@ def test_subscriptions_yields_each_change_waiting_on_an_xpub() -> None:
         sub.subscribe("SIM:A/USDT|tick")
         assert xpub.poll(5000)
         sub.unsubscribe("SIM:A/USDT|tick")
-        time.sleep(0.3)  # the unsubscribe follows on the same connection
-        changes = list(subscriptions(xpub))
+        # The unsubscribe follows on the same connection, whenever it arrives.
+        changes: list[tuple[bool, str]] = []
+
+        def both_arrived() -> bool:
+            changes.extend(subscriptions(xpub))
+            return len(changes) >= 2
+
+        wait_for(both_arrived)
         assert changes == [(True, "SIM:A/USDT|tick"), (False, "SIM:A/USDT|tick")]
         assert list(subscriptions(xpub)) == [], "nothing left, and it does not block"
     finally:

@@ -103,7 +103,7 @@ def test_the_relay_follows_the_names_addresses(ctx, settings, answers, relay) ->
 
         answers.answer(None)  # the name server is down: keep the last addresses
         answers.wait_looked_up()
-        assert hears_only({HOSTS[1]})
+        wait_for(lambda: hears_only({HOSTS[1]}), timeout=10, interval=0.05)
         assert relay.metrics.discovery_failures._value.get() >= 2
         assert relay.metrics.publishers._value.get() == 1
     finally:
