@@ -39,6 +39,17 @@ def harden(
     return sock
 
 
+def publish_to_relays(sock: zmq.Socket) -> zmq.Socket:
+    """An XPUB that dials relays (an ingestor's, the stream job's to relays other than its
+    own) keeps a relay's pipe while it redials it, and with it that relay's subscriptions:
+    demand would outlive a relay that went down, and an ``XPUB_NODROP`` socket would refuse
+    every message once the dead relay's queue filled, for the live relays too. Immediate
+    pipes end with their connection, as if the relay had unsubscribed; it subscribes again
+    when it is back."""
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    return sock
+
+
 def send_frames(sock: zmq.Socket, frames: Sequence[bytes], flags: int = 0) -> None:
     """``sock.send_multipart(frames, flags)`` at a fifth of its cost (pyzmq's checks each
     frame and builds each flag in Python: 9.4 µs a three-frame message against 1.8 here).

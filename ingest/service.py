@@ -28,7 +28,7 @@ from candlewire.curve import INGESTOR_KEY, dial
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
 from candlewire.topics import demanded_book, ingestor_topic, parse_ticker, work_prefix
-from candlewire.zmqutil import harden, pending, subscriptions
+from candlewire.zmqutil import harden, pending, publish_to_relays, subscriptions
 from ingest.books import BookStream
 from ingest.exchanges.base import Exchange, NoBook, UnknownSymbol
 from ingest.gaps import GapDetector, GapRepairer, GapWatch
@@ -172,7 +172,7 @@ class Ingestor:
             return dial(made, s, "relay", INGESTOR_KEY)
 
         work, control, peers = sock(zmq.SUB), sock(zmq.SUB), sock(zmq.SUB)
-        beat = sock(zmq.XPUB, linger_ms=1000)
+        beat = publish_to_relays(sock(zmq.XPUB, linger_ms=1000))
         requests = sock(zmq.DEALER, linger_ms=1000)
         # Only to relays that are up: libzmq would otherwise queue every second request for
         # one that is down (round robin over its pipes) until it came back.

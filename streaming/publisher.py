@@ -34,7 +34,15 @@ from candlewire.curve import PUBLISHER_KEY, dial
 from candlewire.kafka import JOURNAL, journal_partition, producer_config
 from candlewire.positions import add_items
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
-from candlewire.zmqutil import HWM, NOBLOCK, SNDMORE, harden, send_frames, subscriptions
+from candlewire.zmqutil import (
+    HWM,
+    NOBLOCK,
+    SNDMORE,
+    harden,
+    publish_to_relays,
+    send_frames,
+    subscriptions,
+)
 from proto import book_pb2, market_pb2
 from proto import journal_pb2 as jr
 from proto.envelope import MESSAGE_CLASSES, VERSION_FRAME, encode_topic, to_record, type_id
@@ -91,6 +99,7 @@ class StreamPublisher:
         # Bound, yet a CURVE client: relays dial it and it proves a publisher's key to them.
         dial(self._sock, settings, "relay", PUBLISHER_KEY)
         self._sock.bind(settings.bind("stream_pub"))
+        publish_to_relays(self._sock)
         for endpoint in settings.dialled_relays():
             self._sock.connect(endpoint)
         self._journal = Producer(producer_config(settings, **{"linger.ms": 2}))

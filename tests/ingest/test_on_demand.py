@@ -161,7 +161,8 @@ def test_relay_restart_keeps_active_subscriptions_streaming(platform_settings, k
         wait_for(lambda: streaming([ing], ticker), timeout=10)
         job = ing.jobs[stream_key(ticker)]
         relays.pop().stop()
-        time.sleep(1.0)
+        # Its subscriptions went with its connection; the grace keeps the stream meanwhile.
+        wait_for(lambda: not ing.demand.watched(ticker), timeout=30)
         relays.append(Relay(s, metrics=False).start())
 
         # The SUB resends its subscription to the new relay, which hands it to the ingestor
@@ -182,6 +183,30 @@ def test_relay_restart_keeps_active_subscriptions_streaming(platform_settings, k
         ing.stop()
         for r in relays:
             r.stop()
+
+
+def test_a_relay_gone_for_good_takes_its_subscribers_demand_with_it(
+    platform_settings, kafka, ctx
+) -> None:
+    """Demand is a lease on the relay's connection: a relay that goes down and stays down
+    leaves nobody watching, so the stream stops a grace later (a dialling socket would
+    otherwise keep the dead relay's subscriptions while it redials, for ever)."""
+    s = platform_settings
+    ticker = "SIMD:A/USDT"
+    relay = Relay(s, metrics=False).start()
+    ing = start_ingestor(s, sim("SIMD"), grace_s=GRACE_S)
+    watcher = Watcher(ctx, s, ticker, "tick")
+    try:
+        wait_for(lambda: streaming([ing], ticker), timeout=30)
+        job = ing.jobs[stream_key(ticker)]
+        relay.stop()
+        wait_for(lambda: not ing.demand.watched(ticker), timeout=30)
+        wait_for(lambda: not streaming([ing], ticker), timeout=GRACE_S + 30)
+        assert job.stop.is_set()
+    finally:
+        watcher.close()
+        ing.stop()
+        relay.stop()
 
 
 def test_several_relays_count_their_subscribers_together(relay, ctx) -> None:

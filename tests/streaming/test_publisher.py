@@ -92,6 +92,52 @@ def test_a_full_relay_queue_drops_are_counted_not_silent(tmp_path) -> None:
 HEAD = market_pb2.StreamHead(topic="T|x")
 
 
+def test_a_relay_that_went_down_holds_back_nothing_the_others_get(tmp_path) -> None:
+    """With several relays the publisher dials the others' ingress. One that goes down takes
+    its subscriptions with it: its queue never fills, so the relay still up receives every
+    message (a full queue of a subscriber makes ``XPUB_NODROP`` refuse the message to all)."""
+    settings = free_settings(tmp_path).model_copy(
+        update={"relay_hosts": ["127.0.0.1", "127.0.0.2"]}
+    )
+    (far_ingress,) = settings.dialled_relays()
+    hwm = 200
+    publisher = StreamPublisher(settings, hwm=hwm)
+    with publisher._lock:  # the socket's other user, the repeater thread, holds it too
+        events = publisher._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    ctx = zmq.Context()
+    far = ctx.socket(zmq.XSUB)
+    far.bind(far_ingress)
+    near = ctx.socket(zmq.XSUB)
+    near.connect(settings.connect("stream_pub"))
+    for relay in (far, near):
+        relay.send(b"\x01")  # subscribe to everything, as a relay does for its clients
+
+    def both_hear() -> bool:
+        publisher.publish("T|x", HEAD)
+        return all(relay.poll(100) for relay in (far, near))
+
+    try:
+        wait_for(both_hear, timeout=30)
+        far.close(linger=0)  # the far relay's host goes down
+        assert events.poll(10_000), "the publisher saw the far relay's connection end"
+        while near.poll(200):
+            near.recv_multipart()
+        dropped, received, run = publisher.dropped, 0, hwm // 4
+        for _ in range(20):  # five queues' worth, a quarter at a time, each run taken first
+            for _ in range(run):
+                publisher.publish("T|x", HEAD)
+            for _ in range(run):
+                assert near.poll(5_000), f"the near relay got {received} of {20 * run}"
+                near.recv_multipart()
+                received += 1
+        assert publisher.dropped == dropped
+    finally:
+        events.close(linger=0)
+        near.close(linger=0)
+        ctx.destroy(linger=0)
+        publisher.close()
+
+
 def test_what_a_relay_sends_up_that_is_no_subscription_is_counted(tmp_path) -> None:
     """Hostile frames up the publisher's XPUB (tests/fuzz.py) while it publishes: each is
     counted, and the relay receives every message published."""
