@@ -32,7 +32,7 @@ from candlewire.topics import book_type, market_data_topic, work_prefix
 from journal.service import JournalService
 from proto import book_pb2, market_pb2
 from proto import journal_pb2 as jr
-from proto.envelope import decode, encode
+from proto.envelope import decode, decode_sub, encode
 from relay import Relay
 from streaming.publisher import StreamPublisher
 from tests.support import FakeIngestor
@@ -140,12 +140,16 @@ def test_each_chunk_is_asked_for_ahead_and_one_asked_in_vain_is_dropped(
     def reading(frames):
         msg = decode(frames)
         if isinstance(msg, jr.FetchReply) and msg.runs and not msg.done:
-            wait_for(lambda: any(f.cursor == msg.cursor for f in fetches), 5)
+            wait_for(lambda: any(f.cursor == msg.cursor for f in fetches), 60)
             ahead.append(True)
         return msg
 
     monkeypatch.setattr(_core, "decode", reading)
     monkeypatch.setattr(_protocol, "FETCH_MESSAGES", 3_000)  # four chunks of three runs
+    # With the client's attempt_timeout (below), far above what a loaded journal takes: a
+    # FETCH not answered within it is sent again, and that chunk served twice; one not
+    # answered within the fill's is FellBehind.
+    monkeypatch.setattr(_core, "FILL_TIMEOUT_S", 120.0)
     feed = TickFeed(stream_pub)
     feed.next_offset = 1
     n = 12_000
@@ -158,7 +162,7 @@ def test_each_chunk_is_asked_for_ahead_and_one_asked_in_vain_is_dropped(
         return journal.metrics.registry.get_sample_value("candlewire_journal_records_served_total")
 
     before = served()
-    with Client(journal_settings) as client:
+    with Client(journal_settings, attempt_timeout=120.0) as client:
         sub = client.subscribe(feed.ticker, since=since, raw=True, idle_timeout=30)
         got = [m.stream.source_offset for _, m in zip(range(n), sub, strict=False)]
         sub.close()
@@ -364,11 +368,15 @@ def test_kill_9_of_the_relay_while_ticks_flow_loses_and_repeats_nothing(
         relay.wait()
 
 
-def fetch(settings: Settings, frames: list[bytes], timeout: float = 5.0) -> jr.FetchReply | None:
-    ctx = zmq.Context.instance()
-    s = ctx.socket(zmq.DEALER)
+def dealer(settings: Settings) -> zmq.Socket:
+    s = zmq.Context.instance().socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.connect(settings.connect("journal"))
+    return s
+
+
+def fetch(settings: Settings, frames: list[bytes], timeout: float = 30.0) -> jr.FetchReply | None:
+    s = dealer(settings)
     try:
         s.send_multipart(frames)
         if not s.poll(int(timeout * 1000)):
@@ -473,36 +481,52 @@ def test_malformed_fetches_are_dropped_and_counted_and_the_service_goes_on(
         [b"\x01"],  # missing frame
         [b"\x01", b"\x04"],  # a Tick is no request
     ]
-    for frames in bad:
-        assert fetch(journal_settings, frames, timeout=0.3) is None
-    topic_error = jr.FetchRequest(request_id="r2", topic="nonsense", since_ms=1)
-    reply = fetch(journal_settings, encode(topic_error))
-    assert reply is not None and reply.status == jr.FETCH_BAD_REQUEST and "nonsense" in reply.error
-    feed = TickFeed(stream_pub)
-    feed.publish(3)
-    stream_pub._journal.flush(10)
-    good = jr.FetchRequest(request_id="r3", topic=feed.topic, since_ms=1)
-    reply = fetch(journal_settings, encode(good))
-    while reply is not None and reply.archive_until_ms:  # an earlier test trimmed the
-        good.since_ms = reply.archive_until_ms  # partition: Iceberg first, as a client would
+    # Each on its own connection, open until the service has counted it: a LINGER 0 socket
+    # closed before its connection is up would discard the frames unsent.
+    senders = [dealer(journal_settings) for _ in bad]
+    try:
+        for s, frames in zip(senders, bad, strict=True):
+            s.send_multipart(frames)
+        topic_error = jr.FetchRequest(request_id="r2", topic="nonsense", since_ms=1)
+        reply = fetch(journal_settings, encode(topic_error))
+        assert reply is not None and reply.status == jr.FETCH_BAD_REQUEST
+        assert "nonsense" in reply.error
+        feed = TickFeed(stream_pub)
+        feed.publish(3)
+        stream_pub._journal.flush(10)
+        good = jr.FetchRequest(request_id="r3", topic=feed.topic, since_ms=1)
         reply = fetch(journal_settings, encode(good))
-    assert reply is not None and reply.status == jr.FETCH_OK
-    assert [t.trade_id for r in reply.runs for t in r.ticks] == ["0", "1", "2"]
-    dropped = sum(
-        metric(
-            journal_settings,
-            "journal_metrics",
-            f'candlewire_journal_dropped_frames_total{{reason="{r}"}}',
-        )
-        for r in (
-            "unsupported_version",
-            "unknown_type",
-            "malformed_payload",
-            "missing_frame",
-            "unexpected_message",
-        )
-    )
-    assert dropped == len(bad)
+        while reply is not None and reply.archive_until_ms:  # an earlier test trimmed the
+            good.since_ms = reply.archive_until_ms  # partition: Iceberg first, as a client would
+            reply = fetch(journal_settings, encode(good))
+        assert reply is not None and reply.status == jr.FETCH_OK
+        assert [t.trade_id for r in reply.runs for t in r.ticks] == ["0", "1", "2"]
+
+        def dropped() -> float | None:
+            """The frames dropped, once all the bad ones are (None before)."""
+            n = sum(
+                metric(
+                    journal_settings,
+                    "journal_metrics",
+                    f'candlewire_journal_dropped_frames_total{{reason="{r}"}}',
+                )
+                for r in (
+                    "unsupported_version",
+                    "unknown_type",
+                    "malformed_payload",
+                    "missing_frame",
+                    "unexpected_message",
+                )
+            )
+            return n if n >= len(bad) else None
+
+        assert wait_for(dropped, timeout=30) == len(bad)
+        # Unanswered: the service sends a reply as soon as it has handled a request, and it
+        # has handled (counted) each of these.
+        assert not any(s.poll(100) for s in senders)
+    finally:
+        for s in senders:
+            s.close()
 
 
 def test_async_late_joiner_and_the_watch_command(journal_settings, journal, stream_pub, relay):
@@ -675,35 +699,66 @@ def test_a_book_subscriber_behind_reads_its_queue_in_runs_and_its_books_stay_rig
     stream_pub._journal.flush(10)
     last = updates[-1].venue_seq
     seen: list[tuple[int, tuple]] = []
+    # A second subscriber of the topic on the same relay, whose XPUB hands each message to
+    # both at once: once the witness has a message, the client's copy is in its queue or
+    # right behind on the wire (libzmq shows no socket's queue).
+    witness = zmq.Context.instance().socket(zmq.SUB)
+    witness.setsockopt(zmq.LINGER, 0)
+    heard: list[int] = []  # the deltas' venue_seq, as the witness received them
+    beacons: list[market_pb2.StreamHead] = []
+
+    def hear() -> None:
+        while witness.poll(0):
+            _topic, msg = decode_sub(witness.recv_multipart())
+            if isinstance(msg, book_pb2.BookDelta):
+                heard.append(msg.venue_seq)
+            elif isinstance(msg, market_pb2.StreamHead):
+                beacons.append(msg)
+
+    def watched() -> bool:
+        return bool(relay.metrics.registry.get_sample_value("candlewire_relay_watched_tickers"))
 
     def take(book) -> bool:
         seen.append((book.seq, (book.texts(True), book.texts(False))))
         if book.seq == 11:  # replayed: one more, live
+            # Not before the client's subscription is in the relay's XPUB (its watcher sees
+            # a topic's first one after the XPUB took it in), and the publisher sends the
+            # topic to the relay (a head beacon reached the witness subscribed after it):
+            # else delta 12 would be a gap, filled from the journal.
+            wait_for(watched, timeout=30)
+            witness.subscribe(topic)
+            witness.connect(journal_settings.connect("market_data"))
+            wait_for(lambda: hear() or beacons, timeout=30)
             stream_pub.publish_sequenced([(topic, updates[11])])
         elif book.seq == 12:  # live: 599 deltas come while nobody reads
             stream_pub.publish_sequenced([(topic, m) for m in updates[12:]])
-            time.sleep(1.0)
+            # All of them queued for the client before it reads on: the witness has them.
+            wait_for(lambda: hear() or heard[-1:] == [last], timeout=30)
         return book.seq < last
 
-    if kind == "sync":
-        with Client(journal_settings) as client:
-            sub = client.subscribe(ticker, "book", idle_timeout=30)
-            for book in sub:
-                if not take(book):
-                    break
-            sub.close()
-    else:
-
-        async def main():
-            async with AsyncClient(journal_settings) as client:
+    try:
+        if kind == "sync":
+            with Client(journal_settings) as client:
                 sub = client.subscribe(ticker, "book", idle_timeout=30)
-                async for book in sub:
+                for book in sub:
                     if not take(book):
                         break
-                await sub.aclose()
-                return sub
+                sub.close()
+        else:
 
-        sub = asyncio.run(main())
+            async def main():
+                async with AsyncClient(journal_settings) as client:
+                    sub = client.subscribe(ticker, "book", idle_timeout=30)
+                    async for book in sub:
+                        if not take(book):
+                            break
+                    await sub.aclose()
+                    return sub
+
+            sub = asyncio.run(main())
+    finally:
+        witness.close()
+    assert heard == list(range(12, last + 1))  # nothing lost on the way to the witness
     assert seen[-1][0] == last
     assert all(texts == expected[seq] for seq, texts in seen), "a book differs from one by one"
     after = [seq for seq, _ in seen if seq > 12]

@@ -58,7 +58,7 @@ class JvmLive:
     def _warm_up(self) -> None:
         """Until the SUB's subscription has reached the XPUB (nothing is dropped after)."""
         probe = to_record(market_pb2.Tick(ticker="PROBE:X/Y", price="1", size="1"))
-        for i in range(100):
+        for i in range(300):
             self.live.offer(probe, PROBE_PARTITION, i)
             if self.sub.poll(100):
                 break
@@ -75,26 +75,38 @@ class JvmLive:
         for value, partition, offset in records:
             self.live.offer(value, partition, offset)
 
-    def drain(self, ticks: int) -> None:
-        """Receive until ``ticks`` ticks arrived and nothing more comes for a while."""
-
-        def received() -> bool:
-            while self.sub.poll(20):
-                topic, version, body = self.sub.recv_multipart()
-                msg = from_record(version + body)
-                if isinstance(msg, market_pb2.StreamHead):
-                    self.heads += 1
-                elif isinstance(msg, market_pb2.Tick):
-                    if msg.ticker != "PROBE:X/Y":
-                        self.ticks.append((topic.decode(), msg.trade_id, msg.stream))
-                else:
-                    assert isinstance(msg, market_pb2.OHLC)
+    def receive(self) -> None:
+        """What has come, each message waited for 20 ms at most."""
+        while self.sub.poll(20):
+            topic, version, body = self.sub.recv_multipart()
+            msg = from_record(version + body)
+            if isinstance(msg, market_pb2.StreamHead):
+                self.heads += 1
+            elif isinstance(msg, market_pb2.Tick):
+                if msg.ticker != "PROBE:X/Y":
+                    self.ticks.append((topic.decode(), msg.trade_id, msg.stream))
+            else:
+                assert isinstance(msg, market_pb2.OHLC)
+                if msg.ticker != "PROBE:X/Y":  # the warm-up's, which may come after it
                     self.candles[(msg.ticker, msg.period_s, msg.open_time_ms)] = msg
-            return len(self.ticks) >= ticks
 
-        wait_for(received, timeout=30)
+    def drain(self, ticks: int, candles: dict[tuple[str, int, int], tuple] | None = None) -> None:
+        """Receive until ``ticks`` ticks arrived (and with ``candles``, until every candle's
+        last update has these values: Live publishes a round's candles after its ticks), then
+        what comes a short while after (what should not come, the caller's asserts see)."""
+
+        def done() -> bool:
+            self.receive()
+            return len(self.ticks) >= ticks and (candles is None or self.candle_values() == candles)
+
+        deadline = time.monotonic() + 60  # not in time: the caller's asserts say what differs
+        while not done() and time.monotonic() < deadline:
+            pass
         time.sleep(0.3)
-        received()
+        self.receive()
+
+    def candle_values(self) -> dict[tuple[str, int, int], tuple]:
+        return {k: as_values(c) for k, c in self.candles.items()}
 
     def close(self) -> None:
         self.live.stop()
@@ -209,7 +221,7 @@ def feed_records(seed: int, n: int, tickers: list[str]) -> list[tuple[bytes, int
 def compare(live: JvmLive, settings, restored: Restored, records, seed: int) -> None:
     want_ticks, want_last, revising = reference(settings, restored, records, seed)
     live.offer(records)
-    live.drain(len(want_ticks))
+    live.drain(len(want_ticks), want_last)
     got = [(topic, pos.source_offset) for topic, _, pos in live.ticks]
     assert got == want_ticks
     by_topic: dict[str, list[int]] = {}
@@ -217,7 +229,7 @@ def compare(live: JvmLive, settings, restored: Restored, records, seed: int) -> 
         by_topic.setdefault(topic, []).append(pos.seq)
     for topic, seqs in by_topic.items():
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), topic  # no holes
-    assert {k: as_values(c) for k, c in live.candles.items()} == want_last
+    assert live.candle_values() == want_last
     counters = live.counters()
     marks = sum(1 for v, _, _ in records if v.startswith(b"\x01\x15"))
     assert counters["duplicates"] + counters["bad"] + marks == len(records) - len(want_ticks)
@@ -236,7 +248,7 @@ def test_the_jvm_live_path_publishes_what_the_reference_rules_do(
         compare(live, settings, Restored(), feed_records(7, 6000, tickers), seed=7)
         assert live.counters()["revised"] > 0
         assert any(c.closed for c in live.candles.values())
-        assert live.heads > 0
+        wait_for(lambda: live.receive() or live.heads > 0, timeout=30)  # one each 0.5 s
     finally:
         live.close()
 
@@ -367,7 +379,7 @@ def test_what_the_live_path_sends_before_its_relays_have_redialled_reaches_them(
                     candles[msg.period_s] = msg.trade_count
             return len(ticks) >= 3 and len(candles) == len(PERIODS_S)
 
-        wait_for(received, timeout=10)
+        wait_for(received, timeout=30)
         assert ticks == ["w-0", "w-1", "w-2"]
         assert candles == dict.fromkeys(PERIODS_S, 3)
     finally:
