@@ -20,6 +20,7 @@ import zmq
 from candlewire.config import PERIODS_S
 from candlewire.testing import free_settings, wait_for
 from candlewire.topics import market_data_topic, tick_type
+from candlewire.zmqutil import HWM
 from proto import market_pb2
 from proto.envelope import from_record, to_record
 from streaming.decode import parse_tick
@@ -386,3 +387,80 @@ def test_what_the_live_path_sends_before_its_relays_have_redialled_reaches_them(
         live.stop()
         sub.close(0)
         ctx.term()
+
+
+def test_a_relay_that_went_down_holds_back_nothing_the_others_get(
+    spark, lakehouse, tmp_path
+) -> None:
+    """The live path dials the relays other than its own host's. One that goes down takes its
+    subscriptions with it, so its queue never fills and ``XPUB_NODROP`` never refuses what the
+    relay still up gets (``tests/streaming/test_publisher.py``'s case, for the JVM)."""
+    settings = free_settings(
+        tmp_path,
+        kafka_bootstrap=lakehouse.kafka_servers(),
+        relay_hosts=["127.0.0.1", "127.0.0.2"],
+    )
+    (far_ingress,) = settings.dialled_relays()
+    hwm, ticker = 1_000, "LIVEJVM:F/USD"
+    conf = live_conf(settings, restore_file(Restored(), str(tmp_path)))
+    assert f"\nhwm={HWM}\n" in conf
+    live = spark._jvm.io.candlewire.spark.Live
+    ctx = zmq.Context()
+    far = ctx.socket(zmq.XSUB)
+    far.bind(far_ingress)
+    far.send(b"\x01")  # everything, as a relay subscribes for its clients
+    near = ctx.socket(zmq.SUB)
+    near.setsockopt(zmq.SUBSCRIBE, b"")
+    near.connect(settings.connect("stream_live"))
+    live.start(conf.replace(f"\nhwm={HWM}\n", f"\nhwm={hwm}\n"))
+    offered = 0
+    received: list[str] = []
+
+    def offer(n: int) -> None:
+        nonlocal offered
+        for i in range(offered, offered + n):
+            tick = market_pb2.Tick(
+                ticker=ticker,
+                trade_id=f"f-{i}",
+                price="100",
+                size="1",
+                exchange_time_ns=T0 + i * 1_000_000,
+            )
+            live.offer(to_record(tick), 0, i)
+        offered += n
+
+    def take(sock: zmq.Socket) -> bool:
+        got = False
+        while sock.poll(20):
+            msg = from_record(b"".join(sock.recv_multipart()[1:]))
+            if sock is near and isinstance(msg, market_pb2.Tick):
+                received.append(msg.trade_id)
+            got = True
+        return got
+
+    try:
+        heard = {far: False, near: False}
+
+        def both_hear() -> bool:
+            offer(1)
+            for relay in heard:
+                heard[relay] |= take(relay)
+            return all(heard.values())
+
+        wait_for(both_hear, timeout=30)
+        far.close(linger=0)  # the far relay's host goes down
+        dropped, start = parse_counters(live.counters())["dropped"], offered
+
+        def near_has_all() -> bool:
+            take(near)
+            return received[-1] == f"f-{offered - 1}"
+
+        for _ in range(15):  # three of its queues' worth, a fifth of one at a time
+            offer(hwm // 5)
+            wait_for(near_has_all, timeout=30)
+        assert received[start - offered :] == [f"f-{i}" for i in range(start, offered)]
+        assert parse_counters(live.counters())["dropped"] == dropped
+    finally:
+        live.stop()
+        near.close(0)
+        ctx.destroy(linger=0)

@@ -85,6 +85,11 @@ final class LiveOut implements AutoCloseable {
     }
     subscribersWaitMs = Integer.parseInt(conf.getProperty("subscribers_wait_ms"));
     bind(conf.getProperty("bind"));
+    // The relays it dials: a pipe ends with its connection, and that relay's subscriptions
+    // with it (candlewire.zmqutil.publish_to_relays); else a relay gone down kept them, its
+    // queue filled, and XPUB_NODROP refused every message to the relays still up. libzmq's
+    // ZMQ_IMMEDIATE; JeroMQ's own "immediate" option means the opposite (attach at once).
+    sock.setDelayAttachOnConnect(true);
     for (String endpoint : conf.getProperty("connect", "").split(",")) {
       if (!endpoint.isBlank()) {
         sock.connect(endpoint.trim());
