@@ -6,7 +6,9 @@ publisher that is itself an XPUB therefore learns, without one Python step per d
 message, which topics someone somewhere watches. libzmq rebuilds that state on its own:
 SUB sockets resend their subscriptions when they reconnect to a restarted relay, and an
 XPUB drops a dead connection's subscriptions (ZMTP heartbeats time it out) as if they had
-been unsubscribed. That makes a subscription a lease nobody has to renew by hand.
+been unsubscribed: a bound XPUB always, a dialling one when its pipes end with their
+connections (:func:`candlewire.zmqutil.publish_to_relays`). That makes a subscription a lease
+nobody has to renew by hand.
 
 An XPUB reports the first subscribe and last unsubscribe of each topic across all its
 connections, so several relays and several subscribers per topic count correctly; a ticker
