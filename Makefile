@@ -25,12 +25,16 @@ $(JARS)/.fetched: jvm/kafka.xml jvm/spark.xml jvm/s3proxy.xml jvm/maven-settings
 	touch $@
 
 # The job's JVM side (jvm/decoder: the tick decoder and the real-time live path), from Central.
+# Its LocalFiles class goes apart, on the JVMs' own class path (candlewire/spark.py).
 DECODER := $(JARS)/spark/candlewire-decoder.jar
-$(DECODER): $(JARS)/.fetched jvm/decoder/pom.xml $(wildcard jvm/decoder/src/main/java/io/candlewire/spark/*.java) $(wildcard proto/*.proto)
+LOCALFS := $(JARS)/boot/candlewire-localfs.jar
+$(DECODER) $(LOCALFS) &: $(JARS)/.fetched jvm/decoder/pom.xml $(wildcard jvm/decoder/src/main/java/io/candlewire/spark/*.java) $(wildcard proto/*.proto)
 	$(MVN) -f jvm/decoder/pom.xml package
-	cp jvm/target/decoder/candlewire-decoder.jar $@
+	cp jvm/target/decoder/candlewire-decoder.jar $(DECODER)
+	mkdir -p $(JARS)/boot
+	cp jvm/target/decoder/candlewire-decoder-localfs.jar $(LOCALFS)
 
-jvm: $(JARS)/.fetched $(DECODER)
+jvm: $(JARS)/.fetched $(DECODER) $(LOCALFS)
 
 # async-profiler (jvm/profiler.xml), for `python -m bench.stream --cpu`: samples the job's JVM
 # without the overhead a JFR recording started by jcmd adds to it (see docs/benchmarks.md).
@@ -44,7 +48,7 @@ $(JARS)/profiler/.fetched: jvm/profiler.xml jvm/maven-settings.xml
 # each start maps the classes one run loaded instead of loading them again, and a Spark
 # session starts in half the time (candlewire/runtime.py). Dumped again when the jars change.
 ARCHIVES := $(JARS)/spark/driver.jsa $(JARS)/kafka/broker.jsa
-$(JARS)/spark/driver.jsa: $(STAMP) $(DECODER)
+$(JARS)/spark/driver.jsa: $(STAMP) $(DECODER) $(LOCALFS)
 	$(PY) -m candlewire.spark
 $(JARS)/kafka/broker.jsa: $(STAMP) $(JARS)/.fetched
 	$(PY) -m launcher.local.kafka

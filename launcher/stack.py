@@ -499,7 +499,7 @@ def s3_service(settings: Settings) -> ProcessService:
 def spark_services(settings: Settings) -> list[ProcessService]:
     """A local Spark standalone master and ``spark_workers`` workers; the last is up when
     the master's status lists every worker alive."""
-    from candlewire.spark import class_archive_options
+    from candlewire.spark import class_archive_options, local_files_jar
     from launcher.local.spark import StandaloneCluster, count_alive, master_workers
 
     cluster = StandaloneCluster(
@@ -508,6 +508,7 @@ def spark_services(settings: Settings) -> list[ProcessService]:
         settings.port("spark_master_ui"),
         settings.state_dir / "spark",
         java_options=" ".join(class_archive_options(settings)),
+        class_path=local_files_jar(settings),
     )
 
     def registered(workers: int) -> str | None:

@@ -48,3 +48,14 @@ def test_the_decoder_is_built_against_the_same_spark_and_protoc() -> None:
     ).stdout.split()[-1]
     assert props["protobuf.version"] == f"4.{protoc}"
     assert (REPO / ".cache" / "jvm" / "spark" / "candlewire-decoder.jar").is_file()
+
+
+def test_local_files_compiles_against_pysparks_hadoop() -> None:
+    """``LocalFiles`` extends Hadoop's local file system from pyspark's own jar."""
+    import pyspark
+
+    pom = ET.parse(REPO / "jvm" / "decoder" / "pom.xml").getroot()
+    version = pom.find("m:properties/m:hadoop.version", NS).text
+    jars = Path(pyspark.__file__).parent / "jars"
+    assert (jars / f"hadoop-client-api-{version}.jar").is_file()
+    assert (REPO / ".cache" / "jvm" / "boot" / "candlewire-localfs.jar").is_file()

@@ -40,6 +40,10 @@ class StandaloneCluster:
     worker_memory: str = "1g"
     master_host: str | None = None
     java_options: str = ""  # the master's and workers' JVM options
+    # Put first on their class path, as on the driver's and executors' (``spark_conf``'s
+    # extraClassPath): a JVM maps the driver's class archive only under the class path it
+    # was dumped with.
+    class_path: str = ""
 
     @property
     def master_url(self) -> str:
@@ -58,6 +62,7 @@ class StandaloneCluster:
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_NO_DAEMONIZE": "1",
             "SPARK_DAEMON_JAVA_OPTS": self.java_options,
+            "SPARK_DAEMON_CLASSPATH": self.class_path,
             "PATH": os.environ.get("PATH", ""),
         }
 

@@ -139,3 +139,64 @@ def test_two_spark_applications_commit_concurrently(lakehouse, spark, tmp_path) 
     assert sorted(zip(rows["k"].to_pylist(), rows["v"].to_pylist(), strict=True)) == sorted(
         (tag, str(i)) for tag in ("one", "two") for i in range(5)
     )
+
+
+FILES_APP = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from candlewire.config import Settings
+    from candlewire.spark import build_session
+    table, checkpoint, ran = sys.argv[1:]
+    spark = build_session(Settings(), "files")
+    Path(ran).unlink(missing_ok=True)  # Spark's start marks its jars executable, once
+    spark.sql(f"INSERT INTO {table} VALUES ('k', 'v', 0, 1)")
+    counts = spark.readStream.format("rate").option("rowsPerSecond", 10).load()
+    query = (
+        counts.groupBy((counts.value % 3).alias("k")).count()
+        .writeStream.outputMode("update").option("checkpointLocation", checkpoint)
+        .foreachBatch(lambda frame, _batch: frame.collect())
+        .trigger(availableNow=True).start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    spark.stop()
+    """
+)
+
+
+def test_the_jvm_writes_tables_and_checkpoints_without_starting_a_program(
+    lakehouse, spark, tmp_path
+) -> None:
+    """Hadoop's local file system ran ``chmod`` for every file it made and ``readlink`` for
+    every checkpoint rename (``LocalFiles``): here each is a stand-in that writes down that it
+    ran, first on the PATH of a driver that inserts into Iceberg and runs a stateful query."""
+    full, ident = new_table(lakehouse, spark)
+    bin_dir, ran = tmp_path / "bin", tmp_path / "ran"
+    bin_dir.mkdir()
+    for program in ("chmod", "readlink", "stat"):
+        stand_in = bin_dir / program
+        stand_in.write_text(
+            f'#!/bin/sh\necho {program} "$@" >> {ran}\nexec /usr/bin/{program} "$@"\n'
+        )
+        stand_in.chmod(0o755)
+    script = tmp_path / "files.py"
+    script.write_text(FILES_APP)
+    env = {**os.environ, **lakehouse.to_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        [sys.executable, str(script), full, str(tmp_path / "checkpoint"), str(ran)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not ran.exists(), ran.read_text()[:2000]
+    # The modes are Hadoop's defaults under its umask of 022, set without the program.
+    data = catalog(lakehouse).load_table(ident).inspect.files()["file_path"].to_pylist()
+    path = data[0].removeprefix("file:")
+    assert (os.stat(path).st_mode & 0o777, os.stat(os.path.dirname(path)).st_mode & 0o777) == (
+        0o644,
+        0o755,
+    )
+    assert sorted((tmp_path / "checkpoint").iterdir())  # the query wrote its checkpoint
