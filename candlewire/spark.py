@@ -62,6 +62,17 @@ def local_files_jar(settings: Settings) -> str:
     return str(jar)
 
 
+def local_checkpoints(settings: Settings) -> dict[str, str]:
+    """Checkpoints on a local disk are written through FileSystem (``LocalFiles``), whose
+    rename is rename(2); elsewhere (an object store) Spark's default manager stays."""
+    location = settings.checkpoints()
+    if "://" in location and not location.startswith("file:"):
+        return {}
+    manager = "org.apache.spark.sql.execution.streaming.checkpointing."
+    manager += "FileSystemBasedCheckpointFileManager"
+    return {"spark.sql.streaming.checkpointFileManagerClass": manager}
+
+
 def spark_jars(settings: Settings) -> list[str]:
     jars = sorted(str(p) for p in (settings.jvm_dir / "spark").glob("*.jar"))
     if not jars:
@@ -132,10 +143,7 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.hadoop.fs.file.impl": "io.candlewire.spark.LocalFiles",
         "spark.driver.extraClassPath": local_files_jar(settings),
         "spark.executor.extraClassPath": local_files_jar(settings),
-        "spark.sql.streaming.checkpointFileManagerClass": (
-            "org.apache.spark.sql.execution.streaming.checkpointing."
-            "FileSystemBasedCheckpointFileManager"
-        ),
+        **local_checkpoints(settings),
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),

@@ -11,8 +11,9 @@ import uuid
 import pyarrow as pa
 import pytest
 
+from candlewire.config import Settings
 from candlewire.lake import catalog
-from candlewire.spark import build_session, class_archive
+from candlewire.spark import build_session, class_archive, spark_conf
 from candlewire.testing import maps_file
 from tests.candlewire.test_kafka import new_topic, produce
 
@@ -200,3 +201,11 @@ def test_the_jvm_writes_tables_and_checkpoints_without_starting_a_program(
         0o755,
     )
     assert sorted((tmp_path / "checkpoint").iterdir())  # the query wrote its checkpoint
+
+
+def test_only_local_checkpoints_leave_sparks_own_checkpoint_manager(tmp_path) -> None:
+    """Through FileSystem, a local rename is rename(2); an object store's keeps Spark's way."""
+    key = "spark.sql.streaming.checkpointFileManagerClass"
+    local = spark_conf(Settings(checkpoint_dir=str(tmp_path)), "x")
+    assert local[key].endswith(".FileSystemBasedCheckpointFileManager")
+    assert key not in spark_conf(Settings(checkpoint_dir="s3://bucket/checkpoints"), "x")
