@@ -19,6 +19,7 @@ from candlewire.runtime import JVM_SMALL_HEAP, archive_options, dump_options, pu
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
 
 log = logging.getLogger("candlewire.spark")
@@ -110,6 +111,7 @@ def class_archive_options(settings: Settings) -> tuple[str, ...]:
 def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
     """Every setting the platform needs; a cluster only changes master and locations."""
     archive = class_archive_options(settings)
+    boot = local_files_jar(settings)
     return {
         "spark.app.name": app_name,
         "spark.master": settings.spark_master_url(),
@@ -141,8 +143,8 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         # the local file system before it loads `spark.jars`, so the class is on the JVMs'
         # own class path (a cluster's workers run from this installation's files).
         "spark.hadoop.fs.file.impl": "io.candlewire.spark.LocalFiles",
-        "spark.driver.extraClassPath": local_files_jar(settings),
-        "spark.executor.extraClassPath": local_files_jar(settings),
+        "spark.driver.extraClassPath": boot,
+        "spark.executor.extraClassPath": boot,
         **local_checkpoints(settings),
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -199,6 +201,23 @@ ARCHIVE_WORKLOAD = (
 )
 
 
+def one_stateful_batch(spark: SparkSession, checkpoint: str) -> StreamingQuery:
+    """One batch of a stateful query (counts in the state store, through ``foreachBatch``),
+    checkpointed at ``checkpoint``, run to its end: what a streaming driver loads and writes."""
+    counts = spark.readStream.format("rate").option("rowsPerSecond", 10).load()
+    query = (
+        counts.groupBy((counts.value % 3).alias("k"))
+        .count()
+        .writeStream.outputMode("update")
+        .option("checkpointLocation", checkpoint)
+        .foreachBatch(lambda frame, _batch: frame.collect())
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    return query
+
+
 def dump_class_archive(settings: Settings) -> Path:
     """Run :data:`ARCHIVE_WORKLOAD` in a driver that dumps the classes it loaded as it exits."""
     archive = class_archive(settings)
@@ -220,17 +239,7 @@ def dump_class_archive(settings: Settings) -> Path:
         table = f"{settings.catalog_name}.archive.candles"
         for statement in ARCHIVE_WORKLOAD:
             spark.sql(statement.format(t=table)).collect()
-        counts = spark.readStream.format("rate").option("rowsPerSecond", 10).load()
-        query = (
-            counts.groupBy((counts.value % 3).alias("k"))
-            .count()
-            .writeStream.outputMode("update")
-            .option("checkpointLocation", f"{tmp}/checkpoint")
-            .foreachBatch(lambda frame, _batch: frame.collect())
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(120)
+        one_stateful_batch(spark, f"{tmp}/checkpoint")
         kafka = spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
         kafka.option("subscribe", "archive").load().schema  # noqa: B018 (planned, never run)
         gateway = spark.sparkContext._gateway

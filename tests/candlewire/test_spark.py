@@ -147,19 +147,12 @@ FILES_APP = textwrap.dedent(
     import sys
     from pathlib import Path
     from candlewire.config import Settings
-    from candlewire.spark import build_session
+    from candlewire.spark import build_session, one_stateful_batch
     table, checkpoint, ran = sys.argv[1:]
     spark = build_session(Settings(), "files")
     Path(ran).unlink(missing_ok=True)  # Spark's start marks its jars executable, once
     spark.sql(f"INSERT INTO {table} VALUES ('k', 'v', 0, 1)")
-    counts = spark.readStream.format("rate").option("rowsPerSecond", 10).load()
-    query = (
-        counts.groupBy((counts.value % 3).alias("k")).count()
-        .writeStream.outputMode("update").option("checkpointLocation", checkpoint)
-        .foreachBatch(lambda frame, _batch: frame.collect())
-        .trigger(availableNow=True).start()
-    )
-    query.awaitTermination(120)
+    query = one_stateful_batch(spark, checkpoint)
     assert query.exception() is None, query.exception()
     spark.stop()
     """
