@@ -24,7 +24,7 @@ from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING
 
 from candlewire.kafka import GAPS, TICKS
-from ingest.exchanges.base import Exchange, ExchangeError
+from ingest.exchanges.base import Exchange, ExchangeError, TradeRun
 from ingest.jobs import retry, tick_checker
 from proto import market_pb2
 from proto.requests_pb2 import StreamTail
@@ -134,6 +134,24 @@ class GapDetector:
             self._last_n = _number(self._last.trade_id)
         return gap
 
+    def observe_run(self, run: TradeRun) -> bool:
+        """A whole run at once, when it provably continues the stream: a sequential venue,
+        nothing pending, and each id the one before plus one from the last seen. True then,
+        its last trade now the tail; False having changed nothing, so the caller observes
+        each trade as it would have (:meth:`observe`, the one rule)."""
+        if not self.sequential or self._cause is not None or (last := self._last_n) is None:
+            return False
+        try:  # int(), as observe reads an id
+            numbers = list(map(int, run.trade_ids))
+        except ValueError:
+            return False
+        if not numbers:
+            return True
+        if numbers != list(range(last + 1, last + 1 + len(numbers))):
+            return False
+        self._last_n, self._last_tick = numbers[-1], run.tick(len(numbers) - 1)
+        return True
+
     def _observe(self, tick: market_pb2.Tick) -> market_pb2.Gap | None:
         """Every case but the next id after the last: the first trade, a reconnect, a
         takeover, a jump, an id already passed, a venue without sequential ids."""
@@ -209,6 +227,10 @@ class GapWatch:
         self.detector = detector
         self.recent = None if detector.sequential else RecentIds()
         self._found = found
+
+    def observe_run(self, run: TradeRun) -> bool:
+        """:meth:`GapDetector.observe_run`, where no ids are remembered (sequential venues)."""
+        return self.recent is None and self.detector.observe_run(run)
 
     def observe(self, tick: market_pb2.Tick) -> None:
         gap = self.detector.observe(tick)

@@ -373,6 +373,15 @@ def to_record(msg: Message) -> bytes:
     return head + msg.SerializeToString()
 
 
+def record_head(cls: type[Message]) -> bytes:
+    """What :func:`to_record` puts before a ``cls`` message's bytes: a writer that serializes
+    many of one type adds it itself."""
+    head = _RECORD_HEADS.get(cls)
+    if head is None:
+        raise UnknownMessageType(f"{cls.__name__} has no envelope type id")
+    return head
+
+
 def from_record(value: bytes) -> Message:
     if not value:
         raise MissingFrame("empty record")

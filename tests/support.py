@@ -21,6 +21,7 @@ from candlewire.testing import history_ready, spawn
 from candlewire.testing import stream_metric as stream_metric
 from candlewire.testing import wait_for as wait_for
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
+from ingest.exchanges.base import TradeRun
 from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, encode_topic
 
@@ -33,6 +34,9 @@ class RecordingSink:
 
     def send(self, topic: str, key: str, msg: Message) -> None:
         self.records.append((topic, key, msg))
+
+    def send_trades(self, topic: str, key: str, run: TradeRun) -> None:
+        self.records.extend((topic, key, tick) for tick in run.ticks())
 
     def flush(self, timeout: float = 60.0) -> None:
         pass

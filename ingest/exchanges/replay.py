@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ingest.exchanges.base import Exchange, Page, RangeUnavailable
+from ingest.exchanges.base import Exchange, Page, RangeUnavailable, TradeRun, one_by_one
 from proto import market_pb2
 
 log = logging.getLogger("candlewire.ingest.replay")
@@ -62,6 +62,8 @@ NAME = re.compile(r"(?P<symbol>[A-Z0-9]+)-(?P<what>[A-Za-z0-9]+)-(?P<date>\d{4}-
 NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?")
 PARSED_FILES_KEPT = 4
 DAY_MS = 86_400_000
+RUN_ROWS = 8192  # rows a trade run holds at most: a stop is heard between runs
+INF = float("inf")
 
 
 class ReplayFileError(RangeUnavailable):
@@ -316,12 +318,16 @@ class ReplayExchange(Exchange):
         last = self.files.rows(files[-1].path, 9, 0).times[-1] // 1000
         return first, last + period_s * 1000
 
-    def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
-        """Trades (aggTrades where no trades were downloaded), file by file in time order."""
+    def trade_runs(
+        self, ticker: str, stop: threading.Event
+    ) -> Iterator[market_pb2.Tick | TradeRun]:
+        """Trades (aggTrades where no trades were downloaded), file by file in time order:
+        each time the stream wakes, the rows due by then (at most ``RUN_ROWS``) as one run."""
         symbol = self.symbol(ticker)
         kind = "trades" if ("trades", symbol, "") in self.index else "aggTrades"
         time_col = 4 if kind == "trades" else 5
         prefix = "" if kind == "trades" else "a"
+        speed, live_clock = self.speed, self.clock == "live"
         t0_rec: int | None = None
         t0_wall = time.time()
         for f in self.index.get((kind, symbol, ""), []):
@@ -331,25 +337,43 @@ class ReplayExchange(Exchange):
                 self.errors += 1
                 log.error("replay: %s skipped: %s", ticker, exc)
                 continue
-            for rec_us, r in zip(recording.times, recording.rows, strict=True):
-                t0_rec = rec_us if t0_rec is None else t0_rec
-                due = t0_wall + (rec_us - t0_rec) / 1e6 / self.speed
+            times, rows, i = recording.times, recording.rows, 0
+            t0_rec = times[0] if t0_rec is None and times else t0_rec
+            while i < len(rows):
+                due = t0_wall + (times[i] - t0_rec) / 1e6 / speed
                 while (wait := due - time.time()) > 0:
                     if stop.wait(min(wait, 0.5)):
                         return
                 if stop.is_set():
                     return
-                shown_ns = rec_us * 1000 if self.clock == "original" else int(due * 1e9)
-                side = r[time_col + 1].lower() if len(r) > time_col + 1 else ""
-                yield market_pb2.Tick(
-                    ticker=ticker,
-                    trade_id=prefix + r[0],
-                    price=r[1],
-                    size=r[2],
-                    side=market_pb2.SELL if side == "true" else market_pb2.BUY,
-                    exchange_time_ns=shown_ns,
-                    ingest_time_ns=time.time_ns(),
+                # Every row due by now: recorded at or before t0 + the wall time since, sped up.
+                ran_us = (time.time() - t0_wall) * speed * 1e6 if speed < INF else INF
+                j = min(max(i + 1, bisect.bisect_right(times, t0_rec + ran_us, i)), i + RUN_ROWS)
+                recorded_us, batch = times[i:j], rows[i:j]
+                shown_ns = (
+                    [int((t0_wall + (t - t0_rec) / 1e6 / speed) * 1e9) for t in recorded_us]
+                    if live_clock
+                    else [t * 1000 for t in recorded_us]
                 )
+                sides = [
+                    market_pb2.SELL
+                    if len(r) > time_col + 1 and r[time_col + 1].lower() == "true"
+                    else market_pb2.BUY
+                    for r in batch
+                ]
+                yield TradeRun(
+                    ticker,
+                    [prefix + r[0] for r in batch],
+                    [r[1] for r in batch],
+                    [r[2] for r in batch],
+                    sides,
+                    shown_ns,
+                    time.time_ns(),
+                )
+                i = j
+
+    def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
+        return one_by_one(self.trade_runs(ticker, stop))
 
 
 def kline_row(c: market_pb2.OHLC, period_s: int) -> list:

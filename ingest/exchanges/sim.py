@@ -18,6 +18,7 @@ import hashlib
 import re
 import threading
 import time
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,7 +26,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ingest.exchanges import sim_book
-from ingest.exchanges.base import Exchange, ExchangeError, Page, RangeUnavailable, fmt_fixed
+from ingest.exchanges.base import (
+    Exchange,
+    ExchangeError,
+    Page,
+    RangeUnavailable,
+    TradeRun,
+    fmt_fixed,
+    one_by_one,
+)
 from proto import book_pb2, market_pb2
 
 GENESIS_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z
@@ -328,10 +337,8 @@ class SimExchange(Exchange):
         """The trades of minutes [m0, m1) since genesis; what `trades` streams."""
         return list(self.iter_trades(ticker, m0, m1))
 
-    def iter_trades(self, ticker: str, m0: int, m1: int) -> Iterator[market_pb2.Tick]:
-        """:meth:`trade_batch` one Tick at a time, each made as it is taken: a stream that
-        held a batch's Ticks at once spent about a microsecond more on each (36,000 messages
-        of a 10-minute flood, each its own allocation, cold again by the time it is sent)."""
+    def trade_run(self, ticker: str, m0: int, m1: int) -> TradeRun:
+        """:meth:`trade_batch` as columns, no Tick made (``ingest_time_ns`` 0)."""
         sym = self.symbol(ticker)
         t = self._minutes(sym, m0, m1)
         n = self.per_minute
@@ -340,40 +347,58 @@ class SimExchange(Exchange):
             trade_ids = [opaque_id(self.seed, ticker, i) for i in ids]
         else:
             trade_ids = list(map(str, ids))
-        sides = np.where(t["buy"], market_pb2.BUY, market_pb2.SELL).tolist()
-        tick = market_pb2.Tick
-        return (
-            tick(ticker=ticker, trade_id=i, price=p, size=q, side=b, exchange_time_ns=ns)
-            for i, p, q, b, ns in zip(
-                trade_ids,
-                fmt_fixed_column(t["price"], PRICE_DECIMALS),
-                fmt_fixed_column(t["size"], SIZE_DECIMALS),
-                sides,
-                (t["time_us"] * 1000).tolist(),
-                strict=True,
-            )
+        return TradeRun(
+            ticker,
+            trade_ids,
+            fmt_fixed_column(t["price"], PRICE_DECIMALS),
+            fmt_fixed_column(t["size"], SIZE_DECIMALS),
+            np.where(t["buy"], market_pb2.BUY, market_pb2.SELL).tolist(),
+            (t["time_us"] * 1000).tolist(),
         )
 
-    def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
+    def iter_trades(self, ticker: str, m0: int, m1: int) -> Iterator[market_pb2.Tick]:
+        """:meth:`trade_batch` one Tick at a time, each made as it is taken: a stream that
+        held a batch's Ticks at once spent about a microsecond more on each (36,000 messages
+        of a 10-minute flood, each its own allocation, cold again by the time it is sent)."""
+        run = self.trade_run(ticker, m0, m1)
+        return map(run.tick, range(len(run)))
+
+    def trade_runs(
+        self, ticker: str, stop: threading.Event
+    ) -> Iterator[market_pb2.Tick | TradeRun]:
+        """Live trades, each when it is due: every time the stream wakes, the trades due by
+        then as one run. With outages set (``faults``), one Tick at a time, each judged
+        alone as it falls due."""
         sym = self.symbol(ticker)
         now_ms = int(time.time() * 1000)
         with self._lock:
             if sym.started is None:
                 sym.started = now_ms / 1000
         minute = (now_ms - self.genesis_ms) // MINUTE_MS
+        one_by_one = bool(self.faults.outages)
         while not stop.is_set():
-            for tick in self.iter_trades(ticker, minute, minute + 1):
-                due = tick.exchange_time_ns / 1e9
-                if due * 1000 < now_ms:
-                    continue  # already past when the stream started
-                while (wait := due - time.time()) > 0:
-                    if stop.wait(min(wait, 0.5)):
+            run = self.trade_run(ticker, minute, minute + 1)
+            times, end = run.times_ns, len(run)
+            i = bisect_left(times, now_ms * 1_000_000)  # those already past when it started
+            while i < end:
+                while (wait_ns := times[i] - time.time_ns()) > 0:  # in whole ns: exact
+                    if stop.wait(min(wait_ns / 1e9, 0.5)):
                         return
-                if self._lost(sym, due):
+                if one_by_one:
+                    if not self._lost(sym, times[i] / 1e9):
+                        tick = run.tick(i)
+                        tick.ingest_time_ns = time.time_ns()
+                        yield tick
+                    i += 1
                     continue
-                tick.ingest_time_ns = time.time_ns()
-                yield tick
+                now_ns = time.time_ns()
+                due = bisect_right(times, now_ns, i)  # past i: times[i] <= now_ns
+                yield run.slice(i, due, now_ns)
+                i = due
             minute += 1
+
+    def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
+        return one_by_one(self.trade_runs(ticker, stop))
 
     def _lost(self, sym: _Symbol, due_s: float) -> bool:
         """Whether a fault swallows the trade due at ``due_s``; a disconnect's first raises."""

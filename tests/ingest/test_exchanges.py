@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import tracemalloc
@@ -10,7 +11,14 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
-from ingest.exchanges.base import Page, RangeUnavailable, UnknownSymbol, fmt_fixed, pages
+from ingest.exchanges.base import (
+    Page,
+    RangeUnavailable,
+    TradeRun,
+    UnknownSymbol,
+    fmt_fixed,
+    pages,
+)
 from ingest.exchanges.replay import ReplayExchange
 from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS, SimExchange, fmt_fixed_column
 
@@ -151,3 +159,30 @@ def test_replay_sample_layouts() -> None:
     assert len(got) == 50 and got[0].trade_id < got[-1].trade_id
     with pytest.raises(RangeUnavailable):
         replay.ohlc_page("REPLAY:BTC/USDT", 300, Page(0, start, end))
+
+
+def test_sims_live_runs_hold_every_trade_due_when_cut_and_none_before_it_is_due() -> None:
+    sim = SimExchange(symbols={"BTC/USDT": 30_000.0}, rate=2_000.0)
+    stop, runs = threading.Event(), []
+    for item in sim.trade_runs("SIM:BTC/USDT", stop):
+        assert isinstance(item, TradeRun)
+        runs.append(item)
+        if len(runs) == 4:
+            break
+        time.sleep(0.05)  # a slow reader: about 100 trades fall due meanwhile
+    stop.set()
+    for run in runs:
+        assert run.ticker == "SIM:BTC/USDT" and len(run) >= 1
+        assert max(run.times_ns) <= run.ingest_time_ns  # none handed out before it was due
+    for before, after in itertools.pairwise(runs):
+        assert after.times_ns[0] > before.ingest_time_ns  # all due at a cut were in its run
+        assert len(after) > 1
+    ticks = [t for run in runs for t in run.ticks()]
+    ids = [int(t.trade_id) for t in ticks]
+    assert ids == list(range(ids[0], ids[0] + len(ids)))  # in order, none skipped
+    m = (ticks[0].exchange_time_ns // 1_000_000 - GENESIS_MS) // MINUTE_MS
+    made = {t.trade_id: t for t in sim.trade_batch("SIM:BTC/USDT", m, m + 2)}
+    for t in ticks:
+        want = made[t.trade_id]
+        want.ingest_time_ns = t.ingest_time_ns
+        assert t == want

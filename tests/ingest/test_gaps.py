@@ -15,6 +15,7 @@ from rich.console import Console
 
 from candlewire.gaps import read_gaps
 from candlewire.kafka import GAPS, TICKS
+from ingest.exchanges.base import TradeRun
 from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS, Faults, Outage, SimExchange, parse_faults
 from ingest.gaps import GapDetector, GapRepairer, GapWatch, RecentIds
 from ingest.jobs import run_stream
@@ -286,8 +287,10 @@ class Freezable(SimExchange):
         super().__init__(**kw)  # type: ignore[arg-type]
         self.frozen = threading.Event()
 
-    def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
-        for t in super().trades(ticker, stop):
+    def trade_runs(
+        self, ticker: str, stop: threading.Event
+    ) -> Iterator[market_pb2.Tick | TradeRun]:
+        for t in super().trade_runs(ticker, stop):
             if self.frozen.is_set():
                 stop.wait()
                 return

@@ -3,12 +3,16 @@ within the window of now (recordings exempt from its past bound)."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
 import pytest
 
 from candlewire.kafka import TICKS
+from ingest.exchanges.base import ExchangeError, TradeRun, one_by_one
+from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS, SimExchange
+from ingest.gaps import GapDetector, GapWatch
 from ingest.jobs import run_stream, tick_problem
 from proto import market_pb2
 from tests.support import RecordingSink
@@ -70,6 +74,9 @@ class Listing:
     def trades(self, ticker: str, stop: threading.Event):
         yield from self.ticks
 
+    def trade_runs(self, ticker: str, stop: threading.Event):
+        return self.trades(ticker, stop)
+
 
 @pytest.mark.parametrize("recorded", [False, True])
 def test_bad_trades_are_dropped_and_counted_good_ones_sent(recorded: bool) -> None:
@@ -84,3 +91,116 @@ def test_bad_trades_are_dropped_and_counted_good_ones_sent(recorded: bool) -> No
     kept = [good, old] if recorded else [good]
     assert sink.sent(TICKS.name) == kept and sent == len(kept)
     assert sorted(dropped) == sorted(["price", "ahead", "size", *([] if recorded else ["behind"])])
+
+
+# -- trades in runs: the same verdicts, records and gaps as one at a time ----------------------
+
+
+class Runs:
+    """A sequential venue yielding the given items: Ticks, TradeRuns, or an error to raise."""
+
+    name, recorded, sequential_ids = "SIM", False, True
+
+    def __init__(self, items: list) -> None:
+        self.items = list(items)
+
+    def trades(self, ticker: str, stop: threading.Event):
+        return one_by_one(self.trade_runs(ticker, stop))
+
+    def trade_runs(self, ticker: str, stop: threading.Event):
+        while self.items:
+            item = self.items.pop(0)
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+
+BAD = {
+    "prices": ["nan", "-1", "0", "abc", "inf", "1e400", "1e-400", "-inf", "1_000", " 5 "],
+    "sizes": ["nan", "-0.1", "0", "-0", "x", "Infinity", "1e999", "-1e-400"],
+    "trade_ids": ["77", "x", "", "05", "1_2", "-3"],  # an id repeated, jumped, not a number
+    "times_ns": [NOW + 61 * S, NOW - 3601 * S, NOW + 60 * S, NOW - 3600 * S, 0],
+}
+
+
+def spoiled(seed: int) -> list:
+    """SIM's trades with faults cut in, split at random into runs and single Ticks, with a
+    reconnect (an ExchangeError) here and there between them."""
+    rng = random.Random(seed)
+    sim = SimExchange(symbols={"BTC/USDT": 30_000.0}, rate=20.0)
+    m0 = (NOW // 1_000_000 - GENESIS_MS) // MINUTE_MS - 1
+    run = sim.trade_run("SIM:BTC/USDT", m0, m0 + 1)
+    cols = {c: list(getattr(run, c)) for c in ("trade_ids", "prices", "sizes", "times_ns")}
+    cols["times_ns"] = [NOW - 30 * S + i * 1000 for i in range(len(run))]  # in the window
+    for column, values in BAD.items():  # each bad value in some seed, all within 16 seeds
+        cols[column][rng.randrange(len(run))] = values[seed % len(values)]
+    for _ in range(rng.randrange(0, 4)):
+        column = rng.choice(list(BAD))
+        cols[column][rng.randrange(len(run))] = rng.choice(BAD[column])
+    if rng.random() < 0.3:  # ids jump: trades lost upstream
+        k = rng.randrange(1, len(run))
+        cols["trade_ids"][k:] = [
+            str(int(i) + 5) if i.isdigit() else i for i in cols["trade_ids"][k:]
+        ]
+    whole = TradeRun(run.ticker, cols["trade_ids"], cols["prices"], cols["sizes"],
+                     list(run.sides), cols["times_ns"], NOW)  # fmt: skip
+    cuts = sorted(rng.sample(range(1, len(whole)), rng.randrange(1, 12)))
+    items: list = []
+    for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True):
+        part = whole.slice(a, b, NOW)
+        items.extend(part.ticks() if rng.random() < 0.1 else [part])
+        if rng.random() < 0.1:
+            items.append(ExchangeError("a reconnect"))
+    return items
+
+
+def one_at_a_time(items: list) -> list:
+    """The same stream as a venue yielding Ticks would give it, reconnects kept."""
+    return [x for i in items for x in (i.ticks() if isinstance(i, TradeRun) else [i])]
+
+
+def streamed(items: list) -> tuple[list, list[str], list[tuple], int, tuple]:
+    sink, dropped, gaps = RecordingSink(), [], []
+    detector = GapDetector("SIM:BTC/USDT", sequential=True)
+    watch = GapWatch(detector, lambda gap, _recent: gaps.append(gap))
+    stop = threading.Event()
+    real_wait = stop.wait
+    stop.wait = lambda t=None: real_wait(0)  # type: ignore[method-assign]  # no reconnect pause
+    sent = run_stream("SIM:BTC/USDT", Runs(items), sink, stop, (60, 3600), dropped.append, watch)
+    found = [(g.cause, g.from_trade_id, g.to_trade_id, g.from_ns, g.to_ns) for g in gaps]
+    tail = detector.tail
+    return sink.records, dropped, found, sent, (tail.trade_id, tail.time_ns) if tail else ()
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_trades_in_runs_are_judged_sent_and_watched_as_one_at_a_time(seed: int) -> None:
+    items = spoiled(seed)
+    singles = one_at_a_time(items)  # before the stream takes the items
+    runs = streamed(items)
+    assert runs == streamed(singles)
+    assert runs[0], "nothing was sent"
+
+
+def test_a_run_that_fits_and_continues_goes_whole_and_one_that_does_not_goes_trade_by_trade() -> (
+    None
+):
+    sim = SimExchange(symbols={"BTC/USDT": 30_000.0}, rate=20.0)
+    m0 = (NOW // 1_000_000 - GENESIS_MS) // MINUTE_MS - 1
+    run = sim.trade_run("SIM:BTC/USDT", m0, m0 + 1)
+    fine = TradeRun(run.ticker, run.trade_ids, run.prices, run.sizes, run.sides,
+                    [NOW - 30 * S] * len(run), NOW)  # fmt: skip
+    bad = fine.slice(0, len(fine), NOW)
+    bad.prices[7] = "-1"  # type: ignore[index]
+    sink = RecordingSink()
+    calls: list[int] = []
+    sink.send_trades = lambda topic, key, r: calls.append(len(r))  # type: ignore[method-assign]
+    first, rest = fine.slice(0, 1, NOW), fine.slice(1, len(fine), NOW)
+    watch = GapWatch(GapDetector("SIM:BTC/USDT", sequential=True), lambda _gap, _recent: None)
+    run_stream("SIM:BTC/USDT", Runs([first, rest]), sink, threading.Event(), (60, 3600), gaps=watch)
+    assert watch.detector.tail.trade_id == fine.trade_ids[-1]
+    # The first trade has nothing before it to continue; the rest go as one run.
+    assert calls == [len(fine) - 1] and len(sink.records) == 1
+    calls.clear()
+    dropped: list[str] = []
+    run_stream("SIM:BTC/USDT", Runs([bad]), sink, threading.Event(), (60, 3600), dropped.append)
+    assert calls == [] and dropped == ["price"] and len(sink.records) == 1 + len(bad) - 1

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.exchanges.base import Page
+from ingest.exchanges.base import Page, TradeRun
 from ingest.exchanges.replay import ReplayExchange, ReplayFileError, build_index, parse_speed
 
 HOUR_MS = 3_600_000
@@ -253,3 +253,31 @@ def test_the_command_line_and_the_config_file_point_replay_at_a_download(
         exchanges_of(
             build_parser().parse_args([*argv[:3], "--replay-root", str(tmp_path)]), Settings()
         )
+
+
+def test_an_unpaced_replay_streams_its_files_in_bounded_runs_a_paced_one_as_each_falls_due(
+    tmp_path, monkeypatch
+) -> None:
+    import time
+
+    from ingest.exchanges import replay as replay_module
+
+    want = vision_root(tmp_path)
+    monkeypatch.setattr(replay_module, "RUN_ROWS", 64)
+    fast = ReplayExchange("VISION", tmp_path, speed=float("inf"))
+    runs = list(fast.trade_runs("VISION:ABC/USDT", threading.Event()))
+    assert all(isinstance(r, TradeRun) and 1 <= len(r) <= 64 for r in runs)
+    assert max(map(len, runs)) == 64
+    ticks = [t for r in runs for t in r.ticks()]
+    assert [t.trade_id for t in ticks] == [r[0] for r in want["trades"]]
+    # Paced at 100x (0.997 s apart recorded): no run holds a trade before it falls due.
+    paced = ReplayExchange("VISION", tmp_path, speed=parse_speed("100x"), clock="live")
+    stop, got = threading.Event(), []
+    for run in paced.trade_runs("VISION:ABC/USDT", stop):
+        got.append(run)
+        if len(got) == 3:
+            time.sleep(0.1)  # a slow reader: about ten trades fall due meanwhile
+        if sum(map(len, got)) >= 30:
+            break
+    assert all(max(r.times_ns) <= r.ingest_time_ns for r in got)
+    assert max(map(len, got)) > 1

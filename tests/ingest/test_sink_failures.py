@@ -1,4 +1,5 @@
-"""KafkaSink reports records that could not be delivered (reports come for failures only)."""
+"""KafkaSink reports records that could not be delivered (reports come for failures only),
+and writes a run of trades as it writes each trade."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import weakref
 import pytest
 
 from candlewire.kafka import TICKS
+from ingest.exchanges.base import TradeRun
 from ingest.sink import KafkaSink, SinkError
 from proto import market_pb2
+from proto.envelope import from_record
 
 
 def test_undeliverable_records_fail_the_flush(settings) -> None:
@@ -45,3 +48,39 @@ def test_a_full_queue_holds_the_sender_back_until_there_is_room(settings) -> Non
     assert time.monotonic() - started >= 0.3  # it waited at least one record's timeout
     with pytest.raises(SinkError, match=r"5 records failed"):
         sink.flush(10)
+
+
+def test_a_run_of_trades_is_written_as_each_of_its_ticks_would_be_in_order(settings) -> None:
+    # Every odd-looking value a Tick carries: an unset side, zero times, empty texts, a
+    # ticker beyond ASCII; and a queue that refuses now and then (the back-pressure path).
+    sink = KafkaSink(settings, **{"message.timeout.ms": 300})
+    run = TradeRun(
+        "SIM:ÉTH/USDT",
+        ["1", "", "3", "9" * 30],
+        ["1.5", "0", "", "123456789.123456789"],
+        ["2", "", "0.0001", "7"],
+        [market_pb2.BUY, 0, market_pb2.SELL, 0],
+        [1, 0, 2**62, 5],
+        ingest_time_ns=42,
+    )
+    records: list[tuple[str, bytes, bytes]] = []
+    refusals = iter([False, True, False, True, True, False] * 4)
+
+    def produce(topic: str, value: bytes, key: bytes) -> None:
+        if next(refusals):
+            raise BufferError("queue full")
+        records.append((topic, value, key))
+
+    sink._produce = produce  # type: ignore[method-assign]
+    sink.send_trades(TICKS.name, run.ticker, run)
+    by_run, records[:] = list(records), []
+    for tick in run.ticks():
+        sink.send(TICKS.name, run.ticker, tick)
+    assert by_run == records and len(records) == len(run)
+    assert [from_record(v) for _, v, _ in records] == run.ticks()
+    assert sink._sent == 2 * len(run)
+
+
+def test_a_run_with_columns_of_different_lengths_is_refused() -> None:
+    with pytest.raises(ValueError, match="differ in length"):
+        TradeRun("SIM:BTC/USDT", ["1", "2"], ["1", "2"], ["1"], [0, 0], [1, 2])
