@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING
 
@@ -135,18 +135,24 @@ class GapDetector:
         return gap
 
     def observe_run(self, run: TradeRun) -> bool:
-        """A whole run at once, when it provably continues the stream: a sequential venue,
-        nothing pending, and each id the one before plus one from the last seen. True then,
-        its last trade now the tail; False having changed nothing, so the caller observes
-        each trade as it would have (:meth:`observe`, the one rule)."""
-        if not self.sequential or self._cause is not None or (last := self._last_n) is None:
+        """A whole run at once, when it provably continues the stream with nothing to tell:
+        nothing pending, a trade seen before, and on a sequential venue each id the one
+        before plus one. True then, its last trade now the tail; False having changed
+        nothing, so the caller observes each trade as it would have (:meth:`observe`, the
+        one rule)."""
+        if self._cause is not None or not run:
+            return not run
+        if not self.sequential:  # each trade would only become the tail
+            if self.tail is None:
+                return False
+            self._last, self._last_tick = tail_of(run.tick(len(run) - 1)), None
+            return True
+        if (last := self._last_n) is None:
             return False
         try:  # int(), as observe reads an id
             numbers = list(map(int, run.trade_ids))
         except ValueError:
             return False
-        if not numbers:
-            return True
         if numbers != list(range(last + 1, last + 1 + len(numbers))):
             return False
         self._last_n, self._last_tick = numbers[-1], run.tick(len(numbers) - 1)
@@ -191,15 +197,21 @@ class RecentIds:
         self._lock = threading.Lock()
 
     def add(self, trade_id: str, time_ns: int) -> None:
+        self.add_all((trade_id,), (time_ns,))
+
+    def add_all(self, trade_ids: Iterable[str], times_ns: Iterable[int]) -> None:
+        """:meth:`add` of each in turn, under one lock."""
         with self._lock:
-            self._ids[trade_id] = time_ns
-            self._order.append((time_ns, trade_id))
-            while self._order and (
-                len(self._order) > self.limit or self._order[0][0] < time_ns - self.horizon_ns
-            ):
-                old_ns, old_id = self._order.popleft()
-                if self._ids.get(old_id) == old_ns:
-                    del self._ids[old_id]
+            ids, order = self._ids, self._order
+            for trade_id, time_ns in zip(trade_ids, times_ns, strict=True):
+                ids[trade_id] = time_ns
+                order.append((time_ns, trade_id))
+                while order and (
+                    len(order) > self.limit or order[0][0] < time_ns - self.horizon_ns
+                ):
+                    old_ns, old_id = order.popleft()
+                    if ids.get(old_id) == old_ns:
+                        del ids[old_id]
 
     @property
     def oldest_ns(self) -> int:
@@ -229,8 +241,13 @@ class GapWatch:
         self._found = found
 
     def observe_run(self, run: TradeRun) -> bool:
-        """:meth:`GapDetector.observe_run`, where no ids are remembered (sequential venues)."""
-        return self.recent is None and self.detector.observe_run(run)
+        """:meth:`GapDetector.observe_run`, and the run's ids remembered where a venue's ids
+        are not sequential."""
+        if not self.detector.observe_run(run):
+            return False
+        if self.recent is not None:
+            self.recent.add_all(run.trade_ids, run.times_ns)
+        return True
 
     def observe(self, tick: market_pb2.Tick) -> None:
         gap = self.detector.observe(tick)

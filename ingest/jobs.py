@@ -179,19 +179,19 @@ def run_stream(
     window: tuple[float, float | None] = (60.0, None),
     dropped: Callable[[str], None] = lambda _reason: None,
     gaps: GapWatch | None = None,
+    clock: Callable[[], int] = time.time_ns,
 ) -> int:
     """Produce live trades keyed by ticker until ``stop``, or until the exchange has no more
     (a replay at its end); reconnect on exchange errors. A trade with a price not above
-    zero, a negative size or a time outside ``window`` (seconds ahead of and behind now) is
-    dropped and ``dropped(reason)`` told. ``gaps`` hears every trade received and every
-    reconnect, to find the trades the stream missed (:mod:`ingest.gaps`)."""
+    zero, a negative size or a time outside ``window`` (seconds ahead of and behind
+    ``clock``'s now) is dropped and ``dropped(reason)`` told. ``gaps`` hears every trade
+    received and every reconnect, to find the trades the stream missed (:mod:`ingest.gaps`)."""
     ahead_s, behind_s = window
     if exchange.recorded:
         behind_s = None
-    problem_of, fits, clock, send, send_trades, topic = (
+    problem_of, fits, send, send_trades, topic = (
         tick_checker(ahead_s, behind_s),
         run_checker(ahead_s, behind_s),
-        time.time_ns,
         sink.send,
         sink.send_trades,
         TICKS.name,

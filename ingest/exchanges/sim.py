@@ -375,7 +375,7 @@ class SimExchange(Exchange):
             if sym.started is None:
                 sym.started = now_ms / 1000
         minute = (now_ms - self.genesis_ms) // MINUTE_MS
-        one_by_one = bool(self.faults.outages)
+        alone = bool(self.faults.outages)
         while not stop.is_set():
             run = self.trade_run(ticker, minute, minute + 1)
             times, end = run.times_ns, len(run)
@@ -384,7 +384,7 @@ class SimExchange(Exchange):
                 while (wait_ns := times[i] - time.time_ns()) > 0:  # in whole ns: exact
                     if stop.wait(min(wait_ns / 1e9, 0.5)):
                         return
-                if one_by_one:
+                if alone:
                     if not self._lost(sym, times[i] / 1e9):
                         tick = run.tick(i)
                         tick.ingest_time_ns = time.time_ns()

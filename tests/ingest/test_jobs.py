@@ -159,17 +159,53 @@ def one_at_a_time(items: list) -> list:
     return [x for i in items for x in (i.ticks() if isinstance(i, TradeRun) else [i])]
 
 
-def streamed(items: list) -> tuple[list, list[str], list[tuple], int, tuple]:
+def streamed(
+    items: list, sequential: bool = True
+) -> tuple[list, list[str], list[tuple], int, tuple]:
+    """What ``run_stream`` does with ``items`` at ``NOW``: the records sent, the reasons for
+    what was dropped, the gaps found, the count sent and the detector's tail."""
     sink, dropped, gaps = RecordingSink(), [], []
-    detector = GapDetector("SIM:BTC/USDT", sequential=True)
+    detector = GapDetector("SIM:BTC/USDT", sequential=sequential)
     watch = GapWatch(detector, lambda gap, _recent: gaps.append(gap))
     stop = threading.Event()
     real_wait = stop.wait
     stop.wait = lambda t=None: real_wait(0)  # type: ignore[method-assign]  # no reconnect pause
-    sent = run_stream("SIM:BTC/USDT", Runs(items), sink, stop, (60, 3600), dropped.append, watch)
+    sent = run_stream(
+        "SIM:BTC/USDT", Runs(items), sink, stop, (60, 3600), dropped.append, watch, lambda: NOW
+    )
     found = [(g.cause, g.from_trade_id, g.to_trade_id, g.from_ns, g.to_ns) for g in gaps]
     tail = detector.tail
-    return sink.records, dropped, found, sent, (tail.trade_id, tail.time_ns) if tail else ()
+    recent = sorted(watch.recent._ids.items()) if watch.recent is not None else None
+    return sink.records, dropped, found, sent, (tail.trade_id, tail.time_ns) if tail else (), recent
+
+
+def good_run(n: int = 50, first: int = 1000) -> TradeRun:
+    return TradeRun("SIM:BTC/USDT", [str(first + i) for i in range(n)], ["1.5"] * n, ["2"] * n,
+                    [market_pb2.BUY] * n, [NOW - 30 * S + i for i in range(n)], NOW)  # fmt: skip
+
+
+@pytest.mark.parametrize("sequential", [True, False])
+@pytest.mark.parametrize(
+    ("column", "bad"), [(c, v) for c, values in BAD.items() for v in values], ids=repr
+)
+def test_one_bad_value_sends_its_run_trade_by_trade(
+    column: str, bad: object, sequential: bool
+) -> None:
+    before, run = good_run(), good_run(first=1050)
+    getattr(run, column)[20] = bad
+    items = [before, run, good_run(first=1100)]
+    singles = one_at_a_time(items)
+    got = streamed(items, sequential)
+    assert got == streamed(singles, sequential)
+    fit = tick_problem(run.tick(20), NOW, 60, 3600) is None
+    assert got[3] == 150 - (not fit)
+
+
+def test_a_run_after_a_reconnect_goes_trade_by_trade_and_a_later_jump_is_a_jump() -> None:
+    items = [good_run(), ExchangeError("a reconnect"), good_run(first=1050), good_run(first=1200)]
+    got = streamed(list(items))
+    assert got == streamed(one_at_a_time(items))
+    assert [g[:3] for g in got[2]] == [(market_pb2.TRADE_ID_JUMP, "1099", "1200")]
 
 
 @pytest.mark.parametrize("seed", range(16))
