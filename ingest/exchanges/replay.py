@@ -261,8 +261,9 @@ def _read_as_table(data: bytes, columns: int, time_col: int) -> Recording | None
         raw = pc.cast(table.column(time_col), pa.int64())
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
-    # µs in files from 2025 on, else ms
-    times = pc.if_else(pc.greater(raw, 10**14), raw, pc.multiply(raw, 1000)).to_pylist()
+    # µs in files from 2025 on, else ms; in Python, since an Arrow scalar of a Python int
+    # and Arrow's to_numpy each load pandas
+    times = [t if t > 10**14 else t * 1000 for t in raw.to_pylist()]
     rows: Sequence[Sequence[str]] = list(zip(*(c.to_pylist() for c in table.columns), strict=True))
     if any(a > b for a, b in itertools.pairwise(times)):
         order = sorted(range(len(times)), key=times.__getitem__)

@@ -326,3 +326,22 @@ def test_a_file_read_as_a_table_is_what_the_line_by_line_check_reads_or_left_to_
         assert _as_lists(table) == _as_lists(checked)
     elif seed % 4 == 0 and seed % 5 != 1:
         raise AssertionError("a plain file was left to the line-by-line reading")
+
+
+def test_reading_a_file_as_a_table_loads_no_pandas(tmp_path) -> None:
+    # pyarrow loads pandas (about 40 MiB) for a scalar made of a Python int or a to_numpy():
+    # an ingestor replaying files must not carry it.
+    import subprocess
+    import sys
+
+    vision_root(tmp_path)
+    script = (
+        "import sys, threading\n"
+        "from ingest.exchanges.replay import ReplayExchange\n"
+        f"r = ReplayExchange('VISION', {str(tmp_path)!r}, speed=float('inf'))\n"
+        "n = sum(len(x) for x in r.trade_runs('VISION:ABC/USDT', threading.Event()))\n"
+        "print(n, 'pyarrow' in sys.modules, 'pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    count, arrow, pandas = out.stdout.split()
+    assert int(count) > 0 and arrow == "True" and pandas == "False"
