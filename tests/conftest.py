@@ -168,6 +168,16 @@ def kafka(platform_settings: Settings) -> Iterator[ProcessService]:
     svc.stop()
 
 
+@pytest.fixture
+def broker_settings(platform_settings: Settings, kafka: ProcessService, tmp_path: Path) -> Settings:
+    """Ports of its own but the session's broker, for a test that starts its own relay and
+    ingestors: in a run in one process the live pipeline's modules come first, and its relay
+    and SIM ingestor (which would take the test's work) hold the platform's ports to the
+    session's end."""
+    own = free_settings(tmp_path)
+    return own.model_copy(update={"ports": {**own.ports, "kafka": platform_settings.port("kafka")}})
+
+
 @pytest.fixture(scope="session")
 def lakehouse(platform_settings: Settings, postgres: LocalPostgres) -> Settings:
     """Settings whose Iceberg catalog exists, with the platform's tables."""

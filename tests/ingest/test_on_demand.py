@@ -31,8 +31,8 @@ GRACE_S = 1.5
 
 
 @pytest.fixture
-def relay(platform_settings, kafka) -> Iterator[Relay]:
-    r = Relay(platform_settings, metrics=False).start()
+def relay(broker_settings) -> Iterator[Relay]:
+    r = Relay(broker_settings, metrics=False).start()
     yield r
     r.stop()
 
@@ -148,8 +148,8 @@ def test_first_subscriber_starts_second_adds_nothing_last_leaving_stops(relay, c
             i.stop()
 
 
-def test_relay_restart_keeps_active_subscriptions_streaming(platform_settings, kafka, ctx):
-    s = platform_settings
+def test_relay_restart_keeps_active_subscriptions_streaming(broker_settings, ctx):
+    s = broker_settings
     ticker = "SIMD:B/USDT"
     relays = [Relay(s, metrics=False).start()]
     # A grace far longer than the restart can take: the ingestor's publisher dials the new
@@ -185,13 +185,11 @@ def test_relay_restart_keeps_active_subscriptions_streaming(platform_settings, k
             r.stop()
 
 
-def test_a_relay_gone_for_good_takes_its_subscribers_demand_with_it(
-    platform_settings, kafka, ctx
-) -> None:
+def test_a_relay_gone_for_good_takes_its_subscribers_demand_with_it(broker_settings, ctx) -> None:
     """Demand is a lease on the relay's connection: a relay that goes down and stays down
     leaves nobody watching, so the stream stops a grace later (a dialling socket would
     otherwise keep the dead relay's subscriptions while it redials, for ever)."""
-    s = platform_settings
+    s = broker_settings
     ticker = "SIMD:A/USDT"
     relay = Relay(s, metrics=False).start()
     ing = start_ingestor(s, sim("SIMD"), grace_s=GRACE_S)

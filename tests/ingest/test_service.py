@@ -29,9 +29,9 @@ T0 = 1_700_006_400_000  # a day boundary
 
 
 @pytest.fixture
-def live(platform_settings, kafka):
-    relay = Relay(platform_settings, metrics=False).start()
-    yield platform_settings
+def live(broker_settings):
+    relay = Relay(broker_settings, metrics=False).start()
+    yield broker_settings
     relay.stop()
 
 
