@@ -109,11 +109,16 @@ class TradeRun:
         )
 
 
-def one_by_one(items: Iterable[market_pb2.Tick | TradeRun]) -> Iterator[market_pb2.Tick]:
+def one_by_one(
+    items: Iterable[market_pb2.Tick | TradeRun], stop: threading.Event
+) -> Iterator[market_pb2.Tick]:
     """A stream of Ticks and runs as Ticks only: :meth:`Exchange.trades` of an adapter that
-    streams in runs."""
+    streams in runs. Nothing more once ``stop`` is set, not even the rest of a run."""
     for item in items:
-        yield from item.ticks() if isinstance(item, TradeRun) else (item,)
+        for tick in map(item.tick, range(len(item))) if isinstance(item, TradeRun) else (item,):
+            if stop.is_set():
+                return
+            yield tick
 
 
 def pages(start_ms: int, end_ms: int, period_s: int, rows_per_page: int) -> list[Page]:

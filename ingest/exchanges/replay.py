@@ -423,7 +423,7 @@ class ReplayExchange(Exchange):
                 i = j
 
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
-        return one_by_one(self.trade_runs(ticker, stop))
+        return one_by_one(self.trade_runs(ticker, stop), stop)
 
 
 def kline_row(c: market_pb2.OHLC, period_s: int) -> list:

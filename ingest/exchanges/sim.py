@@ -398,7 +398,7 @@ class SimExchange(Exchange):
             minute += 1
 
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
-        return one_by_one(self.trade_runs(ticker, stop))
+        return one_by_one(self.trade_runs(ticker, stop), stop)
 
     def _lost(self, sym: _Symbol, due_s: float) -> bool:
         """Whether a fault swallows the trade due at ``due_s``; a disconnect's first raises."""

@@ -105,7 +105,7 @@ class Runs:
         self.items = list(items)
 
     def trades(self, ticker: str, stop: threading.Event):
-        return one_by_one(self.trade_runs(ticker, stop))
+        return one_by_one(self.trade_runs(ticker, stop), stop)
 
     def trade_runs(self, ticker: str, stop: threading.Event):
         while self.items:
