@@ -172,6 +172,9 @@ class _Symbol:
     started: float | None = None  # when its live stream first started: faults count from it
     disconnected: set[Outage] = field(default_factory=set)  # disconnects already raised
     book_started: float | None = None  # when its book stream first started: book faults
+    # count from it. Each is made once: at its time, or, when the stream was starting again
+    # then (after the fault before it), at the first delta of the new stream.
+    book_faults_made: int = 0
 
 
 class SimExchange(Exchange):
@@ -496,7 +499,7 @@ class SimExchange(Exchange):
         self, sym: _Symbol, start_ns: int, stop: threading.Event
     ) -> Iterator[book_pb2.BookDelta]:
         text, per = self._book_text(sym.ticker), self.per_minute
-        faults = [f for f in self.faults.book if f[1] > start_ns / 1e9 - (sym.book_started or 0)]
+        faults = list(self.faults.book[sym.book_faults_made :])
         n = self.book_seq_at(sym.ticker, start_ns) + 1
         prev = self._book_states(sym, n - 1, n)[0][2]
         while not stop.is_set():
@@ -510,6 +513,7 @@ class SimExchange(Exchange):
                 offset = time_ns / 1e9 - (sym.book_started or 0)
                 if faults and offset >= faults[0][1]:
                     kind, _ = faults.pop(0)
+                    sym.book_faults_made += 1
                     if kind == "skip":
                         continue
                     delta = (sim_book.corrupt if kind == "checksum" else sim_book.malformed)(delta)
