@@ -30,6 +30,7 @@ import contextlib
 import gc
 import json
 import multiprocessing
+import os
 import shutil
 import tempfile
 import time
@@ -50,6 +51,7 @@ from candlewire.testing import (
     metric,
     new_user,
     open_session,
+    session_messages,
     spawn_gateway,
     user_event,
     wait_for,
@@ -66,7 +68,8 @@ BOT_TOKEN = "123456:BENCH-token"
 
 
 def sign_in(settings: Settings, user: str):
-    return open_session(settings, user, issue_token(SECRET, user))
+    """A batched session, as the gateway's page opens one."""
+    return open_session(settings, user, issue_token(SECRET, user), batch=True)
 
 
 def critical(settings: Settings, n: int, window: int, gateway_pid: int) -> dict:
@@ -100,7 +103,7 @@ def critical(settings: Settings, n: int, window: int, gateway_pid: int) -> dict:
         elapsed, cpu = time.perf_counter() - t0, process_cpu_s(gateway_pid) - cpu0
         dealer.close()
         ctx.term()
-        received = _answer(reader, 60)
+        received, _ = _answer(reader, 60)
     finally:
         proc.join(10)
         proc.kill()
@@ -124,12 +127,15 @@ def _session_reader(settings: Settings, user: str, n: int, quiet_s: float, out: 
     out.send("signed in")
     received: list[tuple[int, float]] = []
     gc.disable()
+    cpu0 = time.process_time()
     with contextlib.suppress(TimeoutError):
         while len(received) < n:
-            msg = json.loads(ws.recv(timeout=quiet_s))
-            if msg["type"] == "event":
-                received.append((msg["data"]["i"], time.time()))
-    out.send(received)
+            frame = ws.recv(timeout=quiet_s)
+            at = time.time()
+            for msg in session_messages(frame):
+                if msg["type"] == "event":
+                    received.append((msg["data"]["i"], at))
+    out.send((received, time.process_time() - cpu0))
     ws.close()
 
 
@@ -190,6 +196,8 @@ def informational(settings: Settings, n: int, journal: Path, gateway_pid: int) -
         "p50_ms": pct(run.latencies, 0.5),
         "p99_ms": pct(run.latencies, 0.99),
         "gateway_cpu_us_per_event": run.gateway_cpu_s / n * 1e6,
+        "publisher_cpu_us_per_event": run.publisher_cpu_s / n * 1e6,
+        "reader_cpu_us_per_event": run.reader_cpu_s / n * 1e6,
     }
 
 
@@ -215,6 +223,8 @@ class Published:
     received: list[tuple[int, float]]
     latencies: list[float]
     gateway_cpu_s: float
+    publisher_cpu_s: float  # this process: the publishing loop and the publisher's thread
+    reader_cpu_s: float  # the reader's process, from its first receive
 
 
 def _publish(
@@ -242,6 +252,7 @@ def _publish(
             sent_at = [0.0] * n
             with frozen_heap():
                 t0, cpu0 = time.time(), process_cpu_s(gateway_pid)
+                own0 = process_cpu_s(os.getpid())
                 for i, event in enumerate(events):
                     if rate is not None:
                         due = t0 + i / rate
@@ -250,13 +261,14 @@ def _publish(
                     sent_at[i] = time.time()
                     pub.publish(event)
                 published_s = time.time() - t0
-                received = _answer(reader, 120 + n / (rate or n))
+                received, reader_cpu = _answer(reader, 120 + n / (rate or n))
             cpu = process_cpu_s(gateway_pid) - cpu0
+            own = process_cpu_s(os.getpid()) - own0
     finally:
         proc.join(10)
         proc.kill()
     latencies = [at - sent_at[i] for i, at in received]
-    return Published(t0, published_s, received, latencies, cpu)
+    return Published(t0, published_s, received, latencies, cpu, own, reader_cpu)
 
 
 PACED_SHARES = [0.2, 0.4, 0.6, 0.8]
@@ -346,6 +358,8 @@ def main() -> None:
         "informational_p50_ms": round(info["p50_ms"], 2),
         "informational_p99_ms": round(info["p99_ms"], 2),
         "informational_gateway_cpu_us_per_event": round(info["gateway_cpu_us_per_event"], 1),
+        "informational_publisher_cpu_us_per_event": round(info["publisher_cpu_us_per_event"], 1),
+        "informational_reader_cpu_us_per_event": round(info["reader_cpu_us_per_event"], 1),
         "raw_xpub_sub_events_per_s": round(raw_rate),
         "raw_xpub_sub_lost": raw_lost,
         "informational_vs_raw": round(info["events_per_s"] / raw_rate, 3),

@@ -224,15 +224,28 @@ def user_event(
     )
 
 
-def open_session(settings: Settings, user: str, token: str, **kw: object) -> Any:
-    """A gateway WebSocket session, authenticated as a browser does it."""
+def open_session(
+    settings: Settings, user: str, token: str, batch: bool = False, **kw: object
+) -> Any:
+    """A gateway WebSocket session, authenticated as a browser does it; ``batch`` asks for
+    what is queued together, a JSON array a frame (read them with :func:`session_messages`)."""
     from websockets.sync.client import connect
 
     ws = connect(f"ws://127.0.0.1:{settings.port('gateway_http')}/ws", legacy=True, **kw)  # type: ignore[arg-type]
-    ws.send(json.dumps({"op": "auth", "token": token}))
-    welcome = json.loads(ws.recv(timeout=5))
-    assert welcome == {"type": "welcome", "user": user}, welcome
+    auth: dict[str, object] = {"op": "auth", "token": token}
+    if batch:
+        auth["batch"] = True
+    ws.send(json.dumps(auth))
+    welcome = session_messages(ws.recv(timeout=5))
+    assert welcome == [{"type": "welcome", "user": user}], welcome
     return ws
+
+
+def session_messages(frame: str | bytes) -> list[dict[str, Any]]:
+    """The messages of one frame of a gateway session: an array in a batched session's frame
+    of several, else the one object."""
+    data = json.loads(frame)
+    return data if isinstance(data, list) else [data]
 
 
 # -- stand-ins for services that cannot be reached from a test machine -------------------

@@ -61,7 +61,14 @@ from gateway.config import GatewaySettings
 from gateway.critical import CriticalDelivery
 from gateway.directory import Directory
 from gateway.metrics import GatewayMetrics
-from gateway.sessions import SLOW_CLOSE_CODE, Session, SessionChannel, Sessions, event_message
+from gateway.sessions import (
+    SLOW_CLOSE_CODE,
+    Session,
+    SessionChannel,
+    Sessions,
+    event_message,
+    to_json,
+)
 from gateway.symbols import SymbolCatalog
 from gateway.telegram_sessions import TelegramSessions
 from proto import events_pb2 as ev
@@ -294,18 +301,21 @@ class Gateway:
     # -- sessions -------------------------------------------------------------------------
 
     async def _session(self, ws: ServerConnection) -> None:
-        user = await self._sign_in(ws)
-        if user is None:
+        signed_in = await self._sign_in(ws)
+        if signed_in is None:
             return
-        session = self.sessions.open(user, ws)
+        user, batched = signed_in
+        session = self.sessions.open(user, ws, batched)
         if session is None:
             await ws.close(1008, "too many sessions for this user")
             return
         self._count_sessions()
-        session.offer({"type": "welcome", "user": user})
-        writer = asyncio.create_task(session.write())
+        writer: asyncio.Task[None] | None = None
         bucket = TokenBucket(self.gw.ws_messages_per_s, 2 * self.gw.ws_messages_per_s)
         try:
+            # The welcome in a frame of its own, ahead of whatever is queued meanwhile.
+            await ws.send(to_json({"type": "welcome", "user": user}))
+            writer = asyncio.create_task(session.write())
             async for raw in ws:
                 if not bucket.take(time.monotonic()):
                     self.metrics.rate_limited.inc()
@@ -319,21 +329,28 @@ class Gateway:
         finally:
             self.sessions.close(session)
             self._chart(session, None)
-            writer.cancel()
+            if writer is not None:
+                writer.cancel()
             self._count_sessions()
 
-    async def _sign_in(self, ws: ServerConnection) -> str | None:
-        """The first message must be ``{"op": "auth", "token": ...}``, within the timeout."""
+    async def _sign_in(self, ws: ServerConnection) -> tuple[str, bool] | None:
+        """The first message must be ``{"op": "auth", "token": ...}``, within the timeout;
+        ``"batch": true`` in it asks for queued messages together, a JSON array a frame.
+        The user, and whether the session is batched."""
         try:
             raw = await asyncio.wait_for(ws.recv(), self.gw.auth_timeout_s)
             msg = json.loads(raw)
             if not isinstance(msg, dict) or msg.get("op") != "auth":
                 raise BadToken('the first message must be {"op": "auth", "token": ...}')
-            return verify_token(
+            batch = msg.get("batch", False)
+            if not isinstance(batch, bool):
+                raise BadToken('"batch" must be true or false')
+            user = verify_token(
                 self.gw.secret.get_secret_value(),
                 str(msg.get("token", "")),
                 self.gw.token_max_age_s,
             )
+            return user, batch
         except (BadToken, ValueError, TimeoutError) as exc:
             self.metrics.auth_failures.inc()
             reason = str(exc) if isinstance(exc, BadToken) else "sign-in failed"

@@ -5,6 +5,11 @@ session that lets its outbox fill is closed (code 1013, "try again later"): the 
 never buffers without bound for a client that does not read. ``on_first`` and ``on_last``
 fire when a user's first session opens and last one closes; the gateway subscribes and
 unsubscribes ``USER:{id}`` on them.
+
+A session that signed in with ``"batch": true`` gets what is queued together as one frame, a
+JSON array of messages (:func:`batch_frames`); any other gets a frame a message. For the
+client, a frame a message cost more than the message: a browser's ``onmessage`` each, a
+Python client's reader thread handing over each (#35).
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ log = logging.getLogger("candlewire.gateway.sessions")
 
 SLOW_CLOSE_CODE = 1013
 WRITE_BATCH = 256  # queued messages written to a session's socket at once, at most
+# A batched session's frame holds queued messages together up to this many bytes (each
+# message is ASCII); a larger message goes in a frame of its own.
+BATCH_FRAME_BYTES = 64 * 1024
 # Every message a session is sent, as compact JSON from one encoder, with no cycle check (our
 # messages hold none). ASCII, as json.dumps makes it: a payload may carry a lone surrogate
 # ("\ud800", a string cut inside an emoji), which only its escape can carry in UTF-8.
@@ -59,9 +67,28 @@ def to_json(message: dict[str, Any]) -> str:
     return "".join(_C_ENCODE(message, 0))
 
 
+def batch_frames(texts: list[str], limit: int = BATCH_FRAME_BYTES) -> list[str]:
+    """Messages (each :func:`to_json`'s text) as the frames of a batched session, in order:
+    consecutive ones joined into a JSON array up to ``limit`` bytes, one alone as itself."""
+    frames: list[str] = []
+    run: list[str] = []
+    size = 0
+    for text in texts:
+        if run and size + len(text) + 1 > limit:
+            frames.append(run[0] if len(run) == 1 else f"[{','.join(run)}]")
+            run, size = [], 0
+        run.append(text)
+        size += len(text) + 1
+    if run:
+        frames.append(run[0] if len(run) == 1 else f"[{','.join(run)}]")
+    return frames
+
+
 class Session:
-    def __init__(self, user_id: str, ws: ServerConnection, max_queue: int) -> None:
-        self.user_id, self.ws = user_id, ws
+    def __init__(
+        self, user_id: str, ws: ServerConnection, max_queue: int, batched: bool = False
+    ) -> None:
+        self.user_id, self.ws, self.batched = user_id, ws, batched
         self.outbox: asyncio.Queue[str] = asyncio.Queue(max_queue)
         self.chart: str | None = None  # the market-data topic this session draws
         self.closed = False
@@ -92,6 +119,8 @@ class Session:
                 texts = [await outbox.get()]
                 while len(texts) < WRITE_BATCH and not outbox.empty():
                     texts.append(outbox.get_nowait())
+                if self.batched and len(texts) > 1:
+                    texts = batch_frames(texts)
                 if len(texts) == 1:
                     await self.ws.send(texts[0])
                 else:
@@ -137,12 +166,12 @@ class Sessions:
         self._by_user: dict[str, set[Session]] = {}
         self._on_first, self._on_last, self._on_slow = on_first, on_last, on_slow
 
-    def open(self, user_id: str, ws: ServerConnection) -> Session | None:
+    def open(self, user_id: str, ws: ServerConnection, batched: bool = False) -> Session | None:
         """A new session, or None when the user already has the most allowed."""
         mine = self._by_user.setdefault(user_id, set())
         if len(mine) >= self.max_per_user:
             return None
-        session = Session(user_id, ws, self.max_queue)
+        session = Session(user_id, ws, self.max_queue, batched)
         mine.add(session)
         if len(mine) == 1:
             self._on_first(user_id)

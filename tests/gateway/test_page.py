@@ -73,6 +73,15 @@ def test_sign_in_see_an_event_and_a_live_chart(
         lambda b: b.find_element(By.CSS_SELECTOR, f'#events li[data-event-id="{event.event_id}"]')
     )
     assert "Alert triggered" in item.text and "level: 42" in item.text
+    # A burst: the page asks for batches, so what the gateway has queued comes as arrays.
+    burst = [user_event(user, ev.INFORMATIONAL, None, {"n": i}) for i in range(200)]
+    for e in burst:
+        events.publish(e)
+    wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#events li")) == 201)
+    shown = browser.execute_script(
+        "return [...document.querySelectorAll('#events li')].map(li => li.dataset.eventId)"
+    )
+    assert shown[::-1] == [event.event_id] + [e.event_id for e in burst]
 
     topic = market_data_topic(ticker, ohlc_type(60))
 

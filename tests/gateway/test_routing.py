@@ -5,6 +5,7 @@ Each priority and session state: a browser signed in for the user or not.
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import threading
@@ -18,7 +19,7 @@ from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from candlewire.events import Route
-from candlewire.testing import new_user, user_event
+from candlewire.testing import new_user, session_messages, user_event
 from gateway import issue_token
 from proto import events_pb2 as ev
 from tests.gateway.conftest import SECRET, gw_config, next_of, sign_in
@@ -96,14 +97,21 @@ def test_sign_in_needs_a_valid_token(gw_env, make_gateway) -> None:
     gw = make_gateway(gw_env, gw_config())
     url = f"ws://127.0.0.1:{gw_env.port('gateway_http')}/ws"
     forged = issue_token("another-secret-0123456789", "alice")
-    for first in (json.dumps({"op": "auth", "token": forged}), "not json", '{"op": "chart"}'):
+    token = issue_token(SECRET, "alice")
+    firsts = (
+        json.dumps({"op": "auth", "token": forged}),
+        "not json",
+        '{"op": "chart"}',
+        json.dumps({"op": "auth", "token": token, "batch": "yes"}),
+    )
+    for first in firsts:
         with connect(url) as ws:
             ws.send(first)
             assert json.loads(ws.recv(timeout=5))["type"] == "error"
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=5)
             assert closed.value.rcvd.code == 1008
-    assert gw.metrics.auth_failures._value.get() == 3
+    assert gw.metrics.auth_failures._value.get() == 4
     assert gw.sessions.users() == 0
 
 
@@ -387,3 +395,93 @@ def test_a_message_to_many_sessions_is_made_text_once(monkeypatch) -> None:
     watchers[0].outbox.put_nowait("queued")  # its one slot taken: too slow for the next
     assert sessions.offer_to(watchers, candle) == 4
     assert len(encoded) == 2 and slow == ["u0"] and not sessions.active("u0")
+
+
+def test_batch_frames_hold_the_messages_in_order_within_their_bound() -> None:
+    """A batched session's frames: consecutive messages as one JSON array up to the bound, a
+    message alone (or one past the bound) as itself, nothing lost or reordered."""
+    import random
+
+    from gateway.sessions import batch_frames, to_json
+
+    rng = random.Random(7)
+    for _ in range(200):
+        messages = [
+            {"type": "event", "i": i, "text": "x" * rng.choice((0, 10, 300, 5000))}
+            for i in range(rng.randint(1, 60))
+        ]
+        limit = rng.choice((64, 1000, 20_000))
+        frames = batch_frames([to_json(m) for m in messages], limit)
+        assert [m for f in frames for m in session_messages(f)] == messages
+        for frame in frames:
+            if frame.startswith("["):
+                assert len(frame) <= limit + 1 and len(json.loads(frame)) > 1
+            else:
+                assert isinstance(json.loads(frame), dict)
+        # Two neighbouring frames could not have been one.
+        for a, b in itertools.pairwise(frames):
+            first_of_b = to_json(session_messages(b)[0])
+            assert len(a) + len(first_of_b) + 2 > limit
+
+
+def test_a_batched_session_gets_what_is_queued_in_few_frames_and_a_plain_one_a_frame_each() -> None:
+    """The same burst to a session that asked for batches and one that did not: both get
+    every message in order; the batched one in arrays of several (a message past the frame
+    bound alone), the other a frame a message, as before."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+    from websockets.asyncio.server import serve
+
+    from gateway.sessions import BATCH_FRAME_BYTES, WRITE_BATCH, Session
+
+    n = 2 * WRITE_BATCH + 5
+    messages = [{"type": "event", "i": i} for i in range(n)]
+    messages[100]["text"] = "y" * BATCH_FRAME_BYTES  # past the bound: a frame of its own
+
+    def run(batched: bool) -> list[str]:
+        async def handler(ws) -> None:
+            session = Session("u1", ws, n, batched)
+            for m in messages:
+                assert session.offer(m)
+            writer = asyncio.create_task(session.write())
+            await ws.wait_closed()
+            writer.cancel()
+
+        async def main() -> list[str]:
+            async with serve(handler, "127.0.0.1", 0, max_size=None) as server:
+                port = server.sockets[0].getsockname()[1]
+                async with connect(f"ws://127.0.0.1:{port}", max_size=None) as client:
+                    frames: list[str] = []
+                    while sum(len(session_messages(f)) for f in frames) < n:
+                        frames.append(await client.recv())
+                    return frames
+
+        return asyncio.run(asyncio.wait_for(main(), 30))
+
+    batched, plain = run(True), run(False)
+    for frames in (batched, plain):
+        assert [m for f in frames for m in session_messages(f)] == messages
+    assert len(plain) == n and not any(f.startswith("[") for f in plain)
+    assert len(batched) <= n // WRITE_BATCH + 4, len(batched)
+    assert any(json.loads(f) == messages[100] for f in batched)
+
+
+def test_a_batched_session_gets_every_event_in_order_through_the_gateway(
+    gw_env, make_gateway, make_publisher
+) -> None:
+    """End to end: a session signed in with ``"batch": true`` (as the gateway's page does)
+    gets the welcome alone, then every event published, in order, from its frames."""
+    make_gateway(gw_env, gw_config())
+    pub = make_publisher(gw_env)
+    user = new_user()
+    ws = sign_in(gw_env, user, batch=True)  # asserts the welcome came alone
+    wait_for(lambda: pub.watched(user))
+    events = [user_event(user, ev.INFORMATIONAL, payload={"i": i}) for i in range(2000)]
+    for event in events:
+        assert pub.publish(event) is Route.XPUB
+    got: list[str] = []
+    while len(got) < len(events):
+        got += [m["event_id"] for m in session_messages(ws.recv(timeout=10))]
+    assert got == [e.event_id for e in events]
+    ws.close()
