@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from candlewire.zmqutil import NOBLOCK, Batches, send_frames
+from candlewire.zmqutil import NOBLOCK, Batches, recv_frames, send_frames
 
 
 @pytest.fixture
@@ -82,3 +82,15 @@ def test_send_frames_sends_a_message_whole_or_not_at_all(pair) -> None:
             send_frames(lonely, [b"a", b"b"], NOBLOCK)
     finally:
         lonely.close(linger=0)
+
+
+def test_recv_frames_takes_each_message_whole_whatever_its_frames(pair) -> None:
+    """One frame, several, empty ones and a large one: each message as it was sent, none
+    running into the next; nothing queued is ``zmq.Again`` without blocking."""
+    push, pull = pair
+    sent = [[b"one"], [b"t", b"", b"x" * 100_000], [b"", b""], [b"a", b"b", b"c", b"d", b"e"]]
+    for frames in sent:
+        send_frames(push, frames)
+    assert [recv_frames(pull) for _ in sent] == sent
+    with pytest.raises(zmq.Again):
+        recv_frames(pull, NOBLOCK)
