@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -89,7 +90,12 @@ class Session:
         self, user_id: str, ws: ServerConnection, max_queue: int, batched: bool = False
     ) -> None:
         self.user_id, self.ws, self.batched = user_id, ws, batched
-        self.outbox: asyncio.Queue[str] = asyncio.Queue(max_queue)
+        # What the writer has yet to send, at most ``max_queue``. A deque and an event rather
+        # than an ``asyncio.Queue``, whose put and get run in Python: 1.8 µs an event against
+        # 0.3 (#35). The event is set when the outbox stops being empty.
+        self.outbox: deque[str] = deque()
+        self.max_queue = max_queue
+        self._ready = asyncio.Event()
         self.chart: str | None = None  # the market-data topic this session draws
         self.closed = False
 
@@ -101,24 +107,28 @@ class Session:
         """:meth:`offer` of a message already made text (:func:`to_json`)."""
         if self.closed:
             return False
-        try:
-            self.outbox.put_nowait(text)
-            return True
-        except asyncio.QueueFull:
+        outbox = self.outbox
+        if len(outbox) >= self.max_queue:
             self.closed = True
             return False
+        outbox.append(text)
+        if len(outbox) == 1:
+            self._ready.set()
+        return True
 
     async def write(self) -> None:
         """Drain the outbox to the socket until the session ends: what is queued goes out
         together (:meth:`_send_all`). A message the socket refuses closes the session (the
         browser reconnects), rather than ending this task while the session looks open and
         its messages pile up unsent."""
-        outbox = self.outbox
+        outbox, ready, take = self.outbox, self._ready, self.outbox.popleft
         try:
             while not self.closed:
-                texts = [await outbox.get()]
-                while len(texts) < WRITE_BATCH and not outbox.empty():
-                    texts.append(outbox.get_nowait())
+                if not outbox:
+                    ready.clear()
+                    await ready.wait()
+                    continue
+                texts = [take() for _ in range(min(len(outbox), WRITE_BATCH))]
                 if self.batched and len(texts) > 1:
                     texts = batch_frames(texts)
                 if len(texts) == 1:

@@ -31,6 +31,27 @@ TITLES = {
 PRICE_KEYS = frozenset(("price", "stop", "limit", "fill_price"))
 
 
+# json's own scanner (C), which ``json.loads`` reaches through three Python calls and an
+# encoding guess: 3 µs of a small payload's parse, 0.6 through the scanner (#35).
+_SCAN = json.JSONDecoder().scan_once
+
+
+def payload_json(payload: bytes) -> Any:
+    """``json.loads(payload)``, the same object or the same error. A payload that opens with
+    ``{`` and a byte that is not NUL is UTF-8 to ``json.loads`` too; one that the scanner
+    reads to its last byte is taken from it at once, and any other goes through
+    ``json.loads`` itself."""
+    if payload[:1] == b"{" and payload[1:2] not in (b"\x00", b""):
+        try:
+            text = payload.decode("utf-8", "surrogatepass")
+            obj, end = _SCAN(text, 0)
+            if end == len(text):
+                return obj
+        except (UnicodeDecodeError, StopIteration, ValueError):
+            pass
+    return json.loads(payload)
+
+
 class Rendered(NamedTuple):
     """An event in words; a tuple, which is made in C (a frozen dataclass sets each field
     through ``object.__setattr__``, on the informational fast path)."""
@@ -84,7 +105,7 @@ class SymbolCatalog(BaseCatalog):
         event_id, payload, number = event.event_id, event.payload, event.event_type
         kind = enum_name(TITLES, number)
         try:
-            data = json.loads(payload) if payload else {}
+            data = payload_json(payload) if payload else {}
         except (ValueError, UnicodeDecodeError, RecursionError):  # nested past the parser
             data = None
         if not isinstance(data, dict):

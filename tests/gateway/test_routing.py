@@ -391,8 +391,8 @@ def test_a_message_to_many_sessions_is_made_text_once(monkeypatch) -> None:
     candle = {"type": "candle", "ticker": "SIM:BTC/USDT", "close": "101.5"}
     assert sessions.offer_to(watchers, candle) == 5
     assert len(encoded) == 1
-    assert {w.outbox.get_nowait() for w in watchers} == {real(candle)}
-    watchers[0].outbox.put_nowait("queued")  # its one slot taken: too slow for the next
+    assert {w.outbox.popleft() for w in watchers} == {real(candle)}
+    watchers[0].outbox.append("queued")  # its one slot taken: too slow for the next
     assert sessions.offer_to(watchers, candle) == 4
     assert len(encoded) == 2 and slow == ["u0"] and not sessions.active("u0")
 
@@ -485,3 +485,70 @@ def test_a_batched_session_gets_every_event_in_order_through_the_gateway(
         got += [m["event_id"] for m in session_messages(ws.recv(timeout=10))]
     assert got == [e.event_id for e in events]
     ws.close()
+
+
+def test_a_payload_parses_as_json_loads_parses_it() -> None:
+    """The gateway's parse of an event's payload gives what ``json.loads`` gives, the same
+    object or the same kind of error, whatever the bytes."""
+    import random
+
+    from gateway.symbols import payload_json
+
+    corpus = [
+        b'{"i": 12345}',
+        b'{"i": 1} ',
+        b'{"i": 1}\n',
+        b'{"i": 1} x',
+        b'{"i": 1}{"j": 2}',
+        b'{"big": 123456789012345678901234567890, "f": 1e400, "n": NaN, "m": -Infinity}',
+        b'{"note": "cut \\ud83d", "e": "\xc3\xa9", "u": "\\u00e9"}',
+        b'{"bad": "\xff"}',
+        b'{"ctl": "a\x01b"}',
+        b"{",
+        b"{}",
+        b"{\x00",
+        '{"i": 1}'.encode("utf-16-le"),
+        '{"i": 1}'.encode("utf-8-sig"),
+        '{"i": 1}'.encode("utf-32"),
+        b' {"i": 1}',
+        b"[1, 2]",
+        b'"text"',
+        b"{" * 100 + b"}" * 100,
+        b'{"a": 1, "a": 2}',
+    ]
+    rng = random.Random(11)
+    alphabet = b'{}[]":,0123456789.eE-+ \n\tabcfnrstu\\\x00\xc3\xa9\xff'
+    corpus += [
+        b"{" + bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(3000)
+    ]
+
+    def value(depth: int) -> object:
+        kind = rng.randrange(7 if depth < 3 else 4)
+        if kind == 0:
+            return rng.randint(-(10**20), 10**20)
+        if kind == 1:
+            return rng.uniform(-1e6, 1e6)
+        if kind == 2:
+            return "".join(
+                rng.choice('ab\u00e9\u4e2d\n"\\\ud83d') for _ in range(rng.randint(0, 6))
+            )
+        if kind == 3:
+            return rng.choice([None, True, False])
+        if kind in (4, 5):
+            return {f"k{i}": value(depth + 1) for i in range(rng.randint(0, 4))}
+        return [value(depth + 1) for _ in range(rng.randint(0, 4))]
+
+    for _ in range(500):
+        obj = {f"k{i}": value(0) for i in range(rng.randint(1, 5))}
+        seps = rng.choice([(",", ":"), (", ", ": ")])
+        text = json.dumps(obj, separators=seps, ensure_ascii=rng.random() < 0.5)
+        corpus.append(text.encode("utf-8", "surrogatepass"))
+
+    def outcome(parse, payload: bytes) -> tuple[str, str]:
+        try:
+            return "ok", repr(parse(payload))
+        except Exception as exc:  # the kind of error is what must agree
+            return "error", type(exc).__name__
+
+    for payload in corpus:
+        assert outcome(payload_json, payload) == outcome(json.loads, payload), payload
