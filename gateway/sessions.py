@@ -71,18 +71,15 @@ def to_json(message: dict[str, Any]) -> str:
 def batch_frames(texts: list[str], limit: int = BATCH_FRAME_BYTES) -> list[str]:
     """Messages (each :func:`to_json`'s text) as the frames of a batched session, in order:
     consecutive ones joined into a JSON array up to ``limit`` bytes, one alone as itself."""
-    frames: list[str] = []
-    run: list[str] = []
-    size = 0
+    runs: list[list[str]] = []
+    size = limit + 1  # no run yet: the first text starts one
     for text in texts:
-        if run and size + len(text) + 1 > limit:
-            frames.append(run[0] if len(run) == 1 else f"[{','.join(run)}]")
-            run, size = [], 0
-        run.append(text)
+        if size + len(text) + 1 > limit:
+            runs.append([])
+            size = 0
+        runs[-1].append(text)
         size += len(text) + 1
-    if run:
-        frames.append(run[0] if len(run) == 1 else f"[{','.join(run)}]")
-    return frames
+    return [run[0] if len(run) == 1 else f"[{','.join(run)}]" for run in runs]
 
 
 class Session:

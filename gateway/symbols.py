@@ -47,7 +47,7 @@ def payload_json(payload: bytes) -> Any:
             obj, end = _SCAN(text, 0)
             if end == len(text):
                 return obj
-        except (UnicodeDecodeError, StopIteration, ValueError):
+        except (StopIteration, ValueError):  # UnicodeDecodeError and JSONDecodeError too
             pass
     return json.loads(payload)
 
