@@ -29,7 +29,7 @@ from collections import Counter
 
 import pandas as pd
 
-from bench.soak import candle_rows, expected_candles
+from bench.oracle import candle_rows, expected_candles
 from bench.stack import private_stack, wait_until_warm
 from candlewire.config import PERIODS_S, Settings
 from candlewire.gaps import read_gaps

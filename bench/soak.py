@@ -25,7 +25,6 @@ trades (a few per second). The last line is JSON.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import random
 import re
@@ -33,13 +32,11 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 
-import pandas as pd
-
+from bench.oracle import iceberg_candles_equal, reference
 from bench.stack import private_stack, stream_metric, wait_until_warm
-from candlewire.config import PERIODS_S, Settings
+from candlewire.config import Settings
 from candlewire.kafka import TICKS
 from candlewire.lake import load_table
 from ingest.sink import KafkaSink
@@ -236,78 +233,6 @@ def wait_for_ticks(settings: Settings, prod: Production, base: float) -> float |
     return None
 
 
-def expected_candles(trades: list[tuple[int, str, str]], period_s: int) -> pd.DataFrame:
-    """The bench's reference candles: a pandas resample of the trades (the same rules as
-    tests/streaming/test_job.py, which benches do not import)."""
-    df = pd.DataFrame(
-        {
-            "time": pd.to_datetime([t for t, _, _ in trades], unit="ns", utc=True),
-            "price": [Decimal(p) for _, p, _ in trades],
-            "size": [Decimal(s) for _, _, s in trades],
-        }
-    ).sort_values("time")
-    r = df.set_index("time").resample(f"{period_s}s")
-    out = pd.DataFrame(
-        {
-            "open": r["price"].first(),
-            "high": r["price"].max(),
-            "low": r["price"].min(),
-            "close": r["price"].last(),
-            "volume": r["size"].sum(),
-            "trade_count": r["price"].count(),
-        }
-    )
-    return out[out["trade_count"] > 0]  # resample invents empty bins; candlewire does not
-
-
-def candle_rows(frame: pd.DataFrame) -> list[tuple]:
-    """(open ms, open, high, low, close, volume, trades) per candle, Decimals compared by value."""
-    return sorted(
-        (
-            pd.Timestamp(t).value // 1_000_000,
-            *(Decimal(str(r[c])) for c in ("open", "high", "low", "close", "volume")),
-            int(r["trade_count"]),
-        )
-        for t, r in frame.iterrows()
-    )
-
-
-def candles_equal(settings: Settings, sampled: list[Feed], timeout: float = 180.0) -> bool:
-    """Every candle of every period of the sampled tickers equals pandas, once ``ohlc``
-    counts all their trades (its MERGE follows the ticks append in each batch)."""
-    ohlc = load_table(settings, "ohlc")
-
-    def rows(feed: Feed) -> pd.DataFrame:
-        return ohlc.scan(row_filter=f"ticker = '{feed.ticker}'").to_pandas()
-
-    deadline = time.monotonic() + timeout
-    while True:
-        ohlc.refresh()
-        got = {f.ticker: rows(f) for f in sampled}
-        counted = all(
-            got[f.ticker][got[f.ticker]["period_s"] == p]["trade_count"].sum() == f.seq
-            for f in sampled
-            for p in PERIODS_S
-        )
-        if counted or time.monotonic() > deadline:
-            break
-        time.sleep(2.0)
-    equal = True
-    for feed in sampled:
-        assert feed.kept is not None
-        for period in PERIODS_S:
-            mine = got[feed.ticker]
-            mine = candle_rows(mine[mine["period_s"] == period].set_index("open_time"))
-            want = candle_rows(expected_candles(feed.kept, period))
-            if mine != want:
-                equal = False
-                wrong = next(
-                    (m, w) for m, w in itertools.zip_longest(mine, want) if m != w
-                )  # the first candle that differs, as (ohlc's, pandas')
-                print(f"{feed.ticker} {period}s: {len(mine)} candles vs {len(want)}; {wrong}")
-    return equal
-
-
 # The run ---------------------------------------------------------------------------------
 
 
@@ -367,7 +292,9 @@ def main() -> None:
         lag = wait_for_ticks(settings, prod, base)
         held = "not all held" if lag is None else f"all held {lag:.1f}s after the last"
         print(f"after production: {phase_means(log.read())}; {held}", flush=True)
-        equal = candles_equal(settings, sampled)
+        equal = iceberg_candles_equal(
+            settings, reference({f.ticker: f.kept or [] for f in sampled})
+        )
         log.read()
         growth = commit_growth(log.batches)
     print(

@@ -17,7 +17,11 @@ k ticks, so each tick's latency is the receive time of the first update that sho
 (every tick counts, not just the newest of each update). Correctness, in the same run: two
 feeds, one five minutes behind the other, each resending one trade in twenty; the 1-minute
 candles in ``ohlc`` then count each trade once (``duplicates_counted``) and the lagging feed
-has all its candles (``lagging_feed_candles_missing``). Both must be 0. The last line is JSON.
+has all its candles (``lagging_feed_candles_missing``). Both must be 0. Then every candle
+of every period of the timed burst's tickers and of the two feeds, in ``ohlc``
+(``candles_equal``) and as last published live (``live_candles_equal``, read back from the
+journal), must equal a pandas resample of their distinct trades (:mod:`bench.oracle`). The
+last line is JSON.
 
 The timed burst follows an untimed one (``--warm``, 200,000 ticks on other tickers): the
 first large batch of a fresh JVM pays for compiling the committing path's hot loops (its
@@ -53,6 +57,7 @@ from pathlib import Path
 import zmq
 from confluent_kafka import Producer
 
+from bench.oracle import Trade, iceberg_candles_equal, live_candles_equal, reference
 from bench.spark_read import kafka_source, read_rate
 from bench.stack import private_stack, stream_metric, wait_until_warm
 from bench.stats import pct, process_cpu_s
@@ -82,13 +87,19 @@ def job_pids(settings) -> tuple[int, int]:
     return pid, int(job_jvm(settings))
 
 
+def trade(i: int, t_ns: int) -> Trade:
+    """The bench's i-th trade of a ticker at ``t_ns``: (time, price, size)."""
+    return t_ns, f"{100 + i % 50}.25", "0.010"
+
+
 def tick(ticker: str, i: int, t_ns: int) -> bytes:
+    _, price, size = trade(i, t_ns)
     return to_record(
         market_pb2.Tick(
             ticker=ticker,
             trade_id=str(i),
-            price=f"{100 + i % 50}.25",
-            size="0.010",
+            price=price,
+            size=size,
             side=market_pb2.BUY,
             exchange_time_ns=t_ns,
         )
@@ -159,10 +170,10 @@ def throughput(
     jfr: str | None = None,
     feed: str = "T",
     cpu_out: str | None = None,
-) -> tuple[dict[str, float], dict[str, float]]:
+) -> tuple[dict[str, float], dict[str, float], dict[str, list[Trade]]]:
     """Ticks/s over the wall clock, from the first produce to the last tick published live,
-    and to the last committed (which includes up to one commit trigger's wait). The burst
-    trades on eight tickers, ``BENCH:{feed}0/USDT`` to ``BENCH:{feed}7/USDT``."""
+    and to the last committed (which includes up to one commit trigger's wait); and the
+    burst's trades. It trades on eight tickers, ``BENCH:{feed}0/USDT`` to ``BENCH:{feed}7/USDT``."""
     producer = Producer(producer_config(settings, **{"linger.ms": 20}))
     spy = None
     if profile:
@@ -174,7 +185,9 @@ def throughput(
         recording = f"duration=30s filename={Path(jfr).resolve()} settings=profile"
         subprocess.run(["jcmd", job_jvm(settings), "JFR.start", *recording.split()], check=True)
     now = time.time_ns()
-    values = [tick(f"BENCH:{feed}{i % 8}/USDT", i, now + i * 1000) for i in range(n)]
+    tickers = [f"BENCH:{feed}{k}/USDT" for k in range(8)]
+    values = [tick(tickers[i % 8], i, now + i * 1000) for i in range(n)]
+    trades = {t: [trade(i, now + i * 1000) for i in range(k, n, 8)] for k, t in enumerate(tickers)}
     sampler = cpu_profile(settings, cpu_out) if cpu_out else None
     base, base_live = committed_ticks(settings), published_ticks(settings)
     busy = busy_seconds(settings, "ticks")
@@ -184,7 +197,7 @@ def throughput(
     for i, value in enumerate(values):
         while True:
             try:
-                producer.produce(TICKS.name, key=f"BENCH:{feed}{i % 8}/USDT".encode(), value=value)
+                producer.produce(TICKS.name, key=tickers[i % 8].encode(), value=value)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -229,7 +242,7 @@ def throughput(
         f"({rates['live']:,.0f} ticks/s), committed after {elapsed:.1f}s ({rates['committed']:,.0f} ticks/s); "
         f"CPU s per million ticks: driver {cpu[0]:.2f}, JVM {cpu[1]:.2f}"
     )
-    return rates, cpu_figures
+    return rates, cpu_figures, trades
 
 
 def spark_kafka_read(settings) -> int:
@@ -327,9 +340,12 @@ def slow_ticks(settings, timed: list[tuple[float, float]], over_s: float = 0.05)
                     print(f"  {line[m.start(2) :]}", flush=True)
 
 
-def feeds_phase(settings, n: int = 2000, timeout: float = 120.0) -> dict[str, int]:
+def feeds_phase(
+    settings, n: int = 2000, timeout: float = 120.0
+) -> tuple[dict[str, int], dict[str, list[Trade]]]:
     """Two feeds arriving together, B five minutes behind A, 5 % of trades sent twice; the
-    trades counted beyond the distinct ones, and B's 1-minute windows with no candle."""
+    trades counted beyond the distinct ones, B's 1-minute windows with no candle, and each
+    feed's distinct trades."""
     tag = uuid.uuid4().hex[:6].upper()
     lead, lag = f"BENCH:A{tag}/USDT", f"BENCH:B{tag}/USDT"
     start_ns = (time.time_ns() // 60_000_000_000 - 12) * 60_000_000_000
@@ -371,7 +387,8 @@ def feeds_phase(settings, n: int = 2000, timeout: float = 120.0) -> dict[str, in
     duplicates = sum(max(0, c - expected[t].get(m, 0)) for t in trades for m, c in got[t].items())
     missing = sum(1 for m in expected[lag] if m not in got[lag])
     print(f"feeds: {duplicates} trades counted twice, {missing} lagging-feed candles missing")
-    return {"duplicates_counted": duplicates, "lagging_feed_candles_missing": missing}
+    distinct = {t: [trade(i, t_ns) for i, t_ns in enumerate(times)] for t, times in trades.items()}
+    return {"duplicates_counted": duplicates, "lagging_feed_candles_missing": missing}, distinct
 
 
 def main() -> None:
@@ -394,12 +411,17 @@ def main() -> None:
         if args.warm:
             print(f"warm-up burst of {args.warm:,} ticks (not timed):")
             throughput(settings, args.warm, feed="W")
-        rates, cpu = throughput(settings, args.burst, args.profile, args.jfr, cpu_out=args.cpu)
+        rates, cpu, burst = throughput(
+            settings, args.burst, args.profile, args.jfr, cpu_out=args.cpu
+        )
         ceiling = spark_kafka_read(settings)
         timed = latency(settings, args.latency_seconds)
         slow_ticks(settings, timed)
         lat = sorted(x for _, x in timed)
-        correct = feeds_phase(settings)
+        correct, feeds = feeds_phase(settings)
+        want = reference({**burst, **feeds})
+        correct["candles_equal"] = iceberg_candles_equal(settings, want)
+        correct["live_candles_equal"] = live_candles_equal(settings, want)
     p50, p99 = statistics.median(lat) * 1000, pct(lat, 0.99)
     print(
         f"tick → candle update via relay: p50 {p50:.0f} ms, p99 {p99:.0f} ms over {len(lat)} ticks"
