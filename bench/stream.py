@@ -27,7 +27,7 @@ The timed burst follows an untimed one (``--warm``, 200,000 ticks on other ticke
 first large batch of a fresh JVM pays for compiling the committing path's hot loops (its
 judging took three times as long as the next), and a job runs for days.
 
-    python -m bench.stream [--burst N] [--warm N] [--latency-seconds S] [--profile OUT.svg]
+    python -m bench.stream [--burst N] [--warm N] [--latency-seconds S] [--disorder] [--profile OUT.svg]
 
 ``--profile`` records the job's driver with py-spy during the burst (a flame graph): where
 the Python side of the live and committing queries spends its time. ``--jfr OUT.jfr`` records
@@ -163,6 +163,22 @@ def cpu_parts(collapsed: str) -> list[tuple[str, float]]:
     return [(name, n / total) for name, n in parts.most_common()]
 
 
+def arrival(n: int, run: int = 64, resend: float = 0.05) -> list[int]:
+    """Trades 0..n-1 in the order they arrive: shuffled within runs of ``run``, and a share
+    ``resend`` followed by a copy of one of the 30 trades before (``--disorder``)."""
+    rng, order = random.Random(11), list(range(n))
+    for start in range(0, n, run):
+        part = order[start : start + run]
+        rng.shuffle(part)
+        order[start : start + run] = part
+    out: list[int] = []
+    for j, i in enumerate(order):
+        out.append(i)
+        if rng.random() < resend:
+            out.append(order[max(0, j - rng.randrange(30))])
+    return out
+
+
 def throughput(
     settings,
     n: int,
@@ -170,10 +186,13 @@ def throughput(
     jfr: str | None = None,
     feed: str = "T",
     cpu_out: str | None = None,
+    disorder: bool = False,
 ) -> tuple[dict[str, float], dict[str, float], dict[str, list[Trade]]]:
     """Ticks/s over the wall clock, from the first produce to the last tick published live,
     and to the last committed (which includes up to one commit trigger's wait); and the
-    burst's trades. It trades on eight tickers, ``BENCH:{feed}0/USDT`` to ``BENCH:{feed}7/USDT``."""
+    burst's trades. It trades on eight tickers, ``BENCH:{feed}0/USDT`` to ``BENCH:{feed}7/USDT``;
+    with ``disorder`` its trades arrive shuffled within runs of 64 and one in twenty is sent
+    again (a copy of one of the 30 before it)."""
     producer = Producer(producer_config(settings, **{"linger.ms": 20}))
     spy = None
     if profile:
@@ -186,7 +205,8 @@ def throughput(
         subprocess.run(["jcmd", job_jvm(settings), "JFR.start", *recording.split()], check=True)
     now = time.time_ns()
     tickers = [f"BENCH:{feed}{k}/USDT" for k in range(8)]
-    values = [tick(tickers[i % 8], i, now + i * 1000) for i in range(n)]
+    sent = arrival(n) if disorder else range(n)
+    values = [(tickers[i % 8].encode(), tick(tickers[i % 8], i, now + i * 1000)) for i in sent]
     trades = {t: [trade(i, now + i * 1000) for i in range(k, n, 8)] for k, t in enumerate(tickers)}
     sampler = cpu_profile(settings, cpu_out) if cpu_out else None
     base, base_live = committed_ticks(settings), published_ticks(settings)
@@ -194,10 +214,10 @@ def throughput(
     pids = job_pids(settings)
     cpu = [process_cpu_s(p) for p in pids]
     t0 = time.perf_counter()
-    for i, value in enumerate(values):
+    for key, value in values:
         while True:
             try:
-                producer.produce(TICKS.name, key=tickers[i % 8].encode(), value=value)
+                producer.produce(TICKS.name, key=key, value=value)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -402,6 +422,11 @@ def main() -> None:
         "compiled its hot loops, and Spark's read it is held to is the best of three",
     )
     parser.add_argument("--latency-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--disorder",
+        action="store_true",
+        help="the timed burst's trades shuffled within runs of 64, one in twenty sent twice",
+    )
     parser.add_argument("--profile", help="write a py-spy flame graph of the burst here")
     parser.add_argument("--jfr", help="write a JFR recording of the job's JVM here")
     parser.add_argument("--cpu", help="write async-profiler's collapsed stacks of the burst here")
@@ -412,7 +437,7 @@ def main() -> None:
             print(f"warm-up burst of {args.warm:,} ticks (not timed):")
             throughput(settings, args.warm, feed="W")
         rates, cpu, burst = throughput(
-            settings, args.burst, args.profile, args.jfr, cpu_out=args.cpu
+            settings, args.burst, args.profile, args.jfr, cpu_out=args.cpu, disorder=args.disorder
         )
         ceiling = spark_kafka_read(settings)
         timed = latency(settings, args.latency_seconds)
@@ -437,6 +462,7 @@ def main() -> None:
                 "latency_p99_ms": round(p99),
                 "ticks": len(lat),
                 "warm_burst": args.warm,
+                "disorder": args.disorder,
                 **correct,
             }
         )
