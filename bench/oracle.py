@@ -31,7 +31,8 @@ Row = tuple  # (open ms, open, high, low, close, volume, trades)
 
 
 def expected_candles(trades: list[Trade], period_s: int) -> pd.DataFrame:
-    """A pandas resample of the trades (each one distinct)."""
+    """A pandas resample of the trades (each one distinct, in the order they arrived: of
+    trades at one time, the first opens a candle and the last closes it)."""
     df = pd.DataFrame(
         {
             "time": pd.to_datetime([t for t, _, _ in trades], unit="ns", utc=True),

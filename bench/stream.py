@@ -191,8 +191,8 @@ def throughput(
     """Ticks/s over the wall clock, from the first produce to the last tick published live,
     and to the last committed (which includes up to one commit trigger's wait); and the
     burst's trades. It trades on eight tickers, ``BENCH:{feed}0/USDT`` to ``BENCH:{feed}7/USDT``;
-    with ``disorder`` its trades arrive shuffled within runs of 64 and one in twenty is sent
-    again (a copy of one of the 30 before it)."""
+    with ``disorder`` its trades arrive shuffled within runs of 64, one in twenty is sent
+    again (a copy of one of the 30 before it), and a ticker's trades come two to a time."""
     producer = Producer(producer_config(settings, **{"linger.ms": 20}))
     spy = None
     if profile:
@@ -206,8 +206,20 @@ def throughput(
     now = time.time_ns()
     tickers = [f"BENCH:{feed}{k}/USDT" for k in range(8)]
     sent = arrival(n) if disorder else range(n)
-    values = [(tickers[i % 8].encode(), tick(tickers[i % 8], i, now + i * 1000)) for i in sent]
-    trades = {t: [trade(i, now + i * 1000) for i in range(k, n, 8)] for k, t in enumerate(tickers)}
+    step = 16 if disorder else 1  # with disorder, two trades of a ticker share each time
+
+    def at(i: int) -> int:
+        return now + i // step * 1000
+
+    values = [(tickers[i % 8].encode(), tick(tickers[i % 8], i, at(i))) for i in sent]
+    # Each ticker's distinct trades as they arrived: the reference breaks a tie of times as
+    # pandas does, by the order of the frame.
+    trades: dict[str, list[Trade]] = {t: [] for t in tickers}
+    seen: set[int] = set()
+    for i in sent:
+        if i not in seen:
+            seen.add(i)
+            trades[tickers[i % 8]].append(trade(i, at(i)))
     sampler = cpu_profile(settings, cpu_out) if cpu_out else None
     base, base_live = committed_ticks(settings), published_ticks(settings)
     busy = busy_seconds(settings, "ticks")
@@ -425,7 +437,8 @@ def main() -> None:
     parser.add_argument(
         "--disorder",
         action="store_true",
-        help="the timed burst's trades shuffled within runs of 64, one in twenty sent twice",
+        help="the timed burst's trades shuffled within runs of 64, one in twenty sent twice, "
+        "two of a ticker at each time",
     )
     parser.add_argument("--profile", help="write a py-spy flame graph of the burst here")
     parser.add_argument("--jfr", help="write a JFR recording of the job's JVM here")
