@@ -51,6 +51,7 @@ def book_key(ticker: str) -> str:
     return f"book:{ticker}"
 
 
+KNOWN_KINDS = frozenset(rq.DataRequestKind.values())  # what this build can name
 LIVE_KEYS = ("stream:", "book:")  # jobs that run until stopped, one thread each
 
 
@@ -241,7 +242,11 @@ class Ingestor:
             handle(msg)
 
     def _on_work(self, msg: object) -> None:
-        if not isinstance(msg, rq.DataRequest) or msg.exchange not in self.exchanges:
+        if (
+            not isinstance(msg, rq.DataRequest)
+            or msg.exchange not in self.exchanges
+            or msg.kind not in KNOWN_KINDS  # proto3 keeps a newer sender's kind as a number
+        ):
             self.metrics.dropped.labels("work_queue").inc()
             return
         self.metrics.received.labels(rq.DataRequestKind.Name(msg.kind).lower()).inc()

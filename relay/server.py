@@ -551,6 +551,9 @@ class Relay:
             return self._accept(msg.request_id, accepted.notification_topic)
         if isinstance(msg, cep.CEPTriggerRequest):
             return self._trigger(msg)
+        if isinstance(msg, rq.DataRequest) and msg.kind not in rq.DataRequestKind.values():
+            # Forwarded, it would reach every ingestor of the exchange: refused here once.
+            return self._reject(msg.request_id, rq.UNEXPECTED_TYPE, f"unknown kind {msg.kind}")
         if isinstance(msg, rq.DataRequest) and msg.kind != rq.HISTORICAL:
             return self._forward(self._work, msg.request_id, msg.exchange, msg.ticker, msg)
         if isinstance(msg, rq.IngestorControl):

@@ -387,3 +387,20 @@ def test_heartbeats_are_visible_through_the_relay(live, ctx) -> None:
     finally:
         sub.close()
         ing.stop()
+
+
+def test_a_work_item_of_an_unknown_kind_is_dropped_and_counted(broker_settings) -> None:
+    """A kind this build cannot name (a newer sender's): counted and dropped, and the loop
+    goes on; naming it raised and ended the ingestor's loop, and with it every ingestor of
+    the exchange at once (they all read the same work)."""
+    ing = Ingestor(broker_settings, [SimExchange(name="SIM")], metrics=False)
+    try:
+        dropped = ing.metrics.dropped.labels("work_queue")
+        before = dropped._value.get()
+        ing._on_work(rq.DataRequest(request_id="k", kind=99, exchange="SIM", ticker="SIM:X/Y"))
+        assert dropped._value.get() == before + 1
+        assert not ing.pending
+        ing._on_work(rq.DataRequest(request_id="h", kind=rq.HISTORICAL, exchange="SIM"))
+        assert "h" in ing.pending  # a known kind still taken
+    finally:
+        ing.stop()

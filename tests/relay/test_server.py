@@ -265,6 +265,8 @@ def test_validation_rejects_with_reason(settings, pipeline, kwargs, reason) -> N
         ([b"\x01", b""], rq.MALFORMED),
         (encode(rq.SubmitResponse()), rq.UNEXPECTED_TYPE),
         (encode(rq.DataRequest(kind=rq.HISTORICAL, exchange="BINANCE")), rq.UNEXPECTED_TYPE),
+        # A kind this build cannot name: forwarded, it would reach every ingestor.
+        (encode(rq.DataRequest(kind=99, exchange="BINANCE", request_id="k")), rq.UNEXPECTED_TYPE),
     ],
 )
 def test_malformed_req_always_gets_an_error_reply(ctx, settings, pipeline, frames, reason) -> None:
