@@ -22,7 +22,7 @@ from ingest.service import Ingestor, stream_key
 from proto import market_pb2
 from proto import requests_pb2 as rq
 from relay import Relay
-from tests.support import read_topic, read_topic_to_end, relay_call, wait_for
+from tests.support import counted, read_topic, read_topic_to_end, relay_call, wait_for
 
 DAY = 86_400_000
 T0 = 1_700_006_400_000  # a day boundary
@@ -395,10 +395,9 @@ def test_a_work_item_of_an_unknown_kind_is_dropped_and_counted(broker_settings) 
     the exchange at once (they all read the same work)."""
     ing = Ingestor(broker_settings, [SimExchange(name="SIM")], metrics=False)
     try:
-        dropped = ing.metrics.dropped.labels("work_queue")
-        before = dropped._value.get()
+        before = counted(ing.metrics.dropped).get(("work_queue",), 0)
         ing._on_work(rq.DataRequest(request_id="k", kind=99, exchange="SIM", ticker="SIM:X/Y"))
-        assert dropped._value.get() == before + 1
+        assert counted(ing.metrics.dropped)[("work_queue",)] == before + 1
         assert not ing.pending
         ing._on_work(rq.DataRequest(request_id="h", kind=rq.HISTORICAL, exchange="SIM"))
         assert "h" in ing.pending  # a known kind still taken
