@@ -313,7 +313,7 @@ class GapRepairer:
             # cannot tell from what it missed (and a peer may have sent it).
             start = max(start - RECONNECT_LOOKBACK_NS, min(start, recent.oldest_ns))
         produced: set[str] = set()
-        served, failure = 0, None
+        served, failure, mark = 0, None, self.sink.failures
         try:
             for lo, hi in _chunks(start, gap.to_ns):
                 after = gap.from_trade_id if lo == gap.from_ns else None
@@ -327,7 +327,7 @@ class GapRepairer:
                         produced.add(tick.trade_id)
         except ExchangeError as exc:
             failure = f"the venue would not serve the range: {exc or type(exc).__name__}"
-        self.sink.flush()
+        self.sink.flush(since=mark)
         done = market_pb2.Gap()
         done.CopyFrom(gap)
         done.refetched = len(produced)

@@ -64,7 +64,7 @@ def run_history(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink, ingest
         expected_pages=len(windows),
         ingestor_id=ingestor_id,
     )
-    rows = 0
+    rows, mark = 0, sink.failures
     try:
         exchange.symbol(req.ticker)  # UnknownSymbol before any page is fetched
         for w in windows:
@@ -80,17 +80,17 @@ def run_history(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink, ingest
             request_id=req.request_id, metadata=meta, error=str(exc) or type(exc).__name__
         )
         sink.send(OHLC_BATCHES.name, req.request_id, marker)
-    sink.flush()
+    sink.flush(since=mark)
     return rows
 
 
 def run_metadata(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink) -> int:
-    markets = retry(exchange.markets)
+    mark, markets = sink.failures, retry(exchange.markets)
     for m in markets:
         m.request_id = req.request_id
         m.snapshot_size = len(markets)
         sink.send(SYMBOL_METADATA.name, m.ticker, m)
-    sink.flush()
+    sink.flush(since=mark)
     return len(markets)
 
 

@@ -54,4 +54,9 @@ class IngestMetrics:
             ["event"],
             registry=r,
         )
+        self.undelivered = Gauge(
+            "candlewire_ingest_undelivered_records",
+            "Records Kafka did not take (librdkafka gave up on them) since the ingestor started",
+            registry=r,
+        )
         self.state = Gauge("candlewire_ingest_state", "1 READY, 2 AVAILABLE, 3 BUSY", registry=r)

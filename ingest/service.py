@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -35,7 +35,7 @@ from ingest.gaps import GapDetector, GapRepairer, GapWatch
 from ingest.jobs import run_history, run_metadata, run_stream
 from ingest.metrics import IngestMetrics
 from ingest.peers import PeerView
-from ingest.sink import KafkaSink
+from ingest.sink import KafkaSink, SinkError
 from proto import requests_pb2 as rq
 from proto.envelope import EnvelopeError, decode_sub, encode, encode_topic
 
@@ -52,7 +52,8 @@ def book_key(ticker: str) -> str:
 
 
 KNOWN_KINDS = frozenset(rq.DataRequestKind.values())  # what this build can name
-LIVE_KEYS = ("stream:", "book:")  # jobs that run until stopped, one thread each
+LIVE_KEYS = ("stream:", "book:")
+STREAM_END_S = 2.0  # at stop: how long a live job may take to send its last trades  # jobs that run until stopped, one thread each
 
 
 def demand_id(key: str) -> str:
@@ -114,6 +115,8 @@ class Ingestor:
         self._serve_metrics = metrics
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ingest-job")
         self._sink = KafkaSink(settings)
+        sink = self._sink
+        self.metrics.undelivered.set_function(lambda: sink.failures)
         self._repairer = GapRepairer(
             self._sink, self._pool, ahead_s=settings.ingest.tick_ahead_s, metrics=self.metrics
         )
@@ -132,17 +135,25 @@ class Ingestor:
         log.info("ingestor %s serving %s", self.id, ", ".join(self.exchanges))
         return self
 
-    def stop(self) -> None:
+    def stop(self, flush_s: float = 10.0) -> None:
+        """Stop the loop and every job, then give librdkafka ``flush_s`` to deliver what is
+        queued: trades a stream has taken from the venue exist nowhere else."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
         for job in self.jobs.values():
             job.stop.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._http is not None:
-            self._http.close()
         for exchange in self.exchanges.values():
             exchange.close()
+        # A stream's last trades are sent as it ends; wait for that briefly, then deliver.
+        wait([j.future for j in self.jobs.values() if j.future is not None], STREAM_END_S)
+        try:
+            self._sink.flush(flush_s, since=self._sink.failures)
+        except SinkError as exc:
+            log.warning("ingestor %s stopped with records undelivered: %s", self.id, exc)
+        if self._http is not None:
+            self._http.close()
 
     def run(self) -> None:
         run_until_signal(self.start, self.stop)

@@ -27,25 +27,35 @@ class SinkError(RuntimeError):
     pass
 
 
+class _Failures:
+    """Delivery failures, counted, not kept: after an outage of hours a list would grow by
+    every record the outage refused. A callable object, not a bound method of the sink, so
+    the producer does not keep the sink alive."""
+
+    __slots__ = ("count", "last", "lock")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = ""
+        self.lock = threading.Lock()
+
+    def __call__(self, err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            with self.lock:
+                self.count += 1
+                self.last = str(err)
+
+
 class KafkaSink:
     def __init__(self, settings: Settings, **overrides: object) -> None:
         # Delivery reports for failures only: a Python callback per record would cost more
         # than the produce call itself, and success needs no action from us.
         config = producer_config(settings, **overrides)
-        failed: list[str] = []
-        lock = threading.Lock()
-
-        def on_delivery(err: KafkaError | None, _msg: object) -> None:
-            # A closure, not a bound method: the producer must not keep this sink alive.
-            if err is not None:
-                with lock:
-                    failed.append(str(err))
-
+        self._failures = _Failures()
         config.setdefault("delivery.report.only.error", True)
-        config.setdefault("on_delivery", on_delivery)
+        config.setdefault("on_delivery", self._failures)
         self._producer = Producer(config)
         self._produce = self._producer.produce
-        self.failed = failed
         self._sent = 0
         self._keys: dict[str, bytes] = {}  # a stream sends one key over and over
 
@@ -97,13 +107,22 @@ class KafkaSink:
             except BufferError:
                 continue
 
-    def flush(self, timeout: float = 60.0) -> None:
-        """Wait until every record is acknowledged; raise if any was not."""
+    @property
+    def failures(self) -> int:
+        """Records librdkafka gave up on since this sink was made."""
+        return self._failures.count
+
+    def flush(self, timeout: float = 60.0, *, since: int = 0) -> None:
+        """Wait until every record is acknowledged; raise if any failed after ``since`` (a
+        :attr:`failures` read before the caller sent its records). The sink is shared, so a
+        job judges only its own window: an outage an hour ago must not fail it, and one
+        that overlaps its records fails it even if another job's record was the one lost."""
         remaining = self._producer.flush(timeout)
         if remaining:
             raise SinkError(f"{remaining} records not acknowledged within {timeout:.0f}s")
-        if self.failed:
-            raise SinkError(f"{len(self.failed)} records failed: {self.failed[0]}")
+        failed = self._failures.count - since
+        if failed > 0:
+            raise SinkError(f"{failed} records failed: {self._failures.last}")
 
     def poll(self) -> None:
         self._producer.poll(0)

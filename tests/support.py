@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,6 +16,7 @@ from prometheus_client import Counter
 
 from candlewire.config import Settings
 from candlewire.curve import Keyring, dial
+from candlewire.kafka import client_auth
 from candlewire.testing import free_port as free_port
 from candlewire.testing import free_settings as free_settings
 from candlewire.testing import history_ready, spawn
@@ -22,15 +24,29 @@ from candlewire.testing import stream_metric as stream_metric
 from candlewire.testing import wait_for as wait_for
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
 from ingest.exchanges.base import TradeRun
+from ingest.sink import SinkError
 from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, encode_topic
+
+
+def new_topic(settings: Settings, partitions: int = 3) -> str:
+    """A topic of the test's own on the session's broker: what the platform's jobs read
+    must not see a test's records."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient(client_auth(settings))
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=1)
+    admin.create_topics([topic])[name].result()
+    return name
 
 
 class RecordingSink:
     """Stands in for ingest's KafkaSink: records what would go to Kafka, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, failed_before: int = 0) -> None:
         self.records: list[tuple[str, str, Message]] = []
+        self.failures = failed_before  # records "Kafka refused" before; none after
 
     def send(self, topic: str, key: str, msg: Message) -> None:
         self.records.append((topic, key, msg))
@@ -38,8 +54,10 @@ class RecordingSink:
     def send_trades(self, topic: str, key: str, run: TradeRun) -> None:
         self.records.extend((topic, key, tick) for tick in run.ticks())
 
-    def flush(self, timeout: float = 60.0) -> None:
-        pass
+    def flush(self, timeout: float = 60.0, *, since: int = 0) -> None:
+        """KafkaSink's rule: failures after ``since`` fail the flush."""
+        if self.failures > since:
+            raise SinkError(f"{self.failures - since} records failed")
 
     def sent(self, topic: str) -> list:
         """The messages sent to one topic."""

@@ -5,18 +5,10 @@ from __future__ import annotations
 import uuid
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
-from candlewire.kafka import TOPICS, client_auth, consumer_config, producer_config
-
-
-def new_topic(settings, partitions: int = 3) -> str:
-    name = f"test-{uuid.uuid4().hex[:10]}"
-    admin = AdminClient(client_auth(settings))
-    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[
-        name
-    ].result()
-    return name
+from candlewire.kafka import TOPICS, consumer_config, producer_config
+from tests.support import new_topic
 
 
 def produce(settings, topic: str, values: list[bytes]) -> list[tuple[int, int]]:

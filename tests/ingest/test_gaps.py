@@ -176,12 +176,14 @@ class Sink(RecordingSink):
         return self.sent(GAPS.name)
 
 
-def stream(sim: SimExchange, ticker: str = T, timeout_s: float = 30.0) -> Sink:
+def stream(
+    sim: SimExchange, ticker: str = T, timeout_s: float = 30.0, failed_before: int = 0
+) -> Sink:
     """``run_stream`` with gaps found and repaired, until the stream's gap has its outcome.
 
     It stops on that event, not after a fixed time: under a loaded CI the SIM's reconnect can
     come late, and a timer then cut the stream before its gap was even found."""
-    sink, stop = Sink(), threading.Event()
+    sink, stop = Sink(failed_before), threading.Event()
 
     def settled() -> None:
         deadline = time.monotonic() + timeout_s
@@ -199,6 +201,14 @@ def stream(sim: SimExchange, ticker: str = T, timeout_s: float = 30.0) -> Sink:
         pool.submit(settled)
         run_stream(ticker, sim, sink, stop, (60, None), gaps=watch)  # type: ignore[arg-type]
     return sink
+
+
+def test_a_repair_after_an_outage_is_judged_by_its_own_records() -> None:
+    # The ingestor's sink counted failures before this stream began (an outage that ended):
+    # the repair still closes its gap. It used to raise in flush and leave the gap open.
+    sim = SimExchange(symbols={"BTC/USDT": 30_000.0}, rate=50.0, faults="drop:0.5s@0.4s")
+    gap = outcome(stream(sim, failed_before=3))
+    assert gap.status == market_pb2.GAP_REPAIRED and gap.refetched > 0
 
 
 def fields(t: market_pb2.Tick) -> tuple:

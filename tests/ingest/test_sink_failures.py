@@ -8,11 +8,17 @@ import weakref
 
 import pytest
 
+from candlewire.config import Settings
 from candlewire.kafka import TICKS
 from ingest.exchanges.base import TradeRun
+from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS, SimExchange
+from ingest.jobs import run_history, run_metadata
+from ingest.service import Ingestor
 from ingest.sink import KafkaSink, SinkError
 from proto import market_pb2
+from proto import requests_pb2 as rq
 from proto.envelope import from_record
+from tests.support import RecordingSink, new_topic
 
 
 def test_undeliverable_records_fail_the_flush(settings) -> None:
@@ -29,6 +35,54 @@ def test_undeliverable_records_fail_the_flush(settings) -> None:
     ref = weakref.ref(sink)
     del sink
     assert ref() is None  # nothing keeps the producer (and its reconnect attempts) alive
+
+
+def test_an_outage_that_ended_fails_no_later_flush(broker_settings: Settings) -> None:
+    # Records the broker refused (here: to a topic that does not exist) fail the flush that
+    # covers them and stay counted, but a job that begins after is judged by its own records.
+    # Before, the failures were kept for the sink's life and every later history job,
+    # metadata refresh and gap repair of the ingestor failed.
+    sink = KafkaSink(broker_settings, **{"message.timeout.ms": 1000})
+    for i in range(3):
+        sink.send("candlewire.no-such-topic", "k", market_pb2.Tick(trade_id=str(i)))
+    with pytest.raises(SinkError, match=r"3 records failed"):
+        sink.flush(10)
+    mark, topic = sink.failures, new_topic(broker_settings)
+    for i in range(3):
+        sink.send(topic, "k", market_pb2.Tick(trade_id=str(i)))
+    sink.flush(10, since=mark)
+    assert sink.failures == mark == 3
+    with pytest.raises(SinkError, match=r"3 records failed"):
+        sink.flush(10)  # over the sink's whole life
+
+
+HISTORY = rq.DataRequest(
+    request_id="after-an-outage",
+    kind=rq.HISTORICAL,
+    ticker="SIM:BTC/USDT",
+    exchange="SIM",
+    start_ms=GENESIS_MS,
+    end_ms=GENESIS_MS + 10 * MINUTE_MS,
+    period_s=60,
+)
+
+
+def test_jobs_are_judged_by_failures_after_they_began() -> None:
+    sink = RecordingSink(failed_before=3)
+    assert run_history(HISTORY, SimExchange(), sink, "ing-test") == 10  # type: ignore[arg-type]
+    assert run_metadata(HISTORY, SimExchange(), sink) > 0  # type: ignore[arg-type]
+
+
+def test_stopping_an_ingestor_delivers_what_it_queued(broker_settings: Settings) -> None:
+    # A live stream's trades exist nowhere else once taken from the venue: stop() waits for
+    # Kafka to acknowledge them instead of dropping librdkafka's queue with the process.
+    ing = Ingestor(broker_settings, [SimExchange()], metrics=False)
+    producer, topic = ing._sink._producer, new_topic(broker_settings)
+    for i in range(1000):
+        ing._sink.send(topic, "SIM:STOP/USDT", market_pb2.Tick(trade_id=str(i)))
+    assert len(producer) > 0  # still queued or in flight
+    ing.stop()
+    assert len(producer) == 0 and ing._sink.failures == 0
 
 
 def test_a_full_queue_holds_the_sender_back_until_there_is_room(settings) -> None:
