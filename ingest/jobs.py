@@ -74,8 +74,11 @@ def run_history(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink, ingest
                 batch.metadata.CopyFrom(meta)
             sink.send(OHLC_BATCHES.name, req.request_id, batch)
             rows += len(candles)
-    except ExchangeError as exc:
-        log.warning("history %s failed: %s", req.request_id, exc)
+    except Exception as exc:  # every request gets its answer, even from a bug
+        if isinstance(exc, ExchangeError):
+            log.warning("history %s failed: %s", req.request_id, exc)
+        else:
+            log.exception("history %s failed on what %s sent", req.request_id, exchange.name)
         marker = market_pb2.OHLCBatch(
             request_id=req.request_id, metadata=meta, error=str(exc) or type(exc).__name__
         )
@@ -128,6 +131,8 @@ def tick_checker(
             return "ahead"
         if behind_ns is not None and now_ns - at_ns > behind_ns:
             return "behind"
+        if at_ns <= 0:  # no time: a venue's trade without one, not a trade of 1970
+            return "time"
         return None
 
     return problem
@@ -146,7 +151,8 @@ def run_checker(ahead_s: float, behind_s: float | None) -> Callable[[TradeRun, i
             return True
         if max(times) - now_ns > ahead_ns:
             return False
-        if behind_ns is not None and now_ns - min(times) > behind_ns:
+        earliest = min(times)
+        if earliest <= 0 or (behind_ns is not None and now_ns - earliest > behind_ns):
             return False
         try:  # float() reads each text as tick_checker's first judgement does
             prices, sizes = list(map(float, run.prices)), list(map(float, run.sizes))
@@ -183,7 +189,7 @@ def run_stream(
 ) -> int:
     """Produce live trades keyed by ticker until ``stop``, or until the exchange has no more
     (a replay at its end); reconnect on exchange errors. A trade with a price not above
-    zero, a negative size or a time outside ``window`` (seconds ahead of and behind
+    zero, a negative size, no time or a time outside ``window`` (seconds ahead of and behind
     ``clock``'s now) is dropped and ``dropped(reason)`` told. ``gaps`` hears every trade
     received and every reconnect, to find the trades the stream missed (:mod:`ingest.gaps`)."""
     ahead_s, behind_s = window

@@ -58,6 +58,23 @@ def _num(value: Any) -> str:
     return "" if value is None else dec_str(value)
 
 
+def _decimal(value: Any) -> str:
+    """A trade's number as text, or "" where ccxt could not read one (None, garbage): the
+    stream's one rule (:func:`ingest.jobs.tick_checker`) refuses and counts that trade."""
+    try:
+        return dec_str(value)
+    except (ArithmeticError, ValueError, TypeError):
+        return ""
+
+
+def _ms(value: Any) -> int | None:
+    """A ccxt timestamp in whole milliseconds, or None where it holds none."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 class CcxtExchange(Exchange):
     def __init__(self, exchange_id: str, name: str | None = None, **config: Any) -> None:
         self.exchange_id = exchange_id
@@ -123,19 +140,27 @@ class CcxtExchange(Exchange):
             rows = [r for r in rows if since <= r[0] < page.end_ms]
             if not rows:
                 break
-            for t, o, h, low, c, v in rows:
+            for row in rows:
+                t = row[0]
                 if t + period_s * 1000 > now_ms:
                     continue  # still forming
+                try:
+                    o, h, low, c, v = map(dec_str, row[1:6])
+                except (ArithmeticError, ValueError, TypeError) as exc:
+                    # Final: asking again gets the same row, and a candle cannot be dropped.
+                    raise RangeUnavailable(
+                        f"{ticker}: the venue sent a malformed candle {row!r}"
+                    ) from exc
                 out.append(
                     market_pb2.OHLC(
                         ticker=ticker,
                         period_s=period_s,
                         open_time_ms=int(t),
-                        open=dec_str(o),
-                        high=dec_str(h),
-                        low=dec_str(low),
-                        close=dec_str(c),
-                        volume=dec_str(v),
+                        open=o,
+                        high=h,
+                        low=low,
+                        close=c,
+                        volume=v,
                         closed=True,
                     )
                 )
@@ -173,15 +198,19 @@ class CcxtExchange(Exchange):
                 break
             for r in fresh:
                 seen.add(str(r["id"]))
-                if from_ns <= int(r["timestamp"]) * 1_000_000 <= to_ns:
+                at_ms = _ms(r["timestamp"])
+                if at_ms is not None and from_ns <= at_ms * 1_000_000 <= to_ns:
                     out.append(self._tick(ticker, r))
             last = fresh[-1]
-            if int(last["timestamp"]) > to_ms:
+            last_ms = _ms(last["timestamp"])
+            if last_ms is None:
+                raise ExchangeError(f"{ticker}: a refetched trade has no time: {last!r}")
+            if last_ms > to_ms:
                 break
             if self.sequential_ids:
                 from_id = str(int(last["id"]) + 1)
             else:
-                cursor_ms = int(last["timestamp"])
+                cursor_ms = last_ms
         return out
 
     def trades(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
@@ -190,14 +219,20 @@ class CcxtExchange(Exchange):
         if self.pro_has("watchTrades"):
             yield from self._watch(symbol, ticker, stop)
             return
-        since = int(time.time() * 1000)
-        seen: set[str] = set()
+        # The venue answers trades at or after ``since``, so only the ids at ``since`` itself
+        # can come again: those are all it keeps (it kept every id it ever saw).
+        since, at_since = int(time.time() * 1000), set[str]()
         while not stop.wait(1.0):
-            for t in self._call(self.client.fetch_trades, symbol, since):
-                if str(t["id"]) not in seen:
-                    seen.add(str(t["id"]))
-                    since = max(since, int(t["timestamp"]))
-                    yield self._tick(ticker, t)
+            batch = self._call(self.client.fetch_trades, symbol, since)
+            for t in sorted(batch, key=lambda t: _ms(t.get("timestamp")) or 0):
+                trade_id, at_ms = str(t.get("id")), _ms(t.get("timestamp"))
+                if at_ms is not None:
+                    if at_ms < since or (at_ms == since and trade_id in at_since):
+                        continue
+                    if at_ms > since:
+                        since, at_since = at_ms, set()
+                    at_since.add(trade_id)
+                yield self._tick(ticker, t)  # one without a time is refused and counted
 
     def _watch(self, symbol: str, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
         loop = asyncio.new_event_loop()
@@ -232,13 +267,18 @@ class CcxtExchange(Exchange):
 
     @staticmethod
     def _tick(ticker: str, t: dict[str, Any]) -> market_pb2.Tick:
+        """A ccxt trade as a Tick. A field ccxt could not read (None) becomes a value the
+        stream's rule refuses, so the trade is dropped and counted and the stream goes on;
+        raising here ended the stream."""
+        at_ms = _ms(t.get("timestamp"))
+        at_ns = 0 if at_ms is None else at_ms * 1_000_000
         return market_pb2.Tick(
             ticker=ticker,
-            trade_id=str(t["id"]),
-            price=dec_str(t["price"]),
-            size=dec_str(t["amount"]),
+            trade_id=str(t.get("id")),
+            price=_decimal(t.get("price")),
+            size=_decimal(t.get("amount")),
             side=market_pb2.BUY if t.get("side") == "buy" else market_pb2.SELL,
-            exchange_time_ns=int(t["timestamp"]) * 1_000_000,
+            exchange_time_ns=at_ns if 0 < at_ns < 1 << 63 else 0,
             ingest_time_ns=time.time_ns(),
         )
 

@@ -284,7 +284,12 @@ def _checked(lines: Iterator[str], path: Path, columns: int, time_col: int) -> R
         if pattern.fullmatch(line) is None:
             raise ReplayFileError(f"{path}:{line_no}: malformed row {line[:200]!r}")
         row = line.split(",")
-        t = int(row[time_col])
+        try:
+            t = int(row[time_col])
+        except ValueError:  # a number, but not a whole one
+            raise ReplayFileError(
+                f"{path}:{line_no}: time {row[time_col]!r} is not an integer"
+            ) from None
         times.append(t if t > 10**14 else t * 1000)  # µs in files from 2025 on, else ms
         rows.append(row)
     if any(a > b for a, b in itertools.pairwise(times)):
@@ -347,6 +352,8 @@ class ReplayExchange(Exchange):
             times, rows = self.files.rows(f.path, 9, 0).between(page.start_ms, page.end_ms)
             for t_us, r in zip(times, rows, strict=True):
                 t = t_us // 1000
+                if not r[8].isdigit():  # a number by the file's check, but not a count
+                    raise ReplayFileError(f"{f.path}: trade count {r[8]!r} is not an integer")
                 candles[t] = market_pb2.OHLC(
                     ticker=ticker,
                     period_s=period_s,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
+import tracemalloc
+from collections import Counter
 from decimal import Decimal
 
 import pytest
@@ -13,7 +16,9 @@ from ingest.books import BookStream
 from ingest.exchanges.base import NoBook, Page
 from ingest.exchanges.ccxt_exchange import CcxtExchange
 from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS
+from ingest.jobs import run_history, run_stream, tick_problem
 from proto import book_pb2
+from proto import requests_pb2 as rq
 from tests.ingest.binance_standin import BinanceStandIn
 from tests.ingest.test_books import check_against_sim
 from tests.support import RecordingSink
@@ -157,3 +162,104 @@ def test_the_book_through_watch_order_book_follows_the_venue_and_heals_a_jump() 
         # The markets were listed once, by the REST client; the pro clients were handed them.
         assert standin.requests.count("/api/v3/exchangeInfo") == 1
         assert standin.errors == []
+
+
+class Venue:
+    """A venue's REST ``fetch_trades`` as ccxt answers it: the trades at or after ``since``,
+    in time order. Between two polls it trades on, several trades to a millisecond, and it
+    sends a few with what ccxt could not read (None)."""
+
+    def __init__(self, per_poll: int) -> None:
+        self.per_poll, self.trades, self.next_id = per_poll, [], 0
+        self.now_ms = int(time.time() * 1000)
+
+    def fetch_trades(self, symbol: str, since: int) -> list[dict]:
+        for i in range(self.per_poll):
+            self.now_ms += i % 3 == 0  # three trades to each millisecond
+            self.next_id += 1
+            bad = self.next_id % 97 == 0
+            self.trades.append(
+                {
+                    "id": self.next_id,
+                    "price": None if bad else 1.5,
+                    "amount": 2,
+                    "timestamp": self.now_ms,
+                    "side": "buy",
+                }
+            )
+        self.trades = self.trades[-3 * self.per_poll :]  # what a poll can answer
+        return [t for t in self.trades if t["timestamp"] >= since]
+
+
+class Polled(CcxtExchange):
+    """The adapter with REST polling alone, over :class:`Venue`."""
+
+    def __init__(self, venue: Venue) -> None:
+        self.name, self.exchange_id, self.client = "X", "x", venue
+        self._symbols = {"X:A/B": "A/B"}
+
+    def pro_has(self, feature: str) -> bool:
+        return False
+
+
+class NoWait(threading.Event):
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.is_set()
+
+
+def test_rest_polling_sends_each_trade_once_and_keeps_only_the_last_millisecond() -> None:
+    # Polls overlap (each answers everything since the last trade's millisecond), so ids are
+    # remembered: only those of that millisecond, not every id ever seen (a growing set).
+    venue, stop = Venue(per_poll=1000), NoWait()
+    trades = Polled(venue).trades("X:A/B", stop)
+
+    def out_of_turn(ids: range) -> int:
+        """Trades not the next id, checked as they come: the test holds none of them."""
+        return sum(next(trades).trade_id != str(i) for i in ids)
+
+    tracemalloc.start()
+    assert out_of_turn(range(1, 20_001)) == 0
+    held = tracemalloc.get_traced_memory()[0]
+    assert out_of_turn(range(20_001, 120_001)) == 0
+    grew = tracemalloc.get_traced_memory()[0] - held
+    tracemalloc.stop()
+    assert grew < 1_000_000  # it held every id: 100,000 more came to about 10 MB
+
+
+def test_a_trade_ccxt_could_not_read_is_dropped_and_counted_and_the_stream_goes_on() -> None:
+    venue, stop, dropped = Venue(per_poll=500), NoWait(), Counter()
+    sink = RecordingSink()
+
+    def count(reason: str) -> None:
+        dropped[reason] += 1
+        if sum(dropped.values()) == 20:
+            stop.set()
+
+    run_stream("X:A/B", Polled(venue), sink, stop, dropped=count)  # type: ignore[arg-type]
+    sent = [int(t.trade_id) for _, _, t in sink.records]
+    assert dropped == {"not_decimal": 20}
+    assert sent == [i for i in range(1, sent[-1] + 1) if i % 97]
+    timeless = CcxtExchange._tick("X:A/B", {"id": 1, "price": 1, "amount": 1, "timestamp": None})
+    assert tick_problem(timeless, time.time_ns(), 60, None) == "time"
+
+
+def test_a_malformed_candle_fails_the_history_request_with_an_answer() -> None:
+    class Candles:
+        def fetch_ohlcv(self, symbol: str, timeframe: str, since: int, limit: int) -> list:
+            return [[since, 1, 2, 0.5, 1.5, 10], [since + 60_000, 1, None, 0.5, 1.5, 10]]
+
+    ex = Polled(Venue(0))
+    ex.client = Candles()  # type: ignore[assignment]
+    req = rq.DataRequest(
+        request_id="h",
+        kind=rq.HISTORICAL,
+        ticker="X:A/B",
+        exchange="X",
+        period_s=60,
+        start_ms=GENESIS_MS,
+        end_ms=GENESIS_MS + 2 * MINUTE_MS,
+    )
+    sink = RecordingSink()
+    assert run_history(req, ex, sink, "ing-test") == 0  # type: ignore[arg-type]
+    ((_, _, marker),) = sink.records
+    assert "the venue sent a malformed candle" in marker.error

@@ -59,6 +59,14 @@ def test_tick_problem(t: market_pb2.Tick, problem: str | None) -> None:
     assert tick_problem(t, NOW, 60, 3600) == problem
 
 
+def test_a_trade_without_a_time_is_refused_even_where_any_age_is_let_in() -> None:
+    # A venue's trade whose time could not be read arrives as 0 (ccxt's None): a replay's
+    # window lets any age in, and a trade of 1970 would have gone through.
+    assert tick_problem(tick(at=0), NOW, 60, None) == "time"
+    assert tick_problem(tick(at=-1), NOW, 60, None) == "time"
+    assert tick_problem(tick(at=1), NOW, 60, None) is None
+
+
 def test_an_unbounded_window_lets_any_time_in() -> None:
     far = [tick(at=NOW + 10**18), tick(at=NOW - 10**18)]
     assert [tick_problem(t, NOW, float("inf"), float("inf")) for t in far] == [None, None]

@@ -19,6 +19,9 @@ import pytest
 
 from ingest.exchanges.base import Page, TradeRun
 from ingest.exchanges.replay import ReplayExchange, ReplayFileError, build_index, parse_speed
+from ingest.jobs import run_history
+from proto import requests_pb2 as rq
+from tests.support import RecordingSink
 
 HOUR_MS = 3_600_000
 DAY_MS = 86_400_000
@@ -176,6 +179,36 @@ def test_a_bad_checksum_a_corrupt_zip_and_a_malformed_row_are_named(tmp_path) ->
     write(folder, "ABCUSDT-1h-2024-03-01", rows)
     with pytest.raises(ReplayFileError, match=r"ABCUSDT-1h-2024-03-01.zip:8: malformed row"):
         ReplayExchange("VISION", tmp_path).ohlc_page("VISION:ABC/USDT", 3600, page)
+
+
+def test_a_number_that_is_not_whole_where_a_whole_one_is_due_is_named(tmp_path) -> None:
+    # A trade count of "5.0" and a trade time of "….0" pass the files' number check. They
+    # raised ValueError, so a history request got no answer and a stream ended; now a page
+    # fails with the file named, the history job says so, and the stream skips the file.
+    want = vision_root(tmp_path)
+    rows = klines(utc_ms(2024, 3, 1), 24, seed=3)
+    rows[5][8] = "5.0"
+    write(tmp_path / "spot/daily/klines/ABCUSDT/1h", "ABCUSDT-1h-2024-03-01", rows)
+    replay = ReplayExchange("VISION", tmp_path, speed=float("inf"))
+    req = rq.DataRequest(
+        request_id="h",
+        kind=rq.HISTORICAL,
+        ticker="VISION:ABC/USDT",
+        exchange="VISION",
+        period_s=3600,
+        start_ms=utc_ms(2024, 3, 1),
+        end_ms=utc_ms(2024, 3, 2),
+    )
+    sink = RecordingSink()
+    run_history(req, replay, sink, "ing-test")  # type: ignore[arg-type]
+    (marker,) = [b for _, _, b in sink.records if b.error]
+    assert "ABCUSDT-1h-2024-03-01.zip: trade count '5.0' is not an integer" in marker.error
+    first = trades(utc_ms(2024, 3, 1), 400, 1_000, micros=True)
+    first[9][4] += ".0"
+    write(tmp_path / "spot/daily/trades/ABCUSDT", "ABCUSDT-trades-2024-03-01", first)
+    ticks = list(replay.trades("VISION:ABC/USDT", threading.Event()))
+    assert [t.trade_id for t in ticks] == [r[0] for r in want["trades"][400:]]
+    assert replay.errors == 1
 
 
 def test_the_trade_stream_skips_a_bad_file_and_keeps_the_others(tmp_path) -> None:
