@@ -53,6 +53,28 @@ def check_id(value: str, what: str) -> str:
     return value
 
 
+def stream_key(ticker: str) -> str:
+    """An ingestor's key for a ticker's live trade stream: a job, a peer's ``working`` entry."""
+    return f"stream:{ticker}"
+
+
+def book_key(ticker: str) -> str:
+    """A ticker's L2 book stream (#38): a job of its own, started by ``T|book`` demand."""
+    return f"book:{ticker}"
+
+
+LIVE_KEYS = ("stream:", "book:")  # live jobs' keys; a fetch's key is its request_id
+
+
+def check_request_id(value: str) -> str:
+    """A history or metadata request's id: also its job's key among ingestors, so it must
+    not look like a live job's (one named ``book:…`` started a book stream)."""
+    check_id(value, "request_id")
+    if value.startswith(LIVE_KEYS):
+        raise TopicError(f"request_id {value!r} must not start with {' or '.join(LIVE_KEYS)}")
+    return value
+
+
 def tick_type() -> str:
     """The data type of trades: ``tick``."""
     return "tick"

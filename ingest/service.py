@@ -27,7 +27,17 @@ from candlewire.config import Settings
 from candlewire.curve import INGESTOR_KEY, dial
 from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, run_until_signal
-from candlewire.topics import demanded_book, ingestor_topic, parse_ticker, work_prefix
+from candlewire.topics import (
+    LIVE_KEYS,
+    TopicError,
+    book_key,
+    check_request_id,
+    demanded_book,
+    ingestor_topic,
+    parse_ticker,
+    stream_key,
+    work_prefix,
+)
 from candlewire.zmqutil import harden, pending, publish_to_relays, subscriptions
 from ingest.books import BookStream
 from ingest.exchanges.base import Exchange, NoBook, UnknownSymbol
@@ -42,18 +52,8 @@ from proto.envelope import EnvelopeError, decode_sub, encode, encode_topic
 log = logging.getLogger("candlewire.ingest")
 
 
-def stream_key(ticker: str) -> str:
-    return f"stream:{ticker}"
-
-
-def book_key(ticker: str) -> str:
-    """A ticker's L2 book stream (#38): a job of its own, started by ``T|book`` demand."""
-    return f"book:{ticker}"
-
-
 KNOWN_KINDS = frozenset(rq.DataRequestKind.values())  # what this build can name
-LIVE_KEYS = ("stream:", "book:")
-STREAM_END_S = 2.0  # at stop: how long a live job may take to send its last trades  # jobs that run until stopped, one thread each
+STREAM_END_S = 2.0  # at stop: how long a live job may take to send its last trades
 
 
 def demand_id(key: str) -> str:
@@ -265,11 +265,14 @@ class Ingestor:
             self.pending[stream_key(msg.ticker)] = msg
         elif msg.kind == rq.REALTIME_CANCEL:
             self._cancel(msg.ticker)
-        elif (
-            msg.kind in (rq.HISTORICAL, rq.SYMBOL_METADATA)
-            and msg.request_id not in self.views[msg.exchange].done
-        ):
-            self.pending[msg.request_id] = msg
+        elif msg.kind in (rq.HISTORICAL, rq.SYMBOL_METADATA):
+            try:
+                check_request_id(msg.request_id)  # the relay refuses these; a job key's too
+            except TopicError:
+                self.metrics.dropped.labels("work_queue").inc()
+                return
+            if msg.request_id not in self.views[msg.exchange].done:
+                self.pending[msg.request_id] = msg
 
     def _on_control(self, msg: object) -> None:
         if isinstance(msg, rq.IngestorControl) and msg.action == rq.CANCEL_REALTIME:

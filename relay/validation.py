@@ -13,6 +13,7 @@ from candlewire.config import PERIODS_S
 from candlewire.topics import (
     TopicError,
     check_id,
+    check_request_id,
     history_ready_topic,
     parse_ticker,
     response_topic,
@@ -50,7 +51,7 @@ def validate(
 ) -> Accepted:
     """Raise :class:`Rejected` with a specific reason, or return the work to publish."""
     try:
-        check_id(req.request_id, "request_id")
+        check_request_id(req.request_id)
     except TopicError as exc:
         raise Rejected(rq.BAD_REQUEST_ID, str(exc)) from None
     if req.notify == rq.NOTIFY_CLIENT or req.client_id:
@@ -71,8 +72,8 @@ def validate(
         raise Rejected(rq.BAD_RANGE, f"start_ms {req.start_ms} must be < end_ms {req.end_ms}")
     if req.start_ms < EARLIEST_MS:
         raise Rejected(rq.BAD_RANGE, f"start_ms {req.start_ms} is before 2009; are these ms?")
-    if req.start_ms > now_ms:
-        raise Rejected(rq.BAD_RANGE, "start_ms is in the future")
+    if req.start_ms >= now_ms:  # the range is cut at now: it would hold nothing to answer
+        raise Rejected(rq.BAD_RANGE, "start_ms is not in the past")
     rows = (req.end_ms - req.start_ms) // (req.period_s * 1000)
     if rows > max_rows:
         raise Rejected(rq.RANGE_TOO_LARGE, f"{rows} candles requested, at most {max_rows}")

@@ -403,3 +403,19 @@ def test_a_work_item_of_an_unknown_kind_is_dropped_and_counted(broker_settings) 
         assert "h" in ing.pending  # a known kind still taken
     finally:
         ing.stop()
+
+
+@pytest.mark.parametrize("request_id", ["book:x", "stream:x"])
+def test_a_fetch_whose_id_is_a_live_jobs_key_is_dropped_and_counted(
+    broker_settings, request_id: str
+) -> None:
+    """A fetch's job key is its request_id: one named like a live job's key took that job's
+    place (``book:…`` started a book stream, ``stream:…`` was never marked done)."""
+    ing = Ingestor(broker_settings, [SimExchange(name="SIM")], metrics=False)
+    try:
+        for kind in (rq.HISTORICAL, rq.SYMBOL_METADATA):
+            ing._on_work(rq.DataRequest(request_id=request_id, kind=kind, exchange="SIM"))
+        assert counted(ing.metrics.dropped)[("work_queue",)] == 2
+        assert not ing.pending
+    finally:
+        ing.stop()

@@ -21,6 +21,7 @@ from proto import requests_pb2 as rq
 from proto.envelope import decode, encode
 from relay import Relay
 from relay.server import NOTIFY_HOLD_S
+from relay.validation import Rejected, validate
 from tests.support import (
     FakeIngestor,
     FakePublisher,
@@ -252,6 +253,41 @@ def test_validation_rejects_with_reason(settings, pipeline, kwargs, reason) -> N
     with Client(settings) as client, pytest.raises(RequestRejected) as info:
         client.submit(args["ticker"], args["period"], args["start"], args["end"])
     assert info.value.reason == reason
+
+
+def test_a_range_that_starts_now_is_refused_not_left_unanswered() -> None:
+    # The range is cut at now, so one starting there held nothing: no page was fetched and
+    # no HistoryReady ever came. A millisecond earlier there is a candle to answer with.
+    now = START + DAY_MS
+    req = rq.SubmitHistoricalRequest(
+        request_id="r",
+        client_id="c",
+        ticker="BINANCE:BTC/USDT",
+        period_s=60,
+        start_ms=now,
+        end_ms=now + DAY_MS,
+    )
+    with pytest.raises(Rejected, match="start_ms is not in the past") as info:
+        validate(req, max_rows=100_000, now_ms=now)
+    assert info.value.reason == rq.BAD_RANGE
+    req.start_ms = now - 1
+    work = validate(req, max_rows=100_000, now_ms=now).work
+    assert (work.start_ms, work.end_ms) == (now - 1, now)
+
+
+@pytest.mark.parametrize("request_id", ["book:x", "stream:x"])
+def test_a_request_id_shaped_like_a_live_jobs_key_is_refused(request_id: str) -> None:
+    req = rq.SubmitHistoricalRequest(
+        request_id=request_id,
+        client_id="c",
+        ticker="BINANCE:BTC/USDT",
+        period_s=60,
+        start_ms=START,
+        end_ms=START + DAY_MS,
+    )
+    with pytest.raises(Rejected, match="must not start with stream: or book:") as info:
+        validate(req, max_rows=100_000, now_ms=START + 2 * DAY_MS)
+    assert info.value.reason == rq.BAD_REQUEST_ID
 
 
 @pytest.mark.parametrize(
