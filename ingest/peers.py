@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from proto import requests_pb2 as rq
 
 MISSED_BEATS = 3
+LONGEST_BEAT_S = 60.0  # a heartbeat claiming a longer interval is held to this
 TAKING_WORK = (rq.AVAILABLE, rq.BUSY)
 
 
@@ -63,7 +64,10 @@ class PeerView:
             self.peers.pop(hb.ingestor_id, None)
         else:
             self.peers[hb.ingestor_id] = Peer(
-                hb.state, now, max(hb.interval_ms, 100) / 1000, frozenset(hb.working)
+                hb.state,
+                now,
+                min(max(hb.interval_ms / 1000, 0.1), LONGEST_BEAT_S),
+                frozenset(hb.working),
             )
         for rid in hb.done:
             self.mark_done(rid, now)
@@ -104,9 +108,14 @@ class PeerView:
             self.done.popitem(last=False)
 
     def alive(self, now: float) -> dict[str, Peer]:
-        return {
+        """Peers heard within their last beats; the others are forgotten (a crashed peer
+        sends no DONE, and every restart is a new id), and come back with a heartbeat."""
+        live = {
             pid: p for pid, p in self.peers.items() if now - p.seen <= MISSED_BEATS * p.interval_s
         }
+        if len(live) < len(self.peers):
+            self.peers = dict(live)
+        return live
 
     def owner(self, key: str, now: float, self_taking: bool) -> str | None:
         live = self.alive(now)

@@ -40,3 +40,23 @@ def test_the_lower_ranked_of_two_duplicates_yields() -> None:
     hi_view.observe(beat(lo, ["stream:X"]), 0.0)
     assert lo_view.outranked("stream:X", 0.5) and not hi_view.outranked("stream:X", 0.5)
     assert not lo_view.outranked("stream:X", 5.0), "a dead peer outranks nobody"
+
+
+def test_peers_that_died_are_forgotten_and_one_beat_brings_them_back() -> None:
+    # A crashed peer sends no DONE and every restart is a new id: kept, they piled up.
+    view = PeerView("a")
+    for i in range(1000):
+        view.observe(beat(f"crashed-{i}"), 0.0)
+    view.observe(beat("b"), 9.0)
+    assert list(view.alive(10.0)) == ["b"] and list(view.peers) == ["b"]
+    view.observe(beat("crashed-7"), 11.0)
+    assert set(view.alive(11.5)) == {"b", "crashed-7"}
+
+
+def test_a_heartbeat_claiming_a_day_long_interval_does_not_keep_a_dead_owner() -> None:
+    view = PeerView("a")
+    ghost = beat("ghost", ["stream:X"])
+    ghost.interval_ms = 2**31 - 1
+    view.observe(ghost, 0.0)
+    assert view.owner("stream:X", 60.0, True) == "ghost"
+    assert view.owner("stream:X", 181.0, True) == "a", "held to a beat of 60 s: dead at 180"
