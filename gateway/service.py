@@ -133,6 +133,7 @@ class Gateway:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._task_failed: BaseException | None = None  # a main task that ended on an error
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._watching: Counter[str] = Counter()  # user -> browsers and chats (0, 1 or 2)
@@ -171,6 +172,8 @@ class Gateway:
             self.stop,
             lambda: self._thread is not None and self._thread.is_alive(),
         )
+        if self._error is not None:  # a status a supervisor sees, and restarts on
+            raise SystemExit(f"gateway stopped on an error: {self._error!r}")
 
     def _start_process(self) -> None:
         self.start()
@@ -256,7 +259,7 @@ class Gateway:
                 metrics_server = MetricsServer(self.metrics.registry, s, "gateway_metrics")
             self._symbols_changed()  # read beside the start: until then no exchange is refused
             tasks = [
-                asyncio.create_task(coro)
+                asyncio.create_task(coro, name=coro.__qualname__)
                 for coro in (
                     self._critical(),
                     self._informational(),
@@ -266,6 +269,8 @@ class Gateway:
                     self.telegram.run(),
                 )
             ]
+            for task in tasks:
+                task.add_done_callback(self._task_ended)
             self.metrics.up.set(1)
             log.info(
                 "gateway: http %s:%d, critical events on %s",
@@ -275,6 +280,8 @@ class Gateway:
             )
             self._ready.set()
             await self._stopping.wait()
+            if self._task_failed is not None:
+                raise RuntimeError("a gateway task ended on an error") from self._task_failed
         finally:
             self.metrics.up.set(0)
             tasks += self._depth.values()
@@ -297,6 +304,19 @@ class Gateway:
                 guard.stop()
             ctx.destroy(linger=0)
             self.directory.close()
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        """Each main task runs until the gateway stops; one ended by an error would leave the
+        gateway half alive (serving sessions, delivering nothing), so the gateway stops on it
+        and its process exits with an error, for its supervisor to restart."""
+        if task.cancelled() or task.exception() is None:
+            return  # stopping, or nothing to do (Telegram sessions off)
+        exc = task.exception()
+        log.critical("gateway task %s ended on %r: stopping the gateway", task.get_name(), exc)
+        if self._task_failed is None:
+            self._task_failed = exc
+        if self._stopping is not None:
+            self._stopping.set()
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -504,18 +524,28 @@ class Gateway:
             batch, delivered = await events.recv(INFORMATIONAL_BATCH), 0
             taken.observe(len(batch))
             for frames, last in batch:
+                # One event that cannot be handled is dropped and counted: this task serves
+                # every user, and it ending would stop the fast path for all of them. (A try
+                # costs nothing until something raises.)
                 try:
                     _, msg = decode_sub(frames)
                     event = expect(msg, ev.UserEvent)
+                    if not self._may_send(_peer(last), event, "events"):
+                        continue
+                    rendered = self.symbols.render(event)
+                    sent = self.sessions.send(
+                        event.user_id, event_message(event, rendered, "informational")
+                    ) + self.telegram.deliver(event.user_id, rendered)  # never waits on HTTP
                 except EnvelopeError as exc:
                     self.metrics.dropped.labels("user_events", exc.reason).inc()
                     continue
-                if not self._may_send(_peer(last), event, "events"):
+                except RecursionError:  # a payload the parser took, nested past the encoder
+                    self.metrics.dropped.labels("user_events", "too_deep").inc()
                     continue
-                rendered = self.symbols.render(event)
-                sent = self.sessions.send(
-                    event.user_id, event_message(event, rendered, "informational")
-                ) + self.telegram.deliver(event.user_id, rendered)  # never waits on HTTP
+                except Exception:  # a bug: loud, yet only this event is lost
+                    self.metrics.dropped.labels("user_events", "error").inc()
+                    log.exception("dropped an informational event that could not be delivered")
+                    continue
                 if sent:
                     delivered += 1
                 else:

@@ -23,7 +23,7 @@ from candlewire.testing import new_user, session_messages, user_event
 from gateway import issue_token
 from proto import events_pb2 as ev
 from tests.gateway.conftest import SECRET, gw_config, next_of, sign_in
-from tests.support import wait_for
+from tests.support import counted, wait_for
 
 FALLBACK = [(ev.ACTIVE_SESSION, True), (ev.TELEGRAM, False)]
 
@@ -552,3 +552,85 @@ def test_a_payload_parses_as_json_loads_parses_it() -> None:
 
     for payload in corpus:
         assert outcome(payload_json, payload) == outcome(json.loads, payload), payload
+
+
+def test_an_event_the_fast_path_cannot_send_is_dropped_and_the_rest_still_flow(
+    tmp_path,
+) -> None:
+    """A payload nested just under the parser's depth is read by render() and then nested
+    past the encoder's (the message holds it two levels deeper): that one event is dropped
+    and counted, and the fast path, which serves every user, goes on to deliver the next."""
+    import asyncio
+    import sys
+
+    import zmq
+
+    from candlewire.topics import user_topic
+    from gateway.service import Gateway
+    from proto.envelope import encode_topic
+    from tests.support import free_settings
+
+    class Quiet:  # no Telegram chats in session
+        def deliver(self, _user: str, _rendered: object) -> int:
+            return 0
+
+    async def main() -> None:
+        gw = Gateway(free_settings(tmp_path), gw_config(session_queue=1024), metrics=False)
+        ctx = zmq.Context.instance()
+        pub = ctx.socket(zmq.XPUB)  # tells when the gateway's subscriptions have arrived
+        pub.bind(f"inproc://events-{id(gw)}")
+        gw._events = ctx.socket(zmq.SUB)
+        gw._events.connect(f"inproc://events-{id(gw)}")
+        gw.telegram = Quiet()  # type: ignore[assignment]
+        alice = gw.sessions.open("alice", object())  # type: ignore[arg-type]
+        bob = gw.sessions.open("bob", object())  # type: ignore[arg-type]
+        assert alice is not None and bob is not None
+        assert {pub.recv(), pub.recv()} == {
+            b"\x01" + user_topic(u).encode() for u in ("alice", "bob")
+        }
+        task = asyncio.create_task(gw._informational())
+
+        def publish(user: str, payload: bytes) -> str:
+            event = user_event(user, ev.INFORMATIONAL)
+            event.payload = payload
+            pub.send_multipart(encode_topic(user_topic(user), event))
+            return event.event_id
+
+        # Every depth up to the limit: the one where parsing passes and encoding fails lies
+        # among them, wherever this test's own stack leaves the task.
+        limit = sys.getrecursionlimit()
+        for depth in range(limit - 400, limit):
+            publish("alice", b'{"a": ' + b"[" * depth + b"]" * depth + b"}")
+        after = publish("bob", b'{"ticker": "SIM:BTC/USDT"}')
+        while not task.done() and not any(after in text for text in bob.outbox):
+            await asyncio.sleep(0.01)
+        assert not task.done(), task.exception()
+        assert counted(gw.metrics.dropped)[("user_events", "too_deep")] >= 1
+        task.cancel()
+        pub.close(0)
+        gw._events.close(0)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_gateway_whose_main_task_fails_stops_and_says_so(
+    gw_env, make_gateway, monkeypatch, caplog
+) -> None:
+    """Not a gateway left half alive: a main task ended by an error is logged as critical,
+    and the gateway stops on it (``run()`` then exits with an error)."""
+    from gateway.service import Gateway
+
+    async def failing(self: Gateway) -> None:
+        raise RuntimeError("the purge broke")
+
+    monkeypatch.setattr(Gateway, "_purge", failing)
+    gw = make_gateway(gw_env, gw_config())
+    gw._thread.join(30)
+    assert not gw._thread.is_alive()
+    assert isinstance(gw._error, RuntimeError)
+    assert isinstance(gw._error.__cause__, RuntimeError)
+    assert str(gw._error.__cause__) == "the purge broke"
+    assert gw.metrics.up._value.get() == 0
+    assert any(
+        r.levelname == "CRITICAL" and "the purge broke" in r.getMessage() for r in caplog.records
+    )
