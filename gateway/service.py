@@ -371,7 +371,9 @@ class Gateway:
                 self.gw.token_max_age_s,
             )
             return user, batch
-        except (BadToken, ValueError, TimeoutError) as exc:
+        # RecursionError: JSON nested past the parser's depth ("[[[[..." well within the
+        # message size limit), as malformed as any other.
+        except (BadToken, ValueError, RecursionError, TimeoutError) as exc:
             self.metrics.auth_failures.inc()
             reason = str(exc) if isinstance(exc, BadToken) else "sign-in failed"
             with contextlib.suppress(ConnectionClosed):
@@ -385,7 +387,7 @@ class Gateway:
         try:
             msg = json.loads(raw)
             op = msg.get("op") if isinstance(msg, dict) else None
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             op = None
         if op == "chart":
             ticker, period = str(msg.get("ticker", "")), msg.get("period", 60)

@@ -103,6 +103,7 @@ def test_sign_in_needs_a_valid_token(gw_env, make_gateway) -> None:
         "not json",
         '{"op": "chart"}',
         json.dumps({"op": "auth", "token": token, "batch": "yes"}),
+        "[" * 5000,  # nested past the parser's depth, well within the size limit
     )
     for first in firsts:
         with connect(url) as ws:
@@ -111,8 +112,24 @@ def test_sign_in_needs_a_valid_token(gw_env, make_gateway) -> None:
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=5)
             assert closed.value.rcvd.code == 1008
-    assert gw.metrics.auth_failures._value.get() == 4
+    assert gw.metrics.auth_failures._value.get() == 5
     assert gw.sessions.users() == 0
+
+
+def test_a_malformed_command_is_answered_counted_and_the_session_goes_on(
+    gw_env, make_gateway
+) -> None:
+    """Whatever a signed-in page sends, an unknown or unreadable command gets an error and
+    is counted; the session stays open."""
+    gw = make_gateway(gw_env, gw_config())
+    ws = sign_in(gw_env, "alice")
+    for command in ("not json", '{"op": 5}', "[" * 5000, "[" * 500 + "]" * 500):
+        ws.send(command)
+        assert "unknown command" in next_of(ws, "error")["message"]
+    ws.send(json.dumps({"op": "ping"}))
+    assert next_of(ws, "pong") == {"type": "pong"}
+    assert counted(gw.metrics.dropped)[("websocket", "bad_command")] == 4
+    ws.close()
 
 
 def test_a_page_from_another_origin_cannot_open_a_session(gw_env, make_gateway) -> None:
