@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -40,7 +41,8 @@ BATCH_FRAME_BYTES = 64 * 1024
 # Every message a session is sent, as compact JSON from one encoder, with no cycle check (our
 # messages hold none). ASCII, as json.dumps makes it: a payload may carry a lone surrogate
 # ("\ud800", a string cut inside an emoji), which only its escape can carry in UTF-8.
-_ENCODER = json.JSONEncoder(check_circular=False, separators=(",", ":"))
+# No NaN or Infinity, which are not JSON: see :func:`to_json`.
+_ENCODER = json.JSONEncoder(check_circular=False, allow_nan=False, separators=(",", ":"))
 # The encoder's C core, made once: ``JSONEncoder.encode`` makes it anew for every call, a
 # third of what a small message's encoding costs (0.5 µs of an event's 3 here, #35). The
 # same arguments ``iterencode`` passes it, so the same text.
@@ -62,10 +64,30 @@ _C_ENCODE = (
 
 
 def to_json(message: dict[str, Any]) -> str:
-    """A message (a dict) as its session's text."""
-    if _C_ENCODE is None:  # an interpreter without json's C accelerator
-        return _ENCODER.encode(message)
-    return "".join(_C_ENCODE(message, 0))
+    """A message (a dict) as its session's text: always valid JSON.
+
+    A payload may hold NaN or a number past a double (``1e400``), which ``json.loads``
+    reads as floats; written bare, a browser's ``JSON.parse`` refuses the whole frame (a
+    batched session's every message in it). Such a number goes out as null, as JavaScript's
+    own ``JSON.stringify`` writes it: the event still arrives and its text shows the value.
+    Only such a message is encoded twice; a try costs the others nothing."""
+    try:
+        if _C_ENCODE is None:  # an interpreter without json's C accelerator
+            return _ENCODER.encode(message)
+        return "".join(_C_ENCODE(message, 0))
+    except ValueError:  # "Out of range float values are not JSON compliant"
+        return _ENCODER.encode(_finite(message))
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN and infinite float in it made None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def batch_frames(texts: list[str], limit: int = BATCH_FRAME_BYTES) -> list[str]:
