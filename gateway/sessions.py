@@ -106,9 +106,17 @@ def batch_frames(texts: list[str], limit: int = BATCH_FRAME_BYTES) -> list[str]:
 
 class Session:
     def __init__(
-        self, user_id: str, ws: ServerConnection, max_queue: int, batched: bool = False
+        self,
+        user_id: str,
+        ws: ServerConnection,
+        max_queue: int,
+        batched: bool = False,
+        on_full: Callable[[Session], None] | None = None,
     ) -> None:
+        """``on_full``: called once, when an offer finds the outbox full (the session is
+        then closed); :class:`Sessions` passes its slow-consumer rule."""
         self.user_id, self.ws, self.batched = user_id, ws, batched
+        self._on_full = on_full
         # What the writer has yet to send, at most ``max_queue``. A deque and an event rather
         # than an ``asyncio.Queue``, whose put and get run in Python: 1.8 µs an event against
         # 0.3 (#35). The event is set when the outbox stops being empty.
@@ -128,7 +136,11 @@ class Session:
             return False
         outbox = self.outbox
         if len(outbox) >= self.max_queue:
+            # Whoever offered (an event, a candle, a command's reply, a seed candle), the
+            # same rule: the session is closed and its socket with it, not left open unfed.
             self.closed = True
+            if self._on_full is not None:
+                self._on_full(self)
             return False
         outbox.append(text)
         if len(outbox) == 1:
@@ -200,7 +212,7 @@ class Sessions:
         mine = self._by_user.setdefault(user_id, set())
         if len(mine) >= self.max_per_user:
             return None
-        session = Session(user_id, ws, self.max_queue, batched)
+        session = Session(user_id, ws, self.max_queue, batched, on_full=self._too_slow)
         mine.add(session)
         if len(mine) == 1:
             self._on_first(user_id)
@@ -238,10 +250,13 @@ class Sessions:
         for session in sessions:
             if session.offer_text(text):
                 taken += 1
-            elif session.closed and session in self._by_user.get(session.user_id, ()):
-                self.close(session)
-                self._on_slow(session)
         return taken
+
+    def _too_slow(self, session: Session) -> None:
+        """A session's outbox filled: it leaves, and ``on_slow`` closes its socket (1013)."""
+        if session in self._by_user.get(session.user_id, ()):
+            self.close(session)
+            self._on_slow(session)
 
 
 def event_message(event: ev.UserEvent, rendered: Rendered, path: str) -> dict[str, Any]:

@@ -447,6 +447,42 @@ def test_a_message_to_many_sessions_is_made_text_once(monkeypatch) -> None:
     assert len(encoded) == 2 and slow == ["u0"] and not sessions.active("u0")
 
 
+def test_a_session_too_slow_for_a_reply_or_a_seed_candle_is_closed_like_any_other(
+    tmp_path,
+) -> None:
+    """A session's own offers (a command's reply, a chart's seed candles) follow the
+    fanout's slow-consumer rule: the session a full outbox refuses leaves the user's
+    sessions, is counted, and its socket is closed with 1013, not left open and unfed."""
+    import asyncio
+
+    import zmq
+
+    from gateway.service import Gateway
+    from tests.support import free_settings
+
+    class Socket:
+        closed_with: tuple[int, str] | None = None
+
+        async def close(self, code: int, reason: str) -> None:
+            self.closed_with = (code, reason)
+
+    async def main() -> None:
+        gw = Gateway(free_settings(tmp_path), gw_config(session_queue=4), metrics=False)
+        gw._events = zmq.Context.instance().socket(zmq.SUB)  # what _watch_user subscribes
+        ws = Socket()
+        session = gw.sessions.open("alice", ws)  # type: ignore[arg-type]
+        assert session is not None
+        offered = [session.offer({"type": "candle", "seed": True, "i": i}) for i in range(6)]
+        assert offered == [True] * 4 + [False] * 2
+        await asyncio.gather(*asyncio.all_tasks() - {asyncio.current_task()})  # the close
+        assert ws.closed_with == (1013, "too slow")
+        assert gw.metrics.slow_disconnects._value.get() == 1
+        assert not gw.sessions.active("alice") and "alice" not in gw._watching
+        gw._events.close(0)
+
+    asyncio.run(main())
+
+
 def test_batch_frames_hold_the_messages_in_order_within_their_bound() -> None:
     """A batched session's frames: consecutive messages as one JSON array up to the bound, a
     message alone (or one past the bound) as itself, nothing lost or reordered."""
