@@ -94,7 +94,8 @@ class GatewayMetrics:
         )
         self.telegram_updates = Counter(
             "candlewire_gateway_telegram_updates",
-            "Bot updates, by kind (start, stop, unlinked chat, ignored, malformed)",
+            "Bot updates, by kind (start, stop, unlinked chat, invalid user id, failed, "
+            "ignored, malformed)",
             ["kind"],
             registry=r,
         )

@@ -45,6 +45,7 @@ import httpx
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 
+from candlewire.topics import TopicError, check_id
 from gateway.channels import Outcome
 from gateway.channels.telegram import TelegramChannel, json_object, message_text, retry_after
 from gateway.directory import users as directory_users
@@ -56,6 +57,10 @@ log = logging.getLogger("candlewire.gateway.telegram")
 ALLOWED_UPDATES = ["message"]
 MAX_RETRY_AFTER_S = 3600.0  # a nonsense retry_after must not park the poller for ever
 SEND_ATTEMPTS = 3
+# Failures of a command that may pass on a later try (the database away, its pool full): the
+# update is asked for again. Any other would fail the same way for ever, and an update left
+# unconfirmed holds back every one after it, from every chat.
+TRANSIENT = (sa.exc.OperationalError, sa.exc.DisconnectionError, sa.exc.TimeoutError)
 
 
 # -- the getUpdates protocol, sans I/O ------------------------------------------------------
@@ -436,10 +441,16 @@ class TelegramSessions:
         for command in poll.commands:
             try:
                 await self._apply(command)
-            except Exception as exc:  # the database: the update stays unconfirmed
+            except TRANSIENT as exc:  # the update stays unconfirmed, and comes again
                 log.warning("telegram /%s not applied yet: %s", command.kind, type(exc).__name__)
                 delay = p.rewind(command.update_id)
                 break
+            except Exception:  # it would fail again: answered, and passed over
+                log.exception("telegram /%s failed; passed over", command.kind)
+                self.metrics.telegram_updates.labels("failed").inc()
+                self._reply(
+                    command.chat_id, f"candlewire: /{command.kind} failed. Try again later."
+                )
         if delay:
             await asyncio.sleep(delay)
 
@@ -450,6 +461,17 @@ class TelegramSessions:
             self.chats.stop(chat)
             self._reply(chat, "candlewire: stopped. Send /start to receive events here again.")
         else:
+            if command.payload:  # typed by whoever writes to the bot
+                try:
+                    check_id(command.payload, "user id")
+                except TopicError:
+                    self.metrics.telegram_updates.labels("invalid").inc()
+                    self._reply(
+                        chat,
+                        "candlewire: that is not a user id (1-128 of A-Z a-z 0-9 _ . : -). "
+                        "Send /start, or /start followed by your user id.",
+                    )
+                    return
             users = await asyncio.to_thread(self.store.linked, chat, command.payload)
             if not users:
                 self.metrics.telegram_updates.labels("unlinked").inc()

@@ -104,6 +104,78 @@ def test_a_user_is_watched_from_the_first_chat_to_the_last() -> None:
     assert calls == ["+alice", "+bob", "-alice", "-bob"]
 
 
+def test_a_command_that_always_fails_is_passed_over_and_a_transient_one_retried() -> None:
+    """An update left unconfirmed holds back every one after it, from every chat: only a
+    failure that may pass (the database away) is asked for again; a /start followed by what
+    is no user id, or one the store refuses for good, is answered and confirmed."""
+    import asyncio
+
+    import sqlalchemy as sa
+
+    from candlewire.testing import TelegramStandIn
+    from gateway.channels.telegram import TelegramChannel
+    from gateway.metrics import GatewayMetrics
+    from gateway.telegram_sessions import TelegramSessions
+    from tests.gateway.conftest import BOT_TOKEN
+
+    class Store:  # SessionStore's calls
+        def __init__(self) -> None:
+            self.asked: list[str] = []
+            self.started: list[str] = []
+            self.outage = 1  # the database answers chat 333's first call with an outage
+
+        def linked(self, chat: str, only: str = "") -> list[str]:
+            self.asked.append(chat)
+            assert "\x00" not in only, "an invalid user id reached the database"
+            if chat == "111":  # refused for good, as psycopg2 refuses a NUL
+                raise ValueError("A string literal cannot contain NUL (0x00) characters.")
+            if chat == "333" and self.outage:
+                self.outage -= 1
+                raise sa.exc.OperationalError("SELECT", {}, ConnectionRefusedError())
+            return ["u" + chat]
+
+        def start(self, chat: str, users: list[str]) -> None:
+            self.started.append(chat)
+
+    async def main(telegram: TelegramStandIn) -> tuple[Store, TelegramSessions]:
+        ts = TelegramSessions(
+            TelegramChannel(BOT_TOKEN, telegram.url, 5),
+            None,  # type: ignore[arg-type]
+            GatewayMetrics(),
+            on_first=lambda _u: None,
+            on_last=lambda _u: None,
+            poll_s=0,
+        )
+        store = ts.store = Store()  # type: ignore[assignment]
+        ts.protocol.backoff.min_s = ts.protocol.backoff.max_s = 0.01
+        telegram.say(111, "/start")
+        telegram.say(444, "/start alice\x00")
+        telegram.say(333, "/start")
+        telegram.say(222, "/start")
+        for _ in range(5):  # each poll takes what is pending at once (poll_s=0)
+            await ts._poll()
+        await ts.channel.close()
+        return store, ts
+
+    telegram = TelegramStandIn(BOT_TOKEN)
+    try:
+        store, ts = asyncio.run(main(telegram))
+        assert store.started == ["333", "222"]
+        assert store.asked == ["111", "333", "333", "222"]  # only the outage was asked again
+        assert telegram.pending == []
+    finally:
+        telegram.close()
+    replies: dict[str, str] = {}
+    while not ts.outbox.empty():
+        item = ts.outbox.get_nowait()
+        replies[item.chat_id] = item.text
+    assert "failed" in replies["111"]
+    assert "not a user id" in replies["444"]
+    assert "events of u333" in replies["333"] and "events of u222" in replies["222"]
+    kinds = ts.metrics.telegram_updates.labels
+    assert [kinds(k)._value.get() for k in ("failed", "invalid", "start")] == [1, 1, 2]
+
+
 # -- a real gateway --------------------------------------------------------------------------
 
 
@@ -176,6 +248,22 @@ def test_a_chat_nobody_linked_gets_no_session(
     assert not pub.watched(user)
     assert pub.publish(user_event(user, ev.INFORMATIONAL)) is Route.DROPPED
     assert len(gw.telegram.chats) == 0
+
+
+def test_a_start_with_an_invalid_user_id_is_answered_and_later_commands_are_applied(
+    gw_env, telegram, make_gateway, make_publisher
+) -> None:
+    gw = make_gateway(gw_env, gw_config(telegram))
+    pub = make_publisher(gw_env)
+    stranger = random.randint(10**8, 10**9)
+    telegram.say(stranger, "/start alice\x00")  # PostgreSQL can hold no NUL: refused for good
+    user, chat = linked_user(gw)
+    telegram.say(chat, "/start")
+    wait_for(lambda: pub.watched(user))
+    [reply] = wait_for(lambda: telegram.texts_to(stranger))
+    assert "not a user id" in reply
+    assert gw.metrics.telegram_updates.labels("invalid")._value.get() == 1
+    wait_for(lambda: not telegram.pending)
 
 
 def test_malformed_updates_are_counted_and_the_poller_goes_on(
