@@ -293,13 +293,17 @@ class HttpStandIn:
         self.httpd.server_close()
 
 
+TELEGRAM_MAX_TEXT = 4096  # sendMessage's limit
+
+
 class TelegramStandIn(HttpStandIn):
     """The Bot API's ``sendMessage`` and ``getUpdates``: checks the token, records messages,
     serves what users write to the bot, can rate-limit.
 
     ``limit(n, retry_after)`` answers the next ``n`` sendMessage calls with 429 and
     ``retry_after``, as Telegram does when a bot sends too fast; ``limit_updates`` does the
-    same to getUpdates; a chat in ``blocked`` gets 403 (its user blocked the bot).
+    same to getUpdates; a chat in ``blocked`` gets 403 (its user blocked the bot); a text
+    past 4096 characters (UTF-16 code units) gets 400 "message is too long", as Telegram.
     ``say(chat, text)`` is a user writing to the bot; ``inject`` queues any update as given
     (for malformed ones). getUpdates keeps Telegram's rules: it waits up to ``timeout``
     seconds for an update, ``offset`` confirms and drops every update before it,
@@ -386,6 +390,14 @@ class TelegramStandIn(HttpStandIn):
                 msg = {}
             if not msg.get("chat_id") or not msg.get("text"):
                 return 400, ctype, b'{"ok":false,"error_code":400,"description":"Bad Request"}'
+            text = str(msg["text"]).encode("utf-16-le", "surrogatepass")
+            if len(text) > 2 * TELEGRAM_MAX_TEXT:
+                reply = {
+                    "ok": False,
+                    "error_code": 400,
+                    "description": "Bad Request: message is too long",
+                }
+                return 400, ctype, json.dumps(reply).encode()
             if str(msg["chat_id"]) in self.blocked:
                 reply = {
                     "ok": False,
