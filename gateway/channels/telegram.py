@@ -22,11 +22,31 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 logging.getLogger("httpcore").setLevel(logging.WARNING)
 
 TRANSIENT_RETRY_S = 5.0
+# sendMessage takes "1-4096 characters"; a longer text is refused (400 "message is too
+# long") on every try, so the event is never delivered. Counted in UTF-16 code units (an
+# emoji is two), as Telegram counts entity offsets: the stricter reading of the limit.
+MAX_TEXT = 4096
+ELLIPSIS = "\u2026"
 
 
 def message_text(message: Rendered) -> str:
-    """An event as a chat message: the same words on the critical and the session path."""
-    return f"{message.title}\n{message.text}"
+    """An event as a chat message: the same words on the critical and the session path, cut
+    to what one message holds (a payload may be 64 KiB)."""
+    return fit(f"{message.title}\n{message.text}")
+
+
+def fit(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` if sendMessage takes it, else its start and an ellipsis, ``limit`` UTF-16
+    code units in all; a surrogate pair (an emoji) is never cut in two."""
+    if len(text) <= limit // 2:  # two units a character at most: no need to count
+        return text
+    units = text.encode("utf-16-le", "surrogatepass")
+    if len(units) <= 2 * limit:
+        return text
+    head = units[: 2 * (limit - len(ELLIPSIS))].decode("utf-16-le", "surrogatepass")
+    if "\ud800" <= head[-1] <= "\udbff":  # the first half of a pair cut in two
+        head = head[:-1]
+    return head + ELLIPSIS
 
 
 def result_of(status: int, data: dict[str, Any], reason: str = "") -> Result:
@@ -79,7 +99,7 @@ class TelegramChannel:
         """``sendMessage`` to a chat: the HTTP status (0 when unreachable) and its meaning."""
         try:
             status, body, reason = await self.call(
-                "sendMessage", {"chat_id": chat_id, "text": text}
+                "sendMessage", {"chat_id": chat_id, "text": fit(text)}
             )
         except httpx.HTTPError as exc:
             return 0, unreachable("telegram", exc, TRANSIENT_RETRY_S)

@@ -1,5 +1,6 @@
 """Channels against stand-ins that speak the real protocols: SMTP (aiosmtpd, with and without
-STARTTLS) and Web Push (VAPID-signed, aes128gcm-encrypted). Telegram is in test_critical."""
+STARTTLS), Web Push (VAPID-signed, aes128gcm-encrypted) and Telegram's length limit; the rest
+of Telegram is in test_critical."""
 
 from __future__ import annotations
 
@@ -173,3 +174,61 @@ def test_web_push_is_signed_and_encrypted_for_the_subscription(
         assert "expired" in expired.error_message
     finally:
         push.close()
+
+
+def utf16_units(text: str) -> int:
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def test_an_event_past_telegrams_length_limit_is_cut_and_delivered(telegram, tmp_path) -> None:
+    """sendMessage refuses a text past 4096 characters (400, on every retry): an event's
+    text is cut to fit, with an ellipsis, and arrives."""
+    import asyncio
+    import json
+
+    from gateway.channels import Outcome, Result
+    from gateway.channels.telegram import TelegramChannel
+    from gateway.directory import UserAddress
+    from gateway.symbols import SymbolCatalog
+    from tests.gateway.conftest import BOT_TOKEN
+    from tests.support import free_settings
+
+    event = user_event("u1", ev.CRITICAL, payload={"ticker": "SIM:BTC/USDT", "note": "x" * 6000})
+    rendered = SymbolCatalog(free_settings(tmp_path)).render(event)
+    whole = f"{rendered.title}\n{rendered.text}"
+
+    async def raw(text: str) -> tuple[int, str]:
+        """sendMessage as it is, past the channel's cut: what the stand-in answers."""
+        channel = TelegramChannel(BOT_TOKEN, telegram.url, 5)
+        try:
+            status, body, _ = await channel.call("sendMessage", {"chat_id": "42", "text": text})
+            return status, json.loads(body).get("description", "")
+        finally:
+            await channel.close()
+
+    async def deliver() -> Result:
+        channel = TelegramChannel(BOT_TOKEN, telegram.url, 5)
+        try:
+            return await channel.send(UserAddress("u1", telegram_chat_id="42"), event, rendered)
+        finally:
+            await channel.close()
+
+    assert asyncio.run(raw(whole)) == (400, "Bad Request: message is too long")
+    assert asyncio.run(raw("y" * 4096))[0] == 200
+    assert asyncio.run(deliver()).outcome is Outcome.DELIVERED
+    text = telegram.texts_to(42)[-1]
+    assert utf16_units(text) == 4096
+    assert text.startswith("Order filled: SIM:BTC/USDT\n") and text.endswith("\u2026")
+    assert whole.startswith(text[:-1])
+
+
+def test_a_text_is_cut_to_telegrams_limit_in_utf16_units_never_inside_an_emoji() -> None:
+    from gateway.channels.telegram import MAX_TEXT, fit
+
+    short = "\U0001f600" * (MAX_TEXT // 2)  # 4096 units exactly: as it is
+    assert fit(short) is short
+    for text in ("a" * 4093 + "\U0001f600" * 3, "a" * 4094 + "\U0001f600" * 3, "\U0001f600" * 3000):
+        cut = fit(text)
+        assert utf16_units(cut) <= MAX_TEXT and cut.endswith("\u2026")
+        assert text.startswith(cut[:-1])
+        cut.encode("utf-8")  # no half of a surrogate pair left
