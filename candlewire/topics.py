@@ -17,9 +17,9 @@ METADATA_UPDATE = "METADATA_UPDATE"
 NOTIFY_REPEAT_DELAYS_S: tuple[float, ...] = (0.0, 0.5, 2.0, 5.0)
 
 _TICKER = re.compile(
-    r"^([A-Z][A-Z0-9_]{0,31}):([A-Z0-9][A-Z0-9.\-_]{0,31})/([A-Z0-9][A-Z0-9.\-_]{0,31})$"
+    r"^([A-Z][A-Z0-9_]{0,31}):([A-Z0-9][A-Z0-9.\-_]{0,31})/([A-Z0-9][A-Z0-9.\-_]{0,31})\Z"
 )
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}\Z")
 
 
 class TopicError(ValueError):
