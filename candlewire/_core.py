@@ -46,6 +46,7 @@ from candlewire.book import RUN_MAX, DeltaRun, delta_pieces
 from candlewire.config import Settings
 from candlewire.curve import dial, owned_id
 from candlewire.errors import (
+    CandlewireError,
     FellBehind,
     ProtocolError,
     RequestRejected,
@@ -72,6 +73,7 @@ RETRY_PAUSE_S = 0.2  # between retries of a NO_INGESTOR rejection
 POLL_SLICE_S = 0.5  # longest single wait while a deadline runs
 FILL_TIMEOUT_S = 10.0  # how long a FETCH may make no progress before FellBehind
 FILL_PAUSE_S = 0.02  # before asking the journal again for what it does not hold yet
+LAST_WAIT_S = 0.05  # the least a FETCH's reply is waited for, its deadline passed or not
 
 
 @dataclass(frozen=True)
@@ -269,8 +271,14 @@ class ClientCore:
     # -- sockets (never block) ------------------------------------------------------------
 
     def open(self, kind: int, server: str = "relay") -> zmq.Socket:
-        """A socket to ``server``, with this client's CURVE key when CURVE is on."""
-        return dial(self._socket(kind), self.settings, server)
+        """A socket to ``server``, with this client's CURVE key when CURVE is on. A SUB takes
+        no frame larger than the relay takes in (``max_message_bytes``): a peer that sent
+        one is disconnected, not given the memory. The journal's replies are chunks of up
+        to 50,000 messages, bounded by that count and not by a size here."""
+        sock = self._socket(kind)
+        if kind == zmq.SUB:
+            sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
+        return dial(sock, self.settings, server)
 
     def notifications(self) -> zmq.Socket:
         """One SUB for all notifications, subscribed once to ``RESPONSE:{client_id}``."""
@@ -555,64 +563,80 @@ class ClientCore:
                 return None  # the last chunk
             return seq.request(until, head.cursor, new_id("f"), after=head.last)
 
-        while True:
-            reply, columns = yield from journal.call(req, deadline, sent, batches and ticks, ahead)
-            if reply.status == jr.FETCH_OUT_OF_RANGE:
-                raise FellBehind(f"{seq.topic}: {reply.error}", seq.last)
-            if reply.status == jr.FETCH_BAD_REQUEST:
-                raise ProtocolError(f"journal refused FETCH of {seq.topic}: {reply.error}")
-            if reply.status != jr.FETCH_OK:
-                if not remaining(deadline):
-                    raise FellBehind(f"{seq.topic}: journal unavailable: {reply.error}", seq.last)
-                yield Sleep(RETRY_PAUSE_S)
-                req, sent = seq.request(until, req.cursor, new_id("f")), False
-                continue
-            if reply.archive_until_ms:  # from Iceberg, before the journal: no positions
-                msgs = chunk_messages(reply)
-                seq.since_ms = reply.archive_until_ms
-                seq.stats.archived += len(msgs)
-                yield from hand_out(msgs, seq, batches)
-                req, sent = seq.request(until, 0, new_id("f")), False
-                continue
-            if columns is not None and seq.accept_edges(
-                columns.first, columns.last, len(columns), filled=not replay
-            ):
-                msgs = out = columns  # ticks for Arrow: read as columns, no object each
-            else:
-                if columns is not None:  # it overlaps what was delivered: trimmed as messages
-                    try:
-                        reply = journal.whole(journal.wire)
-                    except EnvelopeError:  # what the columns vouched for does not decode
-                        req, sent = seq.request(until, req.cursor, new_id("f")), False
-                        yield Sleep(RETRY_PAUSE_S)
-                        continue
-                msgs = seq.accept_chunk(chunk_messages(reply), filled=not replay)
-                out = msgs
-                if replay:  # candles: the previous chunk goes out once this one is seen
-                    out, held = final_revisions(held, msgs)
-            finished = (until is None and reply.done) or (until is not None and seq.reached(until))
-            if finished:
-                yield from hand_out(out, seq, batches)
-                yield from hand_out(held, seq, batches)
-                return
-            if msgs:
-                deadline = time.monotonic() + FILL_TIMEOUT_S
-            elif reply.done:
-                if not remaining(deadline):
-                    raise FellBehind(
-                        f"{seq.topic}: the journal has nothing after {describe(seq.last)} "
-                        f"up to {describe(until)} after {FILL_TIMEOUT_S:.0f}s",
-                        seq.last,
-                    )
-                yield Sleep(FILL_PAUSE_S)  # not journalled yet
-            req = seq.request(until, reply.cursor, new_id("f"))
-            sent = bool(msgs)
-            if sent:  # read ahead while the caller takes this chunk
-                if journal.early is not None and same_fetch(journal.early, req):
-                    req = journal.early  # asked already, as the chunk was read
+        try:
+            while True:
+                reply, columns = yield from journal.call(
+                    req, deadline, sent, batches and ticks, ahead
+                )
+                if reply.status == jr.FETCH_OUT_OF_RANGE:
+                    raise FellBehind(f"{seq.topic}: {reply.error}", seq.last)
+                if reply.status == jr.FETCH_BAD_REQUEST:
+                    raise ProtocolError(f"journal refused FETCH of {seq.topic}: {reply.error}")
+                if reply.status != jr.FETCH_OK:
+                    if not remaining(deadline):
+                        raise FellBehind(
+                            f"{seq.topic}: journal unavailable: {reply.error}", seq.last
+                        )
+                    yield Sleep(RETRY_PAUSE_S)
+                    req, sent = seq.request(until, req.cursor, new_id("f")), False
+                    continue
+                if reply.archive_until_ms:  # from Iceberg, before the journal: no positions
+                    msgs = chunk_messages(reply)
+                    seq.since_ms = reply.archive_until_ms
+                    seq.stats.archived += len(msgs)
+                    yield from hand_out(msgs, seq, batches)
+                    req, sent = seq.request(until, 0, new_id("f")), False
+                    continue
+                if columns is not None and seq.accept_edges(
+                    columns.first, columns.last, len(columns), filled=not replay
+                ):
+                    msgs = out = columns  # ticks for Arrow: read as columns, no object each
                 else:
-                    yield Send(journal.connected(), encode(req))
-                yield from hand_out(out, seq, batches)
+                    if columns is not None:  # it overlaps what was delivered: trimmed as messages
+                        try:
+                            reply = journal.whole(journal.wire)
+                        except EnvelopeError:  # what the columns vouched for does not decode
+                            req, sent = seq.request(until, req.cursor, new_id("f")), False
+                            yield Sleep(RETRY_PAUSE_S)
+                            continue
+                    msgs = seq.accept_chunk(chunk_messages(reply), filled=not replay)
+                    out = msgs
+                    if replay:  # candles: the previous chunk goes out once this one is seen
+                        out, held = final_revisions(held, msgs)
+                finished = (until is None and reply.done) or (
+                    until is not None and seq.reached(until)
+                )
+                if finished:
+                    yield from hand_out(out, seq, batches)
+                    yield from hand_out(held, seq, batches)
+                    return
+                if msgs or (not reply.done and reply.cursor != req.cursor):
+                    # Progress: messages, or the journal's scan moved past records of other
+                    # topics (a sparse topic in a busy partition comes as empty chunks).
+                    deadline = time.monotonic() + FILL_TIMEOUT_S
+                elif reply.done:
+                    if not remaining(deadline):
+                        raise FellBehind(
+                            f"{seq.topic}: the journal has nothing after {describe(seq.last)} "
+                            f"up to {describe(until)} after {FILL_TIMEOUT_S:.0f}s",
+                            seq.last,
+                        )
+                    yield Sleep(FILL_PAUSE_S)  # not journalled yet
+                req = seq.request(until, reply.cursor, new_id("f"))
+                sent = bool(msgs)
+                if sent:  # read ahead while the caller takes this chunk
+                    if journal.early is not None and same_fetch(journal.early, req):
+                        req = journal.early  # asked already, as the chunk was read
+                    else:
+                        yield Send(journal.connected(), encode(req))
+                    yield from hand_out(out, seq, batches)
+        except CandlewireError as exc:
+            # Candles held back for the next chunk were taken already (``seq.last`` is past
+            # them): out they go before the error, so that ``resume_from`` was delivered.
+            yield from hand_out(held, seq, batches)
+            if isinstance(exc, FellBehind) and exc.resume_from is None:
+                exc.resume_from = seq.last
+            raise
 
 
 @contextmanager
@@ -715,7 +739,9 @@ class JournalLink:
                 yield Send(sock, encode(req))
             sent = False
             while True:
-                frames = yield Recv(sock, min(self.core.attempt_timeout, remaining(deadline)))
+                # Never a zero wait: a reply a moment away counts, even past the deadline.
+                wait = min(self.core.attempt_timeout, max(remaining(deadline), LAST_WAIT_S))
+                frames = yield Recv(sock, wait)
                 if frames is None:
                     break
                 head = FetchHead.read(frames)

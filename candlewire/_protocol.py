@@ -29,11 +29,12 @@ from candlewire.topics import (
     market_data_topic,
     response_topic,
     subscription_error_topic,
+    tick_type,
 )
 from candlewire.triggers import check_owner, parse_trigger
+from proto import book_pb2, market_pb2
 from proto import cep_pb2 as cep
 from proto import journal_pb2 as jr
-from proto import market_pb2
 from proto import requests_pb2 as rq
 from proto.envelope import (
     EnvelopeError,
@@ -246,10 +247,17 @@ class MarketFilter:
     topic: str
     error_topic: str
     dropped: int = 0
+    # What the topic carries (heads besides); another type on it is dropped and counted:
+    # it had no position to judge (the subscription died) or went out as a position taken.
+    kinds: tuple[type[Message], ...] = (Message,)
 
     @classmethod
     def open(cls, sub: zmq.Socket, ticker: str, data_type: str) -> MarketFilter:
-        filt = cls(market_data_topic(ticker, data_type), subscription_error_topic(ticker))
+        filt = cls(
+            market_data_topic(ticker, data_type),
+            subscription_error_topic(ticker),
+            kinds=(market_pb2.StreamHead, *carried_by(data_type)),
+        )
         sub.subscribe(filt.error_topic)
         sub.subscribe(filt.topic)
         return filt
@@ -265,7 +273,21 @@ class MarketFilter:
             if msg.reason != rq.NO_BOOK or self.topic.endswith(f"|{book_type()}"):
                 raise SubscriptionFailed(msg)
             return None
-        return msg if topic == self.topic else None
+        if topic != self.topic:
+            return None
+        if isinstance(msg, self.kinds):
+            return msg
+        self.dropped += 1
+        return None
+
+
+def carried_by(data_type: str) -> tuple[type[Message], ...]:
+    """The message types a market-data topic of ``data_type`` carries."""
+    if data_type == book_type():
+        return (book_pb2.BookDelta, book_pb2.BookSnapshot)
+    if data_type == tick_type():
+        return (market_pb2.Tick,)
+    return (market_pb2.OHLC,)  # ohlc:{period}
 
 
 class Verdict(Enum):
