@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from decimal import InvalidOperation
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -47,7 +46,7 @@ from candlewire._protocol import (
 )
 from candlewire.book import Book, BookFeed, DeltaRun, Verdict
 from candlewire.config import Settings
-from candlewire.market import Candle, Tick, typed
+from candlewire.market import MALFORMED, Candle, Tick, typed
 from candlewire.topics import book_type, market_data_topic
 from candlewire.triggers import Condition, add_request
 from proto import cep_pb2 as cep
@@ -319,7 +318,7 @@ def _typed(messages: Iterator[Emitted], stats: SubscriptionStats) -> Iterator[It
     for msg in messages:
         try:
             yield typed(msg)
-        except InvalidOperation:
+        except MALFORMED:  # dropped, counted; the subscription goes on
             stats.malformed += 1
 
 
@@ -355,7 +354,7 @@ async def _typed_async(
     async for msg in messages:
         try:
             yield typed(msg)
-        except InvalidOperation:
+        except MALFORMED:  # dropped, counted; the subscription goes on
             stats.malformed += 1
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from operator import attrgetter
 
 import numpy as np
@@ -37,7 +37,8 @@ def plain(value: Decimal) -> str:
 
 
 def utc(ns: int = 0, ms: int = 0) -> datetime:
-    """Epoch nanoseconds or milliseconds as an aware datetime (to the microsecond)."""
+    """Epoch nanoseconds or milliseconds as an aware datetime (to the microsecond); a time
+    beyond datetime's years 1 to 9999 (a valid int64 all the same) raises OverflowError."""
     return EPOCH + timedelta(microseconds=ns // 1000 if ns else ms * 1000)
 
 
@@ -108,9 +109,15 @@ class Candle:
         )
 
 
+# What typed() raises for a Tick or OHLC that makes no Tick or Candle: a price or size that
+# is no decimal, a time that is no datetime. A typed subscription drops and counts it.
+MALFORMED = (InvalidOperation, OverflowError)
+
+
 def typed(msg: Message | pa.RecordBatch) -> Tick | Candle | Message | pa.RecordBatch:
     """A Tick or OHLC message as its dataclass; anything else (a replayed run's
-    RecordBatch too) as it is."""
+    RecordBatch too) as it is. A Tick or OHLC that makes none raises one of
+    :data:`MALFORMED`."""
     if isinstance(msg, market_pb2.Tick):
         return Tick.from_proto(msg)
     if isinstance(msg, market_pb2.OHLC):

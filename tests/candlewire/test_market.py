@@ -3,7 +3,9 @@ else passed through as it came."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -11,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from candlewire.client import AsyncSubscription, Subscription, SubscriptionStats
 from candlewire.market import (
     _REPLY_COLUMNS,
     CANDLE_SCHEMA,
@@ -107,6 +110,50 @@ def test_other_messages_pass_through_and_bad_numbers_raise() -> None:
 
     with pytest.raises(InvalidOperation):
         typed(market_pb2.Tick(ticker="X:A/B", price="1,5", size="1"))
+
+
+@pytest.mark.parametrize("aio", [False, True], ids=["sync", "async"])
+def test_a_time_no_datetime_holds_is_malformed_and_the_subscription_goes_on(aio: bool) -> None:
+    """A valid int64 time beyond datetime's years 1 to 9999 makes no Candle (a tick's
+    nanoseconds cannot reach beyond them): the message is dropped and counted as one whose price is no decimal, and the messages after
+    it still come (resuming would only bring the same message again)."""
+
+    def candle(seq: int, open_time_ms: int, close: str = "1") -> market_pb2.OHLC:
+        return market_pb2.OHLC(
+            ticker="X:A/B",
+            period_s=60,
+            open_time_ms=open_time_ms,
+            open="1",
+            high="1",
+            low="1",
+            close=close,
+            volume="1",
+            stream=market_pb2.StreamPosition(epoch=1, seq=seq),
+        )
+
+    msgs = [
+        candle(1, 60_000),
+        candle(2, 2**62),  # past year 9999
+        candle(3, -(2**62)),  # before year 1
+        candle(4, 120_000, close="1,5"),  # a price that is no decimal, as before
+        candle(5, 180_000),
+    ]
+    stats = SubscriptionStats()
+    if aio:
+
+        async def source() -> AsyncIterator[market_pb2.OHLC]:
+            for m in msgs:
+                yield m
+
+        async def read() -> list:
+            return [m async for m in AsyncSubscription(source(), stats)]
+
+        got = asyncio.run(read())
+    else:
+        got = list(Subscription(iter(msgs), stats))
+    assert [(type(m), m.stream.seq) for m in got] == [(Candle, 1), (Candle, 5)]
+    assert got[1].open_time == datetime(1970, 1, 1, 0, 3, tzinfo=UTC)
+    assert stats.malformed == 3
 
 
 def as_row(item: Tick | Candle) -> dict:
