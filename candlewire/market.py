@@ -128,6 +128,8 @@ def typed(msg: Message | pa.RecordBatch) -> Tick | Candle | Message | pa.RecordB
 # -- the same messages as Arrow columns (``subscribe(..., batches=True)``) -------------------
 
 DECIMAL = pa.decimal128(38, 18)  # the Iceberg tables' type, so a replay joins history as it is
+_DECIMAL_MAX = pa.scalar(Decimal("99999999999999999999.999999999999999999"), DECIMAL)
+_DECIMAL_MIN = pa.scalar(Decimal("-99999999999999999999.999999999999999999"), DECIMAL)
 DISTINCT_SAMPLE = 1024  # the rows of a decimal column that tell whether its texts repeat
 POSITION = pa.struct(
     [
@@ -588,13 +590,54 @@ def _as_decimal(text: pa.Array) -> pa.Array:
     head = text.slice(0, DISTINCT_SAMPLE)
     if len(text) >= 4 * DISTINCT_SAMPLE and pc.count_distinct(head).as_py() * 4 < len(head):
         encoded = pc.dictionary_encode(text)
-        return encoded.dictionary.cast(DECIMAL).take(encoded.indices)
-    return text.cast(DECIMAL)
+        return _cast(encoded.dictionary).take(encoded.indices)
+    return _cast(text)
+
+
+def _cast(text: pa.Array) -> pa.Array:
+    """Decimal texts as DECIMAL, refusing (ArrowInvalid, as a text that is no decimal) one
+    whose value the cast does not keep. Arrow scales a text's digits in 128 bits unchecked,
+    so some texts past DECIMAL's 20 integer digits wrap to another value ("4e20", "7e20",
+    "400000000000000000000") and a few with far too many decimals come out 0 ("1e-77")
+    instead of failing. Only a text :func:`_may_wrap` finds can be one: when there is none,
+    as in a venue's prices and sizes, this costs a look at the lengths and a search of the
+    bytes (about 1 ns a row); else each value is compared with its text read as a float."""
+    cast = text.cast(DECIMAL)
+    data = text.buffers()[2]  # a slice's are its whole parent's: a row too many, at worst
+    longest = pc.max(pc.binary_length(text)).as_py() or 0  # None: no text
+    if _may_wrap(b"" if data is None else data.to_pybytes(), longest):  # a copy, memchr-fast
+        _refuse_unkept(text, cast)
+    return cast
+
+
+def _may_wrap(data: bytes, longest: int) -> bool:
+    """Whether texts of these bytes, the longest ``longest`` bytes, may hold one Arrow's cast
+    does not keep: one with an exponent, or more than 20 characters (shorter ones have at
+    most 20 integer digits, and past 18 decimals the cast fails)."""
+    return longest > 20 or b"e" in data or b"E" in data
+
+
+def _refuse_unkept(text: pa.Array, cast: pa.Array) -> None:
+    """ArrowInvalid when a value ``cast`` holds is not its text's: far from the text read as
+    a float (wrapped), or beyond DECIMAL's range (the float of 128 bits' least value has the
+    wrong sign), or a text no float holds."""
+    value = text.cast(pa.float64())
+    off = pc.abs(pc.subtract(cast.cast(pa.float64()), value))
+    kept = pc.and_(pc.is_finite(value), pc.less_equal(off, pc.multiply(pc.abs(value), 1e-9)))
+    held = pc.and_(pc.less_equal(cast, _DECIMAL_MAX), pc.greater_equal(cast, _DECIMAL_MIN))
+    if pc.any(pc.invert(pc.and_(kept, held))).as_py():
+        raise pa.ArrowInvalid("a decimal text whose value DECIMAL(38,18) does not hold")
 
 
 def _casts(text: str | None) -> bool:
+    """Whether one text casts as :func:`_cast` casts it in a column (its test of the bytes on
+    the str's: for one row far cheaper than Arrow's kernels)."""
+    column = pa.array([text], pa.string())
     try:
-        pa.array([text], pa.string()).cast(DECIMAL)
+        cast = column.cast(DECIMAL)
+        raw = b"" if text is None else text.encode()
+        if _may_wrap(raw, len(raw)):
+            _refuse_unkept(column, cast)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return False
     return True
