@@ -308,7 +308,7 @@ class SubscriptionStats:
     heads: int = 0
     epochs: int = 0
     archived: int = 0  # older than the journal, read from Iceberg
-    malformed: int = 0  # dropped by a typed subscription: a price or size not a decimal
+    malformed: int = 0  # dropped: a price or size not a decimal(38,18), a time no datetime holds
 
 
 @dataclass

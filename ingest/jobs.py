@@ -127,12 +127,12 @@ def tick_checker(
                 return "price"
             if not size.is_finite() or size < 0:
                 return "size"
+        if at_ns <= 0:  # no time: a venue's trade without one, not a trade of 1970
+            return "time"
         if at_ns - now_ns > ahead_ns:
             return "ahead"
         if behind_ns is not None and now_ns - at_ns > behind_ns:
             return "behind"
-        if at_ns <= 0:  # no time: a venue's trade without one, not a trade of 1970
-            return "time"
         return None
 
     return problem
@@ -221,7 +221,9 @@ def run_stream(
                 else:
                     trades = (item,)
                 for tick in trades:
-                    if observe is not None:
+                    # A trade without a time places nothing: as the stream's last, it would
+                    # start a gap (and its repair) at 1970.
+                    if observe is not None and tick.exchange_time_ns > 0:
                         observe(tick)
                     problem = problem_of(tick, clock())
                     if problem is not None:

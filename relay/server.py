@@ -46,6 +46,7 @@ from candlewire.demand import ERROR_REPEAT_S, Demand, subscription_error
 from candlewire.runtime import MetricsServer, bind, run_until_signal
 from candlewire.topics import (
     TopicError,
+    check_request_id,
     demanded_data,
     notification_prefixes,
     parse_ticker,
@@ -554,6 +555,11 @@ class Relay:
         if isinstance(msg, rq.DataRequest) and msg.kind not in rq.DataRequestKind.values():
             # Forwarded, it would reach every ingestor of the exchange: refused here once.
             return self._reject(msg.request_id, rq.UNEXPECTED_TYPE, f"unknown kind {msg.kind}")
+        if isinstance(msg, rq.DataRequest) and msg.kind == rq.SYMBOL_METADATA:
+            try:  # its id is its job's key among ingestors, which drop one not of the form
+                check_request_id(msg.request_id)
+            except TopicError as exc:
+                return self._reject(msg.request_id, rq.BAD_REQUEST_ID, str(exc))
         if isinstance(msg, rq.DataRequest) and msg.kind != rq.HISTORICAL:
             return self._forward(self._work, msg.request_id, msg.exchange, msg.ticker, msg)
         if isinstance(msg, rq.IngestorControl):

@@ -166,18 +166,19 @@ def test_the_book_through_watch_order_book_follows_the_venue_and_heals_a_jump() 
 
 class Venue:
     """A venue's REST ``fetch_trades`` as ccxt answers it: the trades at or after ``since``,
-    in time order. Between two polls it trades on, several trades to a millisecond, and it
-    sends a few with what ccxt could not read (None)."""
+    in time order. Between two polls it trades on, three trades to a millisecond (so a
+    millisecond's trades straddle two polls), and every ``bad_every``-th trade comes with
+    what ccxt could not read (None)."""
 
-    def __init__(self, per_poll: int) -> None:
-        self.per_poll, self.trades, self.next_id = per_poll, [], 0
+    def __init__(self, per_poll: int, bad_every: int = 0) -> None:
+        self.per_poll, self.bad_every, self.trades, self.next_id = per_poll, bad_every, [], 0
         self.now_ms = int(time.time() * 1000)
 
     def fetch_trades(self, symbol: str, since: int) -> list[dict]:
-        for i in range(self.per_poll):
-            self.now_ms += i % 3 == 0  # three trades to each millisecond
+        for _ in range(self.per_poll):
             self.next_id += 1
-            bad = self.next_id % 97 == 0
+            self.now_ms += self.next_id % 3 == 0
+            bad = self.bad_every and self.next_id % self.bad_every == 0
             self.trades.append(
                 {
                     "id": self.next_id,
@@ -227,7 +228,7 @@ def test_rest_polling_sends_each_trade_once_and_keeps_only_the_last_millisecond(
 
 
 def test_a_trade_ccxt_could_not_read_is_dropped_and_counted_and_the_stream_goes_on() -> None:
-    venue, stop, dropped = Venue(per_poll=500), NoWait(), Counter()
+    venue, stop, dropped = Venue(per_poll=500, bad_every=97), NoWait(), Counter()
     sink = RecordingSink()
 
     def count(reason: str) -> None:

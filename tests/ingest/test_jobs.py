@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -65,6 +66,44 @@ def test_a_trade_without_a_time_is_refused_even_where_any_age_is_let_in() -> Non
     assert tick_problem(tick(at=0), NOW, 60, None) == "time"
     assert tick_problem(tick(at=-1), NOW, 60, None) == "time"
     assert tick_problem(tick(at=1), NOW, 60, None) is None
+    assert tick_problem(tick(at=0), NOW, 60, 3600) == "time"  # named so, not "behind"
+
+
+class Watched:
+    """The stream's gap watch, as far as what it is shown."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def observe(self, t: market_pb2.Tick) -> None:
+        self.seen.append(t.trade_id)
+
+    def observe_run(self, run: TradeRun) -> bool:
+        self.seen.extend(run.trade_ids)
+        return True
+
+    def reconnected(self) -> None:
+        self.seen.append("reconnect")
+
+
+def test_a_trade_without_a_time_is_not_shown_to_the_gap_watch() -> None:
+    # As the stream's last trade it placed the next reconnect's gap at 1970, and the repair
+    # walked the venue's history minute by minute from there.
+    first, timeless, last = tick(at=NOW), tick(at=0), tick(at=NOW + 1)
+    first.trade_id, timeless.trade_id, last.trade_id = "a", "b", "c"
+
+    class Venue(SimExchange):
+        def trade_runs(self, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
+            yield from (first, timeless, last)
+
+    watch, dropped = Watched(), []
+    ticker = first.ticker
+    sink = RecordingSink()
+    run_stream(
+        ticker, Venue(), sink, threading.Event(), (60, None), dropped.append, watch, lambda: NOW
+    )  # type: ignore[arg-type]
+    assert watch.seen == ["a", "c"] and dropped == ["time"]
+    assert [t.trade_id for t in sink.sent(TICKS.name)] == ["a", "c"]
 
 
 def test_an_unbounded_window_lets_any_time_in() -> None:

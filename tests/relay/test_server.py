@@ -303,6 +303,14 @@ def test_a_request_id_shaped_like_a_live_jobs_key_is_refused(request_id: str) ->
         (encode(rq.DataRequest(kind=rq.HISTORICAL, exchange="BINANCE")), rq.UNEXPECTED_TYPE),
         # A kind this build cannot name: forwarded, it would reach every ingestor.
         (encode(rq.DataRequest(kind=99, exchange="BINANCE", request_id="k")), rq.UNEXPECTED_TYPE),
+        # A metadata request's id is its job's key among ingestors: one they would drop.
+        (
+            encode(
+                rq.DataRequest(kind=rq.SYMBOL_METADATA, exchange="BINANCE", request_id="book:x")
+            ),
+            rq.BAD_REQUEST_ID,
+        ),
+        (encode(rq.DataRequest(kind=rq.SYMBOL_METADATA, exchange="BINANCE")), rq.BAD_REQUEST_ID),
     ],
 )
 def test_malformed_req_always_gets_an_error_reply(ctx, settings, pipeline, frames, reason) -> None:
