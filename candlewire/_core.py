@@ -407,17 +407,25 @@ class ClientCore:
     def submit_and_match(self, call: MetadataCall | TriggerCall, deadline: float) -> Steps[Any]:
         """Submit, then wait for the first notification ``call.match`` takes (the others go
         to the inbox), or None at ``deadline``."""
-        sub = self.notifications()
-        yield from self.send(call)
-        while remaining(deadline):
-            frames = yield Recv(sub, min(remaining(deadline), POLL_SLICE_S))
-            if frames is None:
-                continue
-            done = call.match(frames)
-            if done is not None:
-                return done
-            self.inbox.offer(frames)
-        return None
+        sub, request_id = self.notifications(), call.request.request_id
+        self.inbox.expect_answer(request_id)
+        try:
+            yield from self.send(call)
+            while remaining(deadline):
+                kept = self.inbox.take_answer(request_id)  # read by another call's wait
+                done = None if kept is None else call.match(kept)
+                if done is not None:
+                    return done
+                frames = yield Recv(sub, min(remaining(deadline), POLL_SLICE_S))
+                if frames is None:
+                    continue
+                done = call.match(frames)
+                if done is not None:
+                    return done
+                self.inbox.offer(frames)
+            return None
+        finally:
+            self.inbox.forget_answer(request_id)
 
     # -- CEP triggers ----------------------------------------------------------------------
 

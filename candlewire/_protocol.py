@@ -203,6 +203,21 @@ class NotificationInbox:
     # send one again after a restart, and every notification is repeated a few times.
     _firings: deque[cep.CEPTriggerEvent] = field(default_factory=deque)
     _seen: OrderedDict[tuple[str, int], None] = field(default_factory=OrderedDict)
+    # Answers to calls in flight (a trigger's ack, a metadata refresh's update) that another
+    # call's wait read off the shared SUB: an async client may wait on several at once.
+    _calls: set[str] = field(default_factory=set)
+    _answers: dict[str, list[bytes]] = field(default_factory=dict)
+
+    def expect_answer(self, request_id: str) -> None:
+        self._calls.add(request_id)
+
+    def take_answer(self, request_id: str) -> list[bytes] | None:
+        """The frames of ``request_id``'s answer if another wait read them, once."""
+        return self._answers.pop(request_id, None)
+
+    def forget_answer(self, request_id: str) -> None:
+        self._calls.discard(request_id)
+        self._answers.pop(request_id, None)
 
     def expect(self, request_id: str) -> None:
         """Only notifications of submitted requests are kept; repeats of done ones are not."""
@@ -216,6 +231,9 @@ class NotificationInbox:
             return
         if isinstance(msg, rq.HistoryReadyNotification) and msg.request_id in self._pending:
             self._ready.setdefault(msg.request_id, msg)
+        answer = isinstance(msg, cep.CEPTriggerAck | market_pb2.SymbolMetadataUpdated)
+        if answer and msg.request_id in self._calls:  # type: ignore[union-attr]
+            self._answers.setdefault(msg.request_id, frames)  # type: ignore[union-attr]
         if isinstance(msg, cep.CEPTriggerEvent):
             key = (msg.trigger_id, msg.firing)
             if key not in self._seen and len(self._firings) < MAX_QUEUED_FIRINGS:

@@ -172,7 +172,8 @@ class Venue:
 
     def __init__(self, per_poll: int, bad_every: int = 0) -> None:
         self.per_poll, self.bad_every, self.trades, self.next_id = per_poll, bad_every, [], 0
-        self.now_ms = int(time.time() * 1000)
+        # Ahead of the poller's first ``since`` (now, when it starts), however late it starts.
+        self.now_ms = int(time.time() * 1000) + 5_000
 
     def fetch_trades(self, symbol: str, since: int) -> list[dict]:
         for _ in range(self.per_poll):
