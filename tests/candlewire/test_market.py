@@ -23,6 +23,8 @@ from candlewire.market import (
     Candle,
     Tick,
     _as_decimal,
+    _casts,
+    _refused_rows,
     _TickColumns,
     _varints,
     _wire_fields,
@@ -423,6 +425,27 @@ def test_decimal_texts_cast_as_arrow_casts_them_one_by_one(texts: list[str]) -> 
     bad = pa.array([*texts[:-1], "1e"], pa.string())  # no decimal: refused either way
     with pytest.raises(pa.ArrowInvalid):
         _as_decimal(bad)
+
+
+@pytest.mark.parametrize(
+    "bad_at",
+    [[0], [4999], [2500, 2501], [1, 700, 701, 3333, 4998], list(range(0, 5000, 97)), []],
+    ids=["first", "last", "adjacent", "scattered", "every 97th", "none"],
+)
+def test_the_rows_a_column_refuses_are_the_ones_refused_one_by_one(bad_at: list[int]) -> None:
+    # Found by halves, not text by text (a chunk with one bad price cost 0.7 s): the same
+    # rows, whatever makes each one bad.
+    spoilers = ["abc", "1e400", "4.2e20", "", "1e", "NaN"]
+    texts = [f"{30000 + i % 300 * 0.5:.1f}" for i in range(5000)]
+    for k, i in enumerate(bad_at):
+        texts[i] = spoilers[k % len(spoilers)]
+    column = pa.array(texts, pa.string())
+    refused = _refused_rows(column)
+    assert refused == [i for i, t in enumerate(texts) if not _casts(t)] == bad_at
+    batch, dropped = as_batch(
+        [market_pb2.Tick(ticker="X:A/B", price=t, size="1", exchange_time_ns=NS) for t in texts]
+    )
+    assert dropped == len(bad_at) and len(batch) == 5000 - len(bad_at)
 
 
 def test_a_run_whose_fields_are_at_their_default_in_some_ticks_only_is_read_as_messages() -> None:
