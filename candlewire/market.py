@@ -579,23 +579,25 @@ def _decimals(arrays: list[pa.Array], schema: pa.Schema) -> tuple[list[pa.Array]
             continue
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             rows = [False] * len(arrays[i])
-            for j in _refused_rows(arrays[i]):
+            for j in _refused_rows(arrays[i], failed=True):
                 rows[j] = True
         bad = pa.array(rows) if bad is None else pc.or_(bad, pa.array(rows))
     return cast, bad
 
 
-def _refused_rows(text: pa.Array, start: int = 0) -> list[int]:
+def _refused_rows(text: pa.Array, start: int = 0, failed: bool = False) -> list[int]:
     """The rows (from ``start``) whose text :func:`_cast` refuses, found by halves: a chunk
     with one bad price was cast row by row, about 14 µs a row (0.7 s for 50,000), and now
     takes a few casts of shrinking slices for each bad row, row by row only below
-    ``ROWS_ONE_BY_ONE``."""
-    try:
-        _cast(text)
-        return []
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        if len(text) <= ROWS_ONE_BY_ONE:
-            return [start + j for j, v in enumerate(text.to_pylist()) if not _casts(v)]
+    ``ROWS_ONE_BY_ONE``. ``failed``: ``text`` was cast whole already, and refused."""
+    if not failed:
+        try:
+            _cast(text)
+            return []
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+    if len(text) <= ROWS_ONE_BY_ONE:
+        return [start + j for j, v in enumerate(text.to_pylist()) if not _casts(v)]
     half = len(text) // 2
     return _refused_rows(text.slice(0, half), start) + _refused_rows(text.slice(half), start + half)
 

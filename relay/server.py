@@ -552,19 +552,23 @@ class Relay:
             return self._accept(msg.request_id, accepted.notification_topic)
         if isinstance(msg, cep.CEPTriggerRequest):
             return self._trigger(msg)
-        if isinstance(msg, rq.DataRequest) and msg.kind not in rq.DataRequestKind.values():
-            # Forwarded, it would reach every ingestor of the exchange: refused here once.
-            return self._reject(msg.request_id, rq.UNEXPECTED_TYPE, f"unknown kind {msg.kind}")
-        if isinstance(msg, rq.DataRequest) and msg.kind == rq.SYMBOL_METADATA:
-            try:  # its id is its job's key among ingestors, which drop one not of the form
-                check_request_id(msg.request_id)
-            except TopicError as exc:
-                return self._reject(msg.request_id, rq.BAD_REQUEST_ID, str(exc))
         if isinstance(msg, rq.DataRequest) and msg.kind != rq.HISTORICAL:
-            return self._forward(self._work, msg.request_id, msg.exchange, msg.ticker, msg)
+            return self._work_request(msg)
         if isinstance(msg, rq.IngestorControl):
             return self._forward(self._control, msg.request_id, msg.exchange, msg.ticker, msg)
         return self._reject("", rq.UNEXPECTED_TYPE, f"{type(msg).__name__} is not accepted here")
+
+    def _work_request(self, msg: rq.DataRequest) -> rq.SubmitResponse:
+        """Trusted work (a stream's start or stop, a metadata refresh) for the ingestors;
+        what every ingestor of the exchange would drop is refused here, once."""
+        if msg.kind not in rq.DataRequestKind.values():  # a newer sender's kind
+            return self._reject(msg.request_id, rq.UNEXPECTED_TYPE, f"unknown kind {msg.kind}")
+        if msg.kind == rq.SYMBOL_METADATA:
+            try:  # its id is its job's key among ingestors
+                check_request_id(msg.request_id)
+            except TopicError as exc:
+                return self._reject(msg.request_id, rq.BAD_REQUEST_ID, str(exc))
+        return self._forward(self._work, msg.request_id, msg.exchange, msg.ticker, msg)
 
     def _forward(
         self, sock: zmq.Socket, request_id: str, exchange: str, ticker: str, msg: Message
