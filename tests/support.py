@@ -22,11 +22,26 @@ from candlewire.testing import free_settings as free_settings
 from candlewire.testing import history_ready, spawn
 from candlewire.testing import stream_metric as stream_metric
 from candlewire.testing import wait_for as wait_for
-from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
+from candlewire.topics import NOTIFY_REPEAT_DELAYS_S, parse_ticker
 from ingest.exchanges.base import TradeRun
 from ingest.sink import SinkError
 from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, encode_topic
+
+
+def history_work(
+    ticker: str, period_s: int, start_ms: int, end_ms: int, request_id: str = "h"
+) -> rq.DataRequest:
+    """A history request as the relay hands it to ingestors: what ``run_history`` takes."""
+    return rq.DataRequest(
+        request_id=request_id,
+        kind=rq.HISTORICAL,
+        ticker=ticker,
+        exchange=parse_ticker(ticker).exchange,
+        period_s=period_s,
+        start_ms=start_ms,
+        end_ms=end_ms,
+    )
 
 
 def new_topic(settings: Settings, partitions: int = 3) -> str:

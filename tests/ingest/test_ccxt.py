@@ -18,10 +18,9 @@ from ingest.exchanges.ccxt_exchange import CcxtExchange
 from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS
 from ingest.jobs import run_history, run_stream, tick_problem
 from proto import book_pb2
-from proto import requests_pb2 as rq
 from tests.ingest.binance_standin import BinanceStandIn
 from tests.ingest.test_books import check_against_sim
-from tests.support import RecordingSink
+from tests.support import RecordingSink, history_work
 
 T0 = 1_700_006_400_000
 
@@ -252,15 +251,7 @@ def test_a_malformed_candle_fails_the_history_request_with_an_answer() -> None:
 
     ex = Polled(Venue(0))
     ex.client = Candles()  # type: ignore[assignment]
-    req = rq.DataRequest(
-        request_id="h",
-        kind=rq.HISTORICAL,
-        ticker="X:A/B",
-        exchange="X",
-        period_s=60,
-        start_ms=GENESIS_MS,
-        end_ms=GENESIS_MS + 2 * MINUTE_MS,
-    )
+    req = history_work("X:A/B", 60, GENESIS_MS, GENESIS_MS + 2 * MINUTE_MS)
     sink = RecordingSink()
     assert run_history(req, ex, sink, "ing-test") == 0  # type: ignore[arg-type]
     ((_, _, marker),) = sink.records

@@ -20,8 +20,7 @@ import pytest
 from ingest.exchanges.base import Page, TradeRun
 from ingest.exchanges.replay import ReplayExchange, ReplayFileError, build_index, parse_speed
 from ingest.jobs import run_history
-from proto import requests_pb2 as rq
-from tests.support import RecordingSink
+from tests.support import RecordingSink, history_work
 
 HOUR_MS = 3_600_000
 DAY_MS = 86_400_000
@@ -190,15 +189,7 @@ def test_a_number_that_is_not_whole_where_a_whole_one_is_due_is_named(tmp_path) 
     rows[5][8] = "5.0"
     write(tmp_path / "spot/daily/klines/ABCUSDT/1h", "ABCUSDT-1h-2024-03-01", rows)
     replay = ReplayExchange("VISION", tmp_path, speed=float("inf"))
-    req = rq.DataRequest(
-        request_id="h",
-        kind=rq.HISTORICAL,
-        ticker="VISION:ABC/USDT",
-        exchange="VISION",
-        period_s=3600,
-        start_ms=utc_ms(2024, 3, 1),
-        end_ms=utc_ms(2024, 3, 2),
-    )
+    req = history_work("VISION:ABC/USDT", 3600, utc_ms(2024, 3, 1), utc_ms(2024, 3, 2))
     sink = RecordingSink()
     run_history(req, replay, sink, "ing-test")  # type: ignore[arg-type]
     (marker,) = [b for _, _, b in sink.records if b.error]

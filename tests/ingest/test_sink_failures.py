@@ -16,9 +16,8 @@ from ingest.jobs import run_history, run_metadata
 from ingest.service import Ingestor
 from ingest.sink import KafkaSink, SinkError
 from proto import market_pb2
-from proto import requests_pb2 as rq
 from proto.envelope import from_record
-from tests.support import RecordingSink, new_topic
+from tests.support import RecordingSink, history_work, new_topic
 
 
 def test_undeliverable_records_fail_the_flush(settings) -> None:
@@ -56,15 +55,7 @@ def test_an_outage_that_ended_fails_no_later_flush(broker_settings: Settings) ->
         sink.flush(10)  # over the sink's whole life
 
 
-HISTORY = rq.DataRequest(
-    request_id="after-an-outage",
-    kind=rq.HISTORICAL,
-    ticker="SIM:BTC/USDT",
-    exchange="SIM",
-    start_ms=GENESIS_MS,
-    end_ms=GENESIS_MS + 10 * MINUTE_MS,
-    period_s=60,
-)
+HISTORY = history_work("SIM:BTC/USDT", 60, GENESIS_MS, GENESIS_MS + 10 * MINUTE_MS)
 
 
 def test_jobs_are_judged_by_failures_after_they_began() -> None:

@@ -255,18 +255,25 @@ def test_validation_rejects_with_reason(settings, pipeline, kwargs, reason) -> N
     assert info.value.reason == reason
 
 
+def history_submit(**fields: object) -> rq.SubmitHistoricalRequest:
+    """A client's history request, valid unless ``fields`` make it not: validated here
+    without a relay."""
+    valid = {
+        "request_id": "r",
+        "client_id": "c",
+        "ticker": "BINANCE:BTC/USDT",
+        "period_s": 60,
+        "start_ms": START,
+        "end_ms": START + DAY_MS,
+    }
+    return rq.SubmitHistoricalRequest(**{**valid, **fields})
+
+
 def test_a_range_that_starts_now_is_refused_not_left_unanswered() -> None:
     # The range is cut at now, so one starting there held nothing: no page was fetched and
     # no HistoryReady ever came. A millisecond earlier there is a candle to answer with.
     now = START + DAY_MS
-    req = rq.SubmitHistoricalRequest(
-        request_id="r",
-        client_id="c",
-        ticker="BINANCE:BTC/USDT",
-        period_s=60,
-        start_ms=now,
-        end_ms=now + DAY_MS,
-    )
+    req = history_submit(start_ms=now, end_ms=now + DAY_MS)
     with pytest.raises(Rejected, match="start_ms is not in the past") as info:
         validate(req, max_rows=100_000, now_ms=now)
     assert info.value.reason == rq.BAD_RANGE
@@ -277,14 +284,7 @@ def test_a_range_that_starts_now_is_refused_not_left_unanswered() -> None:
 
 @pytest.mark.parametrize("request_id", ["book:x", "stream:x"])
 def test_a_request_id_shaped_like_a_live_jobs_key_is_refused(request_id: str) -> None:
-    req = rq.SubmitHistoricalRequest(
-        request_id=request_id,
-        client_id="c",
-        ticker="BINANCE:BTC/USDT",
-        period_s=60,
-        start_ms=START,
-        end_ms=START + DAY_MS,
-    )
+    req = history_submit(request_id=request_id)
     with pytest.raises(Rejected, match="must not start with stream: or book:") as info:
         validate(req, max_rows=100_000, now_ms=START + 2 * DAY_MS)
     assert info.value.reason == rq.BAD_REQUEST_ID
