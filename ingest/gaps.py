@@ -313,11 +313,14 @@ class GapRepairer:
             # cannot tell from what it missed (and a peer may have sent it).
             start = max(start - RECONNECT_LOOKBACK_NS, min(start, recent.oldest_ns))
         produced: set[str] = set()
-        served, failure, mark = 0, None, self.sink.failures
+        served, idless, failure, mark = 0, 0, None, self.sink.failures
         try:
             for lo, hi in _chunks(start, gap.to_ns):
                 after = gap.from_trade_id if lo == gap.from_ns else None
                 for tick in retry(exchange.refetch, gap.ticker, lo, hi, after):
+                    if not tick.trade_id:  # which of these the stream sent, nothing tells
+                        idless += 1
+                        continue
                     if not self._wanted(tick, gap, sequential, recent) or tick.trade_id in produced:
                         continue
                     served += 1
@@ -335,6 +338,10 @@ class GapRepairer:
         missing = missing_ids(gap) if sequential else None
         if failure is None and missing is not None and served < missing:
             failure = f"the venue served {served} of {missing} missing trades"
+        if failure is None and idless:
+            # Sent again, a trade without an id would be counted twice wherever the stream
+            # had it: a gap left open is better than candles that are wrong.
+            failure = f"{idless} trades came without an id, so the missed are not known"
         done.status = market_pb2.GAP_REPAIRED if failure is None else market_pb2.GAP_UNREPAIRABLE
         done.reason = failure or ""
         self._record(done)

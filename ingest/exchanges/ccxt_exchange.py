@@ -15,7 +15,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import ccxt
@@ -73,6 +74,54 @@ def _ms(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError, OverflowError):
         return None
+
+
+def _trade_id(trade: dict[str, Any]) -> str:
+    """A ccxt trade's id as a Tick carries it: "" where the venue gives none (ccxt's None),
+    which the stream's judge takes as no id. As the text "None" every later trade of the
+    feed within the dedup horizon was judged a resend of the first, and dropped."""
+    raw = trade.get("id")
+    return "" if raw is None else str(raw)
+
+
+class Since:
+    """What is new in answers that each hold a venue's trades at or after ``ms``, read in
+    time order: REST polls, and ``refetch``'s pages by time. Only the trades at ``ms`` itself
+    can come again, so only those are remembered (every id ever seen grew without bound).
+    A trade is known by its id, or by its fields where it has none, counted: two trades
+    alike in every field at one millisecond are two trades, and a later answer that holds
+    the pair again holds nothing new."""
+
+    def __init__(self, ms: int) -> None:
+        self.ms = ms
+        self._seen: Counter[object] = Counter()
+
+    def fresh(self, rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The trades of ``rows`` not taken from an earlier answer, in time order. One
+        without a time passes: the stream's rule refuses and counts it."""
+        taken: list[dict[str, Any]] = []
+        again: Counter[object] = Counter()  # this answer's trades at ``ms``, so far
+        for t in sorted(rows, key=lambda t: _ms(t.get("timestamp")) or 0):
+            at_ms = _ms(t.get("timestamp"))
+            if at_ms is not None:
+                if at_ms < self.ms:
+                    continue
+                if at_ms > self.ms:
+                    self.ms, self._seen, again = at_ms, Counter(), Counter()
+                key = _trade_key(t)
+                again[key] += 1
+                if again[key] <= self._seen[key]:
+                    continue
+                self._seen[key] += 1
+            taken.append(t)
+        return taken
+
+
+def _trade_key(trade: dict[str, Any]) -> object:
+    trade_id = trade.get("id")
+    if trade_id is not None:
+        return str(trade_id)
+    return (trade.get("price"), trade.get("amount"), trade.get("side"))
 
 
 class CcxtExchange(Exchange):
@@ -179,7 +228,8 @@ class CcxtExchange(Exchange):
         to_ms = to_ns // 1_000_000
         cursor_ms = from_ns // 1_000_000
         from_id = after_id if self.sequential_ids and after_id else None
-        seen: set[str] = set()
+        seen: set[str] = set()  # by fromId: ids
+        window = Since(cursor_ms)  # by time: what each page repeats of the one before
         out: list[market_pb2.Tick] = []
         while cursor_ms <= to_ms:
             if from_id is not None:
@@ -190,14 +240,17 @@ class CcxtExchange(Exchange):
                 rows = self._call(self.client.fetch_trades, symbol, cursor_ms, REFETCH_LIMIT, until)
             else:
                 rows = self._call(self.client.fetch_trades, symbol, cursor_ms, REFETCH_LIMIT)
-            fresh = [r for r in rows if str(r["id"]) not in seen]
+            if self.sequential_ids:
+                fresh = [r for r in rows if str(r["id"]) not in seen]
+                seen.update(str(r["id"]) for r in fresh)
+            else:
+                fresh = window.fresh(rows)
             if not fresh:
                 if from_id is None and self.sequential_ids:
                     cursor_ms += HOUR_MS  # an hour without trades; look in the next
                     continue
                 break
             for r in fresh:
-                seen.add(str(r["id"]))
                 at_ms = _ms(r["timestamp"])
                 if at_ms is not None and from_ns <= at_ms * 1_000_000 <= to_ns:
                     out.append(self._tick(ticker, r))
@@ -219,19 +272,10 @@ class CcxtExchange(Exchange):
         if self.pro_has("watchTrades"):
             yield from self._watch(symbol, ticker, stop)
             return
-        # The venue answers trades at or after ``since``, so only the ids at ``since`` itself
-        # can come again: those are all it keeps (it kept every id it ever saw).
-        since, at_since = int(time.time() * 1000), set[str]()
+        # Each poll answers the trades at or after the last one's millisecond.
+        window = Since(int(time.time() * 1000))
         while not stop.wait(1.0):
-            batch = self._call(self.client.fetch_trades, symbol, since)
-            for t in sorted(batch, key=lambda t: _ms(t.get("timestamp")) or 0):
-                trade_id, at_ms = str(t.get("id")), _ms(t.get("timestamp"))
-                if at_ms is not None:
-                    if at_ms < since or (at_ms == since and trade_id in at_since):
-                        continue
-                    if at_ms > since:
-                        since, at_since = at_ms, set()
-                    at_since.add(trade_id)
+            for t in window.fresh(self._call(self.client.fetch_trades, symbol, window.ms)):
                 yield self._tick(ticker, t)  # one without a time is refused and counted
 
     def _watch(self, symbol: str, ticker: str, stop: threading.Event) -> Iterator[market_pb2.Tick]:
@@ -274,7 +318,7 @@ class CcxtExchange(Exchange):
         at_ns = 0 if at_ms is None else at_ms * 1_000_000
         return market_pb2.Tick(
             ticker=ticker,
-            trade_id=str(t.get("id")),
+            trade_id=_trade_id(t),
             price=_decimal(t.get("price")),
             size=_decimal(t.get("amount")),
             side=market_pb2.BUY if t.get("side") == "buy" else market_pb2.SELL,

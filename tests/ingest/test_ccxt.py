@@ -6,18 +6,21 @@ import threading
 import time
 import tracemalloc
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import pytest
 
-from candlewire.kafka import BOOKS
+from candlewire.kafka import BOOKS, GAPS
 from candlewire.testing import wait_for
 from ingest.books import BookStream
 from ingest.exchanges.base import NoBook, Page
 from ingest.exchanges.ccxt_exchange import CcxtExchange
 from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS
+from ingest.gaps import GapRepairer, new_gap
 from ingest.jobs import run_history, run_stream, tick_problem
-from proto import book_pb2
+from proto import book_pb2, market_pb2
+from proto.requests_pb2 import StreamTail
 from tests.ingest.binance_standin import BinanceStandIn
 from tests.ingest.test_books import check_against_sim
 from tests.support import RecordingSink, history_work
@@ -169,8 +172,12 @@ class Venue:
     millisecond's trades straddle two polls), and every ``bad_every``-th trade comes with
     what ccxt could not read (None)."""
 
-    def __init__(self, per_poll: int, bad_every: int = 0) -> None:
+    def __init__(self, per_poll: int, bad_every: int = 0, ids: bool = True) -> None:
+        """``ids=False``: a venue whose trades carry no id (ccxt's None), their amounts
+        ``n // 2`` for the n-th trade, so some trades are alike in every field at one
+        millisecond."""
         self.per_poll, self.bad_every, self.trades, self.next_id = per_poll, bad_every, [], 0
+        self.ids = ids
         # Ahead of the poller's first ``since`` (now, when it starts), however late it starts.
         self.now_ms = int(time.time() * 1000) + 5_000
 
@@ -181,9 +188,9 @@ class Venue:
             bad = self.bad_every and self.next_id % self.bad_every == 0
             self.trades.append(
                 {
-                    "id": self.next_id,
+                    "id": self.next_id if self.ids else None,
                     "price": None if bad else 1.5,
-                    "amount": 2,
+                    "amount": 2 if self.ids else self.next_id // 2,
                     "timestamp": self.now_ms,
                     "side": "buy",
                 }
@@ -225,6 +232,55 @@ def test_rest_polling_sends_each_trade_once_and_keeps_only_the_last_millisecond(
     grew = tracemalloc.get_traced_memory()[0] - held
     tracemalloc.stop()
     assert grew < 1_000_000  # it held every id: 100,000 more came to about 10 MB
+
+
+def test_a_venue_without_trade_ids_has_each_trade_sent_once_and_none_judged_a_resend() -> None:
+    # Its trades were sent as trade_id "None", so the stream job dropped every later trade of
+    # the feed as a resend of the first. Trades alike in every field at one millisecond are
+    # told apart by count, however the polls cut the millisecond.
+    venue, stop = Venue(per_poll=7, ids=False), NoWait()
+    trades = Polled(venue).trades("X:A/B", stop)
+    got = [next(trades) for _ in range(3_000)]
+    assert {t.trade_id for t in got} == {""}
+    assert [int(t.size) for t in got] == [n // 2 for n in range(1, 3_001)]
+
+
+def test_a_gap_refetched_from_a_venue_without_trade_ids_is_left_unrepaired() -> None:
+    # Which refetched trades the stream already sent, nothing tells: sending them all would
+    # count some twice in every candle. The gap is recorded as unrepairable and nothing sent.
+    venue = Venue(per_poll=0, ids=False)
+    venue.per_poll = 30
+    venue.fetch_trades("A/B", 0)  # thirty trades, ten milliseconds
+    first_ms, last_ms = venue.trades[0]["timestamp"], venue.trades[-1]["timestamp"]
+
+    class Paged(Polled):
+        def __init__(self) -> None:
+            super().__init__(venue)
+            self.sequential_ids = False
+
+    class Pages:
+        """fetch_trades by time, four trades a page: pages end inside a millisecond."""
+
+        has = {"fetchTrades": True}
+
+        def fetch_trades(self, symbol: str, since: int, limit: int) -> list[dict]:
+            return [t for t in venue.trades if t["timestamp"] >= since][:4]
+
+    ex = Paged()
+    ex.client = Pages()  # type: ignore[assignment]
+    got = ex.refetch("X:A/B", first_ms * 1_000_000, last_ms * 1_000_000)
+    assert [int(t.size) for t in got] == [n // 2 for n in range(1, 31)]
+    assert {t.trade_id for t in got} == {""}
+
+    sink = RecordingSink()
+    before = StreamTail(ticker="X:A/B", trade_id="", time_ns=first_ms * 1_000_000)
+    after = StreamTail(ticker="X:A/B", trade_id="", time_ns=last_ms * 1_000_000)
+    gap = new_gap("X:A/B", market_pb2.RECONNECT, before, after, "ing-test")
+    with ThreadPoolExecutor(1) as pool:
+        done = GapRepairer(sink, pool).repair(ex, gap, None)  # type: ignore[arg-type]
+    assert done.status == market_pb2.GAP_UNREPAIRABLE
+    assert "without an id" in done.reason
+    assert [topic for topic, _, _ in sink.records] == [GAPS.name]
 
 
 def test_a_trade_ccxt_could_not_read_is_dropped_and_counted_and_the_stream_goes_on() -> None:
