@@ -372,7 +372,12 @@ class CriticalDelivery:
         return step
 
     def _failed(self, way: _Way) -> Result:
-        """A channel that raised (a bug) must not lose the event: it is retried later."""
+        """A channel that raised (a bug) must not lose the event: it is retried later. But
+        a payload nested past what the encoder can write fails the same way at every retry:
+        that channel fails at once, and the event goes on to its next preference (a text
+        channel sends the rendered text, not the payload)."""
+        if isinstance(sys.exception(), RecursionError):
+            return Result(Outcome.FAILED, "payload nested too deep to send")
         log.exception("channel %s failed on %s", way.name, way.event.event_id)
         return Result(Outcome.RETRY, f"{type(sys.exception()).__name__}", 30.0)
 

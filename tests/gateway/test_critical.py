@@ -220,6 +220,28 @@ def test_a_channel_that_raises_leaves_its_event_queued_whether_it_waits_or_not(
         assert ack.error_message == f"{ev.ChannelType.Name(channel)}: {error}"
 
 
+def test_a_payload_too_deep_to_encode_fails_its_channel_at_once_and_goes_on_down(
+    gw_env, telegram, make_gateway, container, monkeypatch
+) -> None:
+    """Not queued to fail the same way at every retry: the next preference sends the text."""
+    from gateway.sessions import SessionChannel
+
+    def too_deep(*_args: object) -> None:  # as the encoder raises past its recursion limit
+        raise RecursionError("maximum recursion depth exceeded while encoding a JSON object")
+
+    monkeypatch.setattr(SessionChannel, "send_now", too_deep)
+    gw = make_gateway(gw_env, gw_config(telegram))
+    user = new_user()
+    gw.directory.set_user(user, telegram_chat_id="9")
+    event = user_event(user, ev.CRITICAL, [(ev.ACTIVE_SESSION, False), (ev.TELEGRAM, False)])
+    assert container(gw_env).send(event).status == ev.DELIVERED
+    assert refs(telegram.texts()) == [event.event_id]
+    lone = user_event(user, ev.CRITICAL, [(ev.ACTIVE_SESSION, False)])
+    ack = container(gw_env).send(lone)
+    assert ack.status == ev.ERROR
+    assert ack.error_message == "ACTIVE_SESSION: payload nested too deep to send"
+
+
 def test_malformed_frames_are_dropped_and_counted(gw_env, make_gateway, container) -> None:
     gw = make_gateway(gw_env, gw_config())
     dealer = container(gw_env)
