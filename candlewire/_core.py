@@ -54,7 +54,7 @@ from candlewire.errors import (
     TriggerRefused,
 )
 from candlewire.market import Candle, Tick, _TickColumns, as_batch
-from candlewire.positions import describe, is_after, run_items
+from candlewire.positions import describe, is_after, run_fits, run_items, run_size
 from candlewire.topics import book_type, check_id, metadata_update_topic, response_topic, tick_type
 from candlewire.zmqutil import recv_frames, send_frames
 from proto import cep_pb2 as cep
@@ -589,7 +589,7 @@ class ClientCore:
                     req, sent = seq.request(until, req.cursor, new_id("f")), False
                     continue
                 if reply.archive_until_ms:  # from Iceberg, before the journal: no positions
-                    msgs = chunk_messages(reply)
+                    msgs = chunk_messages(reply, seq)
                     seq.since_ms = reply.archive_until_ms
                     seq.stats.archived += len(msgs)
                     yield from hand_out(msgs, seq, batches)
@@ -607,7 +607,7 @@ class ClientCore:
                             req, sent = seq.request(until, req.cursor, new_id("f")), False
                             yield Sleep(RETRY_PAUSE_S)
                             continue
-                    msgs = seq.accept_chunk(chunk_messages(reply), filled=not replay)
+                    msgs = seq.accept_chunk(chunk_messages(reply, seq), filled=not replay)
                     out = msgs
                     if replay:  # candles: the previous chunk goes out once this one is seen
                         out, held = final_revisions(held, msgs)
@@ -662,12 +662,17 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def chunk_messages(reply: jr.FetchReply) -> list[Message]:
-    """A chunk's messages as a list: one Python object each."""
+def chunk_messages(reply: jr.FetchReply, seq: Sequence) -> list[Message]:
+    """A chunk's messages as a list: one Python object each. A run that is not one of the
+    subscription's topic (:func:`~candlewire.positions.run_fits`) is dropped, its messages
+    counted as malformed."""
     with paused_gc():
         msgs: list[Message] = []
         for run in reply.runs:
-            msgs.extend(run_items(run))
+            if run_fits(run, seq.topic):
+                msgs.extend(run_items(run))
+            else:
+                seq.stats.malformed += run_size(run)
         return msgs
 
 

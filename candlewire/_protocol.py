@@ -311,6 +311,7 @@ def carried_by(data_type: str) -> tuple[type[Message], ...]:
 class Verdict(Enum):
     NEXT = "next"  # deliver it
     DUPLICATE = "duplicate"  # delivered already (a replay, or a chunk brought it)
+    EARLY = "early"  # published before the replay's ``since``: not asked for
     GAP = "gap"  # something is missing before it: fetch, then judge it again
 
 
@@ -340,8 +341,15 @@ class Sequence:
 
     def judge(self, pos: StreamPosition) -> Verdict:
         if self.last is None:
+            if not self.since_ms:
+                return Verdict.NEXT
+            # Published before ``since`` (a clock of the caller's ahead of the publisher's,
+            # or ``since=now`` with a message on its way): no FETCH from ``since`` brings it,
+            # and waiting for one ended the subscription (FellBehind).
+            if pos.publish_time_ms < self.since_ms:
+                return Verdict.EARLY
             # After a replay that found nothing (yet), the journal may still be behind.
-            return Verdict.GAP if self.since_ms else Verdict.NEXT
+            return Verdict.GAP
         if is_next(pos, self.last):
             return Verdict.NEXT
         if not is_after(pos, self.last):

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from google.protobuf.message import Message
 
+from candlewire.topics import book_type, tick_type
 from proto import book_pb2, market_pb2
 from proto import journal_pb2 as jr
 from proto.market_pb2 import StreamPosition
@@ -24,6 +25,37 @@ RUN_FIELDS: dict[type[Message], str] = {
     book_pb2.BookDelta: "book_deltas",
     book_pb2.BookSnapshot: "book_snapshots",
 }
+
+
+# The fields each kind of topic's runs leave empty: a kind is a data type, every
+# ``ohlc:{period}`` one kind.
+_EMPTY_FIELDS = {
+    kind: tuple(f for f in RUN_FIELDS.values() if f not in held)
+    for kind, held in (
+        (tick_type(), ("ticks",)),
+        (book_type(), ("book_deltas", "book_snapshots")),
+        ("ohlc", ("candles",)),
+    )
+}
+
+
+def run_fits(run: jr.JournalBatch, topic: str) -> bool:
+    """Whether a journal run is one of ``topic``'s: that topic, and messages only in the
+    field(s) its type goes in. Anything else (a broken writer's run) is no part of the
+    topic's stream: the journal serves none of it and a reader drops and counts it. Read
+    as they were, its messages reached a tick subscriber as candles, or ended the
+    subscription as Arrow found no price in a candle, and a run with ticks and candles
+    lost its candles without a word (:func:`run_items` reads one field)."""
+    if run.topic != topic:
+        return False
+    data_type = topic.rpartition("|")[2]
+    empty = _EMPTY_FIELDS.get("ohlc" if data_type.startswith("ohlc:") else data_type)
+    return empty is not None and not any(getattr(run, f) for f in empty)
+
+
+def run_size(run: jr.JournalBatch) -> int:
+    """How many messages a run holds, in every field."""
+    return sum(len(getattr(run, f)) for f in RUN_FIELDS.values())
 
 
 def run_items(run: jr.JournalBatch) -> Sequence[Message]:

@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from candlewire.config import PERIODS_S, Settings
 from candlewire.kafka import JOURNAL, consumer_config, journal_partition
-from candlewire.positions import add_items, describe, is_after, run_items
+from candlewire.positions import add_items, describe, is_after, run_fits, run_items
 from candlewire.topics import book_type, ohlc_type, parse_ticker, tick_type
 from proto import journal_pb2 as jr
 from proto.envelope import EnvelopeError, expect, from_record_and_payload
@@ -50,6 +50,7 @@ class Chunk:
     done: bool = False
     scanned: int = 0
     taken: int = 0
+    skipped: int = 0  # records of the topic that do not decode, or are no run of it
     runs: list[bytes] = field(default_factory=list)  # each run's bytes, for the reply
 
 
@@ -60,6 +61,7 @@ class Fetched(NamedTuple):
     reply: jr.FetchReply
     runs: list[bytes]
     count: int
+    skipped: int = 0  # the topic's records read and not served: see :class:`Chunk`
 
 
 @dataclass
@@ -164,7 +166,7 @@ class JournalReader:
         chunk = self._scan(req, partition, start, high, after, until)
         reply.cursor = chunk.cursor
         reply.done = chunk.done
-        return Fetched(reply, chunk.runs, chunk.taken)
+        return Fetched(reply, chunk.runs, chunk.taken, chunk.skipped)
 
     def _out_of_range(
         self, reply: jr.FetchReply, req: jr.FetchRequest, oldest_ms: int | None, what: str
@@ -217,6 +219,10 @@ class JournalReader:
                     msg, raw = from_record_and_payload(m.value())
                     run = expect(msg, jr.JournalBatch)
                 except EnvelopeError:
+                    chunk.skipped += 1
+                    continue
+                if not run_fits(run, req.topic):  # a broken writer's: no part of the stream
+                    chunk.skipped += 1
                     continue
                 since_ms = req.since_ms if after is None else 0
                 last, done, taken = take(run, last, until, since_ms, chunk.runs, raw)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 
 from candlewire._core import chunk_messages
+from candlewire._protocol import Sequence
 from proto import journal_pb2 as jr
 
 
@@ -19,12 +20,24 @@ def reply(n: int) -> jr.FetchReply:
 
 def test_a_chunk_s_messages_come_in_order_and_the_collector_is_left_as_it_was() -> None:
     assert gc.isenabled()
-    msgs = chunk_messages(reply(3))
+    msgs = chunk_messages(reply(3), Sequence("X|tick"))
     assert [m.trade_id for m in msgs] == [str(i) for i in range(6)]
     assert gc.isenabled()
     gc.disable()
     try:
-        chunk_messages(reply(2))
+        chunk_messages(reply(2), Sequence("X|tick"))
         assert not gc.isenabled()  # a caller's own pause is not undone
     finally:
         gc.enable()
+
+
+def test_a_run_that_is_not_the_topic_s_is_dropped_and_counted() -> None:
+    # Read as they were, candles reached a tick subscriber, and a run of ticks and candles
+    # ended a subscription in Arrow or in the candles' catch-up.
+    out = reply(2)
+    out.runs[0].candles.add(open_time_ms=60_000)  # ticks and a candle: no run of a topic
+    out.runs.add(topic="Y|tick").ticks.add(trade_id="y")  # another topic's
+    out.runs.add(topic="X|tick").candles.add(open_time_ms=0)  # a candle on the tick topic
+    seq = Sequence("X|tick")
+    assert [m.trade_id for m in chunk_messages(out, seq)] == ["2", "3"]
+    assert seq.stats.malformed == 3 + 1 + 1

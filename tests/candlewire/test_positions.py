@@ -43,8 +43,11 @@ def test_a_subscription_takes_the_next_drops_repeats_and_fills_gaps() -> None:
 
 
 def test_a_late_joiner_checks_its_first_live_message_against_the_journal() -> None:
-    seq = Sequence("X|tick", since_ms=1_000)
+    seq = Sequence("X|tick", since_ms=1)
     assert seq.judge(tick(1, 50, 60)) is Verdict.GAP
+    # Published before ``since``: not asked for, and no FETCH from ``since`` brings it.
+    assert Sequence("X|tick", since_ms=2).judge(tick(1, 50, 60)) is Verdict.EARLY
+    seq.since_ms = 1_000
     req = seq.request(until=tick(1, 50, 60), cursor=0, request_id="r")
     assert req.since_ms == 1_000 and not req.HasField("after") and req.until.seq == 50
     seq.take(tick(1, 49, 59))

@@ -183,3 +183,30 @@ def test_a_client_sub_takes_no_frame_larger_than_the_relay_takes_in(stage) -> No
         sub = client._core.open(zmq.SUB)
         assert sub.getsockopt(zmq.MAXMSGSIZE) == stage.settings.max_message_bytes
         sub.close(linger=0)
+
+
+def tick(seq: int) -> mk.Tick:
+    return mk.Tick(ticker=T, price="1", size="1", trade_id=str(seq), stream=at(seq, seq))
+
+
+def test_a_live_message_published_before_since_is_skipped_not_fetched(stage, monkeypatch) -> None:
+    # ``since=`` a moment ahead of the publisher's clock: the replay finds nothing, and the
+    # first live message, published before ``since``, was judged a gap that no FETCH from
+    # ``since`` can fill: the subscription ended with FellBehind.
+    monkeypatch.setattr(core, "FILL_TIMEOUT_S", 1.0)
+    topic = market_data_topic(T, "tick")
+
+    def answer(req: jr.FetchRequest) -> jr.FetchReply:
+        reply = jr.FetchReply(request_id=req.request_id, status=jr.FETCH_OK, cursor=1, done=True)
+        if req.HasField("until") and req.until.publish_time_ms >= req.since_ms:  # journalled now
+            reply.runs.append(jr.JournalBatch(topic=topic, first=at(4, 4), last=at(4, 4)))
+            reply.runs[0].ticks.append(tick(4))
+        return reply
+
+    Journal(stage, answer)
+    Relay(stage, [encode_topic(topic, tick(s)) for s in (3, 4, 5)])
+    with Client(stage.settings, context=stage.ctx) as client:
+        sub = client.subscribe(T, "tick", since=1004, idle_timeout=10, raw=True)
+        got = [next(sub).stream.seq, next(sub).stream.seq]
+        sub.close()
+    assert got == [4, 5]

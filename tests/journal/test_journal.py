@@ -529,6 +529,41 @@ def test_malformed_fetches_are_dropped_and_counted_and_the_service_goes_on(
             s.close()
 
 
+def test_a_record_that_is_no_run_of_its_topic_is_skipped_and_counted(
+    journal_settings, journal, stream_pub
+) -> None:
+    # A broken writer's records under the topic's key: candles in a tick run, and a run
+    # naming another topic. Served, they reached a tick subscriber as candles or ended it.
+    from confluent_kafka import Producer
+
+    from candlewire.kafka import JOURNAL, journal_partition, producer_config
+    from proto.envelope import to_record
+
+    feed = TickFeed(stream_pub)
+    position = market_pb2.StreamPosition(epoch=1, seq=1, publish_time_ms=int(time.time() * 1e3))
+    unfit = [
+        jr.JournalBatch(topic=feed.topic, first=position, last=position),
+        jr.JournalBatch(topic=f"{feed.topic}x", first=position, last=position),
+    ]
+    unfit[0].candles.add(ticker=feed.ticker, period_s=60, stream=position)
+    unfit[1].ticks.add(ticker=feed.ticker, price="1", size="1", stream=position)
+    producer = Producer(producer_config(journal_settings))
+    for run in unfit:
+        producer.produce(
+            JOURNAL.name, to_record(run), feed.topic.encode(), journal_partition(feed.topic)
+        )
+    producer.flush(10)
+    feed.publish(3)
+    stream_pub._journal.flush(10)
+    req = jr.FetchRequest(request_id="u1", topic=feed.topic, since_ms=position.publish_time_ms)
+    reply = fetch(journal_settings, encode(req))
+    assert reply is not None and reply.status == jr.FETCH_OK
+    assert [(len(r.ticks), len(r.candles)) for r in reply.runs] == [(3, 0)]
+    assert [t.trade_id for t in reply.runs[0].ticks] == ["0", "1", "2"]
+    skipped = "candlewire_journal_skipped_records_total"
+    assert metric(journal_settings, "journal_metrics", skipped) == 2
+
+
 def test_async_late_joiner_and_the_watch_command(journal_settings, journal, stream_pub, relay):
     import asyncio
     import subprocess
