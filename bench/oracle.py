@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable, Mapping
-from decimal import Decimal
+from decimal import Decimal, localcontext
 
 import pandas as pd
 from confluent_kafka import Consumer, TopicPartition
@@ -30,6 +30,9 @@ Trade = tuple[int, str, str]  # (exchange time ns, price, size)
 Row = tuple  # (open ms, open, high, low, close, volume, trades)
 
 
+EXACT_DIGITS = 100  # more than any sum of DECIMAL(38,18) values has
+
+
 def expected_candles(trades: list[Trade], period_s: int) -> pd.DataFrame:
     """A pandas resample of the trades (each one distinct, in the order they arrived: of
     trades at one time, the first opens a candle and the last closes it)."""
@@ -41,16 +44,19 @@ def expected_candles(trades: list[Trade], period_s: int) -> pd.DataFrame:
         }
     ).sort_values("time", kind="stable")
     r = df.set_index("time").resample(f"{period_s}s")
-    out = pd.DataFrame(
-        {
-            "open": r["price"].first(),
-            "high": r["price"].max(),
-            "low": r["price"].min(),
-            "close": r["price"].last(),
-            "volume": r["size"].sum(),
-            "trade_count": r["price"].count(),
-        }
-    )
+    # Sums exact to DECIMAL(38,18)'s digits and beyond: the default context's 28 rounded a
+    # volume of 12345678901234.5 and 1e-18, which the platform sums right.
+    with localcontext(prec=EXACT_DIGITS):
+        out = pd.DataFrame(
+            {
+                "open": r["price"].first(),
+                "high": r["price"].max(),
+                "low": r["price"].min(),
+                "close": r["price"].last(),
+                "volume": r["size"].sum(),
+                "trade_count": r["price"].count(),
+            }
+        )
     return out[out["trade_count"] > 0]  # resample invents empty bins; candlewire does not
 
 

@@ -586,13 +586,13 @@ def _decimals(arrays: list[pa.Array], schema: pa.Schema) -> tuple[list[pa.Array]
 
 
 def _refused_rows(text: pa.Array, start: int = 0, failed: bool = False) -> list[int]:
-    """The rows (from ``start``) whose text :func:`_cast` refuses, found by halves: a chunk
+    """The rows (from ``start``) whose text :func:`cast_decimals` refuses, found by halves: a chunk
     with one bad price was cast row by row, about 14 µs a row (0.7 s for 50,000), and now
     takes a few casts of shrinking slices for each bad row, row by row only below
     ``ROWS_ONE_BY_ONE``. ``failed``: ``text`` was cast whole already, and refused."""
     if not failed:
         try:
-            _cast(text)
+            cast_decimals(text)
             return []
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             pass
@@ -610,11 +610,11 @@ def _as_decimal(text: pa.Array) -> pa.Array:
     head = text.slice(0, DISTINCT_SAMPLE)
     if len(text) >= 4 * DISTINCT_SAMPLE and pc.count_distinct(head).as_py() * 4 < len(head):
         encoded = pc.dictionary_encode(text)
-        return _cast(encoded.dictionary).take(encoded.indices)
-    return _cast(text)
+        return cast_decimals(encoded.dictionary).take(encoded.indices)
+    return cast_decimals(text)
 
 
-def _cast(text: pa.Array) -> pa.Array:
+def cast_decimals(text: pa.Array) -> pa.Array:
     """Decimal texts as DECIMAL, refusing (ArrowInvalid, as a text that is no decimal) one
     whose value the cast does not keep. Arrow scales a text's digits in 128 bits unchecked,
     so some texts past DECIMAL's 20 integer digits wrap to another value ("4e20", "7e20",
@@ -650,7 +650,7 @@ def _refuse_unkept(text: pa.Array, cast: pa.Array) -> None:
 
 
 def _casts(text: str | None) -> bool:
-    """Whether one text casts as :func:`_cast` casts it in a column (its test of the bytes on
+    """Whether one text casts as :func:`cast_decimals` casts it in a column (its test of the bytes on
     the str's: for one row far cheaper than Arrow's kernels)."""
     column = pa.array([text], pa.string())
     try:

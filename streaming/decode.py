@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from decimal import Context, Decimal, InvalidOperation
 from types import UnionType
@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from candlewire.lake import OHLC_SCHEMA
+from candlewire.market import cast_decimals
 from proto import envelope_pb2, market_pb2
 from proto.envelope import EnvelopeError, from_record
 
@@ -209,8 +210,8 @@ def candles_table(candles: list[market_pb2.OHLC], source: str) -> tuple[pa.Table
         },
         source,
     )
-    valid = functools.reduce(pc.and_, (pc.is_valid(a) for a in prices.values()))
-    if not pc.any(pc.invert(valid)).as_py():
+    valid = held_rows(prices.values())
+    if valid is None:
         return table, set()
     dropped = {candle_key(c) for c, ok in zip(candles, valid.to_pylist(), strict=True) if not ok}
     return table.filter(valid), dropped
@@ -225,11 +226,21 @@ def kept_count(candles: Sequence[market_pb2.OHLC], dropped: set[CandleKey]) -> i
 
 def decimal_column(values: list[str]) -> pa.Array:
     """Decimal strings as DECIMAL(38,18), vectorised; value by value only when the column
-    holds a bad one, which becomes null."""
+    holds a bad one, which becomes null. Arrow's own cast wraps some values past 20 digits
+    silently ("1e30" came out as 18960114910927365649.47...): the client's checked cast
+    refuses those, and they become null too."""
     try:
-        return pa.array(values, pa.string()).cast(DECIMAL)
+        return cast_decimals(pa.array(values, pa.string()))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return pa.array([_decimal(v) for v in values], DECIMAL)
+
+
+def held_rows(decimals: Iterable[pa.Array]) -> pa.Array | None:
+    """Where every one of ``decimals`` (:func:`decimal_column`'s) holds a value, or None
+    when they all do everywhere: a row with a null would fail the write of a table whose
+    columns are required, and every row of the batch with it."""
+    valid = functools.reduce(pc.and_, (pc.is_valid(a) for a in decimals))
+    return valid if pc.any(pc.invert(valid)).as_py() else None
 
 
 def _decimal(text: str) -> Decimal | None:

@@ -59,6 +59,11 @@ class StreamMetrics:
             ["topic"],
             registry=r,
         )
+        self.unstorable = Counter(
+            "candlewire_stream_unstorable_candles",
+            "Candles left out of ohlc: a value DECIMAL(38,18) does not hold (a volume's sum)",
+            registry=r,
+        )
         self.published = Counter(
             "candlewire_stream_published",
             "Market data published by the live query",

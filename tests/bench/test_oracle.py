@@ -35,3 +35,10 @@ def test_a_single_differing_candle_fails_the_comparison(capsys) -> None:
     changed = {"X": {**same["X"], 60: [same["X"][60][0], (*same["X"][60][1][:-1], 2)]}}
     assert not all_same("ohlc", changed, want)
     assert "ohlc X 60s" in capsys.readouterr().out
+
+
+def test_a_volume_is_summed_exactly_past_28_digits() -> None:
+    # Python's default context rounds to 28 digits: 12345678901234.5 + 1e-18 lost its last
+    # digit, and the benches called the platform's exact sum wrong.
+    ref = reference({"X": [(T0, "1", "12345678901234.5"), (T0 + 1, "1", "0.000000000000000001")]})
+    assert ref["X"][60][0][5] == D("12345678901234.500000000000000001")

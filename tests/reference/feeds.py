@@ -45,7 +45,27 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from enum import IntEnum
+
+
+def held(text: str) -> bool:
+    """Whether DECIMAL(38,18), the tables' type, holds a price or size exactly (``DecodeTick
+    .held``): at most 20 digits before the point and 18 after, trailing zeros aside. A
+    trade whose price or size it does not hold is bad, judged by no rule below."""
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        return False
+    if not value.is_finite():
+        return False
+    if not value:
+        return True
+    _sign, digits, exponent = value.as_tuple()
+    exponent = int(exponent)
+    while digits[-1] == 0:  # trailing zeros aside (not ``normalize``: 28 digits at most)
+        digits, exponent = digits[:-1], exponent + 1
+    return exponent >= -18 and len(digits) + exponent <= 20
 
 
 class Verdict(IntEnum):

@@ -34,9 +34,18 @@ from tests.reference.candles import (
     changed,
     partial_candles,
 )
-from tests.reference.feeds import Feeds, Verdict
+from tests.reference.feeds import Feeds, Verdict, held
 
 MINUTE_NS = 60_000_000_000
+# Prices and sizes the tables' DECIMAL(38,18) does not hold: folded, the first failed the
+# committing query's write at every restart, and the second was rounded three ways.
+UNHELD = [
+    {"price": "100000000000000000000", "size": "1"},
+    {"price": "1", "size": "0.0000000000000000005"},
+    {"price": "1.0000000000000000025", "size": "1"},
+    {"price": "1e+20000000", "size": "1"},
+    {"price": "1", "size": "2e20"},
+]
 PROBE_PARTITION = 1_000  # no restored state's: the live path judges every probe
 T0 = 1_789_999_200 * 1_000_000_000  # a whole hour
 
@@ -130,6 +139,8 @@ def judge(
         if isinstance(t, market_pb2.FeedIdle):
             feeds.mark(t.ticker, t.event_time_ns)
             continue
+        if not (held(t.price) and held(t.size)):
+            continue
         verdict = feeds.admit(t.ticker, t.trade_id, t.exchange_time_ns)
         if verdict is Verdict.DUPLICATE:
             continue
@@ -197,6 +208,15 @@ def feed_records(seed: int, n: int, tickers: list[str]) -> list[tuple[bytes, int
             )
         elif roll < 0.09:
             value = rng.choice([b"\x01\x04\xff\xff", b"", to_record(market_pb2.Tick(ticker=""))])
+        elif roll < 0.095:  # a price or size no table holds: bad, as malformed records are
+            value = to_record(
+                market_pb2.Tick(
+                    ticker=ticker,
+                    trade_id=f"{ticker}-{i}",
+                    exchange_time_ns=clocks[ticker],
+                    **rng.choice(UNHELD),
+                )
+            )
         else:
             if roll < 0.2:
                 t_ns = clocks[ticker] - rng.randint(0, 9 * 10**9)  # within the allowance

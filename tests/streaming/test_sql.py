@@ -198,3 +198,75 @@ def test_the_committed_dedup_horizon_survives_batches_in_every_id_form(spark, tm
             want[offset] = verdict != Verdict.KEEP
     assert stored == want
     assert sum(want.values()) > 0 and len(want) < len(records)
+
+
+def test_a_price_or_size_no_table_holds_is_bad_in_the_tasks_not_folded_or_stored(
+    spark, tmp_path
+) -> None:
+    """DECIMAL(38,18) holds 20 digits before the point and 18 after. A price of 21 digits
+    failed the batch's write of ``ticks`` at every restart (the job stopped for good); a
+    19th decimal was rounded one way in ``ticks``, another in ``ohlc`` and not at all live.
+    Each is counted bad where it is judged, and folds into no candle."""
+    from streaming.queries.ticks import batch_summary
+
+    base = 1_789_999_200 * 10**9
+    amounts = [
+        ("1.5", "1"),
+        ("100000000000000000000", "1"),  # 21 digits
+        ("1.0000000000000000025", "1"),  # 19 decimals
+        ("2", "0.0000000000000000005"),
+        ("1e+20000000", "1"),  # digits by the million, as text
+        ("2.5", "99999999999999999999.999999999999999999"),  # the largest held
+    ]
+    rows = []
+    for i, (price, size) in enumerate(amounts):
+        tick = market_pb2.Tick(
+            ticker="SIM:BIG/USD",
+            trade_id=str(i),
+            price=price,
+            size=size,
+            side=market_pb2.BUY,
+            exchange_time_ns=base + i * 10**9,
+        )
+        rows.append((to_record(tick), 0, i, None))
+    judged = judged_in_tasks(spark.createDataFrame(rows, RECORDS), 10.0, 60.0)
+    assert sorted(r["offset"] for r in judged.where(f"kind = {TICK}").collect()) == [0, 5]
+    (summary,) = judged.where(f"kind <> {TICK}").agg(*batch_summary()).collect()
+    assert summary["bad"] == 4 and summary["kept"] == 2
+    minute = {c["period_s"]: c for c in summary["candles"] if c is not None}[60]
+    assert (minute["open"], minute["high"], minute["close"]) == ("1.5", "2.5", "2.5")
+    assert Decimal(minute["volume"]) == Decimal("100000000000000000000.999999999999999999")
+    assert minute["trade_count"] == 2  # a volume no table holds: see the next test
+
+
+def test_a_candle_whose_volume_no_table_holds_is_left_out_and_counted_not_the_batch() -> None:
+    """Every trade fits DECIMAL(38,18), yet a candle's volume is their sum: past 20 digits a
+    null reached the MERGE, which failed, and so did the job at every restart."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from streaming.metrics import Laps, StreamMetrics
+    from streaming.queries.ticks import CANDLES, TicksQuery
+
+    written: list[pa.Table] = []
+    tables = SimpleNamespace(upsert_ohlc=lambda rows, _view, lap: written.append(rows))
+    query = TicksQuery.__new__(TicksQuery)
+    query.ctx = SimpleNamespace(tables=tables, metrics=StreamMetrics())  # type: ignore[assignment]
+    query.merged, query.merged_since_ms = set(), None
+
+    def candle(ticker: str, volume: str) -> dict:
+        prices = dict.fromkeys(("open", "high", "low", "close"), "1.5")
+        return dict(ticker=ticker, period_s=60, open_ms=60_000, **prices, volume=volume,
+                    trade_count=2, closed=False, first_trade_ns=1, last_trade_ns=2, revision=0)  # fmt: skip
+
+    sums = pa.Table.from_pylist(
+        [candle("A:X/Y", "3"), candle("B:X/Y", "120000000000000000000"), candle("C:X/Y", "1e30")],
+        CANDLES,
+    )
+    query._merge_candles(sums, Laps())
+    ((rows,),) = [written]
+    assert rows.column("ticker").to_pylist() == ["A:X/Y"]
+    assert rows.column("volume").to_pylist() == [Decimal(3)]
+    assert query.ctx.metrics.unstorable._value.get() == 2
+    assert query.merged == {"A:X/Y"}

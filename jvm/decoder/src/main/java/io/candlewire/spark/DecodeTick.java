@@ -57,17 +57,42 @@ public final class DecodeTick implements UDF1<byte[], Row> {
     return decode(value);
   }
 
+  /** DECIMAL(38,18), the tables' type: at most 20 digits before the point, 18 after. */
+  private static final int INTEGER_DIGITS = 20;
+
+  private static final int SCALE = 18;
+
   /**
-   * A valid tick row's price and size, or null for one whose exponent is beyond an int: no
-   * DECIMAL(38,18) holds it either, so the live path counts it bad and no trigger judges it.
+   * A valid tick row's price and size, or null for one that DECIMAL(38,18) does not hold
+   * exactly: both paths count it bad, no candle folds it and no trigger judges it. Folded, a
+   * price of 21 digits failed the committing query's write of {@code ticks} at every restart
+   * (the pipeline stopped for good), and a 19th decimal was rounded one way in {@code ticks},
+   * another in {@code ohlc} and not at all live; an exponent of millions made a text of as
+   * many digits for each candle.
    */
   static BigDecimal[] amounts(Row r) {
     try {
       BigDecimal price = new BigDecimal(r.getString(PRICE));
-      return new BigDecimal[] {price, new BigDecimal(r.getString(SIZE))};
+      BigDecimal size = new BigDecimal(r.getString(SIZE));
+      return held(price) && held(size) ? new BigDecimal[] {price, size} : null;
     } catch (NumberFormatException e) {
-      return null;
+      return null; // an exponent beyond an int
     }
+  }
+
+  /** Whether DECIMAL(38,18) holds {@code value} exactly. */
+  static boolean held(BigDecimal value) {
+    if (value.signum() == 0) {
+      return true;
+    }
+    // Digits before the point, and after it without trailing zeros, read off the unscaled
+    // value's digit count: no stripTrailingZeros (a copy) for the common value in range.
+    int scale = value.scale();
+    int before = value.precision() - scale;
+    if (before > INTEGER_DIGITS) {
+      return false;
+    }
+    return scale <= SCALE || value.stripTrailingZeros().scale() <= SCALE;
   }
 
   /** The UDF's row for one record; {@link Live} decodes with it too, so both paths agree. */
