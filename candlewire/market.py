@@ -22,6 +22,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
+from candlewire.amounts import amount
 from candlewire.times import EPOCH
 from proto import journal_pb2 as jr
 from proto import market_pb2
@@ -60,8 +61,8 @@ class Tick:
         """From the wire's ``Tick`` message."""
         return cls(
             ticker=m.ticker,
-            price=Decimal(m.price),
-            size=Decimal(m.size),
+            price=amount(m.price),
+            size=amount(m.size),
             side=SIDES.get(m.side, ""),
             trade_id=m.trade_id,
             time=utc(ns=m.exchange_time_ns),
@@ -97,11 +98,11 @@ class Candle:
             ticker=m.ticker,
             period_s=m.period_s,
             open_time=utc(ms=m.open_time_ms),
-            open=Decimal(m.open),
-            high=Decimal(m.high),
-            low=Decimal(m.low),
-            close=Decimal(m.close),
-            volume=Decimal(m.volume),
+            open=amount(m.open),
+            high=amount(m.high),
+            low=amount(m.low),
+            close=amount(m.close),
+            volume=amount(m.volume),
             trade_count=m.trade_count,
             closed=m.closed,
             revision=m.revision,
@@ -110,7 +111,8 @@ class Candle:
 
 
 # What typed() raises for a Tick or OHLC that makes no Tick or Candle: a price or size that
-# is no decimal, a time that is no datetime. A typed subscription drops and counts it.
+# is no decimal DECIMAL(38,18) holds (as the Arrow batches refuse it), a time that is no
+# datetime. A typed subscription drops and counts it.
 MALFORMED = (InvalidOperation, OverflowError)
 
 

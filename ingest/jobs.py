@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from candlewire.amounts import DECIMAL_TEXT, PLAIN, fits
 from candlewire.kafka import OHLC_BATCHES, SYMBOL_METADATA, TICKS
 from ingest.exchanges.base import (
     Exchange,
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from ingest.gaps import GapWatch
 
 T = TypeVar("T")
-INF = float("inf")
+_DIGITS = re.compile(r"[0-9.]*")  # a run's texts together, when each is plain
 log = logging.getLogger("candlewire.ingest")
 RETRIES = 3
 BACKOFF_S = 0.5
@@ -111,14 +113,13 @@ def tick_checker(
     judges every trade by it, and a float product and an int-to-float comparison per trade
     held about a quarter of the judgement's samples under py-spy (#35)."""
     ahead_ns, behind_ns = _bound_ns(ahead_s), None if behind_s is None else _bound_ns(behind_s)
+    plain = PLAIN.fullmatch
 
     def problem(tick: market_pb2.Tick, now_ns: int) -> str | None:
         price_text, size_text, at_ns = tick.price, tick.size, tick.exchange_time_ns
-        try:  # a string float() reads as positive and finite, Decimal reads so too
-            fit = 0.0 < float(price_text) < INF and 0.0 < float(size_text) < INF
-        except ValueError:
-            fit = False
-        if not fit:  # the exact judgement: a decimal finite where a float is not, or none
+        # A venue's texts: plain digits the tables hold, the price above zero (one match
+        # each and a float); anything else is judged exactly.
+        if not (plain(price_text) and plain(size_text) and float(price_text) > 0.0):
             try:
                 price, size = Decimal(price_text), Decimal(size_text)
             except (InvalidOperation, ValueError):
@@ -127,6 +128,10 @@ def tick_checker(
                 return "price"
             if not size.is_finite() or size < 0:
                 return "size"
+            if not (DECIMAL_TEXT.fullmatch(price_text) and DECIMAL_TEXT.fullmatch(size_text)):
+                return "not_decimal"  # "1_000", " 1": Decimal reads them, the stream not
+            if not (fits(price) and fits(size)):
+                return "range"  # past DECIMAL(38,18): the stream would count it bad
         if at_ns <= 0:  # no time: a venue's trade without one, not a trade of 1970
             return "time"
         if at_ns - now_ns > ahead_ns:
@@ -143,9 +148,8 @@ def run_checker(ahead_s: float, behind_s: float | None) -> Callable[[TradeRun, i
     in a few passes over its columns. True only then; False tells nothing about any one
     trade (the caller judges each by :func:`tick_checker`, the one rule)."""
     ahead_ns, behind_ns = _bound_ns(ahead_s), None if behind_s is None else _bound_ns(behind_s)
-    isfinite = math.isfinite
 
-    def fits(run: TradeRun, now_ns: int) -> bool:
+    def proven(run: TradeRun, now_ns: int) -> bool:
         times = run.times_ns
         if not times:
             return True
@@ -154,21 +158,20 @@ def run_checker(ahead_s: float, behind_s: float | None) -> Callable[[TradeRun, i
         earliest = min(times)
         if earliest <= 0 or (behind_ns is not None and now_ns - earliest > behind_ns):
             return False
-        try:  # float() reads each text as tick_checker's first judgement does
+        # Plain texts (tick_checker's first judgement): only digits and points in all of
+        # them together, none longer than 19 characters (so 19 digits before the point and
+        # 18 after at most); each then reads as a float only where it has one point at most
+        # and a digit, as the wire's grammar spells it.
+        texts = (run.prices, run.sizes)
+        if any(max(map(len, t)) > 19 or not _DIGITS.fullmatch("".join(t)) for t in texts):
+            return False
+        try:
             prices, sizes = list(map(float, run.prices)), list(map(float, run.sizes))
         except ValueError:
             return False
-        # A NaN makes a sum NaN and an infinity makes it infinite, so a finite sum and a
-        # positive least value prove every value within (0, inf); a sum of finite values
-        # too large for a float is merely not proven.
-        return (
-            min(prices) > 0.0
-            and min(sizes) > 0.0
-            and isfinite(sum(prices))
-            and isfinite(sum(sizes))
-        )
+        return min(prices) > 0.0 and min(sizes) > 0.0
 
-    return fits
+    return proven
 
 
 def _bound_ns(seconds: float) -> int:

@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from candlewire.amounts import DECIMAL_TEXT
 from candlewire.lake import OHLC_SCHEMA
 from candlewire.market import cast_decimals
 from proto import envelope_pb2, market_pb2
@@ -52,10 +53,6 @@ CONTROL_SQL = (
     f"CASE WHEN substring(value, 2, 1) = X'{envelope_pb2.CEP_TRIGGER_REQUEST:02X}' THEN value END"
 )
 SIDES = {market_pb2.BUY: "BUY", market_pb2.SELL: "SELL"}
-# A price or size on the wire: ASCII digits, an optional point and exponent, spelled the
-# same in DecodeTick.java. Stricter than Python's Decimal, which also takes "1_000", " 1"
-# and non-ASCII digits: no feed sends those, and one grammar lets both decoders agree.
-DECIMAL_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 # A price is above zero (a non-zero digit before any exponent, no minus); a size is not below.
 POSITIVE_TEXT = re.compile(r"\+?[^eE-]*[1-9].*")
 JVM_DECODER = "io.candlewire.spark.DecodeTick"

@@ -19,6 +19,7 @@ from candlewire.market import (
     CANDLE_SCHEMA,
     DECIMAL,
     DISTINCT_SAMPLE,
+    MALFORMED,
     TICK_SCHEMA,
     Candle,
     Tick,
@@ -292,6 +293,30 @@ def test_a_decimal_text_arrow_would_turn_into_another_value_is_no_decimal() -> N
     batch, dropped = as_batch([market_pb2.Tick(ticker="X:A/B", price="2", size=p) for p in prices])
     assert dropped == len(WRAPS)
     assert batch.column("size").to_pylist() == [Decimal(p) for p in HOLDS]
+
+
+ODD = [
+    "12345e-22", "1e30", "0.0000000000000000001", "NaN", "Infinity", "-sNaN", "1_000", " 1",
+    "\u0661\u0662", "+1.5", "1.", ".5", "1E+2", "-0", "0", "1.50000000000000000000", "",
+    "100000000000000000000", "99999999999999999999.999999999999999999", "1e-18", "1e-19",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", [*HOLDS, *WRAPS, *ODD])
+def test_a_typed_value_is_refused_where_the_batch_drops_its_row(text: str) -> None:
+    # One subscription can take both paths (a replay's batches, then live values): the
+    # typed one kept NaN, "1e30", a 19th decimal and "1_000", which the batches drop.
+    tick = market_pb2.Tick(ticker="X:A/B", price="2", size=text, exchange_time_ns=NS)
+    candle = market_pb2.OHLC(ticker="X:A/B", period_s=60, open=text, high="2", low="1",
+                             close="1", volume="1")  # fmt: skip
+    for msg in (tick, candle):
+        _batch, dropped = as_batch([msg])
+        try:
+            typed(msg)
+            refused = False
+        except MALFORMED:
+            refused = True
+        assert refused == bool(dropped), (text, type(msg).__name__)
 
 
 def varied_tick(i: int, **fields: object) -> market_pb2.Tick:

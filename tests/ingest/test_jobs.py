@@ -38,12 +38,21 @@ def tick(price: str = "1.5", size: str = "2", at: int = NOW) -> market_pb2.Tick:
         (tick(price="abc"), "not_decimal"),
         (tick(size="-0.1"), "size"),
         (tick(size="nan"), "size"),
-        # Beyond a float's range, a decimal still: judged exactly, not as a float would be.
-        (tick(price="1e-400"), None),
-        (tick(price="1e400", size="1e999"), None),
+        # Judged exactly, not as a float would be: DECIMAL(38,18), the tables' type, holds
+        # 20 digits before the point and 18 after; the stream counts anything else bad.
+        (tick(price="1e-400"), "range"),
+        (tick(price="1e400", size="1e999"), "range"),
+        (tick(price="100000000000000000000"), "range"),
+        (tick(price="1.0000000000000000025"), "range"),
+        (tick(size="0.0000000000000000005"), "range"),
+        (tick(price="99999999999999999999.999999999999999999"), None),
+        (tick(price="1.50000000000000000000", size="2e19"), None),
+        (tick(price="1E+2", size=".5"), None),
         (tick(size="-1e-400"), "size"),
         (tick(size="-0"), None),
         (tick(price="0x10"), "not_decimal"),
+        (tick(price="1_000"), "not_decimal"),  # Decimal reads it, the wire's grammar not
+        (tick(size=" 1"), "not_decimal"),
         (tick(price="-inf"), "price"),
         (tick(at=NOW + 59 * S), None),
         (tick(at=NOW + 61 * S), "ahead"),
@@ -163,8 +172,35 @@ class Runs:
 
 
 BAD = {
-    "prices": ["nan", "-1", "0", "abc", "inf", "1e400", "1e-400", "-inf", "1_000", " 5 "],
-    "sizes": ["nan", "-0.1", "0", "-0", "x", "Infinity", "1e999", "-1e-400"],
+    "prices": [
+        "nan",
+        "-1",
+        "0",
+        "abc",
+        "inf",
+        "1e400",
+        "1e-400",
+        "-inf",
+        "1_000",
+        " 5 ",
+        "100000000000000000000",
+        "1.0000000000000000025",
+        "1E+2",
+        ".5",
+    ],
+    "sizes": [
+        "nan",
+        "-0.1",
+        "0",
+        "-0",
+        "x",
+        "Infinity",
+        "1e999",
+        "-1e-400",
+        "0.0000000000000000005",
+        "2e20",
+        "12345678901234567890",
+    ],
     "trade_ids": ["77", "x", "", "05", "1_2", "-3"],  # an id repeated, jumped, not a number
     "times_ns": [NOW + 61 * S, NOW - 3601 * S, NOW + 60 * S, NOW - 3600 * S, 0],
 }
