@@ -20,6 +20,7 @@ DECIMAL_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-
 # after. A venue's prices and sizes are these, and take one match.
 PLAIN = re.compile(r"[0-9]{1,19}(?:\.[0-9]{0,18})?")
 INTEGER_DIGITS, SCALE = 20, 18  # DECIMAL(38,18)
+PLAIN_CHARS = "0123456789."  # a text of these alone, under 20 of them, that parses: held
 
 
 def held(text: str) -> bool:
