@@ -28,6 +28,11 @@ from proto import journal_pb2 as jr
 from proto.envelope import EnvelopeError, decode, encode_with, expect, split_route
 
 log = logging.getLogger("candlewire.journal")
+# Replies (and requests) queued for one client, at most: a client asks one chunk ahead,
+# never more. At the default (100,000) one DEALER that asked and did not read had the
+# service hold every reply, each up to 7 MB; past this the ROUTER drops them, and a client
+# that waited asks again (Lazy Pirate), while one that floods is held back by TCP.
+PEER_QUEUE = 8
 STOP_WAIT_S = 30.0  # a fetch's longest: its Kafka calls time out within seconds
 
 
@@ -71,7 +76,9 @@ class JournalService:
         self._serve_metrics = metrics
         self._ctx = zmq.Context()
         self._guard = Guard.start(self._ctx, settings)
-        self._sock = harden(self._ctx.socket(zmq.ROUTER), max_message_bytes=64 << 10)
+        self._sock = harden(
+            self._ctx.socket(zmq.ROUTER), max_message_bytes=64 << 10, hwm=PEER_QUEUE
+        )
         serve(self._sock, settings, "journal", "journal")
         try:
             bind(self._sock, settings, "journal")
