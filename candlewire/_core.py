@@ -593,6 +593,18 @@ class ClientCore:
                     seq.since_ms = reply.archive_until_ms
                     seq.stats.archived += len(msgs)
                     yield from hand_out(msgs, seq, batches)
+                    if reply.done and until is None:  # and the journal holds nothing after
+                        return
+                    if not msgs:  # a journal that holds nothing yet: not asked again at once
+                        if not remaining(deadline):
+                            raise FellBehind(
+                                f"{seq.topic}: the journal holds nothing after the archive "
+                                f"up to {describe(until)} after {FILL_TIMEOUT_S:.0f}s",
+                                seq.last,
+                            )
+                        yield Sleep(FILL_PAUSE_S)
+                    else:
+                        deadline = time.monotonic() + FILL_TIMEOUT_S
                     req, sent = seq.request(until, 0, new_id("f")), False
                     continue
                 if columns is not None and seq.accept_edges(

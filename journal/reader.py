@@ -156,6 +156,9 @@ class JournalReader:
                 from journal.archive import archive_chunk  # pyiceberg: on first use only
 
                 archive_chunk(self.settings, req, boundary, reply)
+                # A journal that holds nothing has nothing after the archive: done, so the
+                # client goes live (it asked again from now, at once, until a record came).
+                reply.done = oldest_ms is None and reply.archive_until_ms >= boundary
                 return Fetched(reply, [], sum(len(run_items(run)) for run in reply.runs))
             return self._out_of_range(reply, req, oldest_ms, describe(after))
         elif oldest_ms is None:

@@ -210,3 +210,31 @@ def test_a_live_message_published_before_since_is_skipped_not_fetched(stage, mon
         got = [next(sub).stream.seq, next(sub).stream.seq]
         sub.close()
     assert got == [4, 5]
+
+
+def test_a_replay_from_an_archive_with_nothing_journalled_after_it_goes_live(stage) -> None:
+    # Retention had emptied the topic's journal partition: each FETCH was answered from the
+    # archive up to "now", and the client asked again at once, thousands of times a second
+    # (an Iceberg scan each), until a record landed there.
+    topic = market_data_topic(T, "tick")
+
+    def answer(req: jr.FetchRequest) -> jr.FetchReply:
+        reply = jr.FetchReply(request_id=req.request_id, status=jr.FETCH_OK)
+        if journal.asked > 50:  # asked on and on: the old client, stopped here
+            reply.status, reply.error = jr.FETCH_OUT_OF_RANGE, "asked again at once"
+        elif req.HasField("until"):  # journalled by now: the live message the client saw
+            run = reply.runs.add(topic=topic, first=at(1, 1), last=at(1, 1))
+            run.ticks.append(tick(1))
+            reply.done, reply.cursor = True, 1
+        else:  # the archive's rows (none here) up to where the journal would start
+            reply.archive_until_ms, reply.done = 1001, True
+        return reply
+
+    journal = Journal(stage, answer)
+    Relay(stage, [encode_topic(topic, tick(s)) for s in (1, 2)])
+    with Client(stage.settings, context=stage.ctx) as client:
+        sub = client.subscribe(T, "tick", since=1000, idle_timeout=10, raw=True)
+        got = [next(sub).stream.seq, next(sub).stream.seq]
+        sub.close()
+    assert got == [1, 2]
+    assert journal.asked <= 3

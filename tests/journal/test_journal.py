@@ -463,6 +463,39 @@ def test_what_the_journal_no_longer_holds_comes_from_iceberg(
     assert sub.stats.archived == 3
 
 
+def test_an_archive_with_nothing_journalled_after_it_is_the_replay_s_end(
+    journal_settings, journal, stream_pub
+) -> None:
+    """Retention emptied the topic's journal partition: the archive is served up to now, and
+    said to be done, so the client goes live instead of asking again at once."""
+    import pyarrow as pa
+
+    from candlewire.lake import NAMESPACE, catalog
+
+    feed = TickFeed(stream_pub)
+    a_day_ago = int(time.time() * 1000) - 86_400_000
+    table = catalog(journal_settings).load_table(f"{NAMESPACE}.ticks")
+    row = {
+        "ticker": feed.ticker,
+        "trade_id": "old",
+        "price": Decimal("1.5"),
+        "size": Decimal("1"),
+        "side": "BUY",
+        "exchange_time": datetime.fromtimestamp(a_day_ago / 1000, UTC),
+        "ingest_time": None,
+        "exchange_time_ns": a_day_ago * 1_000_000,
+    }
+    table.append(pa.Table.from_pylist([row], schema=table.schema().as_arrow()))
+    feed.publish(1)
+    stream_pub._journal.flush(10)
+    trim_journal(journal_settings, journal, feed.topic)
+    req = jr.FetchRequest(request_id="a1", topic=feed.topic, since_ms=a_day_ago - 1000)
+    reply = fetch(journal_settings, encode(req))
+    assert reply is not None and reply.status == jr.FETCH_OK, reply
+    assert [t.trade_id for r in reply.runs for t in r.ticks] == ["old"]
+    assert reply.archive_until_ms > a_day_ago and reply.done
+
+
 def client_sees(settings: Settings, ticker: str, since: object, n: int) -> list:
     with Client(settings) as client:
         sub = client.subscribe(ticker, since=since)
