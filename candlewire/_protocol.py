@@ -6,6 +6,7 @@ clients only differ in how they wait on sockets.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -20,7 +21,7 @@ from google.protobuf.message import DecodeError, Message
 
 from candlewire.book import JOIN_LOOKBACK_S, BookFeed
 from candlewire.errors import HistoryFailed, ProtocolError, RequestRejected, SubscriptionFailed
-from candlewire.positions import is_after, is_next
+from candlewire.positions import describe, is_after, is_next
 from candlewire.times import TimeLike, to_ms
 from candlewire.topics import (
     book_type,
@@ -49,6 +50,7 @@ from proto.market_pb2 import StreamPosition
 Notify = Literal["client", "request"]
 Since = TimeLike | StreamPosition | None  # where a subscription starts: a time or a position
 
+log = logging.getLogger("candlewire.client")
 FETCH_MESSAGES = 0  # asked per journal chunk; 0: as many as the service gives (50k)
 FIRINGS_REMEMBERED = 100_000  # (trigger_id, firing) pairs kept to drop repeats
 MAX_QUEUED_FIRINGS = 100_000  # firings not yet taken; beyond, new ones are dropped
@@ -328,6 +330,7 @@ class SubscriptionStats:
     epochs: int = 0
     archived: int = 0  # older than the journal, read from Iceberg
     malformed: int = 0  # dropped: a price or size not a decimal(38,18), a time no datetime holds
+    lost: int = 0  # positions a FETCH skipped: published live, never journalled (a write failed)
 
 
 @dataclass
@@ -385,7 +388,9 @@ class Sequence:
             msgs = [m for m in msgs if is_after(m.stream, self.last)]  # type: ignore[attr-defined]
         if not msgs:
             return msgs
-        self._delivered(msgs[0].stream, msgs[-1].stream, len(msgs), filled)  # type: ignore[attr-defined]
+        first, last = msgs[0].stream, msgs[-1].stream  # type: ignore[attr-defined]
+        self._count_lost(first, last, len(msgs))
+        self._delivered(first, last, len(msgs), filled)
         return msgs
 
     def accept_edges(
@@ -396,8 +401,28 @@ class Sequence:
         leaves it to :meth:`accept_chunk`, which drops the ones before."""
         if not is_after(first, self.last):
             return False
+        self._count_lost(first, last, n)
         self._delivered(first, last, n, filled)
         return True
+
+    def _count_lost(self, first: StreamPosition, last: StreamPosition, n: int) -> None:
+        """Count the positions a chunk of ``n`` messages skips, before it and within it,
+        where an epoch's seq says exactly which come next. The journal serves what it holds:
+        a message published live whose journal write failed is in no chunk, and went by
+        unseen (a chunk across epochs is not counted within)."""
+        lost = 0
+        if self.last is not None and first.epoch == self.last.epoch:
+            lost += first.seq - self.last.seq - 1
+        if first.epoch == last.epoch:
+            lost += last.seq - first.seq + 1 - n
+        if lost > 0:
+            self.stats.lost += lost
+            log.warning(
+                "%s: %d messages the journal does not hold, before %s",
+                self.topic,
+                lost,
+                describe(last),
+            )
 
     def _delivered(self, first: StreamPosition, last: StreamPosition, n: int, filled: bool) -> None:
         if self.last is None or first.epoch != self.last.epoch:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from candlewire._protocol import Sequence, Verdict
 from candlewire.positions import is_after, is_next
-from proto.market_pb2 import StreamPosition
+from proto.market_pb2 import OHLC, StreamPosition
 
 
 def tick(epoch: int, seq: int, offset: int) -> StreamPosition:
@@ -53,3 +53,17 @@ def test_a_late_joiner_checks_its_first_live_message_against_the_journal() -> No
     seq.take(tick(1, 49, 59))
     req = seq.request(until=None, cursor=7, request_id="r")
     assert req.after.seq == 49 and req.cursor == 7 and not req.HasField("until")
+
+
+def test_the_positions_a_chunk_skips_are_counted_lost() -> None:
+    # The publisher publishes live when a journal write fails: that message is in no chunk,
+    # and a replay or a gap's fill went past it without a word.
+    seq = Sequence("X|ohlc:60")
+    seq.take(candle(1, 3))
+    chunk = [OHLC(stream=candle(1, s)) for s in (4, 5, 9, 10)]  # 6, 7 and 8 never journalled
+    assert seq.accept_chunk(chunk, filled=True) == chunk
+    assert seq.stats.lost == 3
+    assert seq.accept_edges(candle(1, 12), candle(1, 14), 3, filled=True)  # 11 skipped
+    assert seq.stats.lost == 4
+    assert seq.accept_edges(candle(2, 1), candle(2, 2), 2, filled=True)  # a new epoch
+    assert seq.stats.lost == 4 and seq.stats.delivered == 1 + 4 + 3 + 2
