@@ -37,6 +37,13 @@ def plain(value: Decimal) -> str:
     return "0" if text in ("-0", "0") else text
 
 
+# The epoch milliseconds of datetime's first and last (years 1 and 9999), which utc() holds.
+_FIRST_MS, _LAST_MS = (
+    (d.replace(tzinfo=EPOCH.tzinfo) - EPOCH) // timedelta(milliseconds=1)
+    for d in (datetime.min, datetime.max)
+)
+
+
 def utc(ns: int = 0, ms: int = 0) -> datetime:
     """Epoch nanoseconds or milliseconds as an aware datetime (to the microsecond); a time
     beyond datetime's years 1 to 9999 (a valid int64 all the same) raises OverflowError."""
@@ -214,6 +221,11 @@ def _batch(
         )
     )
     cast, bad = _decimals(arrays, schema)
+    if schema is CANDLE_SCHEMA:  # a time no datetime holds, as the typed Candle refuses it
+        at = arrays[schema.get_field_index("open_time")].cast(pa.int64())
+        outside = pc.or_(pc.less(at, _FIRST_MS), pc.greater(at, _LAST_MS))
+        if pc.any(outside).as_py():
+            bad = outside if bad is None else pc.or_(bad, outside)
     if bad is not None:  # drop those rows, then cast what is left
         keep = pc.invert(bad)
         arrays = [a.filter(keep) for a in arrays]

@@ -319,6 +319,27 @@ def test_a_typed_value_is_refused_where_the_batch_drops_its_row(text: str) -> No
         assert refused == bool(dropped), (text, type(msg).__name__)
 
 
+@pytest.mark.parametrize(
+    "open_ms", [2**62, 253_402_300_800_000, 253_402_300_799_999, -62_135_596_800_001, 0, -1]
+)
+def test_a_candle_time_is_refused_by_the_batch_where_the_typed_candle_refuses_it(
+    open_ms: int,
+) -> None:
+    # The batch kept a candle of 2**62 ms, which the typed path drops (no datetime holds it).
+    candle = market_pb2.OHLC(ticker="X:A/B", period_s=60, open_time_ms=open_ms, open="1",
+                             high="1", low="1", close="1", volume="1")  # fmt: skip
+    batch, dropped = as_batch([candle, market_pb2.OHLC(ticker="X:A/B", period_s=60, open="2",
+                                                       high="2", low="2", close="2",
+                                                       volume="2")])  # fmt: skip
+    try:
+        typed(candle)
+        refused = False
+    except MALFORMED:
+        refused = True
+    assert dropped == refused and len(batch) == 2 - dropped
+    assert batch.column("open")[-1].as_py() == Decimal(2)
+
+
 def varied_tick(i: int, **fields: object) -> market_pb2.Tick:
     values: dict = {
         "ticker": "X:A/B",
