@@ -63,11 +63,17 @@ class JvmLive:
         self.ticks: list[tuple[str, str, market_pb2.StreamPosition]] = []
         self.candles: dict[tuple[str, int, int], market_pb2.OHLC] = {}
         self.heads = 0
-        self._warm_up()
+        try:
+            self._warm_up()
+        except BaseException:  # closed here: a context left open hangs the worker at exit
+            self.close()
+            raise
 
     def _warm_up(self) -> None:
         """Until the SUB's subscription has reached the XPUB (nothing is dropped after)."""
-        probe = to_record(market_pb2.Tick(ticker="PROBE:X/Y", price="1", size="1"))
+        probe = to_record(
+            market_pb2.Tick(ticker="PROBE:X/Y", price="1", size="1", exchange_time_ns=T0)
+        )
         for i in range(300):
             self.live.offer(probe, PROBE_PARTITION, i)
             if self.sub.poll(100):
@@ -139,8 +145,8 @@ def judge(
         if isinstance(t, market_pb2.FeedIdle):
             feeds.mark(t.ticker, t.event_time_ns)
             continue
-        if not (held(t.price) and held(t.size)):
-            continue
+        if not (held(t.price) and held(t.size)) or t.exchange_time_ns <= 0:
+            continue  # bad, as DecodeTick.amounts has it
         verdict = feeds.admit(t.ticker, t.trade_id, t.exchange_time_ns)
         if verdict is Verdict.DUPLICATE:
             continue
@@ -208,13 +214,13 @@ def feed_records(seed: int, n: int, tickers: list[str]) -> list[tuple[bytes, int
             )
         elif roll < 0.09:
             value = rng.choice([b"\x01\x04\xff\xff", b"", to_record(market_pb2.Tick(ticker=""))])
-        elif roll < 0.095:  # a price or size no table holds: bad, as malformed records are
+        elif roll < 0.095:  # a price or size no table holds, or no time: bad
             value = to_record(
                 market_pb2.Tick(
                     ticker=ticker,
                     trade_id=f"{ticker}-{i}",
-                    exchange_time_ns=clocks[ticker],
-                    **rng.choice(UNHELD),
+                    exchange_time_ns=rng.choice([clocks[ticker], 0, -2]),
+                    **rng.choice([*UNHELD, {"price": "1.5", "size": "1"}]),
                 )
             )
         else:

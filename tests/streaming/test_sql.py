@@ -206,7 +206,8 @@ def test_a_price_or_size_no_table_holds_is_bad_in_the_tasks_not_folded_or_stored
     """DECIMAL(38,18) holds 20 digits before the point and 18 after. A price of 21 digits
     failed the batch's write of ``ticks`` at every restart (the job stopped for good); a
     19th decimal was rounded one way in ``ticks``, another in ``ohlc`` and not at all live.
-    Each is counted bad where it is judged, and folds into no candle."""
+    Each is counted bad where it is judged, and folds into no candle; so is a trade without
+    a time."""
     from streaming.queries.ticks import batch_summary
 
     base = 1_789_999_200 * 10**9
@@ -217,6 +218,7 @@ def test_a_price_or_size_no_table_holds_is_bad_in_the_tasks_not_folded_or_stored
         ("2", "0.0000000000000000005"),
         ("1e+20000000", "1"),  # digits by the million, as text
         ("2.5", "99999999999999999999.999999999999999999"),  # the largest held
+        ("3", "1"),  # held, but without a time (0): a trade of no feed's clock
     ]
     rows = []
     for i, (price, size) in enumerate(amounts):
@@ -226,13 +228,13 @@ def test_a_price_or_size_no_table_holds_is_bad_in_the_tasks_not_folded_or_stored
             price=price,
             size=size,
             side=market_pb2.BUY,
-            exchange_time_ns=base + i * 10**9,
+            exchange_time_ns=base + i * 10**9 if i < 6 else 0,
         )
         rows.append((to_record(tick), 0, i, None))
     judged = judged_in_tasks(spark.createDataFrame(rows, RECORDS), 10.0, 60.0)
     assert sorted(r["offset"] for r in judged.where(f"kind = {TICK}").collect()) == [0, 5]
     (summary,) = judged.where(f"kind <> {TICK}").agg(*batch_summary()).collect()
-    assert summary["bad"] == 4 and summary["kept"] == 2
+    assert summary["bad"] == 5 and summary["kept"] == 2
     minute = {c["period_s"]: c for c in summary["candles"] if c is not None}[60]
     assert (minute["open"], minute["high"], minute["close"]) == ("1.5", "2.5", "2.5")
     assert Decimal(minute["volume"]) == Decimal("100000000000000000000.999999999999999999")

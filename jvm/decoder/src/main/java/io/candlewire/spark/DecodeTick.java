@@ -68,9 +68,14 @@ public final class DecodeTick implements UDF1<byte[], Row> {
    * price of 21 digits failed the committing query's write of {@code ticks} at every restart
    * (the pipeline stopped for good), and a 19th decimal was rounded one way in {@code ticks},
    * another in {@code ohlc} and not at all live; an exponent of millions made a text of as
-   * many digits for each candle.
+   * many digits for each candle. A trade without a time (at or before 1970, as the ingestors'
+   * rule has it) is bad too: a feed's clock of 0 is no clock, and such trades replaced one
+   * another in a candle closed as it formed.
    */
   static BigDecimal[] amounts(Row r) {
+    if (r.getLong(TIME) <= 0) {
+      return null;
+    }
     try {
       BigDecimal price = new BigDecimal(r.getString(PRICE));
       BigDecimal size = new BigDecimal(r.getString(SIZE));
