@@ -20,6 +20,7 @@ DECIMAL_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-
 # after. A venue's prices and sizes are these, and take one match.
 PLAIN = re.compile(r"[0-9]{1,19}(?:\.[0-9]{0,18})?")
 INTEGER_DIGITS, SCALE = 20, 18  # DECIMAL(38,18)
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1  # Java's int
 PLAIN_CHARS = "0123456789."  # a text of these alone, under 20 of them, that parses: held
 
 
@@ -30,7 +31,17 @@ def held(text: str) -> bool:
         return True
     if not DECIMAL_TEXT.fullmatch(text):
         return False
-    return fits(Decimal(text))
+    return _java_reads(text) and fits(Decimal(text))
+
+
+def _java_reads(text: str) -> bool:
+    """Whether Java's BigDecimal reads ``text`` (of :data:`DECIMAL_TEXT`): its exponent as
+    written, and its scale (the digits after the point less the exponent), each an int.
+    One it does not read is bad in the stream, even a zero, so it is not held here."""
+    mantissa, _e, exponent = text.lower().partition("e")
+    written = int(exponent) if exponent else 0
+    scale = len(mantissa.partition(".")[2]) - written
+    return INT_MIN <= written <= INT_MAX and INT_MIN <= scale <= INT_MAX
 
 
 def fits(value: Decimal) -> bool:

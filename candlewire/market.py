@@ -9,6 +9,7 @@ yields the protobuf messages instead.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -636,12 +637,22 @@ def cast_decimals(text: pa.Array) -> pa.Array:
     instead of failing. Only a text :func:`_may_wrap` finds can be one: when there is none,
     as in a venue's prices and sizes, this costs a look at the lengths and a search of the
     bytes (about 1 ns a row); else each value is compared with its text read as a float."""
-    cast = text.cast(DECIMAL)
     data = text.buffers()[2]  # a slice's are its whole parent's: a row too many, at worst
+    raw = b"" if data is None else data.to_pybytes()  # a copy, memchr-fast
     longest = pc.max(pc.binary_length(text)).as_py() or 0  # None: no text
-    if _may_wrap(b"" if data is None else data.to_pybytes(), longest):  # a copy, memchr-fast
+    wraps = _may_wrap(raw, longest)
+    if wraps and _HUGE_EXPONENT.search(raw):  # Arrow's cast ends the process on some
+        raise pa.ArrowInvalid("a decimal text whose exponent DECIMAL(38,18) cannot hold")
+    cast = text.cast(DECIMAL)
+    if wraps:
         _refuse_unkept(text, cast)
     return cast
+
+
+# An exponent of 10,000 or more: no DECIMAL holds such a value but zero (so written, the one
+# text the batches drop and the typed values keep), and pyarrow 26's cast of one near an
+# int's least (1E-2147483600) ends the process (SIGSEGV), not refuses it.
+_HUGE_EXPONENT = re.compile(rb"[eE][+-]?0*[1-9][0-9]{4}")
 
 
 def _may_wrap(data: bytes, longest: int) -> bool:
@@ -668,8 +679,10 @@ def _casts(text: str | None) -> bool:
     the str's: for one row far cheaper than Arrow's kernels)."""
     column = pa.array([text], pa.string())
     try:
-        cast = column.cast(DECIMAL)
         raw = b"" if text is None else text.encode()
+        if _may_wrap(raw, len(raw)) and _HUGE_EXPONENT.search(raw):
+            return False
+        cast = column.cast(DECIMAL)
         if _may_wrap(raw, len(raw)):
             _refuse_unkept(column, cast)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

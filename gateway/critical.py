@@ -377,6 +377,11 @@ class CriticalDelivery:
         that channel fails at once, and the event goes on to its next preference (a text
         channel sends the rendered text, not the payload)."""
         if isinstance(sys.exception(), RecursionError):
+            log.warning(
+                "channel %s cannot send %s: its payload nests too deep",
+                way.name,
+                way.event.event_id,
+            )
             return Result(Outcome.FAILED, "payload nested too deep to send")
         log.exception("channel %s failed on %s", way.name, way.event.event_id)
         return Result(Outcome.RETRY, f"{type(sys.exception()).__name__}", 30.0)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from candlewire.amounts import DECIMAL_TEXT, PLAIN_CHARS, fits
+from candlewire.amounts import DECIMAL_TEXT, PLAIN_CHARS, held
 from candlewire.kafka import OHLC_BATCHES, SYMBOL_METADATA, TICKS
 from ingest.exchanges.base import (
     Exchange,
@@ -140,7 +140,7 @@ def tick_checker(
                 return "size"
             if not (DECIMAL_TEXT.fullmatch(price_text) and DECIMAL_TEXT.fullmatch(size_text)):
                 return "not_decimal"  # "1_000", " 1": Decimal reads them, the stream not
-            if not (fits(price) and fits(size)):
+            if not (held(price_text) and held(size_text)):
                 return "range"  # past DECIMAL(38,18): the stream would count it bad
         if at_ns <= 0:  # no time: a venue's trade without one, not a trade of 1970
             return "time"

@@ -218,6 +218,7 @@ def test_a_price_or_size_no_table_holds_is_bad_in_the_tasks_not_folded_or_stored
         ("2", "0.0000000000000000005"),
         ("1e+20000000", "1"),  # digits by the million, as text
         ("2.5", "99999999999999999999.999999999999999999"),  # the largest held
+        ("1E2147483647", "1"),  # its digits' count less its scale wrapped in an int
         ("3", "1"),  # held, but without a time (0): a trade of no feed's clock
     ]
     rows = []
@@ -228,13 +229,13 @@ def test_a_price_or_size_no_table_holds_is_bad_in_the_tasks_not_folded_or_stored
             price=price,
             size=size,
             side=market_pb2.BUY,
-            exchange_time_ns=base + i * 10**9 if i < 6 else 0,
+            exchange_time_ns=base + i * 10**9 if i < 7 else 0,
         )
         rows.append((to_record(tick), 0, i, None))
     judged = judged_in_tasks(spark.createDataFrame(rows, RECORDS), 10.0, 60.0)
     assert sorted(r["offset"] for r in judged.where(f"kind = {TICK}").collect()) == [0, 5]
     (summary,) = judged.where(f"kind <> {TICK}").agg(*batch_summary()).collect()
-    assert summary["bad"] == 5 and summary["kept"] == 2
+    assert summary["bad"] == 6 and summary["kept"] == 2
     minute = {c["period_s"]: c for c in summary["candles"] if c is not None}[60]
     assert (minute["open"], minute["high"], minute["close"]) == ("1.5", "2.5", "2.5")
     assert Decimal(minute["volume"]) == Decimal("100000000000000000000.999999999999999999")

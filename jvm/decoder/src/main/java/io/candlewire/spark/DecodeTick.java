@@ -93,7 +93,7 @@ public final class DecodeTick implements UDF1<byte[], Row> {
     // Digits before the point, and after it without trailing zeros, read off the unscaled
     // value's digit count: no stripTrailingZeros (a copy) for the common value in range.
     int scale = value.scale();
-    int before = value.precision() - scale;
+    long before = (long) value.precision() - scale; // a scale near an int's least wraps
     if (before > INTEGER_DIGITS) {
       return false;
     }

@@ -119,13 +119,17 @@ public final class Triggers {
       if (idle) {
         j.advance(timeNs, horizonNs);
         send(feed.mark(timeNs));
-      } else if (j.admit(decoded.getString(DecodeTick.TRADE_ID), timeNs, allowanceNs, horizonNs)
-          == FeedState.KEEP) {
+      } else {
+        // Bad before judged, as the live path and the committing query have it: a bad trade
+        // must not move this feed's clock or take a trade id.
         BigDecimal[] amounts = DecodeTick.amounts(decoded);
         if (amounts == null) {
           return; // the live path counts it bad
         }
-        send(feed.trade(timeNs, amounts[0], amounts[1]));
+        String tradeId = decoded.getString(DecodeTick.TRADE_ID);
+        if (j.admit(tradeId, timeNs, allowanceNs, horizonNs) == FeedState.KEEP) {
+          send(feed.trade(timeNs, amounts[0], amounts[1]));
+        }
       }
       forgetIfEmpty(ticker);
     }
