@@ -607,12 +607,17 @@ class ClientCore:
                         deadline = time.monotonic() + FILL_TIMEOUT_S
                     req, sent = seq.request(until, 0, new_id("f")), False
                     continue
-                if columns is not None and seq.accept_edges(
-                    columns.first, columns.last, len(columns), filled=not replay
+                if (
+                    columns is not None
+                    and columns.only(seq.topic)
+                    and seq.accept_edges(
+                        columns.first, columns.last, len(columns), filled=not replay
+                    )
                 ):
                     msgs = out = columns  # ticks for Arrow: read as columns, no object each
                 else:
-                    if columns is not None:  # it overlaps what was delivered: trimmed as messages
+                    if columns is not None:  # overlapping what was delivered, or not all the
+                        # topic's: trimmed as messages
                         try:
                             reply = journal.whole(journal.wire)
                         except EnvelopeError:  # what the columns vouched for does not decode

@@ -331,10 +331,18 @@ class _TickColumns:
     be read as columns at once is read run by run: columns where a run's can, messages
     where not (a run with one tick whose side is unknown, or whose offset is 0)."""
 
-    def __init__(self, pieces: list[_Columns | list[market_pb2.Tick]]):
+    def __init__(
+        self, pieces: list[_Columns | list[market_pb2.Tick]], topics: Sequence[str] = ()
+    ) -> None:
         self._pieces = pieces
         self._n = sum(map(len, pieces))
         self.first, self.last = _edge(pieces[0], 0), _edge(pieces[-1], -1)
+        self.topics = topics  # each run's, in order
+
+    def only(self, topic: str) -> bool:
+        """Whether every run of the chunk is ``topic``'s: a run of another topic's is
+        dropped and counted on the messages' path (``positions.run_fits``)."""
+        return all(t == topic for t in self.topics)
 
     @classmethod
     def read(cls, payload: bytes) -> tuple[Message, _TickColumns] | None:
@@ -359,7 +367,9 @@ class _TickColumns:
             return None
         whole = _Columns.of(run.ticks, n)
         pieces = [whole] if whole is not None else _run_pieces(payload, counts)
-        return None if pieces is None else (reply, cls(pieces))
+        if pieces is None or len(run.topic) != len(counts):  # a run without a topic
+            return None
+        return reply, cls(pieces, list(run.topic))
 
     def __len__(self) -> int:
         return self._n

@@ -238,3 +238,27 @@ def test_a_replay_from_an_archive_with_nothing_journalled_after_it_goes_live(sta
         sub.close()
     assert got == [1, 2]
     assert journal.asked <= 3
+
+
+def test_a_run_of_another_topic_is_dropped_from_an_arrow_replay_too(stage) -> None:
+    # The chunk's ticks read as columns took every run's, whatever its topic: another
+    # ticker's trades came out in this one's batch (the messages' path drops such a run).
+    topic = market_data_topic(T, "tick")
+
+    def answer(req: jr.FetchRequest) -> jr.FetchReply:
+        reply = jr.FetchReply(request_id=req.request_id, status=jr.FETCH_OK, done=True)
+        ours = reply.runs.add(topic=topic, first=at(1, 1), last=at(2, 2))
+        ours.ticks.extend([tick(1), tick(2)])
+        other = reply.runs.add(topic=f"{T}x|tick", first=at(3, 3), last=at(3, 3))
+        other.ticks.append(tick(3))
+        reply.cursor = 1
+        return reply
+
+    Journal(stage, answer)
+    Relay(stage, [])
+    with Client(stage.settings, context=stage.ctx) as client:
+        sub = client.subscribe(T, "tick", since=1000, idle_timeout=10, batches=True)
+        batch = next(sub)
+        sub.close()
+    assert batch.column("trade_id").to_pylist() == ["1", "2"]
+    assert sub.stats.malformed == 1
