@@ -58,6 +58,6 @@ def fits(value: Decimal) -> bool:
 def amount(text: str) -> Decimal:
     """A price or size as a Decimal, or InvalidOperation for one the platform does not
     keep (:func:`held`)."""
-    if PLAIN.fullmatch(text) or held(text):
+    if held(text):
         return Decimal(text)
     raise InvalidOperation(f"{text[:40]!r} is no decimal DECIMAL(38,18) holds")

@@ -332,7 +332,7 @@ class _TickColumns:
     where not (a run with one tick whose side is unknown, or whose offset is 0)."""
 
     def __init__(
-        self, pieces: list[_Columns | list[market_pb2.Tick]], topics: Sequence[str] = ()
+        self, pieces: list[_Columns | list[market_pb2.Tick]], topics: Sequence[str]
     ) -> None:
         self._pieces = pieces
         self._n = sum(map(len, pieces))
@@ -690,10 +690,11 @@ def _casts(text: str | None) -> bool:
     column = pa.array([text], pa.string())
     try:
         raw = b"" if text is None else text.encode()
-        if _may_wrap(raw, len(raw)) and _HUGE_EXPONENT.search(raw):
+        wraps = _may_wrap(raw, len(raw))
+        if wraps and _HUGE_EXPONENT.search(raw):
             return False
         cast = column.cast(DECIMAL)
-        if _may_wrap(raw, len(raw)):
+        if wraps:
             _refuse_unkept(column, cast)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return False
