@@ -185,16 +185,22 @@ def test_a_session_channel_that_finds_no_session_falls_through_to_one_that_waits
 ) -> None:
     """A session channel answers at once, without a task (no session here: SKIPPED); the
     event goes on down its preferences to a channel that waits on a service."""
+    ack = past_the_session_channel(gw_env, telegram, make_gateway, container, chat_id="7")
+    assert ack.status == ev.ERROR
+    assert ack.error_message == "ACTIVE_SESSION: no active session on this gateway"
+
+
+def past_the_session_channel(gw_env, telegram, make_gateway, container, chat_id: str):
+    """An event whose session channel does not deliver goes on to Telegram, which does;
+    returns the ack of one with the session channel alone."""
     gw = make_gateway(gw_env, gw_config(telegram))
     user = new_user()
-    gw.directory.set_user(user, telegram_chat_id="7")
+    gw.directory.set_user(user, telegram_chat_id=chat_id)
     event = user_event(user, ev.CRITICAL, [(ev.ACTIVE_SESSION, False), (ev.TELEGRAM, False)])
     assert container(gw_env).send(event).status == ev.DELIVERED
     assert refs(telegram.texts()) == [event.event_id]
     lone = user_event(user, ev.CRITICAL, [(ev.ACTIVE_SESSION, False)])
-    ack = container(gw_env).send(lone)
-    assert ack.status == ev.ERROR
-    assert ack.error_message == "ACTIVE_SESSION: no active session on this gateway"
+    return container(gw_env).send(lone)
 
 
 def test_a_channel_that_raises_leaves_its_event_queued_whether_it_waits_or_not(
@@ -230,14 +236,7 @@ def test_a_payload_too_deep_to_encode_fails_its_channel_at_once_and_goes_on_down
         raise RecursionError("maximum recursion depth exceeded while encoding a JSON object")
 
     monkeypatch.setattr(SessionChannel, "send_now", too_deep)
-    gw = make_gateway(gw_env, gw_config(telegram))
-    user = new_user()
-    gw.directory.set_user(user, telegram_chat_id="9")
-    event = user_event(user, ev.CRITICAL, [(ev.ACTIVE_SESSION, False), (ev.TELEGRAM, False)])
-    assert container(gw_env).send(event).status == ev.DELIVERED
-    assert refs(telegram.texts()) == [event.event_id]
-    lone = user_event(user, ev.CRITICAL, [(ev.ACTIVE_SESSION, False)])
-    ack = container(gw_env).send(lone)
+    ack = past_the_session_channel(gw_env, telegram, make_gateway, container, chat_id="9")
     assert ack.status == ev.ERROR
     assert ack.error_message == "ACTIVE_SESSION: payload nested too deep to send"
 

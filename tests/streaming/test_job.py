@@ -21,6 +21,7 @@ import sqlalchemy as sa
 import zmq
 from confluent_kafka import Producer
 
+from bench.oracle import expected_candles as oracle_candles
 from candlewire import Client
 from candlewire.book import Book, BookSync, Verdict
 from candlewire.config import PERIODS_S
@@ -110,25 +111,8 @@ def with_resends(
 
 
 def expected_candles(ticks: list[market_pb2.Tick], period_s: int) -> pd.DataFrame:
-    df = pd.DataFrame(
-        {
-            "time": pd.to_datetime([t.exchange_time_ns for t in ticks], unit="ns", utc=True),
-            "price": [Decimal(t.price) for t in ticks],
-            "size": [Decimal(t.size) for t in ticks],
-        }
-    ).sort_values("time")
-    r = df.set_index("time").resample(f"{period_s}s")
-    out = pd.DataFrame(
-        {
-            "open": r["price"].first(),
-            "high": r["price"].max(),
-            "low": r["price"].min(),
-            "close": r["price"].last(),
-            "volume": r["size"].sum(),
-            "trade_count": r["price"].count(),
-        }
-    )
-    return out[out["trade_count"] > 0]  # resample invents empty bins; candlewire does not
+    """The benches' pandas reference (:func:`bench.oracle.expected_candles`) over ``ticks``."""
+    return oracle_candles([(t.exchange_time_ns, t.price, t.size) for t in ticks], period_s)
 
 
 def test_candles_equal_pandas_resample_for_every_period(pipeline) -> None:
