@@ -33,9 +33,31 @@ SIDES = {market_pb2.BUY: "buy", market_pb2.SELL: "sell"}
 
 
 def plain(value: Decimal) -> str:
-    """A decimal as people write it: no exponent, no trailing zeros, zero as ``0``."""
-    text = format(value.normalize(), "f")
+    """A decimal as people write it: no exponent, no trailing zeros, zero as ``0``. Exact at
+    any length: ``normalize()`` rounds to the context's 28 digits, and the tables hold 38."""
+    text = format(value, "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
     return "0" if text in ("-0", "0") else text
+
+
+# Trailing zeros of a fraction, and its point when nothing else is left of it.
+_TRAILING_ZEROS = r"(\.[0-9]*[1-9])0+$|\.0+$"
+
+
+def plain_texts(column: pa.Array | pa.ChunkedArray) -> pa.ChunkedArray:
+    """:func:`plain` of each value of a decimal column (nulls stay null), by Arrow: a
+    value in Python costs more than everything else a replay does with it."""
+    text = pc.replace_substring_regex(pc.cast(column, pa.string()), _TRAILING_ZEROS, r"\1")
+    if isinstance(text, pa.Array):
+        text = pa.chunked_array([text], pa.string())
+    if not pc.any(pc.match_substring(text, "E")).as_py():
+        return text
+    # Arrow writes a value under 1e-6, and a zero, with an exponent: those few in Python.
+    return pa.chunked_array(
+        [[plain(Decimal(t)) if t is not None and "E" in t else t for t in text.to_pylist()]],
+        pa.string(),
+    )
 
 
 # The epoch milliseconds of datetime's first and last (years 1 and 9999), which utc() holds.

@@ -30,6 +30,8 @@ from candlewire.market import (
     _varints,
     _wire_fields,
     as_batch,
+    plain,
+    plain_texts,
     typed,
 )
 from candlewire.positions import add_items
@@ -584,3 +586,36 @@ def test_a_run_s_own_fields_are_parsed_as_the_decoder_parses_them() -> None:
         with pytest.raises(MalformedPayload):
             decode_body(bytes([TYPE_IDS[jr.FetchReply]]) + payload)
         assert _TickColumns.read(payload) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ("99999999999999999999.999999999999999999", "99999999999999999999.999999999999999999"),
+        ("12345678901.123456789012345678", "12345678901.123456789012345678"),
+        ("100.500000000000000000", "100.5"),
+        ("1E+5", "100000"),
+        ("0E-18", "0"),
+        ("-0.0", "0"),
+        ("0.000000000000000001", "0.000000000000000001"),
+        ("-1.50", "-1.5"),
+    ],
+)
+def test_plain_text_is_exact_at_every_digit_the_tables_hold(value: str, text: str) -> None:
+    """38 digits, not the decimal context's 28: the chart's candles and the archive's
+    replay rounded ``12345678901.123456789012345678`` to ``12345678901.12345678901234568``."""
+    assert plain(Decimal(value)) == text
+    column = pa.array([Decimal(value), None], pa.decimal128(38, 18))
+    assert plain_texts(column).to_pylist() == [text, None]
+
+
+def test_plain_texts_of_a_column_are_plain_of_each_value() -> None:
+    rng = np.random.default_rng(7)
+    values = [
+        Decimal(int(d)).scaleb(-int(s))
+        for d, s in zip(
+            rng.integers(-(10**18), 10**18, 5_000), rng.integers(0, 19, 5_000), strict=True
+        )
+    ]
+    column = pa.chunked_array([values[:2_500], values[2_500:]], pa.decimal128(38, 18))
+    assert plain_texts(column).to_pylist() == [plain(v) for v in values]
