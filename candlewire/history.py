@@ -13,12 +13,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.expressions import (
     And,
+    BooleanExpression,
     EqualTo,
     GreaterThan,
     GreaterThanOrEqual,
     LessThan,
     LessThanOrEqual,
 )
+from pyiceberg.table import Table
 
 from candlewire.book import SNAPSHOT_EVERY_S, Book, replay
 from candlewire.config import Settings
@@ -45,15 +47,27 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
 
 
-Decimals = Literal["decimal", "float"]
+def in_range(ticker: str, column: str, start_ms: int, end_ms: int) -> BooleanExpression:
+    """``ticker``'s rows with ``column`` in [start, end), as a filter Iceberg prunes by."""
+    return And(
+        EqualTo("ticker", ticker),
+        GreaterThanOrEqual(column, _iso(start_ms)),
+        LessThan(column, _iso(end_ms)),
+    )
+
+
+Decimals = Literal["decimal", "float", "stored"]
 
 
 def with_decimals(table: pa.Table, decimals: Decimals) -> pa.Table:
     """The tables' DECIMAL(38,18) columns as the reader asks: ``"decimal"`` keeps them exact
     at the smallest scale that holds every value (pandas then shows ``12972.75``, not 18
-    digits), ``"float"`` as float64 (fast, rounded)."""
-    if decimals not in ("decimal", "float"):
-        raise ValueError(f"decimals must be 'decimal' or 'float', not {decimals!r}")
+    digits), ``"float"`` as float64 (fast, rounded), ``"stored"`` as they are (for a reader
+    that turns them into text itself)."""
+    if decimals not in ("decimal", "float", "stored"):
+        raise ValueError(f"decimals must be 'decimal', 'float' or 'stored', not {decimals!r}")
+    if decimals == "stored":
+        return table
     for i, field in enumerate(table.schema):
         if not pa.types.is_decimal(field.type):
             continue
@@ -75,15 +89,18 @@ def _narrowest(column: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def read_ticks(
-    settings: Settings, ticker: str, start: TimeLike, end: TimeLike, decimals: Decimals = "decimal"
+    settings: Settings,
+    ticker: str,
+    start: TimeLike,
+    end: TimeLike,
+    decimals: Decimals = "decimal",
+    *,
+    table: Table | None = None,
 ) -> pa.Table:
-    """Trades with exchange_time in [start, end), in time order (ties by trade id)."""
-    table = load_table(settings, "ticks")
-    row_filter = And(
-        EqualTo("ticker", ticker),
-        GreaterThanOrEqual("exchange_time", _iso(to_ms(start, "start"))),
-        LessThan("exchange_time", _iso(to_ms(end, "end"))),
-    )
+    """Trades with exchange_time in [start, end), in time order (ties by trade id).
+    ``table``: the ``ticks`` table when the caller has loaded it already."""
+    table = table or load_table(settings, "ticks")
+    row_filter = in_range(ticker, "exchange_time", to_ms(start, "start"), to_ms(end, "end"))
     rows = table.scan(row_filter=row_filter).to_arrow()
     rows = rows.sort_by([("exchange_time_ns", "ascending"), ("trade_id", "ascending")])
     return with_decimals(rows, decimals)
@@ -96,14 +113,15 @@ def read_history(
     start: TimeLike,
     end: TimeLike,
     decimals: Decimals = "decimal",
+    *,
+    table: Table | None = None,
 ) -> pa.Table:
-    """Candles with open_time in [start, end), sorted by open_time."""
-    table = load_table(settings, "ohlc")
+    """Candles with open_time in [start, end), sorted by open_time. ``table``: the ``ohlc``
+    table when the caller has loaded it already."""
+    table = table or load_table(settings, "ohlc")
     row_filter = And(
-        EqualTo("ticker", ticker),
         EqualTo("period_s", int(period)),
-        GreaterThanOrEqual("open_time", _iso(to_ms(start, "start"))),
-        LessThan("open_time", _iso(to_ms(end, "end"))),
+        in_range(ticker, "open_time", to_ms(start, "start"), to_ms(end, "end")),
     )
     rows = _by_open_time(table.scan(row_filter=row_filter, selected_fields=COLUMNS).to_arrow())
     return with_decimals(rows, decimals)

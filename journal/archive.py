@@ -7,16 +7,28 @@ boundary on. Archived rows carry no position (they were never published with one
 seam is by time, the archive's event time against the journal's publish time, so a trade
 that arrived late around the boundary may be served by both, or by neither. Candles older
 than a day are closed.
+
+Each chunk reads a window of time chosen from the files' statistics (:func:`window`), not
+everything from ``since`` to the boundary: with ``since`` far back, a replay of a long
+history read the whole of it again for every 20,000 rows it served.
 """
 
 from __future__ import annotations
 
-from decimal import Decimal
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.conversions import from_bytes
+from pyiceberg.table import Table
+from pyiceberg.types import TimestamptzType
 
 from candlewire.config import Settings
-from candlewire.history import read_history, read_ticks
+from candlewire.history import in_range, read_history, read_ticks
+from candlewire.lake import NAMESPACE, catalog
+from candlewire.market import plain_texts
 from candlewire.topics import book_type
 from proto import journal_pb2 as jr
 from proto import market_pb2
@@ -24,61 +36,178 @@ from proto import market_pb2
 ARCHIVE_CHUNK = 20_000
 
 
-def _dec(value: Decimal | None) -> str:
-    return "" if value is None else format(value.normalize(), "f")
+@dataclass(frozen=True)
+class Span:
+    """One data file's bounds on its event-time column, in ms, and its row count."""
+
+    first_ms: int
+    last_ms: int
+    rows: int
+
+
+def window(
+    spans: Sequence[Span], since_ms: int, boundary_ms: int, chunk: int, each_ms: int = 0
+) -> tuple[int, int]:
+    """The [start, end) a chunk reads: from the first row any file may hold at or after
+    ``since_ms``, so an empty stretch of time is skipped in one step, to where the files,
+    taken in order of their first rows, hold ``chunk`` rows. A ticks file holds one ticker's
+    day, so its count is that ticker's. ``each_ms`` > 0 says the table holds at most one of
+    the ticker's rows per ``each_ms`` (a period's candles, whose files hold every ticker's):
+    the end is then ``chunk`` of those after the start, and the files' counts are not used.
+    The end is always after the start, so a replay always moves on."""
+    if not spans:
+        return since_ms, boundary_ms
+    ordered = sorted(spans, key=lambda s: s.first_ms)
+    start = min(max(since_ms, ordered[0].first_ms), boundary_ms)
+    end = boundary_ms
+    if each_ms > 0:
+        end = start + each_ms * chunk
+    else:
+        held = 0
+        for span in ordered:
+            held += span.rows
+            if held >= chunk:
+                end = max(span.last_ms + 1, start + 1)
+                break
+    if all(s.last_ms < end for s in ordered):  # no file holds more after it
+        end = boundary_ms
+    return start, min(boundary_ms, end)
+
+
+# A replay asks chunk after chunk: the journal service keeps its catalog (a connection's
+# setup was a seventh of a chunk's time) and loads the table anew for each, so a chunk sees
+# every commit before it.
+_catalogs: dict[str, SqlCatalog] = {}
+
+
+def _table(settings: Settings, name: str) -> Table:
+    url = settings.sql_url()
+    held = _catalogs.get(url)
+    if held is None:
+        held = _catalogs[url] = catalog(settings)
+    return held.load_table(f"{NAMESPACE}.{name}")
+
+
+def spans(table: Table, ticker: str, column: str, since_ms: int, boundary_ms: int) -> list[Span]:
+    """The statistics of the files that may hold ``ticker``'s rows with ``column`` in
+    [since, boundary), from the manifests alone (no data file is read). A file without
+    bounds on the column counts as spanning the whole range."""
+    field_id = table.schema().find_field(column).field_id
+    out = []
+    for task in table.scan(row_filter=in_range(ticker, column, since_ms, boundary_ms)).plan_files():
+        lower = (task.file.lower_bounds or {}).get(field_id)
+        upper = (task.file.upper_bounds or {}).get(field_id)
+        first = from_bytes(TimestamptzType(), lower) // 1000 if lower else since_ms
+        last = from_bytes(TimestamptzType(), upper) // 1000 if upper else boundary_ms
+        out.append(Span(first, last, task.file.record_count))
+    return out
 
 
 def archive_chunk(
     settings: Settings, req: jr.FetchRequest, boundary_ms: int, reply: jr.FetchReply
 ) -> None:
     """Fill ``reply`` with the archive's next chunk from ``req.since_ms``; its
-    ``archive_until_ms`` says where the next request starts (the boundary: the journal)."""
+    ``archive_until_ms`` says where the next request starts (at the boundary: the journal).
+    A chunk holds rows unless it reaches the boundary, so a client never waits on an empty
+    window."""
     ticker, _, data_type = req.topic.partition("|")
     if data_type == book_type():
         # A book before the journal is rebuilt from its own tables (Client.book_at), not
         # replayed: the caller goes on from the journal's first snapshot.
         reply.archive_until_ms = boundary_ms
         return
+    ticks = data_type == "tick"
+    table = _table(settings, "ticks" if ticks else "ohlc")
+    column = "exchange_time" if ticks else "open_time"
+    each_ms = 0 if ticks else int(data_type.removeprefix("ohlc:")) * 1000
+    files = spans(table, ticker, column, req.since_ms, boundary_ms)
+    start, until, rows = req.since_ms, boundary_ms, None
+    while files:  # none: nothing to read up to the boundary
+        start, end = window(files, start, boundary_ms, ARCHIVE_CHUNK, each_ms)
+        if ticks:
+            rows = read_ticks(settings, ticker, start, end, "stored", table=table)
+            rows, until = _cut(rows, "exchange_time_ns", 1_000_000, end)
+        else:
+            rows = read_history(
+                settings, ticker, each_ms // 1000, start, end, "stored", table=table
+            )
+            ms = pc.divide(rows.column("open_time").cast(pa.int64()), 1000)
+            rows, until = _cut(rows.append_column("open_ms", ms), "open_ms", 1, end)
+        if rows.num_rows or until >= boundary_ms:
+            break
+        # Nothing of this ticker's there (a candle file holds every ticker's): on from there.
+        start, until = until, boundary_ms
+        files = [s for s in files if s.last_ms >= start]
     run = reply.runs.add(topic=req.topic)
-    if data_type == "tick":
-        rows = read_ticks(settings, ticker, req.since_ms, boundary_ms)
-        rows, until = _cut(rows, "exchange_time_ns", 1_000_000, boundary_ms)
-        for r in rows.to_pylist():
-            run.ticks.add(
-                ticker=r["ticker"],
-                trade_id=r["trade_id"],
-                price=_dec(r["price"]),
-                size=_dec(r["size"]),
-                side=market_pb2.Side.Value(r["side"]) if r["side"] else 0,
-                exchange_time_ns=r["exchange_time_ns"],
-                ingest_time_ns=int(r["ingest_time"].timestamp() * 1e9) if r["ingest_time"] else 0,
-            )
-    else:
-        period = int(data_type.removeprefix("ohlc:"))
-        rows = read_history(settings, ticker, period, req.since_ms, boundary_ms)
-        ms = pa.array([int(t.timestamp() * 1000) for t in rows.column("open_time").to_pylist()])
-        rows, until = _cut(rows.append_column("open_ms", ms), "open_ms", 1, boundary_ms)
-        for r in rows.to_pylist():
-            run.candles.add(
-                ticker=r["ticker"],
-                period_s=r["period_s"],
-                open_time_ms=r["open_ms"],
-                open=_dec(r["open"]),
-                high=_dec(r["high"]),
-                low=_dec(r["low"]),
-                close=_dec(r["close"]),
-                volume=_dec(r["volume"]),
-                trade_count=r["trade_count"] or 0,
-                closed=True,
-            )
+    if rows is not None:
+        (_add_ticks if ticks else _add_candles)(run, rows)
     reply.archive_until_ms = until
 
 
-def _cut(rows: pa.Table, column: str, per_ms: int, boundary_ms: int) -> tuple[pa.Table, int]:
+def _texts(rows: pa.Table, name: str) -> list[str]:
+    """A decimal column as the wire's text (empty for null)."""
+    return plain_texts(rows.column(name)).fill_null("").to_pylist()
+
+
+def _ints(column: pa.ChunkedArray) -> list[int]:
+    return column.cast(pa.int64()).fill_null(0).to_pylist()
+
+
+_SIDES = dict(market_pb2.Side.items())
+
+
+def _add_ticks(run: jr.JournalBatch, rows: pa.Table) -> None:
+    ingest_ns = pc.multiply(rows.column("ingest_time").cast(pa.int64()), 1000)
+    for ticker, trade_id, price, size, side, exchange_ns, ingest in zip(
+        rows.column("ticker").to_pylist(),
+        rows.column("trade_id").to_pylist(),
+        _texts(rows, "price"),
+        _texts(rows, "size"),
+        rows.column("side").to_pylist(),
+        _ints(rows.column("exchange_time_ns")),
+        _ints(ingest_ns),
+        strict=True,
+    ):
+        run.ticks.add(
+            ticker=ticker,
+            trade_id=trade_id,
+            price=price,
+            size=size,
+            side=_SIDES[side] if side else 0,
+            exchange_time_ns=exchange_ns,
+            ingest_time_ns=ingest,
+        )
+
+
+def _add_candles(run: jr.JournalBatch, rows: pa.Table) -> None:
+    for ticker, period, open_ms, o, h, low, c, v, count in zip(
+        rows.column("ticker").to_pylist(),
+        rows.column("period_s").to_pylist(),
+        rows.column("open_ms").to_pylist(),
+        *(_texts(rows, name) for name in ("open", "high", "low", "close", "volume")),
+        _ints(rows.column("trade_count")),
+        strict=True,
+    ):
+        run.candles.add(
+            ticker=ticker,
+            period_s=period,
+            open_time_ms=open_ms,
+            open=o,
+            high=h,
+            low=low,
+            close=c,
+            volume=v,
+            trade_count=count,
+            closed=True,
+        )
+
+
+def _cut(rows: pa.Table, column: str, per_ms: int, end_ms: int) -> tuple[pa.Table, int]:
     """At most about ARCHIVE_CHUNK rows, ending at a whole millisecond (rows of the same
-    millisecond stay together), and the millisecond the next chunk starts at."""
+    millisecond stay together), and the millisecond the next chunk starts at: ``end_ms``,
+    the window's end, when every row of it fits."""
     if rows.num_rows <= ARCHIVE_CHUNK:
-        return rows, boundary_ms
+        return rows, end_ms
     times = rows.column(column).to_pylist()
     last_ms = times[ARCHIVE_CHUNK - 1] // per_ms
     end = ARCHIVE_CHUNK

@@ -1,0 +1,157 @@
+"""The journal's archive (Iceberg before the journal): each chunk reads a bounded window of
+time, chosen from the files' statistics, and a replay from far back serves every row once,
+in order."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+
+import journal.archive as archive
+from candlewire.lake import NAMESPACE, catalog
+from journal.archive import Span, window
+from proto import journal_pb2 as jr
+
+DAY_MS = 86_400_000
+
+
+def test_an_empty_archive_is_one_read_to_the_boundary() -> None:
+    assert window([], 5, 1_000, 10) == (5, 1_000)
+
+
+def test_a_stretch_without_files_is_skipped_in_one_step() -> None:
+    files = [Span(500, 600, 3), Span(700, 800, 3)]
+    assert window(files, 1, 10_000, 100)[0] == 500
+    # A file that began before `since` does not move the start back.
+    assert window(files, 550, 10_000, 100)[0] == 550
+
+
+def test_the_window_ends_where_the_files_in_order_hold_a_chunk() -> None:
+    files = [Span(700, 800, 6), Span(500, 600, 6), Span(900, 950, 6)]
+    assert window(files, 1, 10_000, 10) == (500, 801)
+    assert window(files, 1, 10_000, 6) == (500, 601)
+    assert window(files, 1, 10_000, 18) == (500, 10_000)  # the last file: to the boundary
+    assert window(files, 1, 10_000, 100) == (500, 10_000)
+    assert window(files, 1, 700, 10) == (500, 700)  # never past the boundary
+
+
+def test_the_window_always_moves_on() -> None:
+    # A file whose rows are mostly before `since` still gives a window after it.
+    assert window([Span(0, 100, 1_000), Span(500, 600, 1)], 100, 10_000, 10) == (100, 101)
+
+
+def test_candles_end_a_chunk_of_periods_after_the_start() -> None:
+    files = [Span(60_000, 600_000, 1_000_000)]  # every ticker's: the count says nothing
+    assert window(files, 1, 10**9, 5, each_ms=60_000) == (60_000, 360_000)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Chunks of 7 rows; what each read of the archive returned, in rows."""
+    monkeypatch.setattr(archive, "ARCHIVE_CHUNK", 7)
+    read: list[int] = []
+    for name in ("read_ticks", "read_history"):
+        real = getattr(archive, name)
+
+        def counted(*args: object, _real=real, **kwargs: object) -> pa.Table:
+            rows = _real(*args, **kwargs)
+            read.append(rows.num_rows)
+            return rows
+
+        monkeypatch.setattr(archive, name, counted)
+    return read
+
+
+def replay(settings, topic: str, since_ms: int, boundary_ms: int) -> tuple[list, int]:
+    """Every archived message a client asking chunk after chunk gets, and the chunks."""
+    got, chunks = [], 0
+    while since_ms < boundary_ms:
+        reply = jr.FetchReply()
+        archive.archive_chunk(
+            settings, jr.FetchRequest(topic=topic, since_ms=since_ms), boundary_ms, reply
+        )
+        assert reply.archive_until_ms > since_ms, "a chunk must move the replay on"
+        got += [m for run in reply.runs for m in (*run.ticks, *run.candles)]
+        since_ms, chunks = reply.archive_until_ms, chunks + 1
+    return got, chunks
+
+
+def test_a_replay_from_long_ago_reads_a_window_a_chunk(lakehouse, small_chunks) -> None:
+    """Ticks over four days, a file a day; a replay from 1970: every trade once, in time
+    order, and no chunk reads more than the file of its window. Before, each chunk read
+    everything from `since` to the boundary again."""
+    ticker = "SIM:ARCHIVE-TICKS/USD"
+    table = catalog(lakehouse).load_table(f"{NAMESPACE}.ticks")
+    first = (datetime.now(UTC).timestamp() * 1000 // DAY_MS - 10) * DAY_MS
+    times = []
+    for day in range(4):
+        at = [int(first + day * DAY_MS + 1_000 * i) for i in range(10)]
+        times += at
+        rows = [
+            {
+                "ticker": ticker,
+                "trade_id": f"{t}",
+                "price": Decimal("1.5"),
+                "size": Decimal("1"),
+                "side": "BUY",
+                "exchange_time": datetime.fromtimestamp(t / 1000, UTC),
+                "ingest_time": None,
+                "exchange_time_ns": t * 1_000_000,
+            }
+            for t in reversed(at)
+        ]
+        table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()))
+    boundary = int(first + 5 * DAY_MS)
+    got, chunks = replay(lakehouse, f"{ticker}|tick", 1, boundary)
+    assert [t.exchange_time_ns // 1_000_000 for t in got] == times
+    # A window is one day's file (its count, 10, reaches a chunk's 7): read whole, then its
+    # rest after the cut. Each read is bounded by a file, and every row is read at most twice.
+    assert max(small_chunks) <= 10 and sum(small_chunks) <= 2 * len(times)
+    assert chunks == len(small_chunks) == 8  # the last window reaches the boundary
+
+
+def test_candles_from_long_ago_skip_other_tickers_and_empty_stretches(
+    lakehouse, small_chunks
+) -> None:
+    """1-minute candles in two stretches, in two months' files; the first month's file also
+    holds another ticker's later candles, so its statistics promise more than this ticker
+    has. Each candle once, in order; no read holds more than a chunk's periods; the month
+    between is skipped in one step."""
+    ticker, other = "SIM:ARCHIVE-CANDLES/USD", "SIM:ARCHIVE-OTHER/USD"
+    table = catalog(lakehouse).load_table(f"{NAMESPACE}.ohlc")
+    now = datetime.now(UTC)
+    month = datetime(now.year - (now.month <= 3), (now.month - 4) % 12 + 1, 1, tzinfo=UTC)
+    first = int(month.timestamp() * 1000)
+    opens = [first + 60_000 * i for i in range(12)]
+    later = first + 40 * DAY_MS  # in the next month
+    opens += [later + 60_000 * i for i in range(9)]
+
+    def candle(name: str, at: int) -> dict:
+        price = Decimal(at % 997)
+        return {
+            "ticker": name,
+            "period_s": 60,
+            "open_time": datetime.fromtimestamp(at / 1000, UTC),
+            "open": price,
+            "high": price,
+            "low": price,
+            "close": price,
+            "volume": Decimal(1),
+            "trade_count": 1,
+            "closed": True,
+            "source": "live",
+        }
+
+    theirs = [candle(other, first + 60_000 * (20 + i)) for i in range(30)]
+    rows = [candle(ticker, t) for t in opens] + theirs
+    table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()))
+    got, chunks = replay(lakehouse, f"{ticker}|ohlc:60", 1, later + 40 * DAY_MS)
+    assert [c.open_time_ms for c in got] == opens
+    assert {c.ticker for c in got} == {ticker} and all(c.closed for c in got)
+    # 7 + 5 from the first month; the other ticker's 30 minutes read empty, in 7-minute
+    # windows; then 7 + 2 from the second, the last to the boundary.
+    assert small_chunks[:2] == [7, 5] and small_chunks[-2:] == [7, 2], small_chunks
+    assert not any(small_chunks[2:-2]) and chunks == 4
