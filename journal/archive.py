@@ -4,9 +4,11 @@
 A late joiner whose ``since`` is older than the journal's oldest record (the boundary) gets
 the archive's rows with event times in [since, boundary) first, then the journal from the
 boundary on. Archived rows carry no position (they were never published with one): the
-seam is by time, the archive's event time against the journal's publish time, so a trade
-that arrived late around the boundary may be served by both, or by neither. Candles older
-than a day are closed.
+seam is by time, the archive's event time against the journal's publish time. A trade made
+before the boundary and published after it is in both, and left to the journal
+(:class:`journal.reader.Seam`, within ``SEAM_MS`` of the boundary); one stamped after the
+boundary by a venue whose clock runs ahead of ours, yet published before it, is in neither.
+Candles older than a day are closed.
 
 Each chunk reads a window of time chosen from the files' statistics (:func:`window`), not
 everything from ``since`` to the boundary: with ``since`` far back, a replay of a long
@@ -15,6 +17,7 @@ history read the whole of it again for every 20,000 rows it served.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +33,7 @@ from candlewire.history import in_range, read_history, read_ticks
 from candlewire.lake import NAMESPACE, catalog
 from candlewire.market import plain_texts
 from candlewire.topics import book_type
+from journal.reader import Seam
 from proto import journal_pb2 as jr
 from proto import market_pb2
 
@@ -104,12 +108,16 @@ def spans(table: Table, ticker: str, column: str, since_ms: int, boundary_ms: in
 
 
 def archive_chunk(
-    settings: Settings, req: jr.FetchRequest, boundary_ms: int, reply: jr.FetchReply
+    settings: Settings,
+    req: jr.FetchRequest,
+    boundary_ms: int,
+    reply: jr.FetchReply,
+    seam: Seam | None = None,
 ) -> None:
     """Fill ``reply`` with the archive's next chunk from ``req.since_ms``; its
     ``archive_until_ms`` says where the next request starts (at the boundary: the journal).
     A chunk holds rows unless it reaches the boundary, so a client never waits on an empty
-    window."""
+    window. Trades of the ``seam`` are left to the journal."""
     ticker, _, data_type = req.topic.partition("|")
     if data_type == book_type():
         # A book before the journal is rebuilt from its own tables (Client.book_at), not
@@ -127,6 +135,8 @@ def archive_chunk(
         if ticks:
             rows = read_ticks(settings, ticker, start, end, "stored", table=table)
             rows, until = _cut(rows, "exchange_time_ns", 1_000_000, end)
+            if seam:
+                rows = _without(rows, seam)
         else:
             rows = read_history(
                 settings, ticker, each_ms // 1000, start, end, "stored", table=table
@@ -200,6 +210,26 @@ def _add_candles(run: jr.JournalBatch, rows: pa.Table) -> None:
             trade_count=count,
             closed=True,
         )
+
+
+def _without(rows: pa.Table, seam: Seam) -> pa.Table:
+    """``rows`` less the trades of ``seam`` (few, and only at the archive's end)."""
+    times = rows.column("exchange_time_ns")
+    if not rows.num_rows or pc.max(times).as_py() < seam.earliest_ns:
+        return rows
+    unnamed = Counter(seam.unnamed)
+    keep = []
+    for r in rows.to_pylist():
+        ns, trade_id = r["exchange_time_ns"], r["trade_id"]
+        if ns < seam.earliest_ns:
+            keep.append(True)
+        elif trade_id:
+            keep.append((trade_id, ns) not in seam.named)
+        else:
+            key = (ns, r["price"], r["size"], _SIDES[r["side"]] if r["side"] else 0)
+            keep.append(unnamed[key] <= 0)
+            unnamed[key] -= 1
+    return rows.filter(pa.array(keep))
 
 
 def _cut(rows: pa.Table, column: str, per_ms: int, end_ms: int) -> tuple[pa.Table, int]:

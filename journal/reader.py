@@ -11,7 +11,9 @@ when the chunk began. Replays after a restart are skipped by position
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import NamedTuple
 
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
@@ -22,11 +24,15 @@ from candlewire.positions import add_items, describe, is_after, run_fits, run_it
 from candlewire.topics import book_type, ohlc_type, parse_ticker, tick_type
 from proto import journal_pb2 as jr
 from proto.envelope import EnvelopeError, expect, from_record_and_payload
-from proto.market_pb2 import StreamPosition
+from proto.market_pb2 import StreamPosition, Tick
 
 CHUNK_MAX = 50_000  # messages per reply (about 7 MB of ticks), whatever the client asks
 SCAN_MAX = 200_000  # records read per chunk, the topic's or not: bounds one reply's time
 READ_WAIT_S = 1.0
+# How far past the archive's boundary (the journal's oldest record) the journal is searched for
+# trades published late with an event time before it: the live path's delay, with room.
+SEAM_MS = 60_000
+SEAMS_KEPT = 256
 
 
 class BadRequest(ValueError):
@@ -65,6 +71,30 @@ class Fetched(NamedTuple):
 
 
 @dataclass
+class Seam:
+    """A tick topic's trades the journal holds with an event time before the archive's
+    boundary: published after it, late. The archive serves event times before the boundary
+    and the journal everything published from it, so these would come twice; the archive
+    leaves them to the journal, which has their positions. Trades are told apart as the
+    stream's judge tells them: by id and time, and an id-less one by all it has."""
+
+    named: set[tuple[str, int]] = field(default_factory=set)  # (trade id, exchange ns)
+    unnamed: Counter[tuple[int, Decimal, Decimal, int]] = field(default_factory=Counter)
+    earliest_ns: int = 0  # no archived trade before it is one of these
+
+    def add(self, tick: Tick) -> None:
+        ns = tick.exchange_time_ns
+        self.earliest_ns = min(self.earliest_ns, ns) if self else ns
+        if tick.trade_id:
+            self.named.add((tick.trade_id, ns))
+        else:
+            self.unnamed[(ns, Decimal(tick.price), Decimal(tick.size), tick.side)] += 1
+
+    def __bool__(self) -> bool:
+        return bool(self.named or self.unnamed)
+
+
+@dataclass
 class Cursor:
     """One partition's consumer, where it stands, and records it read beyond the last chunk
     (a chunk that ends inside a consume() batch keeps the rest for the next one)."""
@@ -89,6 +119,7 @@ class JournalReader:
         self.consumer = self._new_consumer()  # metadata: watermarks and time lookups
         self._readers: dict[int, Cursor] = {}
         self._oldest: dict[int, tuple[int, int]] = {}  # partition → (low offset, its time)
+        self._seams: dict[tuple[str, int], Seam] = {}  # (topic, low offset) → its seam
 
     def _new_consumer(self) -> Consumer:
         extra = {"fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20}
@@ -155,7 +186,10 @@ class JournalReader:
                 boundary = oldest_ms if oldest_ms is not None else int(time.time() * 1000)
                 from journal.archive import archive_chunk  # pyiceberg: on first use only
 
-                archive_chunk(self.settings, req, boundary, reply)
+                seam = None
+                if oldest_ms is not None and req.topic.endswith(f"|{tick_type()}"):
+                    seam = self.seam(req.topic, partition, low, high, oldest_ms)
+                archive_chunk(self.settings, req, boundary, reply, seam)
                 # A journal that holds nothing has nothing after the archive: done, so the
                 # client goes live (it asked again from now, at once, until a record came).
                 reply.done = oldest_ms is None and reply.archive_until_ms >= boundary
@@ -170,6 +204,47 @@ class JournalReader:
         reply.cursor = chunk.cursor
         reply.done = chunk.done
         return Fetched(reply, chunk.runs, chunk.taken, chunk.skipped)
+
+    def seam(self, topic: str, partition: int, low: int, high: int, boundary_ms: int) -> Seam:
+        """The :class:`Seam` of a tick topic whose journal starts at ``low``, published at
+        ``boundary_ms``: its runs published within :data:`SEAM_MS` of it are read (at most
+        :data:`SCAN_MAX` records). Kept once that stretch is whole, so a replay's archive
+        chunks read it once."""
+        key = (topic, low)
+        seam = self._seams.get(key)
+        if seam is not None:
+            return seam
+        seam, whole, scanned = Seam(), False, 0
+        topic_key, boundary_ns = topic.encode(), boundary_ms * 1_000_000
+        reader = self._at(partition, low)
+        deadline = time.monotonic() + READ_WAIT_S
+        while not whole and reader.next_offset < high and scanned < SCAN_MAX:
+            batch = reader.read(min(1_000, high - reader.next_offset))
+            if not batch and time.monotonic() > deadline:
+                break
+            for i, m in enumerate(batch):
+                if m.error() is not None:
+                    continue
+                if m.timestamp()[1] >= boundary_ms + SEAM_MS:
+                    reader.pending, whole = batch[i:], True
+                    break
+                scanned += 1
+                reader.next_offset = m.offset() + 1
+                if m.key() != topic_key:
+                    continue
+                try:
+                    run = expect(from_record_and_payload(m.value())[0], jr.JournalBatch)
+                except EnvelopeError:
+                    continue
+                if run_fits(run, topic):
+                    for tick in run.ticks:
+                        if tick.exchange_time_ns < boundary_ns:
+                            seam.add(tick)
+        if whole:
+            if len(self._seams) >= SEAMS_KEPT:
+                self._seams.pop(next(iter(self._seams)))
+            self._seams[key] = seam
+        return seam
 
     def _out_of_range(
         self, reply: jr.FetchReply, req: jr.FetchRequest, oldest_ms: int | None, what: str

@@ -13,6 +13,7 @@ import pytest
 import journal.archive as archive
 from candlewire.lake import NAMESPACE, catalog
 from journal.archive import Span, window
+from journal.reader import Seam
 from proto import journal_pb2 as jr
 
 DAY_MS = 86_400_000
@@ -155,3 +156,26 @@ def test_candles_from_long_ago_skip_other_tickers_and_empty_stretches(
     # windows; then 7 + 2 from the second, the last to the boundary.
     assert small_chunks[:2] == [7, 5] and small_chunks[-2:] == [7, 2], small_chunks
     assert not any(small_chunks[2:-2]) and chunks == 4
+
+
+def test_the_seam_s_trades_are_left_to_the_journal_each_as_often_as_it_holds_it() -> None:
+    """Two id-less trades alike at one nanosecond are two trades: the journal holding one
+    leaves the other to the archive. A named trade is told by its id and time."""
+    from proto import market_pb2
+
+    seam = Seam()
+    seam.add(market_pb2.Tick(trade_id="", price="1.50", size="2", exchange_time_ns=100))
+    seam.add(market_pb2.Tick(trade_id="a", price="9", size="9", exchange_time_ns=90))
+    rows = pa.table(
+        {
+            "trade_id": ["x", "a", "a", "", "", ""],
+            "exchange_time_ns": [50, 90, 91, 100, 100, 100],
+            "price": pa.array([Decimal("1.5")] * 5 + [Decimal(3)], pa.decimal128(38, 18)),
+            "size": pa.array([Decimal(2)] * 6, pa.decimal128(38, 18)),
+            "side": [None] * 6,
+        }
+    )
+    kept = archive._without(rows, seam)
+    assert kept.column("trade_id").to_pylist() == ["x", "a", "", ""]
+    assert kept.column("exchange_time_ns").to_pylist() == [50, 91, 100, 100]
+    assert [str(p) for p in kept.column("price").to_pylist()][-1].startswith("3")

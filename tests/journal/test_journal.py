@@ -32,7 +32,7 @@ from candlewire.topics import book_type, market_data_topic, work_prefix
 from journal.service import JournalService
 from proto import book_pb2, market_pb2
 from proto import journal_pb2 as jr
-from proto.envelope import decode, decode_sub, encode
+from proto.envelope import decode, decode_sub, encode, to_record
 from relay import Relay
 from streaming.publisher import StreamPublisher
 from tests.support import FakeIngestor
@@ -461,6 +461,59 @@ def test_what_the_journal_no_longer_holds_comes_from_iceberg(
     assert [t.price for t in got[:3]] == ["100.5", "101.5", "102.5"] and got[0].side == 2
     assert not got[0].HasField("stream") and got[3].stream.source_offset == 1
     assert sub.stats.archived == 3
+
+
+def test_trades_published_after_the_archive_s_boundary_come_once(
+    journal_settings, journal, stream_pub
+) -> None:
+    """The seam: the archive serves event times before the journal's oldest record, the
+    journal everything published from it. Trades made before that record and published
+    after it (the live path's delay) are in both; each comes once, from the journal, with
+    its position: those with an id, and an id-less one told apart by its fields."""
+    import pyarrow as pa
+
+    from candlewire.lake import NAMESPACE, catalog
+
+    feed = TickFeed(stream_pub)
+    feed.publish(1)
+    stream_pub._journal.flush(10)
+    trim_journal(journal_settings, journal, feed.topic)
+    made = time.time_ns() - 2_000_000_000  # two seconds before they are published
+    old = made - 86_400_000_000_000
+    late = [(f"late-{i}", made + i) for i in range(4)] + [("", made + 9)]
+    table = catalog(journal_settings).load_table(f"{NAMESPACE}.ticks")
+    stored = [
+        {
+            "ticker": feed.ticker,
+            "trade_id": trade_id,
+            "price": Decimal("100.25"),
+            "size": Decimal("0.01"),
+            "side": None,
+            "exchange_time": datetime.fromtimestamp(ns / 1e9, UTC),
+            "ingest_time": None,
+            "exchange_time_ns": ns,
+        }
+        for trade_id, ns in [("old", old), *late]
+    ]
+    table.append(pa.Table.from_pylist(stored, schema=table.schema().as_arrow()))
+    records = []
+    for trade_id, ns in late:
+        tick = market_pb2.Tick(
+            ticker=feed.ticker, trade_id=trade_id, price="100.250", size="0.01",
+            exchange_time_ns=ns,
+        )  # fmt: skip
+        records.append((feed.topic.encode(), to_record(tick), 0, feed.next_offset))
+        feed.next_offset += 1
+    stream_pub.publish_ticks(records)  # the journal's oldest record now
+    feed.publish(2)
+    stream_pub._journal.flush(10)
+    with Client(journal_settings) as client:
+        sub = client.subscribe(feed.ticker, since=old // 1_000_000 - 1000, raw=True)
+        got = [next(sub) for _ in range(8)]
+        sub.close()
+    assert [t.trade_id for t in got] == ["old", *(i for i, _ in late), "6", "7"]
+    assert [t.HasField("stream") for t in got] == [False] + [True] * 7
+    assert sub.stats.archived == 1
 
 
 def test_an_archive_with_nothing_journalled_after_it_is_the_replay_s_end(
