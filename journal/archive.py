@@ -8,7 +8,8 @@ seam is by time, the archive's event time against the journal's publish time. A 
 before the boundary and published after it is in both, and left to the journal
 (:class:`journal.reader.Seam`, within ``SEAM_MS`` of the boundary); one stamped after the
 boundary by a venue whose clock runs ahead of ours, yet published before it, is in neither.
-Candles older than a day are closed.
+A candle whose window ended before the boundary is closed; a later one is served as it
+stood, open, and the journal's revisions go on from there.
 
 Each chunk reads a window of time chosen from the files' statistics (:func:`window`), not
 everything from ``since`` to the boundary: with ``since`` far back, a replay of a long
@@ -150,7 +151,10 @@ def archive_chunk(
         files = [s for s in files if s.last_ms >= start]
     run = reply.runs.add(topic=req.topic)
     if rows is not None:
-        (_add_ticks if ticks else _add_candles)(run, rows)
+        if ticks:
+            _add_ticks(run, rows)
+        else:
+            _add_candles(run, rows, each_ms, boundary_ms)
     reply.archive_until_ms = until
 
 
@@ -189,7 +193,10 @@ def _add_ticks(run: jr.JournalBatch, rows: pa.Table) -> None:
         )
 
 
-def _add_candles(run: jr.JournalBatch, rows: pa.Table) -> None:
+def _add_candles(run: jr.JournalBatch, rows: pa.Table, period_ms: int, boundary_ms: int) -> None:
+    """Closed when the window ended before the boundary; one still open then goes on in the
+    journal, whose revisions close it (a 4-hour or a day's candle when the journal holds
+    less than its period)."""
     for ticker, period, open_ms, o, h, low, c, v, count in zip(
         rows.column("ticker").to_pylist(),
         rows.column("period_s").to_pylist(),
@@ -208,7 +215,7 @@ def _add_candles(run: jr.JournalBatch, rows: pa.Table) -> None:
             close=c,
             volume=v,
             trade_count=count,
-            closed=True,
+            closed=open_ms + period_ms <= boundary_ms,
         )
 
 

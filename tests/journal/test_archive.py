@@ -179,3 +179,31 @@ def test_the_seam_s_trades_are_left_to_the_journal_each_as_often_as_it_holds_it(
     assert kept.column("trade_id").to_pylist() == ["x", "a", "", ""]
     assert kept.column("exchange_time_ns").to_pylist() == [50, 91, 100, 100]
     assert [str(p) for p in kept.column("price").to_pylist()][-1].startswith("3")
+
+
+def test_a_candle_still_open_at_the_boundary_is_served_open(lakehouse) -> None:
+    """A day's candle that opened before the journal's oldest record and closes after it:
+    served as it stood, not closed (the journal's revisions close it); the day before it,
+    whose window ended before the boundary, is closed."""
+    ticker = "SIM:ARCHIVE-DAY/USD"
+    table = catalog(lakehouse).load_table(f"{NAMESPACE}.ohlc")
+    today = int(datetime.now(UTC).timestamp() * 1000) // DAY_MS * DAY_MS
+    rows = [
+        {
+            "ticker": ticker,
+            "period_s": 86_400,
+            "open_time": datetime.fromtimestamp(at / 1000, UTC),
+            "open": Decimal(1),
+            "high": Decimal(2),
+            "low": Decimal(1),
+            "close": Decimal(2),
+            "volume": Decimal(5),
+            "trade_count": 3,
+            "closed": at < today,
+            "source": "live",
+        }
+        for at in (today - DAY_MS, today)
+    ]
+    table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()))
+    got, _ = replay(lakehouse, f"{ticker}|ohlc:86400", today - 2 * DAY_MS, today + 3_600_000)
+    assert [(c.open_time_ms, c.closed) for c in got] == [(today - DAY_MS, True), (today, False)]
