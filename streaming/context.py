@@ -13,7 +13,7 @@ from candlewire.kafka import spark_options
 from streaming.metrics import StreamMetrics
 from streaming.pacing import CommitDue
 from streaming.progress import Progress
-from streaming.publisher import StreamPublisher
+from streaming.publisher import StreamPublisher, next_epoch
 from streaming.tables import Tables
 
 # A micro-batch's read ends at the log's end, and its tasks' last fetch waited the broker's
@@ -45,7 +45,7 @@ class JobContext:
             settings=settings,
             spark=spark,
             tables=Tables(settings, spark),
-            publisher=StreamPublisher(settings),
+            publisher=StreamPublisher(settings, epoch=next_epoch(settings)),
             progress=Progress(settings),
             metrics=StreamMetrics(),
             commit_due=CommitDue(settings.stream_ticks_commit_after),

@@ -31,7 +31,7 @@ from google.protobuf.message import Message
 
 from candlewire.config import Settings
 from candlewire.curve import PUBLISHER_KEY, dial
-from candlewire.kafka import JOURNAL, journal_partition, producer_config
+from candlewire.kafka import JOURNAL, consumer_config, journal_partition, producer_config
 from candlewire.positions import add_items
 from candlewire.topics import NOTIFY_REPEAT_DELAYS_S
 from candlewire.zmqutil import (
@@ -53,6 +53,56 @@ BOOK_TYPES = frozenset({type_id(book_pb2.BookDelta()), type_id(book_pb2.BookSnap
 HEAD_EVERY_S = 0.5  # the issue asks for at least one a second
 HEAD_ACTIVE_S = 600.0  # a topic quiet for this long gets no more beacons
 JOURNAL_BATCH_MAX = 5_000  # messages per journal record (a record stays well under 1 MiB)
+
+
+EPOCH_READ_S = 10.0
+EPOCH_TAIL = 8  # records read from each journal partition's end
+
+
+def journal_epoch(settings: Settings) -> int:
+    """The newest epoch the journal holds (0 when it holds none): its partitions' last
+    records, which the newest run of each publisher writing there wrote."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from proto.envelope import EnvelopeError, expect, from_record_and_payload
+
+    consumer = Consumer(consumer_config(settings, "candlewire-epoch", log_level=3))
+    try:
+        ends: dict[int, int] = {}
+        starts = []
+        for p in range(JOURNAL.partitions):
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(JOURNAL.name, p), timeout=EPOCH_READ_S
+            )
+            if high > low:
+                ends[p] = high
+                starts.append(TopicPartition(JOURNAL.name, p, max(low, high - EPOCH_TAIL)))
+        epoch, deadline = 0, time.monotonic() + EPOCH_READ_S
+        consumer.assign(starts)
+        while ends and time.monotonic() < deadline:
+            for m in consumer.consume(100, timeout=0.2):
+                if m.error() is not None:
+                    continue
+                if m.offset() + 1 >= ends.get(m.partition(), 0):
+                    ends.pop(m.partition(), None)
+                try:
+                    run = expect(from_record_and_payload(m.value())[0], jr.JournalBatch)
+                except EnvelopeError:
+                    continue
+                epoch = max(epoch, run.last.epoch)
+        if ends:
+            raise RuntimeError(f"the journal's last records did not come within {EPOCH_READ_S}s")
+        return epoch
+    finally:
+        consumer.close()
+
+
+def next_epoch(settings: Settings, after: int = 0) -> int:
+    """A new run's epoch: now in milliseconds, unless the journal (or ``after``) holds a
+    later one. A clock stepped back over a restart would otherwise start an epoch below the
+    last, and every subscriber that followed the last would take each new candle and book
+    update for one it had already seen (positions order by epoch) until it subscribed again."""
+    return max(int(time.time() * 1000), journal_epoch(settings) + 1, after + 1)
 
 
 class Sequencer:
@@ -90,7 +140,9 @@ class Sequencer:
 
 
 class StreamPublisher:
-    def __init__(self, settings: Settings, hwm: int = HWM) -> None:
+    """``epoch``: its positions' (the job's is :func:`next_epoch`); now in ms by default."""
+
+    def __init__(self, settings: Settings, hwm: int = HWM, epoch: int | None = None) -> None:
         self._ctx = zmq.Context()
         self._sock = harden(
             self._ctx.socket(zmq.XPUB), max_message_bytes=settings.max_message_bytes, hwm=hwm
@@ -103,7 +155,7 @@ class StreamPublisher:
         for endpoint in settings.dialled_relays():
             self._sock.connect(endpoint)
         self._journal = Producer(producer_config(settings, **{"linger.ms": 2}))
-        self.sequencer = Sequencer(epoch=int(time.time() * 1000))
+        self.sequencer = Sequencer(epoch=epoch or int(time.time() * 1000))
         self._lock = threading.Lock()
         self._due: list[tuple[float, int, str, Message]] = []
         self._seq = itertools.count()

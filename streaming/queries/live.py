@@ -59,6 +59,7 @@ from proto.envelope import from_record
 from streaming.context import JobContext
 from streaming.firings import FiringDesk
 from streaming.progress import CepCommit
+from streaming.publisher import next_epoch
 from streaming.recovery import Restored
 
 log = logging.getLogger("candlewire.stream.live")
@@ -184,10 +185,12 @@ def restore_file(
     return path
 
 
-def live_conf(settings: Settings, restore: Path) -> str:
-    """``Live.start``'s configuration: ``key=value`` lines (java.util.Properties)."""
+def live_conf(settings: Settings, restore: Path, epoch: int) -> str:
+    """``Live.start``'s configuration: ``key=value`` lines (java.util.Properties). ``epoch``:
+    its positions' (:func:`streaming.publisher.next_epoch`)."""
     conf = {
         "restore": str(restore),
+        "epoch": str(epoch),
         "bind": settings.bind("stream_live"),
         "connect": ",".join(settings.dialled_relays()),
         **spark_options(settings),  # kafka.bootstrap.servers and, with SASL, its settings
@@ -226,7 +229,8 @@ class LiveQuery:
         self._state_dir = scratch_dir("state")
         self._live = ctx.spark._jvm.io.candlewire.spark.Live
         restore = restore_file(restored, self._state_dir, triggers, registered)
-        self._live.start(live_conf(ctx.settings, restore))
+        epoch = next_epoch(ctx.settings, after=ctx.publisher.sequencer.epoch)
+        self._live.start(live_conf(ctx.settings, restore, epoch))
         self._counted = dict.fromkeys(COUNTERS, 0)
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="live-counters", daemon=True)

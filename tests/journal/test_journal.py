@@ -34,7 +34,7 @@ from proto import book_pb2, market_pb2
 from proto import journal_pb2 as jr
 from proto.envelope import decode, decode_sub, encode, to_record
 from relay import Relay
-from streaming.publisher import StreamPublisher
+from streaming.publisher import StreamPublisher, next_epoch
 from tests.support import FakeIngestor
 
 
@@ -398,6 +398,24 @@ def trim_journal(settings: Settings, journal: JournalService, topic: str) -> Non
     admin = AdminClient({"bootstrap.servers": settings.kafka_servers()})
     for f in admin.delete_records([TopicPartition(tp.topic, tp.partition, high)]).values():
         f.result(30)
+
+
+def test_a_new_run_s_epoch_is_above_every_epoch_the_journal_holds(journal_settings) -> None:
+    """A clock stepped back over a restart: the last run's epoch is an hour ahead of now.
+    The next run's is above it, so a subscriber that followed the last run takes the new
+    run's candles as new (positions order by epoch); by the clock it took each for one it
+    had seen, until it subscribed again."""
+    ahead = int(time.time() * 1000) + 3_600_000
+    last = StreamPublisher(journal_settings, epoch=ahead)
+    try:
+        candle = market_pb2.OHLC(ticker="EPOCH:A/B", period_s=60, open_time_ms=60_000)
+        last.publish_sequenced([(market_data_topic("EPOCH:A/B", "ohlc:60").encode(), candle)])
+        last._journal.flush(10)
+    finally:
+        last.close()
+    epoch = next_epoch(journal_settings)
+    assert epoch > ahead
+    assert next_epoch(journal_settings, after=epoch) > epoch  # a second start in one job
 
 
 def test_a_range_no_store_holds_is_a_clear_error(journal_settings, journal, stream_pub) -> None:

@@ -48,6 +48,9 @@ UNHELD = [
 ]
 PROBE_PARTITION = 1_000  # no restored state's: the live path judges every probe
 T0 = 1_789_999_200 * 1_000_000_000  # a whole hour
+# The positions' epoch, as the job passes it (streaming/publisher.py's next_epoch): not the
+# JVM's clock, which a step back over a restart would put below the last run's.
+EPOCH = 4_102_444_800_000
 
 
 class JvmLive:
@@ -55,7 +58,7 @@ class JvmLive:
 
     def __init__(self, spark, settings, restored: Restored, tmp_path) -> None:
         self.live = spark._jvm.io.candlewire.spark.Live
-        self.live.start(live_conf(settings, restore_file(restored, str(tmp_path))))
+        self.live.start(live_conf(settings, restore_file(restored, str(tmp_path)), EPOCH))
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -256,6 +259,7 @@ def compare(live: JvmLive, settings, restored: Restored, records, seed: int) -> 
         by_topic.setdefault(topic, []).append(pos.seq)
     for topic, seqs in by_topic.items():
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), topic  # no holes
+    assert {pos.epoch for _, _, pos in live.ticks} == {EPOCH}
     assert live.candle_values() == want_last
     counters = live.counters()
     marks = sum(1 for v, _, _ in records if v.startswith(b"\x01\x15"))
@@ -378,7 +382,7 @@ def test_what_the_live_path_sends_before_its_relays_have_redialled_reaches_them(
     settings = free_settings(tmp_path, kafka_bootstrap=lakehouse.kafka_servers())
     ticker = "LIVEJVM:W/USD"
     live = spark._jvm.io.candlewire.spark.Live
-    live.start(live_conf(settings, restore_file(Restored(), str(tmp_path))))
+    live.start(live_conf(settings, restore_file(Restored(), str(tmp_path)), EPOCH))
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     try:
@@ -428,7 +432,7 @@ def test_a_relay_that_went_down_holds_back_nothing_the_others_get(
     )
     (far_ingress,) = settings.dialled_relays()
     hwm, ticker = 1_000, "LIVEJVM:F/USD"
-    conf = live_conf(settings, restore_file(Restored(), str(tmp_path)))
+    conf = live_conf(settings, restore_file(Restored(), str(tmp_path)), EPOCH)
     assert f"\nhwm={HWM}\n" in conf
     live = spark._jvm.io.candlewire.spark.Live
     ctx = zmq.Context()

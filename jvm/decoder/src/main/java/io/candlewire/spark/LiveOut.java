@@ -40,7 +40,9 @@ final class LiveOut implements AutoCloseable {
   private static final int BIND_ATTEMPTS = 60; // 15 s
   private static final int SUBSCRIPTIONS_QUIET_MS = 50;
 
-  private final long epoch = System.currentTimeMillis();
+  /** Above every epoch the journal holds (streaming/publisher.py's next_epoch), not this
+   * JVM's clock: one stepped back over a restart would start an epoch below the last. */
+  private final long epoch;
   private final int subscribersWaitMs;
   private final Map<String, StreamPosition> last = new HashMap<>();
   private final Map<String, Long> seenAt = new HashMap<>();
@@ -72,6 +74,7 @@ final class LiveOut implements AutoCloseable {
   }
 
   LiveOut(Properties conf) {
+    epoch = Long.parseLong(conf.getProperty("epoch"));
     sock = zmq.createSocket(SocketType.XPUB);
     sock.setXpubNoDrop(true);
     sock.setSndHWM(Integer.parseInt(conf.getProperty("hwm")));
