@@ -137,6 +137,7 @@ bench: install
 	$(PY) -m bench.replay_files
 	$(PY) -m bench.cep
 	$(PY) -m bench.replay
+	$(PY) -m bench.archive
 
 # The short benchmarks (under 5 minutes) against bench/baseline.json: fails when a figure is
 # more than 20 % worse. After a change to a hot path (docs/benchmarks.md); ARGS=--update

@@ -1,7 +1,7 @@
 """The short benchmarks against bench/baseline.json, so a change to a hot path that costs
 speed is caught before it is committed (#35).
 
-Runs relay, replay, ingest, events, history and books (about four minutes on two cores), each as
+Runs relay, replay, ingest, events, history, books and archive (about four minutes on two cores), each as
 ``python -m bench.X`` with the settings below, reads each one's JSON last line and prints its
 key figures beside the baseline. A figure more than 20 % worse is flagged, as is any lost or
 duplicated tick. A ratio against a reference measured in the same run (relay ÷ direct, ingest
@@ -114,6 +114,15 @@ BENCHES: dict[str, Bench] = {
         (
             Figure("submit_to_ready_s", "absolute", "lower", slack=2.0),
             Figure("read_s", "absolute", "lower", slack=0.1),
+        ),
+    ),
+    "archive": Bench(
+        (),
+        (
+            Figure("archive_rows_per_s", "absolute"),
+            Figure("first_vs_last_chunks", "ratio", "lower", slack=0.5),
+            Figure("lost", "zero"),
+            Figure("duplicated", "zero"),
         ),
     ),
     "books": Bench(
