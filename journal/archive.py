@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.conversions import from_bytes
+from pyiceberg.expressions import And, EqualTo
 from pyiceberg.table import Table
 from pyiceberg.types import TimestamptzType
 
@@ -55,11 +56,13 @@ def window(
 ) -> tuple[int, int]:
     """The [start, end) a chunk reads: from the first row any file may hold at or after
     ``since_ms``, so an empty stretch of time is skipped in one step, to where the files,
-    taken in order of their first rows, hold ``chunk`` rows. A ticks file holds one ticker's
-    day, so its count is that ticker's. ``each_ms`` > 0 says the table holds at most one of
-    the ticker's rows per ``each_ms`` (a period's candles, whose files hold every ticker's):
-    the end is then ``chunk`` of those after the start, and the files' counts are not used.
-    The end is always after the start, so a replay always moves on."""
+    taken in order of their first rows, hold about ``chunk`` rows after the start. A ticks
+    file holds one ticker's day, so its count is that ticker's; within the file that reaches
+    the chunk, its rows are taken as spread evenly over its time (a busy day's file holds many
+    chunks, and each chunk read all of the file that was left). ``each_ms`` > 0 says the
+    table holds at most one of the ticker's rows per ``each_ms`` (a period's candles, whose
+    files hold every ticker's): the end is then ``chunk`` of those after the start, and the
+    files' counts are not used. The end is always after the start, so a replay moves on."""
     if not spans:
         return since_ms, boundary_ms
     ordered = sorted(spans, key=lambda s: s.first_ms)
@@ -68,12 +71,18 @@ def window(
     if each_ms > 0:
         end = start + each_ms * chunk
     else:
-        held = 0
+        held = 0.0
         for span in ordered:
-            held += span.rows
-            if held >= chunk:
-                end = max(span.last_ms + 1, start + 1)
+            if span.last_ms < start:
+                continue
+            begin, length = max(span.first_ms, start), span.last_ms + 1 - span.first_ms
+            after = span.rows * (span.last_ms + 1 - begin) / length  # its rows from the start
+            if held + after >= chunk:
+                end = max(
+                    begin + int((span.last_ms + 1 - begin) * (chunk - held) / after), start + 1
+                )
                 break
+            held += after
     if all(s.last_ms < end for s in ordered):  # no file holds more after it
         end = boundary_ms
     return start, min(boundary_ms, end)
@@ -93,13 +102,18 @@ def _table(settings: Settings, name: str) -> Table:
     return held.load_table(f"{NAMESPACE}.{name}")
 
 
-def spans(table: Table, ticker: str, column: str, since_ms: int, boundary_ms: int) -> list[Span]:
+def spans(
+    table: Table, ticker: str, column: str, since_ms: int, boundary_ms: int, period_s: int = 0
+) -> list[Span]:
     """The statistics of the files that may hold ``ticker``'s rows with ``column`` in
-    [since, boundary), from the manifests alone (no data file is read). A file without
-    bounds on the column counts as spanning the whole range."""
+    [since, boundary) (of ``period_s``, for candles), from the manifests alone (no data
+    file is read). A file without bounds on the column counts as spanning the whole range."""
     field_id = table.schema().find_field(column).field_id
+    row_filter = in_range(ticker, column, since_ms, boundary_ms)
+    if period_s:
+        row_filter = And(EqualTo("period_s", period_s), row_filter)
     out = []
-    for task in table.scan(row_filter=in_range(ticker, column, since_ms, boundary_ms)).plan_files():
+    for task in table.scan(row_filter=row_filter).plan_files():
         lower = (task.file.lower_bounds or {}).get(field_id)
         upper = (task.file.upper_bounds or {}).get(field_id)
         first = from_bytes(TimestamptzType(), lower) // 1000 if lower else since_ms
@@ -129,10 +143,10 @@ def archive_chunk(
     table = _table(settings, "ticks" if ticks else "ohlc")
     column = "exchange_time" if ticks else "open_time"
     each_ms = 0 if ticks else int(data_type.removeprefix("ohlc:")) * 1000
-    files = spans(table, ticker, column, req.since_ms, boundary_ms)
-    start, until, rows = req.since_ms, boundary_ms, None
+    files = spans(table, ticker, column, req.since_ms, boundary_ms, each_ms // 1000)
+    start, until, rows, rows_wanted = req.since_ms, boundary_ms, None, ARCHIVE_CHUNK
     while files:  # none: nothing to read up to the boundary
-        start, end = window(files, start, boundary_ms, ARCHIVE_CHUNK, each_ms)
+        start, end = window(files, start, boundary_ms, rows_wanted, each_ms)
         if ticks:
             rows = read_ticks(settings, ticker, start, end, "stored", table=table)
             rows, until = _cut(rows, "exchange_time_ns", 1_000_000, end)
@@ -146,8 +160,9 @@ def archive_chunk(
             rows, until = _cut(rows.append_column("open_ms", ms), "open_ms", 1, end)
         if rows.num_rows or until >= boundary_ms:
             break
-        # Nothing of this ticker's there (a candle file holds every ticker's): on from there.
-        start, until = until, boundary_ms
+        # Nothing of this ticker's there (a candle file holds every ticker's, so its bounds
+        # promise more than a new ticker has): on from there, over twice the time.
+        start, until, rows_wanted = until, boundary_ms, rows_wanted * 2
         files = [s for s in files if s.last_ms >= start]
     run = reply.runs.add(topic=req.topic)
     if rows is not None:

@@ -84,11 +84,15 @@ class Seam:
 
     def add(self, tick: Tick) -> None:
         ns = tick.exchange_time_ns
-        self.earliest_ns = min(self.earliest_ns, ns) if self else ns
+        earliest = min(self.earliest_ns, ns) if self else ns
         if tick.trade_id:
             self.named.add((tick.trade_id, ns))
         else:
-            self.unnamed[(ns, Decimal(tick.price), Decimal(tick.size), tick.side)] += 1
+            try:
+                self.unnamed[(ns, Decimal(tick.price), Decimal(tick.size), tick.side)] += 1
+            except (ArithmeticError, ValueError, TypeError):  # no archived trade's: no match
+                return
+        self.earliest_ns = earliest
 
     def __bool__(self) -> bool:
         return bool(self.named or self.unnamed)
@@ -119,7 +123,8 @@ class JournalReader:
         self.consumer = self._new_consumer()  # metadata: watermarks and time lookups
         self._readers: dict[int, Cursor] = {}
         self._oldest: dict[int, tuple[int, int]] = {}  # partition → (low offset, its time)
-        self._seams: dict[tuple[str, int], Seam] = {}  # (topic, low offset) → its seam
+        # (topic, low offset) → its seam, the offset its scan reached, whether it is whole
+        self._seams: dict[tuple[str, int], tuple[Seam, int, bool]] = {}
 
     def _new_consumer(self) -> Consumer:
         extra = {"fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20}
@@ -207,18 +212,18 @@ class JournalReader:
 
     def seam(self, topic: str, partition: int, low: int, high: int, boundary_ms: int) -> Seam:
         """The :class:`Seam` of a tick topic whose journal starts at ``low``, published at
-        ``boundary_ms``: its runs published within :data:`SEAM_MS` of it are read (at most
-        :data:`SCAN_MAX` records). Kept once that stretch is whole, so a replay's archive
-        chunks read it once."""
+        ``boundary_ms``: its runs published within :data:`SEAM_MS` of it. A call reads at
+        most :data:`SCAN_MAX` records and the next goes on from there, so a replay's archive
+        chunks read the stretch once, and the last chunks (the seam's event times) see it
+        whole unless the journal has not yet reached its end."""
         key = (topic, low)
-        seam = self._seams.get(key)
-        if seam is not None:
-            return seam
-        seam, whole, scanned = Seam(), False, 0
-        topic_key, boundary_ns = topic.encode(), boundary_ms * 1_000_000
-        reader = self._at(partition, low)
+        seam, offset, whole = self._seams.pop(key, (Seam(), low, False))
+        topic_key, boundary_ns, scanned = topic.encode(), boundary_ms * 1_000_000, 0
+        reader = self._at(partition, offset) if not whole and offset < high else None
         deadline = time.monotonic() + READ_WAIT_S
-        while not whole and reader.next_offset < high and scanned < SCAN_MAX:
+        while reader is not None and not whole and reader.next_offset < high:
+            if scanned >= SCAN_MAX:
+                break
             batch = reader.read(min(1_000, high - reader.next_offset))
             if not batch and time.monotonic() > deadline:
                 break
@@ -240,10 +245,11 @@ class JournalReader:
                     for tick in run.ticks:
                         if tick.exchange_time_ns < boundary_ns:
                             seam.add(tick)
-        if whole:
-            if len(self._seams) >= SEAMS_KEPT:
-                self._seams.pop(next(iter(self._seams)))
-            self._seams[key] = seam
+        if reader is not None:
+            offset = reader.next_offset
+        if len(self._seams) >= SEAMS_KEPT:
+            self._seams.pop(next(iter(self._seams)))
+        self._seams[key] = (seam, offset, whole)
         return seam
 
     def _out_of_range(

@@ -62,11 +62,12 @@ EPOCH_TAIL = 8  # records read from each journal partition's end
 def journal_epoch(settings: Settings) -> int:
     """The newest epoch the journal holds (0 when it holds none): its partitions' last
     records, which the newest run of each publisher writing there wrote."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     from proto.envelope import EnvelopeError, expect, from_record_and_payload
 
-    consumer = Consumer(consumer_config(settings, "candlewire-epoch", log_level=3))
+    eof = {"enable.partition.eof": True}  # a partition's end said, even after no record
+    consumer = Consumer(consumer_config(settings, "candlewire-epoch", log_level=3, **eof))
     try:
         ends: dict[int, int] = {}
         starts = []
@@ -82,9 +83,9 @@ def journal_epoch(settings: Settings) -> int:
         while ends and time.monotonic() < deadline:
             for m in consumer.consume(100, timeout=0.2):
                 if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        ends.pop(m.partition(), None)
                     continue
-                if m.offset() + 1 >= ends.get(m.partition(), 0):
-                    ends.pop(m.partition(), None)
                 try:
                     run = expect(from_record_and_payload(m.value())[0], jr.JournalBatch)
                 except EnvelopeError:

@@ -32,7 +32,7 @@ def test_a_stretch_without_files_is_skipped_in_one_step() -> None:
 
 def test_the_window_ends_where_the_files_in_order_hold_a_chunk() -> None:
     files = [Span(700, 800, 6), Span(500, 600, 6), Span(900, 950, 6)]
-    assert window(files, 1, 10_000, 10) == (500, 801)
+    assert window(files, 1, 10_000, 10) == (500, 767)  # 4 of the second file's 6 rows
     assert window(files, 1, 10_000, 6) == (500, 601)
     assert window(files, 1, 10_000, 18) == (500, 10_000)  # the last file: to the boundary
     assert window(files, 1, 10_000, 100) == (500, 10_000)
@@ -41,7 +41,15 @@ def test_the_window_ends_where_the_files_in_order_hold_a_chunk() -> None:
 
 def test_the_window_always_moves_on() -> None:
     # A file whose rows are mostly before `since` still gives a window after it.
-    assert window([Span(0, 100, 1_000), Span(500, 600, 1)], 100, 10_000, 10) == (100, 101)
+    assert window([Span(0, 99, 1_000), Span(500, 600, 1)], 99, 10_000, 10) == (99, 100)
+
+
+def test_a_file_of_many_chunks_is_read_a_chunk_at_a_time() -> None:
+    """Its rows taken as spread over its time: a busy day's file read whole for each of its
+    chunks made a day of N trades cost N²/40,000 rows read."""
+    files = [Span(0, 1_399, 140), Span(5_000, 5_001, 1)]
+    assert window(files, 0, 10_000, 7) == (0, 70)
+    assert window(files, 70, 10_000, 7) == (70, 140)
 
 
 def test_candles_end_a_chunk_of_periods_after_the_start() -> None:
@@ -82,7 +90,7 @@ def replay(settings, topic: str, since_ms: int, boundary_ms: int) -> tuple[list,
 
 def test_a_replay_from_long_ago_reads_a_window_a_chunk(lakehouse, small_chunks) -> None:
     """Ticks over four days, a file a day; a replay from 1970: every trade once, in time
-    order, and no chunk reads more than the file of its window. Before, each chunk read
+    order, and each row read once. Before, each chunk read
     everything from `since` to the boundary again."""
     ticker = "SIM:ARCHIVE-TICKS/USD"
     table = catalog(lakehouse).load_table(f"{NAMESPACE}.ticks")
@@ -108,10 +116,10 @@ def test_a_replay_from_long_ago_reads_a_window_a_chunk(lakehouse, small_chunks) 
     boundary = int(first + 5 * DAY_MS)
     got, chunks = replay(lakehouse, f"{ticker}|tick", 1, boundary)
     assert [t.exchange_time_ns // 1_000_000 for t in got] == times
-    # A window is one day's file (its count, 10, reaches a chunk's 7): read whole, then its
-    # rest after the cut. Each read is bounded by a file, and every row is read at most twice.
-    assert max(small_chunks) <= 10 and sum(small_chunks) <= 2 * len(times)
-    assert chunks == len(small_chunks) == 8  # the last window reaches the boundary
+    # Each window holds about a chunk of a day's file (its rows spread over its time), so
+    # every row is read once; the last window reaches the boundary.
+    assert max(small_chunks) <= 8 and sum(small_chunks) == len(times)
+    assert chunks == len(small_chunks) <= 7
 
 
 def test_candles_from_long_ago_skip_other_tickers_and_empty_stretches(
@@ -152,10 +160,9 @@ def test_candles_from_long_ago_skip_other_tickers_and_empty_stretches(
     got, chunks = replay(lakehouse, f"{ticker}|ohlc:60", 1, later + 40 * DAY_MS)
     assert [c.open_time_ms for c in got] == opens
     assert {c.ticker for c in got} == {ticker} and all(c.closed for c in got)
-    # 7 + 5 from the first month; the other ticker's 30 minutes read empty, in 7-minute
-    # windows; then 7 + 2 from the second, the last to the boundary.
-    assert small_chunks[:2] == [7, 5] and small_chunks[-2:] == [7, 2], small_chunks
-    assert not any(small_chunks[2:-2]) and chunks == 4
+    # 7 + 5 from the first month; the other ticker's 30 minutes read empty in windows of
+    # 7, 14 and 28 minutes; then the second month's 9 to the boundary (7 served), and 2.
+    assert small_chunks == [7, 5, 0, 0, 0, 9, 2] and chunks == 4
 
 
 def test_the_seam_s_trades_are_left_to_the_journal_each_as_often_as_it_holds_it() -> None:
@@ -207,3 +214,38 @@ def test_a_candle_still_open_at_the_boundary_is_served_open(lakehouse) -> None:
     table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()))
     got, _ = replay(lakehouse, f"{ticker}|ohlc:86400", today - 2 * DAY_MS, today + 3_600_000)
     assert [(c.open_time_ms, c.closed) for c in got] == [(today - DAY_MS, True), (today, False)]
+
+
+def test_a_busy_day_s_file_is_read_a_chunk_at_a_time(lakehouse, small_chunks) -> None:
+    """One file of 20 chunks' trades: each read about a chunk, not the rest of the file."""
+    ticker = "SIM:ARCHIVE-BUSY/USD"
+    table = catalog(lakehouse).load_table(f"{NAMESPACE}.ticks")
+    first = (int(datetime.now(UTC).timestamp() * 1000) // DAY_MS - 3) * DAY_MS
+    times = [first + 10 * i for i in range(140)]
+    rows = [
+        {
+            "ticker": ticker,
+            "trade_id": f"{t}",
+            "price": Decimal("2"),
+            "size": Decimal("1"),
+            "side": "SELL",
+            "exchange_time": datetime.fromtimestamp(t / 1000, UTC),
+            "ingest_time": None,
+            "exchange_time_ns": t * 1_000_000,
+        }
+        for t in times
+    ]
+    table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()))
+    got, chunks = replay(lakehouse, f"{ticker}|tick", 1, first + DAY_MS)
+    assert [t.exchange_time_ns // 1_000_000 for t in got] == times
+    assert sum(small_chunks) == len(times) and max(small_chunks) <= 8, small_chunks
+    assert chunks == len(small_chunks) <= 21
+
+
+def test_a_malformed_id_less_trade_in_the_journal_is_no_part_of_the_seam() -> None:
+    from proto import market_pb2
+
+    seam = Seam()
+    seam.add(market_pb2.Tick(trade_id="", price="sNaN", size="1", exchange_time_ns=5))
+    seam.add(market_pb2.Tick(trade_id="", price="", size="1", exchange_time_ns=6))
+    assert not seam and seam.earliest_ns == 0
