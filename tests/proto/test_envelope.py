@@ -9,6 +9,7 @@ from proto.envelope import (
     MAX_REPEATED,
     MAX_STRING_BYTES,
     MESSAGE_CLASSES,
+    TYPE_IDS,
     VERSION_FRAME,
     MalformedPayload,
     MissingFrame,
@@ -24,6 +25,7 @@ from proto.envelope import (
     derive,
     encode,
     encode_topic,
+    encode_with,
     expect,
     from_record,
     payload_of,
@@ -271,3 +273,17 @@ def test_sub_payloads_passes_small_messages_of_one_topic_and_type_only() -> None
     ]
     got = sub_payloads([good, *bad, good], b"X|book", book_pb2.BookDelta)
     assert got == [delta.SerializeToString(), *[None] * len(bad), delta.SerializeToString()]
+
+
+@pytest.mark.parametrize("sizes", [[], [0], [1, 127, 128, 16_383, 16_384, 2_097_152], [300] * 50])
+def test_a_reply_with_runs_as_bytes_is_what_protobuf_writes_for_them(sizes: list[int]) -> None:
+    """``encode_with`` frames each item itself; the bytes are those protobuf writes for the
+    reply followed by a message holding the items as the repeated field, lengths of one
+    varint byte or several."""
+    reply = journal_pb2.FetchReply(request_id="f", status=journal_pb2.FETCH_OK, cursor=9)
+    items = [journal_pb2.JournalBatch(topic="X" * n).SerializeToString() for n in sizes]
+    runs = journal_pb2.FetchReply(runs=[journal_pb2.JournalBatch.FromString(i) for i in items])
+    head = bytes([TYPE_IDS[journal_pb2.FetchReply]])
+    expected = [VERSION_FRAME, head + reply.SerializeToString() + runs.SerializeToString()]
+    assert encode_with(reply, "runs", items) == expected
+    assert encode_with(reply, "runs", [memoryview(i) for i in items]) == expected
