@@ -164,6 +164,20 @@ def payload_of(frames: Sequence[bytes], cls: type[Message], depth: int = 0) -> b
     return payload
 
 
+def checked_payload(frames: Sequence[bytes], cls: type[Message]) -> tuple[bytes, Message]:
+    """:func:`payload_of` with ``depth`` 1, and the parse that checked it: ``cls``'s fields
+    that have a limit, each repeated sub-message as its own such fields (for a FetchReply,
+    each run's ticks as bytes: how many there are, read without another parse, #35)."""
+    payload = unchecked_payload(frames, cls)
+    name = cls.DESCRIPTOR.full_name
+    try:
+        shadow = _nested_shadow(name).FromString(payload)
+        _check_shadows(_LIMITS[name], [shadow], cls.__name__, 1)
+    except (DecodeError, RuntimeWarning) as exc:
+        raise MalformedPayload(f"{cls.__name__}: {exc}") from None
+    return payload, shadow
+
+
 def _class_of(body: bytes) -> type[Message]:
     """The message class a body's type byte names."""
     if not body:
@@ -283,7 +297,14 @@ def _check_sizes(
     (or a map entry with the same key) overwrites is refused all the same, and a map's
     entries are counted as sent. ``depth``: how many levels of sub-messages to look into
     (None: all)."""
-    shadows = [limits.shadow.FromString(part) for part in occurrences]
+    _check_shadows(limits, [limits.shadow.FromString(part) for part in occurrences], path, depth)
+
+
+def _check_shadows(
+    limits: _Limits, shadows: list[Message], path: str, depth: int | None = None
+) -> None:
+    """:func:`_check_sizes` of the occurrences as parsed. A repeated sub-message field that
+    :func:`_nested_shadow` parsed holds its items' shadows, each checked as it is."""
     for name in limits.counted:
         count = sum(map(len, map(attrgetter(name), shadows)))
         if count > MAX_REPEATED:
@@ -302,9 +323,36 @@ def _check_sizes(
             parts = list(chain.from_iterable(fields))
             if sum(map(len, parts)) > _SMALL:
                 _check_sizes(_LIMITS[type_name], parts, where, deeper)
+        elif shadows[0].DESCRIPTOR.fields_by_name[name].message_type is not None:
+            for item in chain.from_iterable(fields):  # parsed already; a small one passes
+                _check_shadows(_LIMITS[type_name], [item], where, deeper)
         else:  # each read once (a run's bytes are a copy); no tick is as big
             for part in [p for p in chain.from_iterable(fields) if len(p) > _SMALL]:
                 _check_sizes(_LIMITS[type_name], [part], where, deeper)
+
+
+@cache
+def _nested_shadow(full_name: str) -> type[Message]:
+    """The shadow of ``full_name`` (:func:`_shadow_shape`) with each repeated sub-message
+    field parsed as its type's shadow, not kept as bytes: one parse reads the message's
+    fields and its items' (a FetchReply's runs, and how many ticks each holds), where the
+    bytes of each item were copied out of the first parse and parsed again (#35)."""
+    desc = _DESCRIPTORS[full_name]
+    file = descriptor_pb2.FileDescriptorProto(name=f"nested/{full_name}.proto", syntax="proto3")
+    root = _shadow_shape(desc)
+    shapes = {desc.full_name: root}
+    for field in desc.fields:
+        sub = field.message_type
+        if sub is None or not field.is_repeated or sub.full_name in shapes:
+            continue
+        shapes[sub.full_name] = _shadow_shape(sub)
+        (shaped,) = (f for f in root.field if f.number == field.number)
+        shaped.type = FieldDescriptor.TYPE_MESSAGE
+        shaped.type_name = f".{shapes[sub.full_name].name}"
+    file.message_type.extend(shapes.values())
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(root.name))
 
 
 def decode_sub(frames: Sequence[bytes]) -> tuple[str, Message]:

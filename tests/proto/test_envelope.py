@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
 import pytest
 from google.protobuf import descriptor_pb2
 from google.protobuf.message import Message
@@ -20,6 +23,7 @@ from proto.envelope import (
     UnexpectedMessage,
     UnknownMessageType,
     UnsupportedVersion,
+    checked_payload,
     decode,
     decode_body,
     decode_router,
@@ -325,3 +329,66 @@ def test_a_reply_with_runs_as_bytes_is_what_protobuf_writes_for_them(sizes: list
     head = bytes([TYPE_IDS[journal_pb2.FetchReply]])
     expected = [VERSION_FRAME, head + reply.SerializeToString() + runs.SerializeToString()]
     assert encode_with(reply, "runs", items) == expected
+
+
+def _verdict(check: Callable[[list[bytes]], object], frames: list[bytes]) -> type | None:
+    try:
+        check(frames)
+    except EnvelopeError as exc:
+        return type(exc)
+    return None
+
+
+def test_a_payload_checked_with_its_runs_parsed_once_is_judged_as_payload_of_judges_it() -> None:
+    """``checked_payload`` (#35: the runs' fields read in the one parse that checks them)
+    refuses what ``payload_of(depth=1)`` refuses, with the same error, and beyond it only a
+    run whose own fields do not parse (refused whole by the decoder too). Each run's ticks
+    are counted as they are sent."""
+    reply = fetch_reply(runs=3, ticks=100)
+    payload, checked = checked_payload(encode(reply), journal_pb2.FetchReply)
+    assert payload == encode(reply)[1][1:]
+    assert [len(run.ticks) for run in checked.runs] == [100, 100, 100]
+    cases = []
+    for where in ("topic", "error", "tick", "runs", "ticks"):
+        bad = fetch_reply(runs=3, ticks=100)
+        if where == "topic":
+            bad.runs[1].topic = OVER
+        elif where == "error":
+            bad.error = OVER
+        elif where == "tick":
+            bad.runs[2].ticks[-1].trade_id = OVER  # two levels down: the reader's
+        elif where == "runs":
+            del bad.runs[:]
+            bad.runs.extend([journal_pb2.JournalBatch()] * (MAX_REPEATED + 1))
+        else:
+            bad.runs[0].ticks.extend([market_pb2.Tick()] * MAX_REPEATED)
+        cases.append(encode(bad))
+    frames = encode(reply)
+    cases += [
+        [VERSION_FRAME],
+        [b"\x09", frames[1]],
+        [VERSION_FRAME, b"\xff"],
+        [VERSION_FRAME, frames[1][:1] + b"\xff" * 9000],
+        encode(market_pb2.Tick(ticker="A:B/C")),
+    ]
+    small = encode(fetch_reply(runs=2, ticks=3))
+    rng = random.Random(35)
+    for _ in range(300):  # bytes changed at random, in a chunk and in a small reply
+        body = bytearray(rng.choice([frames, small])[1])
+        for _ in range(rng.randrange(1, 4)):
+            body[rng.randrange(1, len(body))] = rng.randrange(256)
+        cases.append([VERSION_FRAME, bytes(body)])
+    for case in cases:
+        old = _verdict(lambda f: payload_of(f, journal_pb2.FetchReply, depth=1), case)
+        new = _verdict(lambda f: checked_payload(f, journal_pb2.FetchReply), case)
+        assert new == old or (old is None and new is MalformedPayload and _undecodable(case))
+    with pytest.raises(OversizedField, match=r"runs\.topic"):
+        checked_payload(cases[0], journal_pb2.FetchReply)
+
+
+def _undecodable(frames: list[bytes]) -> bool:
+    try:
+        decode(frames)
+    except EnvelopeError:
+        return True
+    return False
