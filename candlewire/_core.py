@@ -61,7 +61,14 @@ from proto import cep_pb2 as cep
 from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto import requests_pb2 as rq
-from proto.envelope import EnvelopeError, decode, decode_body, encode, expect, payload_of
+from proto.envelope import (
+    EnvelopeError,
+    checked_payload,
+    decode,
+    decode_body,
+    encode,
+    expect,
+)
 from proto.market_pb2 import StreamPosition
 
 SUBMIT_TIMEOUT_S = 30.0  # the spec's REQ/REP default
@@ -782,11 +789,10 @@ class JournalLink:
                     if self.early is not None:
                         yield Send(sock, encode(self.early))
                 try:
-                    read = (
-                        _TickColumns.read(payload_of(frames, jr.FetchReply, depth=1))
-                        if columns
-                        else None
-                    )
+                    read = None
+                    if columns:  # each run's ticks counted as the payload is checked
+                        payload, checked = checked_payload(frames, jr.FetchReply)
+                        read = _TickColumns.read(payload, [len(r.ticks) for r in checked.runs])
                     reply, ticks = read or (expect(decode(frames), jr.FetchReply), None)
                 except EnvelopeError:
                     continue

@@ -367,13 +367,16 @@ class _TickColumns:
         return all(t == topic for t in self.topics)
 
     @classmethod
-    def read(cls, payload: bytes) -> tuple[Message, _TickColumns] | None:
+    def read(
+        cls, payload: bytes, counts: list[int] | None = None
+    ) -> tuple[Message, _TickColumns] | None:
         """A FetchReply's payload as its own fields (a message with the reply's field names)
         and its ticks as columns. The payload's frames, and its fields down to its runs', are
-        checked already (``proto.envelope.payload_of(..., depth=1)``), and the ticks' text
-        here. None when it is no OK reply of ticks from the journal, holds nothing, or a
-        tick past a limit: the caller then decodes it whole (``decode_body``), which refuses
-        what is wrong."""
+        checked already (``proto.envelope.checked_payload``, or ``payload_of(..., depth=1)``),
+        and the ticks' text here. ``counts``: each run's ticks, as that check read them (else
+        counted here). None when it is no OK reply of ticks from the journal, holds nothing,
+        or a tick past a limit: the caller then decodes it whole (``decode_body``), which
+        refuses what is wrong."""
         try:
             reply = _REPLY_COLUMNS.FromString(payload)
         except (DecodeError, RuntimeWarning):
@@ -383,7 +386,8 @@ class _TickColumns:
             return None
         if run.candles or run.book_deltas or run.book_snapshots:
             return None
-        counts = [len(counted.ticks) for counted in _REPLY_COUNTS.FromString(payload).runs]
+        if counts is None:
+            counts = [len(counted.ticks) for counted in _REPLY_COUNTS.FromString(payload).runs]
         n = sum(counts)
         if not n:
             return None

@@ -44,6 +44,7 @@ from proto.envelope import (
     TYPE_IDS,
     MalformedPayload,
     OversizedField,
+    checked_payload,
     decode,
     decode_body,
     encode,
@@ -409,8 +410,17 @@ EXTREMES = [
 
 
 def columns_of(reply: jr.FetchReply) -> _TickColumns | None:
-    """The reply's ticks as the Arrow replay reads them off the wire, or None."""
-    read = _TickColumns.read(reply.SerializeToString())
+    """The reply's ticks as the Arrow replay reads them off the wire, or None: the same with
+    each run's ticks counted by the check of the payload (``checked_payload``, as the client
+    reads a reply) as counted apart."""
+    payload = reply.SerializeToString()
+    read = _TickColumns.read(payload)
+    _, checked = checked_payload(encode(reply), jr.FetchReply)
+    again = _TickColumns.read(payload, [len(run.ticks) for run in checked.runs])
+    assert (read is None) == (again is None)
+    if read is not None and again is not None:
+        assert read[0] == again[0] and len(read[1]) == len(again[1])
+        assert read[1].batch()[0].equals(again[1].batch()[0])
     return read[1] if read else None
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from journal.reader import take
+from journal.reader import Cursor, take
 from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto.envelope import decode, encode_with, expect
@@ -76,3 +76,30 @@ def test_until_stops_inside_a_run_and_since_skips_older_runs() -> None:
     out = []
     assert take(run(1, 1, [10], at_ms=5), None, None, 6, out) == (None, False, 0)
     assert not out
+
+
+class FakeConsumer:
+    """consume() as librdkafka's: up to ``n`` of what is fetched, waiting (here: taking the
+    next fetch's records) only when ``timeout`` allows."""
+
+    def __init__(self, fetches: list[list[int]]) -> None:
+        self.fetches, self.queued, self.calls = fetches, [], []
+
+    def consume(self, n: int, timeout: float) -> list[int]:
+        self.calls.append((n, timeout))
+        if timeout and not self.queued and self.fetches:
+            self.queued = self.fetches.pop(0)
+        got, self.queued = self.queued[:n], self.queued[n:]
+        return got
+
+
+def test_a_read_takes_what_is_fetched_and_waits_only_for_a_first_record() -> None:
+    """librdkafka's consume() waits for all ``n`` records or the timeout: a new reader's
+    first read waited for the whole partition to arrive (#35)."""
+    consumer = FakeConsumer([[1, 2, 3], [4, 5]])
+    cursor = Cursor(consumer, 1)  # type: ignore[arg-type]
+    assert cursor.read(100) == [1, 2, 3]
+    assert consumer.calls == [(100, 0), (1, 0.2), (99, 0)]
+    assert cursor.read(1) == [4] and cursor.read(100) == [5] and cursor.read(100) == []
+    cursor.pending = [7, 8]
+    assert cursor.read(100) == [7, 8] and cursor.pending == []

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
 import pytest
 from google.protobuf import descriptor_pb2
+from google.protobuf.message import Message
 
 from proto import book_pb2, envelope_pb2, events_pb2, journal_pb2, market_pb2, requests_pb2
 from proto.envelope import (
@@ -9,7 +13,9 @@ from proto.envelope import (
     MAX_REPEATED,
     MAX_STRING_BYTES,
     MESSAGE_CLASSES,
+    TYPE_IDS,
     VERSION_FRAME,
+    EnvelopeError,
     MalformedPayload,
     MissingFrame,
     OversizedField,
@@ -17,6 +23,7 @@ from proto.envelope import (
     UnexpectedMessage,
     UnknownMessageType,
     UnsupportedVersion,
+    checked_payload,
     decode,
     decode_body,
     decode_router,
@@ -24,8 +31,10 @@ from proto.envelope import (
     derive,
     encode,
     encode_topic,
+    encode_with,
     expect,
     from_record,
+    from_record_and_payload,
     payload_of,
     split_route,
     to_record,
@@ -271,3 +280,115 @@ def test_sub_payloads_passes_small_messages_of_one_topic_and_type_only() -> None
     ]
     got = sub_payloads([good, *bad, good], b"X|book", book_pb2.BookDelta)
     assert got == [delta.SerializeToString(), *[None] * len(bad), delta.SerializeToString()]
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        b"",
+        b"\x02\x19",
+        b"\x01",
+        b"\x01\x7f",
+        b"\x01\x19\xff\xff\xff",
+        b"\x01\x19\x0a\x05ab",
+        to_record(journal_pb2.JournalBatch(topic="X|tick")),
+        b"\x01\x19",
+    ],
+)
+def test_a_record_and_its_payload_are_read_as_from_record_reads_the_record(record: bytes) -> None:
+    """The journal's reading of a record (its payload copied once, #35) refuses what
+    :func:`from_record` refuses, with the same error, and reads the same message."""
+    try:
+        expected: Message | EnvelopeError = from_record(record)
+    except EnvelopeError as exc:
+        expected = exc
+    try:
+        msg, payload = from_record_and_payload(record)
+    except EnvelopeError as exc:
+        assert type(exc) is type(expected) and str(exc) == str(expected)
+    else:
+        assert msg == expected and payload == record[2:]
+
+
+def test_a_run_past_a_limit_in_a_record_is_refused_as_from_record_refuses_it() -> None:
+    reply = fetch_reply(runs=1, ticks=100)
+    run = reply.runs[0]
+    run.ticks[-1].trade_id = OVER
+    with pytest.raises(OversizedField):
+        from_record_and_payload(to_record(run))
+
+
+@pytest.mark.parametrize("sizes", [[], [0], [1, 127, 128, 16_383, 16_384, 2_097_152], [300] * 50])
+def test_a_reply_with_runs_as_bytes_is_what_protobuf_writes_for_them(sizes: list[int]) -> None:
+    """``encode_with`` frames each item itself; the bytes are those protobuf writes for the
+    reply followed by a message holding the items as the repeated field, lengths of one
+    varint byte or several."""
+    reply = journal_pb2.FetchReply(request_id="f", status=journal_pb2.FETCH_OK, cursor=9)
+    items = [journal_pb2.JournalBatch(topic="X" * n).SerializeToString() for n in sizes]
+    runs = journal_pb2.FetchReply(runs=[journal_pb2.JournalBatch.FromString(i) for i in items])
+    head = bytes([TYPE_IDS[journal_pb2.FetchReply]])
+    expected = [VERSION_FRAME, head + reply.SerializeToString() + runs.SerializeToString()]
+    assert encode_with(reply, "runs", items) == expected
+
+
+def _verdict(check: Callable[[list[bytes]], object], frames: list[bytes]) -> type | None:
+    try:
+        check(frames)
+    except EnvelopeError as exc:
+        return type(exc)
+    return None
+
+
+def test_a_payload_checked_with_its_runs_parsed_once_is_judged_as_payload_of_judges_it() -> None:
+    """``checked_payload`` (#35: the runs' fields read in the one parse that checks them)
+    refuses what ``payload_of(depth=1)`` refuses, with the same error, and beyond it only a
+    run whose own fields do not parse (refused whole by the decoder too). Each run's ticks
+    are counted as they are sent."""
+    reply = fetch_reply(runs=3, ticks=100)
+    payload, checked = checked_payload(encode(reply), journal_pb2.FetchReply)
+    assert payload == encode(reply)[1][1:]
+    assert [len(run.ticks) for run in checked.runs] == [100, 100, 100]
+    cases = []
+    for where in ("topic", "error", "tick", "runs", "ticks"):
+        bad = fetch_reply(runs=3, ticks=100)
+        if where == "topic":
+            bad.runs[1].topic = OVER
+        elif where == "error":
+            bad.error = OVER
+        elif where == "tick":
+            bad.runs[2].ticks[-1].trade_id = OVER  # two levels down: the reader's
+        elif where == "runs":
+            del bad.runs[:]
+            bad.runs.extend([journal_pb2.JournalBatch()] * (MAX_REPEATED + 1))
+        else:
+            bad.runs[0].ticks.extend([market_pb2.Tick()] * MAX_REPEATED)
+        cases.append(encode(bad))
+    frames = encode(reply)
+    cases += [
+        [VERSION_FRAME],
+        [b"\x09", frames[1]],
+        [VERSION_FRAME, b"\xff"],
+        [VERSION_FRAME, frames[1][:1] + b"\xff" * 9000],
+        encode(market_pb2.Tick(ticker="A:B/C")),
+    ]
+    small = encode(fetch_reply(runs=2, ticks=3))
+    rng = random.Random(35)
+    for _ in range(300):  # bytes changed at random, in a chunk and in a small reply
+        body = bytearray(rng.choice([frames, small])[1])
+        for _ in range(rng.randrange(1, 4)):
+            body[rng.randrange(1, len(body))] = rng.randrange(256)
+        cases.append([VERSION_FRAME, bytes(body)])
+    for case in cases:
+        old = _verdict(lambda f: payload_of(f, journal_pb2.FetchReply, depth=1), case)
+        new = _verdict(lambda f: checked_payload(f, journal_pb2.FetchReply), case)
+        assert new == old or (old is None and new is MalformedPayload and _undecodable(case))
+    with pytest.raises(OversizedField, match=r"runs\.topic"):
+        checked_payload(cases[0], journal_pb2.FetchReply)
+
+
+def _undecodable(frames: list[bytes]) -> bool:
+    try:
+        decode(frames)
+    except EnvelopeError:
+        return True
+    return False
