@@ -128,30 +128,32 @@ def archive_chunk(
     boundary_ms: int,
     reply: jr.FetchReply,
     seam: Seam | None = None,
-) -> None:
+) -> int:
     """Fill ``reply`` with the archive's next chunk from ``req.since_ms``; its
     ``archive_until_ms`` says where the next request starts (at the boundary: the journal).
     A chunk holds rows unless it reaches the boundary, so a client never waits on an empty
-    window. Trades of the ``seam`` are left to the journal."""
+    window. Trades of the ``seam`` are left to the journal: how many, returned."""
     ticker, _, data_type = req.topic.partition("|")
     if data_type == book_type():
         # A book before the journal is rebuilt from its own tables (Client.book_at), not
         # replayed: the caller goes on from the journal's first snapshot.
         reply.archive_until_ms = boundary_ms
-        return
+        return 0
     ticks = data_type == "tick"
     table = _table(settings, "ticks" if ticks else "ohlc")
     column = "exchange_time" if ticks else "open_time"
     each_ms = 0 if ticks else int(data_type.removeprefix("ohlc:")) * 1000
     files = spans(table, ticker, column, req.since_ms, boundary_ms, each_ms // 1000)
-    start, until, rows, rows_wanted = req.since_ms, boundary_ms, None, ARCHIVE_CHUNK
+    start, until, rows, rows_wanted, left = req.since_ms, boundary_ms, None, ARCHIVE_CHUNK, 0
     while files:  # none: nothing to read up to the boundary
         start, end = window(files, start, boundary_ms, rows_wanted, each_ms)
         if ticks:
             rows = read_ticks(settings, ticker, start, end, "stored", table=table)
             rows, until = _cut(rows, "exchange_time_ns", 1_000_000, end)
             if seam:
+                cut = rows.num_rows
                 rows = _without(rows, seam)
+                left += cut - rows.num_rows
         else:
             rows = read_history(
                 settings, ticker, each_ms // 1000, start, end, "stored", table=table
@@ -171,6 +173,7 @@ def archive_chunk(
         else:
             _add_candles(run, rows, each_ms, boundary_ms)
     reply.archive_until_ms = until
+    return left
 
 
 def _texts(rows: pa.Table, name: str) -> list[str]:

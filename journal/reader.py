@@ -69,6 +69,7 @@ class Fetched(NamedTuple):
     runs: list[bytes]
     count: int
     skipped: int = 0  # the topic's records read and not served: see :class:`Chunk`
+    left_to_journal: int = 0  # archived trades of the seam, served by the journal instead
 
 
 @dataclass
@@ -210,11 +211,12 @@ class JournalReader:
                 seam = None
                 if oldest_ms is not None and req.topic.endswith(f"|{tick_type()}"):
                     seam = self.seam(req.topic, partition, low, high, oldest_ms)
-                archive_chunk(self.settings, req, boundary, reply, seam)
+                left = archive_chunk(self.settings, req, boundary, reply, seam)
                 # A journal that holds nothing has nothing after the archive: done, so the
                 # client goes live (it asked again from now, at once, until a record came).
                 reply.done = oldest_ms is None and reply.archive_until_ms >= boundary
-                return Fetched(reply, [], sum(len(run_items(run)) for run in reply.runs))
+                served = sum(len(run_items(run)) for run in reply.runs)
+                return Fetched(reply, [], served, left_to_journal=left)
             return self._out_of_range(reply, req, oldest_ms, describe(after))
         elif oldest_ms is None:
             reply.done = True  # nothing journalled (yet): the caller may ask again

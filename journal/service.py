@@ -61,6 +61,11 @@ class JournalMetrics:
             "A topic's journal records not served: undecodable, or no run of that topic",
             registry=self.registry,
         )
+        self.left_to_journal = Counter(
+            "candlewire_journal_archive_left_to_journal",
+            "Archived trades published after the journal's oldest record, left to the journal",
+            registry=self.registry,
+        )
         self.seconds = Histogram(
             "candlewire_journal_fetch_seconds",
             "Time to read one chunk",
@@ -152,17 +157,19 @@ class JournalService:
             return None
         started = time.perf_counter()
         try:
-            reply, runs, count, skipped = self.reader.fetch(req)
+            reply, runs, count, skipped, left = self.reader.fetch(req)
         except ValueError as exc:  # BadRequest, TopicError
-            reply, runs, count, skipped = self._failed(req, jr.FETCH_BAD_REQUEST, exc)
+            reply, runs, count, skipped, left = self._failed(req, jr.FETCH_BAD_REQUEST, exc)
         except Exception as exc:  # Kafka unreachable, timeouts: the client retries
             log.warning("fetch of %s failed: %s", req.topic, exc)
-            reply, runs, count, skipped = self._failed(req, jr.FETCH_UNAVAILABLE, exc)
+            reply, runs, count, skipped, left = self._failed(req, jr.FETCH_UNAVAILABLE, exc)
         self.metrics.seconds.observe(time.perf_counter() - started)
         self.metrics.replies.labels(jr.FetchStatus.Name(reply.status)).inc()
         self.metrics.records.inc(count)
         if skipped:
             self.metrics.skipped.inc(skipped)
+        if left:
+            self.metrics.left_to_journal.inc(left)
         return [*route, *encode_with(reply, "runs", runs)]
 
     @staticmethod

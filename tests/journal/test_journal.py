@@ -532,6 +532,10 @@ def test_trades_published_after_the_archive_s_boundary_come_once(
     assert [t.trade_id for t in got] == ["old", *(i for i, _ in late), "6", "7"]
     assert [t.HasField("stream") for t in got] == [False] + [True] * 7
     assert sub.stats.archived == 1
+    left = journal.metrics.registry.get_sample_value(
+        "candlewire_journal_archive_left_to_journal_total"
+    )
+    assert left == len(late)
     # The journal holds less than a minute past its oldest record: the seam is kept as far
     # as it was read, and the next archive chunk goes on from there, not from the start.
     (key,) = [k for k in journal.reader._seams if k[0] == feed.topic]
