@@ -132,9 +132,13 @@ def _body(frames: Sequence[bytes]) -> bytes:
     if len(frames) > 2:
         raise UnexpectedFrames(f"expected 2 envelope frames, got {len(frames)}")
     version, body = bytes(frames[0]), bytes(frames[1])
+    _check_version(version)
+    return body
+
+
+def _check_version(version: bytes) -> None:
     if version != VERSION_FRAME:
         raise UnsupportedVersion(f"protocol version frame {version[:8].hex() or '(empty)'}")
-    return body
 
 
 def unchecked_payload(frames: Sequence[bytes], cls: type[Message]) -> bytes:
@@ -435,9 +439,9 @@ def record_head(cls: type[Message]) -> bytes:
 
 
 def from_record(value: bytes) -> Message:
-    if not value:
-        raise MissingFrame("empty record")
-    return decode([value[:1], value[1:]])
+    """A Kafka record's value (version, type, payload) decoded as :func:`decode` decodes the
+    two frames."""
+    return from_record_and_payload(value)[0]
 
 
 def from_record_and_payload(value: bytes) -> tuple[Message, bytes]:
@@ -450,9 +454,7 @@ def from_record_and_payload(value: bytes) -> tuple[Message, bytes]:
     it parses it."""
     if not value:
         raise MissingFrame("empty record")
-    version = value[:1]
-    if version != VERSION_FRAME:
-        raise UnsupportedVersion(f"protocol version frame {version.hex()}")
+    _check_version(value[:1])
     cls, payload = _class_of(value[1:2]), value[2:]
     return _decode_payload(cls, payload), payload
 
