@@ -19,20 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bench.stack import private_postgres
 from candlewire.lake import ensure_tables, load_table
-from candlewire.testing import free_settings
 from journal.archive import archive_chunk
-from launcher.local.postgres import LocalPostgres
 from proto import journal_pb2 as jr
 
 DAY_MS = 86_400_000
@@ -61,13 +57,7 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=10)
     parser.add_argument("--per-day", type=int, default=40_000)
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="candlewire-bench-"))
-    base.chmod(0o755)
-    settings = free_settings(base)
-    pg = LocalPostgres(base / "postgres", settings.port("postgres"))
-    pg.init_once()
-    pg.start(base / "postgres.log")
-    try:
+    with private_postgres() as settings:
         ensure_tables(settings)
         table = load_table(settings, "ticks")
         first = (int(time.time() * 1000) // DAY_MS - args.days - 2) * DAY_MS
@@ -107,9 +97,6 @@ def main() -> None:
             flush=True,
         )
         print(json.dumps(result))
-    finally:
-        pg.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

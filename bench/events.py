@@ -31,8 +31,6 @@ import gc
 import json
 import multiprocessing
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -42,12 +40,12 @@ from pathlib import Path
 
 import zmq
 
+from bench.stack import private_postgres
 from bench.stats import pct, process_cpu_s
 from candlewire.config import Settings
 from candlewire.events import EventPublisher
 from candlewire.testing import (
     TelegramStandIn,
-    free_settings,
     metric,
     new_user,
     open_session,
@@ -57,7 +55,6 @@ from candlewire.testing import (
     wait_for,
 )
 from gateway.auth import issue_token
-from launcher.local.postgres import LocalPostgres
 from proto import events_pb2 as ev
 from proto.envelope import decode, encode, encode_topic
 
@@ -310,45 +307,39 @@ def main() -> None:
     parser.add_argument("--paced-shares", type=float, nargs="+", default=PACED_SHARES)
     parser.add_argument("--paced-seconds", type=float, default=2.0)
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="candlewire-bench-"))
-    base.chmod(0o755)
-    settings = free_settings(base)
-    pg = LocalPostgres(base / "postgres", settings.port("postgres"))
-    pg.init_once()
-    pg.start(base / "postgres.log")
-    telegram = TelegramStandIn(BOT_TOKEN)
-    # A session outbox large enough to measure throughput, not the slow-client cut-off.
-    gateway = spawn_gateway(
-        settings,
-        SECRET,
-        BOT_TOKEN,
-        telegram.url,
-        {"CANDLEWIRE_GATEWAY_SESSION_QUEUE": str(max(args.informational, 1_000_000))},
-    )
-    try:
-        # The gateway reads the symbols in a child process beside its start: measure after.
-        wait_for(lambda: metric(settings, "gateway_metrics", RELOADS) >= 1, timeout=60)
-        crit = critical(settings, args.critical, args.window, gateway.pid)
-        print(f"critical: {crit}", flush=True)
-        info = informational(settings, args.informational, base / "pending.db", gateway.pid)
-        print(f"informational: {info}", flush=True)
-        raw_rate, raw_lost = raw(args.informational)
-        print(f"raw XPUB->SUB: {raw_rate:.0f} events/s, {raw_lost} lost", flush=True)
-        steps = []
-        for share in args.paced_shares:
-            at = paced(
-                settings, share * raw_rate, args.paced_seconds, base / "pending.db", gateway.pid
-            )
-            steps.append({"share": share, **at})
-            print(f"paced at {share} of raw: {at}", flush=True)
-            if not within_target(at):
-                break
-    finally:
-        gateway.terminate()
-        gateway.wait(30)
-        telegram.close()
-        pg.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    with private_postgres() as settings:
+        base = settings.state_dir
+        telegram = TelegramStandIn(BOT_TOKEN)
+        # A session outbox large enough to measure throughput, not the slow-client cut-off.
+        gateway = spawn_gateway(
+            settings,
+            SECRET,
+            BOT_TOKEN,
+            telegram.url,
+            {"CANDLEWIRE_GATEWAY_SESSION_QUEUE": str(max(args.informational, 1_000_000))},
+        )
+        try:
+            # The gateway reads the symbols in a child process beside its start: measure after.
+            wait_for(lambda: metric(settings, "gateway_metrics", RELOADS) >= 1, timeout=60)
+            crit = critical(settings, args.critical, args.window, gateway.pid)
+            print(f"critical: {crit}", flush=True)
+            info = informational(settings, args.informational, base / "pending.db", gateway.pid)
+            print(f"informational: {info}", flush=True)
+            raw_rate, raw_lost = raw(args.informational)
+            print(f"raw XPUB->SUB: {raw_rate:.0f} events/s, {raw_lost} lost", flush=True)
+            steps = []
+            for share in args.paced_shares:
+                at = paced(
+                    settings, share * raw_rate, args.paced_seconds, base / "pending.db", gateway.pid
+                )
+                steps.append({"share": share, **at})
+                print(f"paced at {share} of raw: {at}", flush=True)
+                if not within_target(at):
+                    break
+        finally:
+            gateway.terminate()
+            gateway.wait(30)
+            telegram.close()
     result = {
         "critical_events_per_s": round(crit["events_per_s"]),
         "critical_p50_ms": round(crit["p50_ms"], 2),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from candlewire.config import Settings
 from candlewire.testing import free_settings, stream_metric
+from launcher.local.postgres import LocalPostgres
 from launcher.stack import Stack, default_services
 
 
@@ -33,6 +34,24 @@ def private_stack(**overrides: object) -> Iterator[Settings]:
         stack.down(lambda _: None)
         shutil.rmtree(base, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def private_postgres() -> Iterator[Settings]:
+    """Settings on free ports, their state in a temporary folder, with a PostgreSQL of their
+    own running (the Iceberg catalog, the gateway's directory) for a bench that needs no
+    more of the stack; stopped and removed at the end."""
+    base = Path(tempfile.mkdtemp(prefix="candlewire-bench-"))
+    base.chmod(0o755)  # PostgreSQL runs as the postgres user when we are root
+    settings = free_settings(base)
+    pg = LocalPostgres(base / "postgres", settings.port("postgres"))
+    pg.init_once()
+    pg.start(base / "postgres.log")
+    try:
+        yield settings
+    finally:
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _exit_on_term(signum: int, _frame: object) -> None:
