@@ -255,14 +255,10 @@ class JournalReader:
                 reader.next_offset = m.offset() + 1
                 if m.key() != topic_key:
                     continue
-                try:
-                    run = expect(from_record_and_payload(m.value())[0], jr.JournalBatch)
-                except EnvelopeError:
-                    continue
-                if run_fits(run, topic):
-                    for tick in run.ticks:
-                        if tick.exchange_time_ns < boundary_ns:
-                            seam.add(tick)
+                got = _run_of(m.value(), topic)
+                for tick in got[0].ticks if got is not None else ():
+                    if tick.exchange_time_ns < boundary_ns:
+                        seam.add(tick)
         if reader is not None:
             offset = reader.next_offset
         if len(self._seams) >= SEAMS_KEPT:
@@ -317,15 +313,11 @@ class JournalReader:
                 chunk.cursor = reader.next_offset = m.offset() + 1
                 if m.key() != key:
                     continue
-                try:
-                    msg, raw = from_record_and_payload(m.value())
-                    run = expect(msg, jr.JournalBatch)
-                except EnvelopeError:
+                got = _run_of(m.value(), req.topic)
+                if got is None:
                     chunk.skipped += 1
                     continue
-                if not run_fits(run, req.topic):  # a broken writer's: no part of the stream
-                    chunk.skipped += 1
-                    continue
+                run, raw = got
                 since_ms = req.since_ms if after is None else 0
                 last, done, taken = take(run, last, until, since_ms, chunk.runs, raw)
                 chunk.taken += taken
@@ -343,6 +335,17 @@ class JournalReader:
         reader.next_offset = got[-1].offset() + 1 if got else -1
         reader.pending = []
         return got
+
+
+def _run_of(value: bytes, topic: str) -> tuple[jr.JournalBatch, bytes] | None:
+    """A journal record's run of ``topic`` and its bytes as read; None for a record that
+    does not decode or is no run of that topic (a broken writer's: no part of the stream)."""
+    try:
+        msg, raw = from_record_and_payload(value)
+        run = expect(msg, jr.JournalBatch)
+    except EnvelopeError:
+        return None
+    return (run, raw) if run_fits(run, topic) else None
 
 
 def take(
