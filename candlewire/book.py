@@ -36,7 +36,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from proto import book_pb2
-from proto.envelope import SUB_PAYLOAD_MAX, sub_payloads
+from proto.envelope import RUN_HEADS, sub_payloads
 from proto.market_pb2 import StreamPosition
 
 Level = tuple[Decimal, Decimal]
@@ -323,10 +323,10 @@ RUN_MIN = 16
 RUN_MAX = 1024
 
 
-def _run_types() -> tuple[type[Message], type[Message], dict[int, bytes]]:
+def _run_types() -> tuple[type[Message], type[Message]]:
     """Two shadows of a run of BookDelta payloads, each framed as one occurrence of a
-    singular message field (so each is parsed within its own bytes, as alone), and the
-    framing by payload length.
+    singular message field (so each is parsed within its own bytes, as alone; the framing
+    is :data:`~proto.envelope.RUN_HEADS`).
 
     The first, ``Columns``, has BookDelta's field numbers and types with each scalar
     repeated and each message field singular: the parser merges the occurrences, so one
@@ -381,24 +381,17 @@ def _run_types() -> tuple[type[Message], type[Message], dict[int, bytes]]:
             label=F.LABEL_OPTIONAL,
             type_name=f".{file.package}.{name}",
         )
-    frame = file.message_type.add(name="Frame")
-    frame.field.add(name="deltas", number=1, type=F.TYPE_BYTES, label=F.LABEL_OPTIONAL)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
     get = message_factory.GetMessageClass
-    run_columns, run_counts, framing = (
+    run_columns, run_counts = (
         get(pool.FindMessageTypeByName(f"{file.package}.{name}"))
-        for name in ("RunColumns", "RunCounts", "Frame")
+        for name in ("RunColumns", "RunCounts")
     )
-    # Each payload's tag and length as protobuf encodes them, for every length a run takes.
-    heads = {
-        n: framing(deltas=b"\0" * n).SerializeToString()[:-n] if n else b"\n\0"
-        for n in range(SUB_PAYLOAD_MAX + 1)
-    }
-    return run_columns, run_counts, heads
+    return run_columns, run_counts
 
 
-_RUN_COLUMNS, _RUN_COUNTS, _RUN_HEADS = _run_types()
+_RUN_COLUMNS, _RUN_COUNTS = _run_types()
 # Counts' fields that catch a scalar sent packed: a delta's own, and its position's.
 _COUNTS = _RUN_COUNTS.DESCRIPTOR.fields_by_name["deltas"].message_type
 _PACKED = tuple(
@@ -439,7 +432,7 @@ class DeltaRun:
         """:meth:`read` of messages whose payloads :func:`sub_payloads` passed."""
         if len(payloads) < RUN_MIN:
             return None
-        heads = map(_RUN_HEADS.__getitem__, map(len, payloads))
+        heads = map(RUN_HEADS.__getitem__, map(len, payloads))
         framed = b"".join(chain.from_iterable(zip(heads, payloads, strict=True)))
         try:
             columns = _RUN_COLUMNS.FromString(framed).deltas

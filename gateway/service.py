@@ -74,7 +74,7 @@ from gateway.telegram_sessions import TelegramSessions
 from proto import events_pb2 as ev
 from proto import market_pb2
 from proto import requests_pb2 as rq
-from proto.envelope import EnvelopeError, decode, decode_sub, encode, expect
+from proto.envelope import EnvelopeError, decode, decode_sub, decode_subs, encode, expect
 
 log = logging.getLogger("candlewire.gateway")
 
@@ -525,13 +525,14 @@ class Gateway:
         while True:
             batch, delivered = await events.recv(INFORMATIONAL_BATCH), 0
             taken.observe(len(batch))
-            for frames, last in batch:
+            decoded = decode_subs([frames for frames, _ in batch], ev.UserEvent)
+            for (frames, last), event in zip(batch, decoded, strict=True):
                 # One event that cannot be handled is dropped and counted: this task serves
                 # every user, and it ending would stop the fast path for all of them. (A try
                 # costs nothing until something raises.)
                 try:
-                    _, msg = decode_sub(frames)
-                    event = expect(msg, ev.UserEvent)
+                    if event is None:  # not one the batch's parse took: alone, checked
+                        event = expect(decode_sub(frames)[1], ev.UserEvent)
                     if not self._may_send(_peer(last), event, "events"):
                         continue
                     rendered = self.symbols.render(event)

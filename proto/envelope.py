@@ -371,19 +371,19 @@ def decode_sub(frames: Sequence[bytes]) -> tuple[str, Message]:
 
 
 def sub_payloads(
-    run: Sequence[Sequence[bytes]], topic: bytes, cls: type[Message]
+    run: Sequence[Sequence[bytes]], topic: bytes | None, cls: type[Message]
 ) -> list[bytes | None]:
     """Each of a run of SUB messages' payload, when it is ``[topic, version, body]`` whose
     body is a ``cls`` of at most ``_SMALL`` bytes, so no field in it can be past a limit
     (what :func:`decode_sub` checks before it parses, for a receiver that parses several at
     once); None for any other, which the receiver decodes alone, and so refuses and counts
-    what is wrong."""
+    what is wrong. ``topic`` None: any ASCII topic (UTF-8, as :func:`decode_sub` asks)."""
     head, most, out = TYPE_IDS[cls], _SMALL + 1, []
     append = out.append
     for frames in run:
         if (
             len(frames) == 3
-            and frames[0] == topic
+            and (frames[0] == topic if topic is not None else frames[0].isascii())
             and frames[1] == VERSION_FRAME
             and (body := frames[2])
             and body[0] == head
@@ -393,6 +393,71 @@ def sub_payloads(
         else:
             append(None)
     return out
+
+
+def _run_head(n: int) -> bytes:
+    """Field 1's tag and a length of ``n`` as protobuf writes them (a varint)."""
+    head = bytearray(b"\n")
+    while n > 0x7F:
+        head.append(n & 0x7F | 0x80)
+        n >>= 7
+    head.append(n)
+    return bytes(head)
+
+
+# Each payload's tag and length as a run of field-1 items frames it, for every length
+# :func:`sub_payloads` passes: concatenated, a run's payloads parse as one repeated field.
+RUN_HEADS = tuple(map(_run_head, range(SUB_PAYLOAD_MAX + 1)))
+
+
+@cache
+def _run_class(cls: type[Message]) -> type[Message]:
+    """A message of one repeated ``cls`` field, number 1, in ``cls``'s own pool, so that its
+    items are ``cls`` messages: it parses a run of payloads at once (:func:`decode_subs`)."""
+    desc, pool = cls.DESCRIPTOR, descriptor_pool.Default()
+    name = f"candlewire.runs.{desc.full_name.replace('.', '_')}"
+    try:
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+    except KeyError:
+        pass
+    F = FieldDescriptor
+    file = descriptor_pb2.FileDescriptorProto(
+        name=f"candlewire/runs/{desc.full_name}.proto",
+        package="candlewire.runs",
+        syntax="proto3",
+        dependency=[desc.file.name],
+    )
+    run = file.message_type.add(name=name.rpartition(".")[2])
+    run.field.add(
+        name="items",
+        number=1,
+        type=F.TYPE_MESSAGE,
+        label=F.LABEL_REPEATED,
+        type_name=f".{desc.full_name}",
+    )
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+
+
+def decode_subs(run: Sequence[Sequence[bytes]], cls: type[M]) -> list[M | None]:
+    """A run of SUB messages (``[topic, version, body]`` each) decoded as ``cls`` in one
+    parse: for a receiver of many small ones (the gateway's user events, #35), where
+    :func:`decode_sub` and :func:`expect` cost 2.6 µs a message in Python and this 0.8. A
+    message that is not a small ``cls`` (:func:`sub_payloads`) is None, and so is every
+    one of a run that does not parse: the receiver decodes those alone, and so refuses and
+    counts what is wrong."""
+    payloads = sub_payloads(run, None, cls)
+    passed = [p for p in payloads if p is not None]
+    if not passed:
+        return [None] * len(payloads)
+    heads = RUN_HEADS
+    try:
+        items = iter(
+            _run_class(cls).FromString(b"".join([heads[len(p)] + p for p in passed])).items
+        )  # type: ignore[attr-defined]
+    except (DecodeError, RuntimeWarning):
+        return [None] * len(payloads)
+    return [None if p is None else next(items) for p in payloads]
 
 
 def split_route(frames: Sequence[bytes]) -> tuple[list[bytes], list[bytes], bool]:

@@ -11,7 +11,6 @@ import pytest
 
 from candlewire.book import (
     _RUN_COLUMNS,
-    _RUN_HEADS,
     RUN_MAX,
     RUN_MIN,
     Book,
@@ -29,7 +28,7 @@ from candlewire.book import (
     replay,
 )
 from proto import book_pb2
-from proto.envelope import EnvelopeError, decode_sub, encode_topic
+from proto.envelope import RUN_HEADS, EnvelopeError, decode_sub, encode_topic
 from proto.market_pb2 import StreamHead, StreamPosition
 
 T = "OKX:BTC/USDT"
@@ -433,7 +432,7 @@ def test_a_run_s_levels_off_the_wire_equal_those_read_level_by_level(seed: int) 
             d.bids.add(price=rng.choice(["101.5", *odd]), size=rng.choice(["1", *odd]))
         run = DeltaRun.read(frames_of(deltas), TOPIC)
         columns = _RUN_COLUMNS.FromString(
-            b"".join(_RUN_HEADS[len(p)] + p for p in (d.SerializeToString() for d in deltas))
+            b"".join(RUN_HEADS[len(p)] + p for p in (d.SerializeToString() for d in deltas))
         ).deltas
         counts = [sum(len(d.bids) for d in deltas), sum(len(d.asks) for d in deltas)]
         for levels, count in zip((columns.bids, columns.asks), counts, strict=True):

@@ -265,13 +265,24 @@ def test_a_payload_with_a_lone_surrogate_still_makes_a_message_a_socket_can_send
         {"note": "cut \ud83d", "emoji": "\U0001f600", "quote": '"\\', "nested": [1, [2, {}]]},
         {"big": 10**30, "neg": -1.5e-300, "max": 1.7976931348623157e308, "t": True},
         {"unicode": "é中", "empty": "", "list": [], "key with space": {"k": "v"}},
+        {"deep": [json.loads("[" * 20 + "1" + "]" * 20)] * 3, "u64": 2**64 - 1, "i": -(2**63)},
+        {"past 255 levels": json.loads("[" * 300 + "]" * 300), "big": -(10**40)},
     ],
 )
-def test_a_sessions_text_is_what_json_dumps_makes(message: dict) -> None:
-    """The gateway's encoder, made once, writes the same text as json.dumps compact."""
+def test_a_sessions_text_is_strict_json_of_the_same_message(message: dict) -> None:
+    """The gateway's encoder (orjson, and json's for what orjson refuses) writes JSON that a
+    browser's strict ``JSON.parse`` reads back to the same message: integers past 64 bits
+    exact, a lone surrogate escaped, so that the text also encodes to UTF-8 as a socket
+    sends it."""
     from gateway.sessions import to_json
 
-    assert to_json(message) == json.dumps(message, separators=(",", ":"))
+    text = to_json(message)
+    text.encode()
+    assert json.loads(text, parse_constant=_refuse) == json.loads(json.dumps(message))
+
+
+def _refuse(token: str) -> None:  # JSON.parse: no NaN, Infinity or -Infinity
+    raise ValueError(f"not JSON: {token}")
 
 
 def test_a_number_json_cannot_hold_goes_out_as_null_and_every_frame_parses(tmp_path) -> None:
@@ -493,21 +504,25 @@ def test_batch_frames_hold_the_messages_in_order_within_their_bound() -> None:
     rng = random.Random(7)
     for _ in range(200):
         messages = [
-            {"type": "event", "i": i, "text": "x" * rng.choice((0, 10, 300, 5000))}
+            {
+                "type": "event",
+                "i": i,
+                "text": rng.choice("xé中\U0001f600") * rng.choice((0, 10, 300, 5000)),
+            }
             for i in range(rng.randint(1, 60))
         ]
         limit = rng.choice((64, 1000, 20_000))
         frames = batch_frames([to_json(m) for m in messages], limit)
         assert [m for f in frames for m in session_messages(f)] == messages
         for frame in frames:
-            if frame.startswith("["):
-                assert len(frame) <= limit + 1 and len(json.loads(frame)) > 1
+            if frame.startswith("["):  # the bound is in bytes, as the socket sends them
+                assert len(frame.encode()) <= limit + 1 and len(json.loads(frame)) > 1
             else:
                 assert isinstance(json.loads(frame), dict)
         # Two neighbouring frames could not have been one.
         for a, b in itertools.pairwise(frames):
-            first_of_b = to_json(session_messages(b)[0])
-            assert len(a) + len(first_of_b) + 2 > limit
+            first_of_b = to_json(session_messages(b)[0]).encode()
+            assert len(a.encode()) + len(first_of_b) + 2 > limit
 
 
 def test_a_batched_session_gets_what_is_queued_in_few_frames_and_a_plain_one_a_frame_each() -> None:

@@ -282,6 +282,70 @@ def test_sub_payloads_passes_small_messages_of_one_topic_and_type_only() -> None
     assert got == [delta.SerializeToString(), *[None] * len(bad), delta.SerializeToString()]
 
 
+def _decoded_alone(frames: list[bytes]) -> Message | EnvelopeError:
+    try:
+        return expect(decode_sub(frames)[1], events_pb2.UserEvent)
+    except EnvelopeError as exc:
+        return exc
+
+
+def test_a_run_of_user_events_decodes_as_each_alone_and_leaves_the_rest_to_it() -> None:
+    """:func:`decode_subs` (the gateway's one parse of a batch of events, #35) gives each
+    small UserEvent as :func:`decode_sub` reads it, and None for everything else: a frame
+    missing or too many, another version or type, a topic that is not ASCII, a payload past
+    ``SUB_PAYLOAD_MAX``. Nothing it gives is what decode_sub would refuse."""
+    from proto.envelope import SUB_PAYLOAD_MAX, decode_subs
+
+    events = [
+        events_pb2.UserEvent(event_id=f"e{i}", user_id="u1", payload=b'{"i": %d}' % i)
+        for i in range(40)
+    ]
+    good = [encode_topic("USER:u1", e) for e in events]
+    bad = [
+        [b"USER:u1", b"\x02", good[0][2]],
+        [b"USER:u1", good[0][1]],
+        [*good[0], b""],
+        [b"USER:u1", good[0][1], b""],
+        [b"USER:\xc3\xa9", *good[0][1:]],  # UTF-8 yet not ASCII: left to decode_sub
+        [b"USER:\xff", *good[0][1:]],  # not UTF-8: refused alone
+        encode_topic("USER:u1", market_pb2.Tick(ticker="X")),
+        encode_topic("USER:u1", events_pb2.UserEvent(payload=b"x" * SUB_PAYLOAD_MAX)),
+    ]
+    run = [*good[:20], *bad, *good[20:]]
+    got = decode_subs(run, events_pb2.UserEvent)
+    assert got == [*events[:20], *[None] * len(bad), *events[20:]]
+    assert all(type(e) is events_pb2.UserEvent for e in got if e is not None)
+    assert decode_subs([], events_pb2.UserEvent) == []
+    # One payload that does not parse: the whole run is left to decode_sub, which refuses
+    # that one and reads the others.
+    broken = [b"USER:u1", VERSION_FRAME, bytes([TYPE_IDS[events_pb2.UserEvent]]) + b"\x0a\x05ab"]
+    assert decode_subs([good[0], broken, good[1]], events_pb2.UserEvent) == [None] * 3
+    assert isinstance(_decoded_alone(broken), MalformedPayload)
+
+
+def test_a_run_of_user_events_never_takes_what_decode_sub_refuses() -> None:
+    """Random corruptions of a run's messages: what :func:`decode_subs` gives equals
+    :func:`decode_sub`'s reading of the same frames, never something it refuses."""
+    from proto.envelope import decode_subs
+
+    rng = random.Random(11)
+    for _ in range(300):
+        run = [
+            encode_topic(
+                f"USER:u{rng.randrange(3)}",
+                events_pb2.UserEvent(event_id=f"e{i}", payload=rng.randbytes(rng.randrange(30))),
+            )
+            for i in range(rng.randint(1, 12))
+        ]
+        for frames in rng.sample(run, rng.randint(0, len(run))):
+            k = rng.randrange(3)
+            at = rng.randrange(len(frames[k]) + 1)
+            frames[k] = frames[k][:at] + rng.randbytes(rng.randint(0, 3)) + frames[k][at + 1 :]
+        for frames, event in zip(run, decode_subs(run, events_pb2.UserEvent), strict=True):
+            if event is not None:
+                assert _decoded_alone(frames) == event
+
+
 @pytest.mark.parametrize(
     "record",
     [
