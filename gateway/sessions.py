@@ -29,7 +29,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.channels import DELIVERED, Outcome, Result
 from gateway.directory import UserAddress
-from gateway.symbols import EVENT_TYPES, PRIORITIES, Rendered, enum_name
+from gateway.symbols import EVENT_TYPES, PRIORITIES, Rendered
 from proto import events_pb2 as ev
 
 log = logging.getLogger("candlewire.gateway.sessions")
@@ -251,12 +251,13 @@ class Sessions:
 
 def event_message(event: ev.UserEvent, rendered: Rendered, path: str) -> dict[str, Any]:
     """What a browser receives for one event."""
+    number, priority = event.event_type, event.delivery.priority
     return {
         "type": "event",
         "path": path,
-        "event_id": event.event_id,
-        "event_type": enum_name(EVENT_TYPES, event.event_type),
-        "priority": enum_name(PRIORITIES, event.delivery.priority),
+        "event_id": rendered.event_id,
+        "event_type": EVENT_TYPES[number],
+        "priority": PRIORITIES[priority],
         "timestamp": event.timestamp,
         "title": rendered.title,
         "text": rendered.text,

@@ -337,6 +337,48 @@ def test_a_payload_no_price_or_parser_can_hold_is_shown_not_raised(tmp_path, mon
     assert symbols.render(event).text == "60000 bytes of payload"
 
 
+def test_an_event_is_put_in_words_field_by_field(tmp_path, monkeypatch) -> None:
+    """The title, the text's lines and the data a browser gets, with a ticker (its prices to
+    the tick size, its market named) and without one; the event's own id is the data's
+    first key and wins over the payload's."""
+    from candlewire.symbols import Symbol
+    from gateway.sessions import event_message
+    from gateway.symbols import SymbolCatalog
+    from tests.support import free_settings
+
+    symbols = SymbolCatalog(free_settings(tmp_path))
+    btc = Symbol("SIM:BTC/USDT", "BTC", "USDT", Decimal("0.01"), "TRADING")
+    monkeypatch.setattr(symbols, "get", lambda ticker: btc if ticker == btc.ticker else None)
+    event = user_event("u1", ev.INFORMATIONAL)
+    event.event_type = ev.ORDER_FILLED
+    event.payload = b'{"qty": 2, "event_id": "theirs", "note": null, "price": 101.239}'
+    shown = event_message(event, symbols.render(event), "informational")
+    assert (shown["event_type"], shown["priority"]) == ("ORDER_FILLED", "INFORMATIONAL")
+    assert shown["title"] == "Order filled"
+    assert (
+        shown["text"]
+        == f"qty: 2\nevent_id: theirs\nnote: None\nprice: 101.239\nref: {event.event_id}"
+    )
+    assert list(shown["data"].items()) == [
+        ("event_id", event.event_id),
+        ("qty", 2),
+        ("note", None),
+        ("price", 101.239),
+    ]
+    event.payload = b'{"ticker": "SIM:BTC/USDT", "price": "101.239", "stop": 99}'
+    rendered = symbols.render(event)
+    assert rendered.title == "Order filled: SIM:BTC/USDT"
+    assert rendered.text.splitlines() == [
+        "ticker: SIM:BTC/USDT",
+        "price: 101.24",
+        "stop: 99.00",
+        "market: BTC/USDT",
+        f"ref: {event.event_id}",
+    ]
+    event.payload = b'{"ticker": "X:Y/Z", "price": "1.5"}'  # a market it does not know
+    assert symbols.render(event).text.splitlines()[1:] == ["price: 1.5", f"ref: {event.event_id}"]
+
+
 def test_a_message_the_socket_refuses_closes_the_session() -> None:
     """Not a writer that ends while its session looks open and its messages pile up."""
     import asyncio
