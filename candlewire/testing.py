@@ -246,10 +246,12 @@ def open_session(
     return ws
 
 
-def session_messages(frame: str | bytes) -> list[dict[str, Any]]:
+def session_messages(
+    frame: str | bytes, loads: Callable[[str | bytes], Any] = json.loads
+) -> list[dict[str, Any]]:
     """The messages of one frame of a gateway session: an array in a batched session's frame
-    of several, else the one object."""
-    data = json.loads(frame)
+    of several, else the one object. ``loads``: another parser, such as orjson's."""
+    data = loads(frame)
     return data if isinstance(data, list) else [data]
 
 
