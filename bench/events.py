@@ -13,9 +13,13 @@
    ``--paced-shares``) until one misses a p99 of 50 ms or loses an event: #35's latency
    target is that p99 at 0.8 of raw. ``paced_share_within_50ms`` is the highest share that
    met it. The flood of 2 publishes as fast as it can, so its latencies are mostly the
-   queue it builds, not the path's.
+   queue it builds, not the path's;
+5. path: the gateway's own Python for a batch of informational events, in this process and
+   best of 40 (decode, words, message, JSON; ``informational_path_us_per_event``): a figure
+   the machine's swings and the other processes on its two cores move far less than the
+   rates above, for comparing two builds of the fast path.
 
-In all three the reader runs in a process of its own, as a browser does: sharing the
+In 1, 2 and 4 the reader runs in a process of its own, as a browser does: sharing the
 publisher's interpreter lock, it was what the informational figure measured (the gateway
 was about half busy). In 1 it also counts what reached the session: every DELIVERED ack must
 stand for an event the session received.
@@ -55,9 +59,12 @@ from candlewire.testing import (
     user_event,
     wait_for,
 )
+from candlewire.topics import user_topic
 from gateway.auth import issue_token
+from gateway.sessions import event_message, to_json
+from gateway.symbols import SymbolCatalog
 from proto import events_pb2 as ev
-from proto.envelope import decode, encode, encode_topic
+from proto.envelope import decode, decode_subs, encode, encode_topic
 
 RELOADS = "candlewire_gateway_metadata_reloads_total"
 
@@ -272,6 +279,25 @@ def _publish(
     return Published(t0, published_s, received, latencies, cpu, own, reader_cpu)
 
 
+def path_cost(settings: Settings, batch: int = 256, rounds: int = 40) -> float:
+    """µs an event of the informational path's own Python, best of ``rounds`` passes over a
+    batch: one parse of the batch (:func:`decode_subs`), each event put in words
+    (:meth:`SymbolCatalog.render`), its message and its text (:func:`to_json`), as
+    ``Gateway._informational`` takes them; no socket, so nothing else on the machine is
+    timed with it."""
+    symbols = SymbolCatalog(settings)
+    events = [user_event("bench", ev.INFORMATIONAL, payload={"i": i}) for i in range(batch)]
+    run = [encode_topic(user_topic("bench"), e) for e in events]
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for event in decode_subs(run, ev.UserEvent):
+            assert event is not None
+            to_json(event_message(event, symbols.render(event), "informational"))
+        best = min(best, time.perf_counter() - t0)
+    return best / batch * 1e6
+
+
 PACED_SHARES = [0.2, 0.4, 0.6, 0.8]
 PACED_P99_MS = 50.0  # #35's target at 0.8 of the raw rate
 
@@ -331,6 +357,8 @@ def main() -> None:
             print(f"informational: {info}", flush=True)
             raw_rate, raw_lost = raw(args.informational)
             print(f"raw XPUB->SUB: {raw_rate:.0f} events/s, {raw_lost} lost", flush=True)
+            path_us = path_cost(settings)
+            print(f"path: {path_us:.2f} µs an event", flush=True)
             steps = []
             for share in args.paced_shares:
                 at = paced(
@@ -355,6 +383,7 @@ def main() -> None:
         "informational_gateway_cpu_us_per_event": round(info["gateway_cpu_us_per_event"], 1),
         "informational_publisher_cpu_us_per_event": round(info["publisher_cpu_us_per_event"], 1),
         "informational_reader_cpu_us_per_event": round(info["reader_cpu_us_per_event"], 1),
+        "informational_path_us_per_event": round(path_us, 2),
         "raw_xpub_sub_events_per_s": round(raw_rate),
         "raw_xpub_sub_lost": raw_lost,
         "informational_vs_raw": round(info["events_per_s"] / raw_rate, 3),
