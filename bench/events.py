@@ -19,7 +19,7 @@
    the machine's swings and the other processes on its two cores move far less than the
    rates above, for comparing two builds of the fast path.
 
-In 1, 2 and 4 the reader runs in a process of its own, as a browser does: sharing the
+In 1 to 4 the reader runs in a process of its own, as a browser does: sharing the
 publisher's interpreter lock, it was what the informational figure measured (the gateway
 was about half busy). In 1 it also counts what reached the session: every DELIVERED ack must
 stand for an event the session received.
