@@ -138,6 +138,77 @@ def test_a_relay_that_went_down_holds_back_nothing_the_others_get(tmp_path) -> N
         publisher.close()
 
 
+class _StaleCredit:
+    """The publisher's socket, whose view of the relays' room is stale until it is asked
+    for ``EVENTS``: it refuses the first frame of a ``topic`` message ``refusals`` times
+    before that ask, and once more after it when ``stale_after`` (a relay truly full)."""
+
+    def __init__(self, sock: zmq.Socket, topic: bytes, refusals: int, stale_after: bool) -> None:
+        self.sock, self.topic, self.refusals, self.stale_after = sock, topic, refusals, stale_after
+        self.asked = 0
+
+    def send(self, data: bytes, flags: int = 0) -> None:
+        stale = self.stale_after or not self.asked
+        if data == self.topic and flags & zmq.NOBLOCK and stale and self.refusals:
+            self.refusals -= 1
+            raise zmq.Again
+        self.sock.send(data, flags)
+
+    def getsockopt(self, option: int) -> int:
+        self.asked += option == zmq.EVENTS
+        return self.sock.getsockopt(option)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+def test_a_message_refused_on_stale_room_is_sent_after_the_socket_takes_its_commands(
+    tmp_path,
+) -> None:
+    """A ZMQ socket takes its I/O thread's commands (a relay's credit, a pipe's end) at most
+    once a millisecond on sends, so it can refuse a message for a pipe that has room: the
+    publisher asks for ``EVENTS``, which takes them, and sends it once more. Only a second
+    refusal counts as dropped; in a batch, the rest are then refused without asking again."""
+    settings = free_settings(tmp_path)
+    publisher = StreamPublisher(settings)
+    ctx = zmq.Context()
+    relay = peer(ctx, zmq.XSUB, settings.connect("stream_pub"))
+    relay.send(b"\x01")
+    real = publisher._sock
+    try:
+        wait_for(lambda: relay.poll(100) or publisher.publish("T|y", HEAD) or False)
+        publisher._stop.set()  # no heads repeated meanwhile: the counts are the test's alone
+        publisher._repeater.join(5)
+        while relay.poll(200):
+            relay.recv_multipart()
+        with publisher._lock:
+            publisher._sock = stale = _StaleCredit(real, b"T|x", 1, stale_after=False)
+        sent, dropped = publisher.sent, publisher.dropped
+        publisher.publish("T|x", HEAD)
+        assert (publisher.sent - sent, publisher.dropped - dropped, stale.asked) == (1, 0, 1)
+        with publisher._lock:
+            publisher._sock = stale = _StaleCredit(real, b"T|x", 2, stale_after=True)
+        publisher.publish("T|x", HEAD)
+        assert (publisher.sent - sent, publisher.dropped - dropped, stale.asked) == (1, 1, 1)
+        with publisher._lock:  # a batch of three, each refused (the first twice): asked once
+            publisher._sock = stale = _StaleCredit(real, b"T|x", 4, stale_after=True)
+        publisher.publish_sequenced([(b"T|x", market_pb2.OHLC(ticker="X")) for _ in range(3)])
+        assert (publisher.sent - sent, publisher.dropped - dropped, stale.asked) == (1, 4, 1)
+        publisher._sock = real
+        got = []
+        while relay.poll(200):
+            frames = relay.recv_multipart()
+            got.append((frames[0], from_record(b"".join(frames[1:]))))
+        assert got == [(b"T|x", HEAD)]  # the one sent, whole; nothing of the refused
+    finally:
+        with publisher._lock:
+            publisher._sock = real
+        publisher._journal.purge()  # its runs' journal records: no Kafka here to wait for
+        relay.close(linger=0)
+        ctx.destroy(linger=0)
+        publisher.close()
+
+
 def test_what_a_relay_sends_up_that_is_no_subscription_is_counted(tmp_path) -> None:
     """Hostile frames up the publisher's XPUB (tests/fuzz.py) while it publishes: each is
     counted, and the relay receives every message published."""
