@@ -323,6 +323,23 @@ def test_a_run_of_user_events_decodes_as_each_alone_and_leaves_the_rest_to_it() 
     assert isinstance(_decoded_alone(broken), MalformedPayload)
 
 
+def test_a_run_whose_parse_raises_anything_is_left_to_decode_sub(monkeypatch) -> None:
+    """The pure-Python protobuf raises UnicodeDecodeError on a bad string where upb raises
+    DecodeError: whatever the run's parse raises, every message is left to decode_sub, and
+    the gateway's loop, which calls this for a batch outside its guard of each event, goes
+    on."""
+    import proto.envelope as envelope
+
+    class Raising:
+        @staticmethod
+        def FromString(_data: bytes) -> None:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+    good = encode_topic("USER:u1", events_pb2.UserEvent(event_id="e1"))
+    monkeypatch.setattr(envelope, "_run_class", lambda cls: Raising)
+    assert envelope.decode_subs([good, good], events_pb2.UserEvent) == [None, None]
+
+
 def test_a_run_of_user_events_never_takes_what_decode_sub_refuses() -> None:
     """Random corruptions of a run's messages: what :func:`decode_subs` gives equals
     :func:`decode_sub`'s reading of the same frames, never something it refuses."""
