@@ -188,12 +188,12 @@ class StreamPublisher:
 
     def _take_commands(self) -> None:
         """Before a refused message counts as dropped, and is sent once more: let the socket
-        take the commands its I/O thread has queued for it. A send
-        takes them at most once a millisecond, so a pipe's room as the socket sees it can
-        be that far behind what its relay has read (ZMQ credits a pipe each half of its
-        high-water mark read), and a pipe whose relay went down can outlive it as long:
-        either refused a message that every relay had room for (XPUB_NODROP), on a loaded
-        machine. Asking for ``EVENTS`` takes them at once."""
+        take the commands its I/O thread has queued for it. A send takes them at most once
+        a millisecond, so a pipe's room as the socket sees it can be that far behind what
+        its relay has read (ZMQ credits a pipe each half of its high-water mark read), and a
+        pipe whose relay went down can outlive it as long: either refused a message that
+        every relay had room for (XPUB_NODROP), on a loaded machine. Asking for ``EVENTS``
+        takes them at once."""
         self._sock.getsockopt(zmq.EVENTS)
 
     def publish_ticks(self, items: list[tuple[bytes, bytes, int, int]]) -> None:
