@@ -56,7 +56,7 @@ from candlewire.errors import (
 from candlewire.market import Candle, Tick, _TickColumns, as_batch
 from candlewire.positions import describe, is_after, run_fits, run_items, run_size
 from candlewire.topics import book_type, check_id, metadata_update_topic, response_topic, tick_type
-from candlewire.zmqutil import recv_frames, send_frames
+from candlewire.zmqutil import NOBLOCK, recv_frames, send_frames, take_run
 from proto import cep_pb2 as cep
 from proto import journal_pb2 as jr
 from proto import market_pb2
@@ -189,15 +189,7 @@ def perform(op: Op) -> Any:
         return recv_frames(op.sock) if op.sock.poll(timeout) else None
     if isinstance(op, RecvRun):
         timeout = None if op.timeout is None else int(op.timeout * 1000)
-        if not op.sock.poll(timeout):
-            return []
-        run = [recv_frames(op.sock)]
-        try:
-            while len(run) < op.limit:
-                run.append(recv_frames(op.sock, zmq.NOBLOCK))
-        except zmq.Again:
-            pass
-        return run
+        return take_run(op.sock, op.limit) if op.sock.poll(timeout) else []
     if isinstance(op, Send):
         return send_frames(op.sock, op.frames)
     if isinstance(op, Sleep):
@@ -229,20 +221,15 @@ async def async_drive_iter(steps: Steps[None]) -> AsyncIterator[Emitted]:
 
 
 async def async_perform(op: Op) -> Any:
+    # What a poll found queued is read at once through the compiled receive: the asyncio
+    # socket's own receive makes a future for each message. (Its next poll checks the
+    # socket's events first, so a read here takes no wake-up from it.)
     if isinstance(op, Recv):
         timeout = None if op.timeout is None else int(op.timeout * 1000)
-        return await op.sock.recv_multipart() if await op.sock.poll(timeout) else None
+        return recv_frames(op.sock, NOBLOCK) if await op.sock.poll(timeout) else None
     if isinstance(op, RecvRun):
         timeout = None if op.timeout is None else int(op.timeout * 1000)
-        if not await op.sock.poll(timeout):
-            return []
-        run = [await op.sock.recv_multipart()]
-        try:
-            while len(run) < op.limit:
-                run.append(await op.sock.recv_multipart(zmq.NOBLOCK))
-        except zmq.Again:
-            pass
-        return run
+        return take_run(op.sock, op.limit) if await op.sock.poll(timeout) else []
     if isinstance(op, Send):
         return await op.sock.send_multipart(op.frames)
     if isinstance(op, Sleep):

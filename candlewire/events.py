@@ -39,7 +39,7 @@ import zmq
 from candlewire.config import Settings
 from candlewire.curve import dial
 from candlewire.topics import user_topic
-from candlewire.zmqutil import NOBLOCK, harden, send_frames, subscriptions
+from candlewire.zmqutil import NOBLOCK, harden, recv_frames, send_frames, subscriptions
 from proto import events_pb2 as ev
 from proto.envelope import EnvelopeError, decode, encode, encode_topic, expect
 
@@ -294,7 +294,7 @@ class EventPublisher:
     def _read_acks(self) -> None:
         while True:
             try:
-                frames = self._dealer.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(self._dealer, NOBLOCK)
             except zmq.Again:
                 return
             try:

@@ -55,7 +55,7 @@ from candlewire.topics import (
     work_prefix,
 )
 from candlewire.triggers import TriggerRejected, check_owner, parse_trigger
-from candlewire.zmqutil import HWM, harden, subscription, subscriptions
+from candlewire.zmqutil import HWM, NOBLOCK, harden, recv_message, subscription, subscriptions
 from proto import cep_pb2 as cep
 from proto import requests_pb2 as rq
 from proto.envelope import (
@@ -431,7 +431,7 @@ class Relay:
                 pass  # the control channel's subscriptions: the XPUB applies them
             for _ in range(1024):
                 try:
-                    frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = recv_message(self._router, NOBLOCK)
                 except zmq.Again:
                     break
                 self._handle([f.bytes for f in frames], peer(frames[-1]))
