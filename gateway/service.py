@@ -82,6 +82,7 @@ PURGE_EVERY_S = 60.0
 ANSWER_DRAIN_S = 5.0  # how long a stopping gateway lets critical events in flight finish
 CRITICAL_BATCH = 256  # critical events taken from the ROUTER in one loop turn
 INFORMATIONAL_BATCH = 256  # informational events taken from the SUB in one loop turn
+MARKET_BATCH = 256  # candles and notices taken from the market-data SUB in one loop turn
 SEED_CANDLES = 90  # what the page draws
 DEPTH_LEVELS = 10  # a side, in the page's depth panel
 DEPTH_EVERY_S = 0.25  # the panel is redrawn at most this often
@@ -127,6 +128,9 @@ class Gateway:
         port = self.settings.port("gateway_http")
         own = {f"http://{h}:{port}" for h in (self.settings.host, "127.0.0.1", "localhost")}
         self._last_seen: dict[str, tuple[int, int]] = {}  # chart topic -> (epoch, seq)
+        # The sessions drawing each chart topic: a candle goes to its own, whatever the
+        # number of sessions (each candle looked at every session before).
+        self._charted: dict[str, set[Session]] = {}
         self._depth: dict[str, asyncio.Task] = {}  # charted ticker -> its book subscription
         self._answering: set[asyncio.Task] = set()  # critical events in flight
         self._origins = frozenset(own | set(self.gw.allowed_origins))
@@ -138,6 +142,7 @@ class Gateway:
         self._stopping: asyncio.Event | None = None
         self._watching: Counter[str] = Counter()  # user -> browsers and chats (0, 1 or 2)
         self._event_batches: Batches | None = None  # the SUB, once the fast path runs
+        self._market_batches: Batches | None = None  # the market-data SUB, once read
         self._reloading: asyncio.Task[None] | None = None  # the symbols' reload
         self._reload_again = False
         self.sessions = Sessions(
@@ -413,14 +418,20 @@ class Gateway:
         if session.chart == topic:
             return
         if session.chart is not None:
-            if not any(x.chart == session.chart for x in self.sessions.all() if x is not session):
+            drawing = self._charted.get(session.chart, set())
+            drawing.discard(session)
+            if not drawing:
+                self._charted.pop(session.chart, None)
                 self._last_seen.pop(session.chart, None)
             self._market.unsubscribe(session.chart)
             self._market.unsubscribe(_error_topic(session.chart))
         session.chart = topic
         if topic is not None:
+            self._charted.setdefault(topic, set()).add(session)
             self._market.subscribe(_error_topic(topic))
             self._market.subscribe(topic)
+        if self._market_batches is not None:
+            self._market_batches.recheck()
         self._follow_depth()
 
     def _follow_depth(self) -> None:
@@ -668,26 +679,32 @@ class Gateway:
     # -- market data and symbol metadata ----------------------------------------------------
 
     async def _markets(self) -> None:
+        """What is queued on the market-data SUB is taken in one loop turn (:class:`Batches`),
+        not a future a message; each candle goes to the sessions drawing its chart."""
+        self._market_batches = market = Batches(self._market)
         while True:
-            frames = await self._market.recv_multipart()
-            try:
-                topic, msg = decode_sub(frames)
-            except EnvelopeError as exc:
-                self.metrics.dropped.labels("market_data", exc.reason).inc()
-                continue
-            if isinstance(msg, market_pb2.SymbolMetadataUpdated):
-                self._symbols_changed()
-            elif isinstance(msg, market_pb2.OHLC):
-                if not self._fresh(topic, msg):
-                    continue
-                watchers = [x for x in self.sessions.all() if x.chart == topic]
-                self.sessions.offer_to(watchers, _candle(msg))
+            for frames, _ in await market.recv(MARKET_BATCH):
+                try:
+                    self._market_message(frames)
+                except EnvelopeError as exc:
+                    self.metrics.dropped.labels("market_data", exc.reason).inc()
+
+    def _market_message(self, frames: list[bytes]) -> None:
+        topic, msg = decode_sub(frames)
+        if isinstance(msg, market_pb2.SymbolMetadataUpdated):
+            self._symbols_changed()
+        elif isinstance(msg, market_pb2.OHLC):
+            if self._fresh(topic, msg):
+                self.sessions.offer_to(list(self._charted.get(topic, ())), _candle(msg))
                 self.metrics.candles.inc()
-            elif isinstance(msg, rq.SubscriptionError):
-                watchers = [
-                    x for x in self.sessions.all() if x.chart and _error_topic(x.chart) == topic
-                ]
-                self.sessions.offer_to(watchers, {"type": "error", "message": msg.error_message})
+        elif isinstance(msg, rq.SubscriptionError):
+            watchers = [
+                session
+                for chart, drawing in self._charted.items()
+                if _error_topic(chart) == topic
+                for session in drawing
+            ]
+            self.sessions.offer_to(watchers, {"type": "error", "message": msg.error_message})
 
     def _fresh(self, topic: str, msg: market_pb2.OHLC) -> bool:
         """Through several relays each candle comes once per relay; its stream position

@@ -221,3 +221,32 @@ def test_a_chart_keeps_flowing_while_another_session_on_it_leaves(
         pass  # what came before the other left
     publish_until(market, topic, candle, lambda: maybe_next(staying, "candle"))
     staying.close()
+
+
+def test_a_session_that_moves_to_another_chart_gets_none_of_the_old_one_s_candles(
+    gw_env, market, make_gateway
+) -> None:
+    """Candles go to the sessions drawing their chart: one that moved on to another chart
+    gets none of the old one's, while a session still drawing it does."""
+    make_gateway(gw_env, gw_config())
+    ticker = f"GW{uuid.uuid4().hex[:6].upper()}:BAR/USD"
+    other = f"GW{uuid.uuid4().hex[:6].upper()}:BAZ/USD"
+    staying, moving = sign_in(gw_env, new_user()), sign_in(gw_env, new_user())
+    for ws in (staying, moving):
+        chart(ws, ticker, 60)
+        assert next_of(ws, "chart")["ticker"] == ticker
+    candle = market_pb2.OHLC(ticker=ticker, period_s=60, open_time_ms=1_700_000_040_000)
+    topic = market_data_topic(ticker, ohlc_type(60))
+    publish_until(market, topic, candle, lambda: maybe_next(moving, "candle"))
+    chart(moving, other, 60)
+    assert next_of(moving, "chart")["ticker"] == other
+    time.sleep(0.5)  # what was on its way to it before the move
+    while maybe_next(moving, "candle"):
+        pass
+    while maybe_next(staying, "candle"):
+        pass
+    publish_until(market, topic, candle, lambda: maybe_next(staying, "candle"))
+    time.sleep(0.3)
+    assert maybe_next(moving, "candle") is None
+    staying.close()
+    moving.close()
