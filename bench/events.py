@@ -24,7 +24,11 @@ publisher's interpreter lock, it was what the informational figure measured (the
 was about half busy). In 1 it also counts what reached the session: every DELIVERED ack must
 stand for an event the session received.
 
-The last line is JSON, including informational_vs_raw. ``python -m bench.events``
+With ``--curve`` every ZMQ hop is encrypted and authenticated as a keyed deployment runs it
+(keys from ``candlewire keys init``; the bench sends as the stream job's publisher key, which
+may send for any user), the raw path too, so that the ratio compares like with like.
+
+The last line is JSON, including informational_vs_raw. ``python -m bench.events [--curve]``
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import zmq
 from bench.stack import private_postgres
 from bench.stats import pct, process_cpu_s
 from candlewire.config import Settings
+from candlewire.curve import Keyring, dial
 from candlewire.events import EventPublisher
 from candlewire.testing import (
     TelegramStandIn,
@@ -69,6 +74,7 @@ from proto.envelope import decode, decode_subs, encode, encode_topic
 RELOADS = "candlewire_gateway_metadata_reloads_total"
 
 SECRET = "bench-secret-0123456789"
+KEY = "stream"  # with --curve: the key the bench sends with (a publisher's, for any user)
 BOT_TOKEN = "123456:BENCH-token"
 
 
@@ -87,7 +93,7 @@ def critical(settings: Settings, n: int, window: int, gateway_pid: int) -> dict:
     try:
         _answer(reader, 60)  # signed in
         ctx = zmq.Context()
-        dealer = ctx.socket(zmq.DEALER)
+        dealer = dial(ctx.socket(zmq.DEALER), settings, "gateway", KEY)
         dealer.connect(settings.connect("critical_events"))
         active = [(ev.ACTIVE_SESSION, True)]
         events = [user_event(user, ev.CRITICAL, active, payload={"i": i}) for i in range(n)]
@@ -147,11 +153,14 @@ def _session_reader(settings: Settings, user: str, n: int, quiet_s: float, out: 
     ws.close()
 
 
-def _sub_reader(port: int, n: int, quiet_s: float, out: Connection) -> None:
+def _sub_reader(port: int, n: int, quiet_s: float, server: bytes | None, out: Connection) -> None:
     """The raw path's SUB, in a process of its own. PUB/SUB drops at a full high-water
-    mark, so it stops once nothing has arrived for ``quiet_s`` and reports what it got."""
+    mark, so it stops once nothing has arrived for ``quiet_s`` and reports what it got.
+    ``server``: the secret key it serves CURVE with, as a gateway's SUB does."""
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
+    if server is not None:
+        sub.curve_server, sub.curve_secretkey = True, server
     sub.subscribe(b"USER:bench")
     sub.connect(f"tcp://127.0.0.1:{port}")
     got, last = 0, time.time()
@@ -249,7 +258,7 @@ def _publish(
     proc, reader = _reader(_session_reader, settings, user, n, quiet_s)
     try:
         _answer(reader, 60)  # signed in
-        with EventPublisher(settings, journal=journal) as pub:
+        with EventPublisher(settings, journal=journal, key=KEY) as pub:
             deadline = time.monotonic() + 10
             while not pub.watched(user):
                 assert time.monotonic() < deadline, "the gateway never subscribed"
@@ -307,12 +316,14 @@ def within_target(step: dict) -> bool:
     return step["delivered"] == 1.0 and step["p99_ms"] <= PACED_P99_MS
 
 
-def raw(n: int, quiet_s: float = 2.0) -> tuple[float, int]:
-    """XPUB → SUB with nothing in between: (events/s received, events lost)."""
+def raw(settings: Settings, n: int, quiet_s: float = 2.0) -> tuple[float, int]:
+    """XPUB → SUB with nothing in between: (events/s received, events lost). With CURVE on,
+    encrypted as the gateway's hop is: the XPUB a client of the SUB's server key."""
     ctx = zmq.Context()
-    pub = ctx.socket(zmq.XPUB)
+    pub = dial(ctx.socket(zmq.XPUB), settings, "gateway", KEY)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
-    proc, reader = _reader(_sub_reader, port, n, quiet_s)
+    server = Keyring(settings).pair("gateway")[1] if settings.security.curve else None
+    proc, reader = _reader(_sub_reader, port, n, quiet_s, server)
     try:
         pub.recv()  # the subscription arrived
         frames = encode_topic(
@@ -336,8 +347,14 @@ def main() -> None:
     parser.add_argument("--informational", type=int, default=20000)
     parser.add_argument("--paced-shares", type=float, nargs="+", default=PACED_SHARES)
     parser.add_argument("--paced-seconds", type=float, default=2.0)
+    parser.add_argument("--curve", action="store_true", help="every ZMQ hop with CURVE")
     args = parser.parse_args()
-    with private_postgres() as settings:
+    with private_postgres() as plain:
+        settings = plain
+        if args.curve:
+            security = plain.security.model_copy(update={"curve": True})
+            settings = plain.model_copy(update={"security": security})
+            Keyring(settings).init()
         base = settings.state_dir
         telegram = TelegramStandIn(BOT_TOKEN)
         # A session outbox large enough to measure throughput, not the slow-client cut-off.
@@ -355,7 +372,7 @@ def main() -> None:
             print(f"critical: {crit}", flush=True)
             info = informational(settings, args.informational, base / "pending.db", gateway.pid)
             print(f"informational: {info}", flush=True)
-            raw_rate, raw_lost = raw(args.informational)
+            raw_rate, raw_lost = raw(settings, args.informational)
             print(f"raw XPUB->SUB: {raw_rate:.0f} events/s, {raw_lost} lost", flush=True)
             path_us = path_cost(settings)
             print(f"path: {path_us:.2f} µs an event", flush=True)
@@ -373,6 +390,7 @@ def main() -> None:
             gateway.wait(30)
             telegram.close()
     result = {
+        "curve": args.curve,
         "critical_events_per_s": round(crit["events_per_s"]),
         "critical_p50_ms": round(crit["p50_ms"], 2),
         "critical_p99_ms": round(crit["p99_ms"], 2),
