@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from decimal import Decimal
+from typing import Any
 
 import pyarrow as pa
 
@@ -205,14 +206,7 @@ def test_a_chart_keeps_flowing_while_another_session_on_it_leaves(
     gw_env, market, make_gateway
 ) -> None:
     make_gateway(gw_env, gw_config())
-    ticker = f"GW{uuid.uuid4().hex[:6].upper()}:BAR/USD"
-    staying, leaving = sign_in(gw_env, new_user()), sign_in(gw_env, new_user())
-    for ws in (staying, leaving):
-        chart(ws, ticker, 60)
-        assert next_of(ws, "chart")["ticker"] == ticker
-    candle = market_pb2.OHLC(ticker=ticker, period_s=60, open_time_ms=1_700_000_040_000)
-    topic = market_data_topic(ticker, ohlc_type(60))
-    publish_until(market, topic, candle, lambda: maybe_next(leaving, "candle"))
+    staying, leaving, topic, candle = _two_sessions_on_a_chart(gw_env, market)
     leaving.send(json.dumps({"op": "unchart"}))
     assert next_of(leaving, "chart")["ticker"] is None
     leaving.close()
@@ -229,15 +223,8 @@ def test_a_session_that_moves_to_another_chart_gets_none_of_the_old_one_s_candle
     """Candles go to the sessions drawing their chart: one that moved on to another chart
     gets none of the old one's, while a session still drawing it does."""
     make_gateway(gw_env, gw_config())
-    ticker = f"GW{uuid.uuid4().hex[:6].upper()}:BAR/USD"
+    staying, moving, topic, candle = _two_sessions_on_a_chart(gw_env, market)
     other = f"GW{uuid.uuid4().hex[:6].upper()}:BAZ/USD"
-    staying, moving = sign_in(gw_env, new_user()), sign_in(gw_env, new_user())
-    for ws in (staying, moving):
-        chart(ws, ticker, 60)
-        assert next_of(ws, "chart")["ticker"] == ticker
-    candle = market_pb2.OHLC(ticker=ticker, period_s=60, open_time_ms=1_700_000_040_000)
-    topic = market_data_topic(ticker, ohlc_type(60))
-    publish_until(market, topic, candle, lambda: maybe_next(moving, "candle"))
     chart(moving, other, 60)
     assert next_of(moving, "chart")["ticker"] == other
     time.sleep(0.5)  # what was on its way to it before the move
@@ -250,3 +237,17 @@ def test_a_session_that_moves_to_another_chart_gets_none_of_the_old_one_s_candle
     assert maybe_next(moving, "candle") is None
     staying.close()
     moving.close()
+
+
+def _two_sessions_on_a_chart(gw_env, market) -> tuple[Any, Any, str, market_pb2.OHLC]:
+    """Two sessions of two users drawing one new 1-minute chart, the second already getting
+    its candles: the sessions, the chart's topic and the candle published on it."""
+    ticker = f"GW{uuid.uuid4().hex[:6].upper()}:BAR/USD"
+    first, second = sign_in(gw_env, new_user()), sign_in(gw_env, new_user())
+    for ws in (first, second):
+        chart(ws, ticker, 60)
+        assert next_of(ws, "chart")["ticker"] == ticker
+    candle = market_pb2.OHLC(ticker=ticker, period_s=60, open_time_ms=1_700_000_040_000)
+    topic = market_data_topic(ticker, ohlc_type(60))
+    publish_until(market, topic, candle, lambda: maybe_next(second, "candle"))
+    return first, second, topic, candle
