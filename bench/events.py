@@ -277,8 +277,8 @@ def _publish(
                 for i, event in enumerate(events):
                     if rate is not None:
                         due = t0 + i / rate
-                        while (now := time.time()) < due:
-                            time.sleep(min(due - now, 0.001))
+                        if (now := time.time()) < due:
+                            time.sleep(max(due - now, PACE_WAKE_S))
                     sent_at[i] = time.time()
                     pub.publish(event)
                 published_s = time.time() - t0
@@ -312,6 +312,12 @@ def path_cost(settings: Settings, batch: int = 256, rounds: int = 40) -> float:
 
 
 PACED_SHARES = [0.2, 0.4, 0.6, 0.8]
+# A paced publisher ahead of its schedule sleeps at least this long, then publishes what
+# fell due meanwhile, each stamped as it goes: it stands in for a container on another
+# machine, yet shares these two cores with the gateway. Sleeping until each event's time
+# (about 60 µs a wake at 96,000 events a second, the timer's slack) cost it 8.4-8.6 µs of
+# CPU an event against 5.7-6.0.
+PACE_WAKE_S = 0.001
 PACED_P99_MS = 50.0  # #35's target at 0.8 of the raw rate
 
 
