@@ -21,9 +21,15 @@ import pyarrow as pa
 
 from candlewire.lake import NAMESPACE, catalog
 from candlewire.testing import new_user, user_event
-from candlewire.topics import market_data_topic, metadata_update_topic, ohlc_type
+from candlewire.topics import (
+    market_data_topic,
+    metadata_update_topic,
+    ohlc_type,
+    subscription_error_topic,
+)
 from proto import events_pb2 as ev
 from proto import market_pb2
+from proto import requests_pb2 as rq
 from tests.gateway.conftest import gw_config, next_of, sign_in
 from tests.support import FakePublisher, wait_for
 
@@ -237,6 +243,34 @@ def test_a_session_that_moves_to_another_chart_gets_none_of_the_old_one_s_candle
     assert maybe_next(moving, "candle") is None
     staying.close()
     moving.close()
+
+
+def test_a_chart_s_subscription_error_reaches_the_sessions_drawing_it_only(
+    gw_env, market, make_gateway
+) -> None:
+    """An error about a chart's ticker goes to the sessions drawing that chart, not to a
+    session drawing another."""
+    make_gateway(gw_env, gw_config())
+    ticker = f"GW{uuid.uuid4().hex[:6].upper()}:BAR/USD"
+    other = f"GW{uuid.uuid4().hex[:6].upper()}:BAZ/USD"
+    drawing, elsewhere = sign_in(gw_env, new_user()), sign_in(gw_env, new_user())
+    for ws, shown in ((drawing, ticker), (elsewhere, other)):
+        chart(ws, shown, 60)
+        assert next_of(ws, "chart")["ticker"] == shown
+    text = f"no ingestor for {ticker} ({uuid.uuid4().hex[:8]})"
+    error = rq.SubscriptionError(ticker=ticker, error_message=text)
+    got: list[dict] = []
+
+    def arrived() -> bool:
+        got.extend(iter(lambda: maybe_next(drawing, "error"), None))
+        return any(e["message"] == text for e in got)
+
+    publish_until(market, subscription_error_topic(ticker), error, arrived)
+    time.sleep(0.5)  # what was sent to the other, had it been
+    seen = list(iter(lambda: maybe_next(elsewhere, "error"), None))
+    assert all(e["message"] != text for e in seen), seen
+    drawing.close()
+    elsewhere.close()
 
 
 def _two_sessions_on_a_chart(gw_env, market) -> tuple[Any, Any, str, market_pb2.OHLC]:
