@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from importlib import resources
@@ -128,8 +129,9 @@ class Gateway:
         port = self.settings.port("gateway_http")
         own = {f"http://{h}:{port}" for h in (self.settings.host, "127.0.0.1", "localhost")}
         self._last_seen: dict[str, tuple[int, int]] = {}  # chart topic -> (epoch, seq)
-        # The sessions drawing each chart topic: a candle goes to its own, whatever the
-        # number of sessions (each candle looked at every session before).
+        # The sessions drawing each chart topic, until their cleanup releases it: a candle,
+        # an error or a depth panel goes to its own, whatever the number of sessions (each
+        # looked at every session before).
         self._charted: dict[str, set[Session]] = {}
         self._depth: dict[str, asyncio.Task] = {}  # charted ticker -> its book subscription
         self._answering: set[asyncio.Task] = set()  # critical events in flight
@@ -434,10 +436,19 @@ class Gateway:
             self._market_batches.recheck()
         self._follow_depth()
 
+    def _drawing(self, chart: Callable[[str], bool]) -> list[Session]:
+        """The sessions drawing the charts (by topic) that ``chart`` accepts."""
+        return [
+            session
+            for topic, drawing in self._charted.items()
+            if chart(topic)
+            for session in drawing
+        ]
+
     def _follow_depth(self) -> None:
         """One book subscription per charted ticker, for the page's depth panel: started
         with the first chart of the ticker, cancelled with the last."""
-        charted = {_chart_ticker(x.chart) for x in self.sessions.all() if x.chart}
+        charted = {_chart_ticker(topic) for topic in self._charted}
         for ticker in charted - self._depth.keys():
             self._depth[ticker] = asyncio.get_running_loop().create_task(self._book(ticker))
         for ticker in self._depth.keys() - charted:
@@ -451,7 +462,7 @@ class Gateway:
         from candlewire.client import AsyncClient  # the client: on a chart's first use
 
         def watchers() -> list[Session]:
-            return [x for x in self.sessions.all() if x.chart and _chart_ticker(x.chart) == ticker]
+            return self._drawing(lambda chart: _chart_ticker(chart) == ticker)
 
         shown = 0.0
         try:
@@ -698,12 +709,7 @@ class Gateway:
                 self.sessions.offer_to(list(self._charted.get(topic, ())), _candle(msg))
                 self.metrics.candles.inc()
         elif isinstance(msg, rq.SubscriptionError):
-            watchers = [
-                session
-                for chart, drawing in self._charted.items()
-                if _error_topic(chart) == topic
-                for session in drawing
-            ]
+            watchers = self._drawing(lambda chart: _error_topic(chart) == topic)
             self.sessions.offer_to(watchers, {"type": "error", "message": msg.error_message})
 
     def _fresh(self, topic: str, msg: market_pb2.OHLC) -> bool:
