@@ -9,6 +9,8 @@ import json
 from decimal import Decimal, InvalidOperation
 from typing import Any, NamedTuple
 
+from orjson import loads as _orjson_loads
+
 from candlewire.config import PERIODS_S
 from candlewire.symbols import SymbolCatalog as BaseCatalog
 from candlewire.topics import TopicError, parse_ticker
@@ -36,13 +38,35 @@ PRICE_KEYS = frozenset(("price", "stop", "limit", "fill_price"))
 # json's own scanner (C), which ``json.loads`` reaches through three Python calls and an
 # encoding guess: 3 µs of a small payload's parse, 0.6 through the scanner (#35).
 _SCAN = json.JSONDecoder().scan_once
+# orjson reads an integer past 64 bits as a float (2**64 as 1.8446744073709552e+19) where
+# json keeps it exact; a float that large and whole may be one. Smaller floats and whole
+# ones under it it reads as json does (both round correctly).
+_ORJSON_EXACT = 2.0**63
+_SCALARS = (str, int, bool, type(None))
 
 
 def payload_json(payload: bytes) -> Any:
-    """``json.loads(payload)``, the same object or the same error. A payload that opens with
-    ``{`` and a byte that is not NUL is UTF-8 to ``json.loads`` too; one that the scanner
-    reads to its last byte is taken from it at once, and any other goes through
+    """``json.loads(payload)``, the same object or the same error. A flat object (no value
+    an object or a list) is taken from orjson, at a third of json's cost (0.2 µs against 0.6
+    for a small one), unless one of its values is a float that may have been an integer past
+    64 bits; what orjson refuses, and anything else, is read as before. A payload that opens
+    with ``{`` and a byte that is not NUL is UTF-8 to ``json.loads`` too; one that the
+    scanner reads to its last byte is taken from it at once, and any other goes through
     ``json.loads`` itself."""
+    try:
+        obj = _orjson_loads(payload)
+    except ValueError:  # orjson.JSONDecodeError: what it refuses, json may take
+        obj = None
+    if type(obj) is dict:
+        for value in obj.values():
+            kind = type(value)
+            if kind is float:
+                if value.is_integer() and abs(value) >= _ORJSON_EXACT:
+                    break
+            elif kind not in _SCALARS:
+                break
+        else:
+            return obj
     if payload[:1] == b"{" and payload[1:2] not in (b"\x00", b""):
         try:
             text = payload.decode("utf-8", "surrogatepass")
@@ -55,13 +79,18 @@ def payload_json(payload: bytes) -> Any:
 
 
 class Rendered(NamedTuple):
-    """An event in words; a tuple, which is made in C (a frozen dataclass sets each field
-    through ``object.__setattr__``, on the informational fast path)."""
+    """An event in words; a tuple (a frozen dataclass sets each field through
+    ``object.__setattr__``, on the informational fast path)."""
 
     event_id: str
     title: str
     text: str
     data: dict[str, Any]
+
+
+# A NamedTuple's constructor is a Python function around ``tuple.__new__``: called directly,
+# 0.17 µs an event against 0.26 on the informational fast path.
+_TUPLE_NEW = tuple.__new__
 
 
 class SymbolCatalog(BaseCatalog):
@@ -112,14 +141,14 @@ class SymbolCatalog(BaseCatalog):
             data = None
         if not isinstance(data, dict):
             text = f"{len(payload)} bytes of payload"
-            return Rendered(event_id, kind, text, {"event_id": event_id})
+            return _TUPLE_NEW(Rendered, (event_id, kind, text, {"event_id": event_id}))
         out = {"event_id": event_id, **data}  # first, and the event's own id over the payload's
         out["event_id"] = event_id
         ticker = str(data.get("ticker", ""))
         if not ticker:  # no price to round, no market to name: the lines in one pass
             lines = [f"{key}: {value}" for key, value in data.items()]
             lines.append(f"ref: {event_id}")
-            return Rendered(event_id, kind, "\n".join(lines), out)
+            return _TUPLE_NEW(Rendered, (event_id, kind, "\n".join(lines), out))
         sym = self.get(ticker)
         lines = []
         for key, value in data.items():
@@ -129,4 +158,4 @@ class SymbolCatalog(BaseCatalog):
         if sym is not None:
             lines.append(f"market: {sym.base}/{sym.quote}")
         lines.append(f"ref: {event_id}")
-        return Rendered(event_id, f"{kind}: {ticker}", "\n".join(lines), out)
+        return _TUPLE_NEW(Rendered, (event_id, f"{kind}: {ticker}", "\n".join(lines), out))

@@ -63,6 +63,9 @@ TYPE_IDS: dict[type[Message], int] = {cls: type_id for type_id, cls in MESSAGE_C
 _RECORD_HEADS: dict[type[Message], bytes] = {
     cls: bytes([PROTOCOL_VERSION, type_id]) for cls, type_id in TYPE_IDS.items()
 }
+# A body frame's first byte per type, made once (``bytes([n])`` an encode is a fifth of a
+# small message's encoding).
+_BODY_HEADS: dict[type[Message], bytes] = {cls: bytes([n]) for cls, n in TYPE_IDS.items()}
 
 M = TypeVar("M", bound=Message)
 
@@ -112,12 +115,20 @@ def type_id(msg: Message) -> int:
 
 def encode(msg: Message) -> list[bytes]:
     """The two logical frames."""
-    return [VERSION_FRAME, bytes([type_id(msg)]) + msg.SerializeToString()]
+    return [VERSION_FRAME, _body_of(msg)]
 
 
 def encode_topic(topic: str, msg: Message) -> list[bytes]:
     """PUB frames: topic, then the envelope."""
-    return [topic.encode(), *encode(msg)]
+    return [topic.encode(), VERSION_FRAME, _body_of(msg)]
+
+
+def _body_of(msg: Message) -> bytes:
+    """The body frame: the type byte, then the message."""
+    head = _BODY_HEADS.get(type(msg))
+    if head is None:
+        raise UnknownMessageType(f"{type(msg).__name__} has no envelope type id")
+    return head + msg.SerializeToString()
 
 
 def decode(frames: Sequence[bytes]) -> Message:

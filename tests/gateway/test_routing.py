@@ -658,6 +658,10 @@ def test_a_payload_parses_as_json_loads_parses_it() -> None:
         b'"text"',
         b"{" * 100 + b"}" * 100,
         b'{"a": 1, "a": 2}',
+        # flat, where orjson reads it: integers at and past 64 bits, floats as large
+        b'{"u": 18446744073709551615, "v": 18446744073709551616}',
+        b'{"m": -9223372036854775808, "n": -9223372036854775809}',
+        b'{"f": 1e19, "g": 9223372036854775808.0, "h": -0.0, "s": "x"}',
     ]
     rng = random.Random(11)
     alphabet = b'{}[]":,0123456789.eE-+ \n\tabcfnrstu\\\x00\xc3\xa9\xff'
