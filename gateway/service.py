@@ -558,7 +558,7 @@ class Gateway:
                     if event is None:  # not one the batch's parse took: alone, checked
                         event = expect(decode_sub(frames)[1], ev.UserEvent)
                     # ``last`` is None without CURVE: no sender to check
-                    if last is not None and not self._may_send(_peer(last), event, "events"):
+                    if last is not None and not self._may_send(peer_of(last), event, "events"):
                         continue
                     rendered, user = render(event), event.user_id
                     sent = send(user, event_message(event, rendered, "informational")) + deliver(

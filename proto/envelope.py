@@ -110,7 +110,12 @@ def type_id(msg: Message) -> int:
     try:
         return TYPE_IDS[type(msg)]
     except KeyError:
-        raise UnknownMessageType(f"{type(msg).__name__} has no envelope type id") from None
+        raise _unknown(type(msg)) from None
+
+
+def _unknown(cls: type[Message]) -> UnknownMessageType:
+    """The error for a message type without an envelope type id, whichever table missed it."""
+    return UnknownMessageType(f"{cls.__name__} has no envelope type id")
 
 
 def encode(msg: Message) -> list[bytes]:
@@ -127,7 +132,7 @@ def _body_of(msg: Message) -> bytes:
     """The body frame: the type byte, then the message."""
     head = _BODY_HEADS.get(type(msg))
     if head is None:
-        raise UnknownMessageType(f"{type(msg).__name__} has no envelope type id")
+        raise _unknown(type(msg))
     return head + msg.SerializeToString()
 
 
@@ -502,7 +507,7 @@ def to_record(msg: Message) -> bytes:
     """Kafka value: the envelope's two frames concatenated."""
     head = _RECORD_HEADS.get(type(msg))
     if head is None:
-        raise UnknownMessageType(f"{type(msg).__name__} has no envelope type id")
+        raise _unknown(type(msg))
     return head + msg.SerializeToString()
 
 
@@ -511,7 +516,7 @@ def record_head(cls: type[Message]) -> bytes:
     many of one type adds it itself."""
     head = _RECORD_HEADS.get(cls)
     if head is None:
-        raise UnknownMessageType(f"{cls.__name__} has no envelope type id")
+        raise _unknown(cls)
     return head
 
 

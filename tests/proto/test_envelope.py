@@ -36,6 +36,7 @@ from proto.envelope import (
     from_record,
     from_record_and_payload,
     payload_of,
+    record_head,
     split_route,
     to_record,
 )
@@ -63,6 +64,17 @@ def test_deprecated_ids_are_reserved_not_reused() -> None:
     for type_id in (0x02, 0x07, 0x08):
         with pytest.raises(UnknownMessageType):
             decode([b"\x01", bytes([type_id])])
+
+
+def test_a_message_type_without_an_envelope_id_is_refused_by_every_encoder() -> None:
+    """A message the envelope has no type byte for is never sent with some other type's:
+    each encoder raises, naming the type."""
+    stranger = events_pb2.DeliverySpec()  # a part of UserEvent, never sent alone
+    for encoder in (encode, lambda m: encode_topic("USER:u1", m), to_record):
+        with pytest.raises(UnknownMessageType, match="DeliverySpec"):
+            encoder(stranger)
+    with pytest.raises(UnknownMessageType, match="DeliverySpec"):
+        record_head(events_pb2.DeliverySpec)
 
 
 @pytest.mark.parametrize("type_id", sorted(MESSAGE_CLASSES))
