@@ -26,14 +26,13 @@ def private_stack(**overrides: object) -> Iterator[Settings]:
     base.chmod(0o755)  # PostgreSQL runs as the postgres user when we are root
     settings = free_settings(base, **overrides)
     stack = Stack(settings, default_services(settings))
-    previous = signal.signal(signal.SIGTERM, _exit_on_term)
     try:
-        stack.up(lambda line: print(line, flush=True))
-        yield settings
+        with _unwound_by_sigterm():
+            stack.up(lambda line: print(line, flush=True))
+            yield settings
     finally:
         stack.down(lambda _: None)
         shutil.rmtree(base, ignore_errors=True)
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -45,17 +44,29 @@ def private_postgres() -> Iterator[Settings]:
     base.chmod(0o755)  # PostgreSQL runs as the postgres user when we are root
     settings = free_settings(base)
     pg = LocalPostgres(base / "postgres", settings.port("postgres"))
-    pg.init_once()
-    pg.start(base / "postgres.log")
     try:
-        yield settings
+        with _unwound_by_sigterm():
+            pg.init_once()
+            pg.start(base / "postgres.log")
+            yield settings
     finally:
         pg.stop()
         shutil.rmtree(base, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _unwound_by_sigterm() -> Iterator[None]:
+    """A SIGTERM inside raises ``SystemExit``, so the caller's ``finally`` stops what the
+    bench started: Python's default for SIGTERM ends the process at once and skips it."""
+    previous = signal.signal(signal.SIGTERM, _exit_on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _exit_on_term(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through private_stack's finally
+    raise SystemExit(128 + signum)
 
 
 def ticks_batches(settings: Settings) -> float:
