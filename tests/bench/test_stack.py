@@ -40,5 +40,7 @@ def test_a_killed_bench_stops_its_private_postgres_and_removes_its_state() -> No
         assert bench.wait(timeout=60) == 128 + signal.SIGTERM
         wait_for(lambda: not _alive(server), timeout=10)
         assert not state.exists()
-    finally:
-        bench.kill()
+    finally:  # a failure before the SIGTERM still lets the bench stop its server
+        if bench.poll() is None:
+            bench.terminate()
+            bench.wait(timeout=60)
