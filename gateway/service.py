@@ -457,20 +457,34 @@ class Gateway:
     async def _book(self, ticker: str) -> None:
         """A ticker's L2 book through the client's own subscription (a journal replay first,
         so it starts from a snapshot, and the same seam rules), to the sessions charting
-        it, at most every DEPTH_EVERY_S. A venue without books, or none reachable: the
-        panel says so once and the chart goes on."""
+        it, at most every DEPTH_EVERY_S: a book that comes sooner is shown when that time is
+        up, as it is then, so the panel never keeps a book older than the last update. A
+        venue without books, or none reachable: the panel says so once and the chart goes
+        on."""
         from candlewire.client import AsyncClient  # the client: on a chart's first use
 
         def watchers() -> list[Session]:
             return self._drawing(lambda chart: _chart_ticker(chart) == ticker)
 
-        shown = 0.0
+        loop = asyncio.get_running_loop()
+        shown, due, latest = 0.0, None, None
+
+        def show() -> None:
+            nonlocal shown, due
+            if due is not None:
+                due.cancel()
+            shown, due = time.monotonic(), None
+            self.sessions.offer_to(watchers(), _depth_message(latest))
+
         try:
             async with AsyncClient(self.settings) as client:
                 async for book in client.subscribe(ticker, "book", depth=DEPTH_LEVELS):
-                    if time.monotonic() - shown >= DEPTH_EVERY_S:
-                        shown = time.monotonic()
-                        self.sessions.offer_to(watchers(), _depth_message(book))
+                    latest = book
+                    wait = shown + DEPTH_EVERY_S - time.monotonic()
+                    if wait <= 0:
+                        show()
+                    elif due is None:  # the book as it is then: the last of a burst shows
+                        due = loop.call_later(wait, show)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -478,6 +492,9 @@ class Gateway:
             self.sessions.offer_to(
                 watchers(), {"type": "depth", "ticker": ticker, "error": str(exc)}
             )
+        finally:
+            if due is not None:  # the subscription is over: nothing more to show
+                due.cancel()
 
     async def _seed_chart(self, session: Session, ticker: str, period: int) -> None:
         """The chart's recent past from the Iceberg ``ohlc`` table, so it does not start

@@ -1,0 +1,134 @@
+"""The page's depth panel end to end: a charted ticker's L2 book, published sequenced by the
+stream job's own publisher through a real relay and journal, reaches the chart's sessions
+as its best levels; the panel follows the chart; a venue with no book says so."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from decimal import Decimal
+
+import pytest
+import zmq
+
+from candlewire.book import BookSync
+from candlewire.market import plain
+from candlewire.testing import new_user, wait_for
+from candlewire.topics import book_type, market_data_topic, work_prefix
+from gateway.service import DEPTH_EVERY_S, DEPTH_LEVELS
+from proto import book_pb2
+from tests.gateway.conftest import gw_config, next_of, sign_in
+from tests.journal.test_journal import (  # noqa: F401
+    book_updates,
+    ingestor,
+    journal,
+    journal_settings,
+    relay,
+    stream_pub,
+)
+from tests.support import FakeIngestor
+
+VENUE = "DEPTHVENUE"  # an exchange the shared catalog never lists: any of its pairs charts
+
+
+@pytest.fixture
+def venue(journal_settings, relay):  # noqa: F811
+    """An ingestor of the test's own exchange behind the relay."""
+    ctx = zmq.Context()
+    ing = FakeIngestor(ctx, journal_settings, [work_prefix(VENUE)])
+    wait_for(lambda: relay.has_ingestor(VENUE))
+    yield ing
+    ing.close()
+    ctx.destroy(linger=0)
+
+
+def best(book: BookSync) -> tuple[list[list[str]], list[list[str]]]:
+    """The panel's view of a book: its best levels a side, as the page shows them."""
+
+    def side(levels: list[tuple[Decimal, Decimal]]) -> list[list[str]]:
+        return [[plain(p), plain(q)] for p, q in levels]
+
+    return side(book.book.bids(DEPTH_LEVELS)), side(book.book.asks(DEPTH_LEVELS))
+
+
+def test_a_charted_ticker_s_book_reaches_its_sessions_as_its_best_levels_to_the_last(
+    journal_settings,  # noqa: F811
+    journal,  # noqa: F811
+    stream_pub,  # noqa: F811
+    venue,
+    make_gateway,
+) -> None:
+    """The book as the journal holds it when the chart opens, then live: every panel
+    message equals the book of the same updates applied one by one, and once updates stop,
+    the last one shown is the last book, even when it came within ``DEPTH_EVERY_S`` of the
+    one before (a panel throttled on the leading edge only would keep a stale book)."""
+    ticker = f"{VENUE}:D{uuid.uuid4().hex[:6].upper()}/USDT"
+    topic = market_data_topic(ticker, book_type()).encode()
+    updates = book_updates(ticker, 40, seed=11)
+    truth, expected = BookSync(ticker), {}
+    truth.on_snapshot(updates[0])
+    for u in updates:
+        if isinstance(u, book_pb2.BookDelta):
+            truth.on_delta(u)
+        expected[u.venue_seq] = best(truth)
+    stream_pub.publish_sequenced([(topic, m) for m in updates[:11]])
+    stream_pub._journal.flush(10)
+    gateway = make_gateway(journal_settings, gw_config())
+    ws = sign_in(journal_settings, new_user())
+    try:
+        ws.send(json.dumps({"op": "chart", "ticker": ticker, "period": 60}))
+        assert next_of(ws, "chart")["ticker"] == ticker
+        shown: list[dict] = []
+
+        def shown_until(seq: int) -> None:
+            deadline = time.monotonic() + 30
+            while not shown or shown[-1]["seq"] != seq:
+                try:
+                    shown.append(next_of(ws, "depth", timeout=deadline - time.monotonic()))
+                except TimeoutError:
+                    at = shown[-1]["seq"] if shown else None
+                    pytest.fail(f"the panel stayed at update {at}, not {seq}")
+
+        shown_until(11)  # the book as the journal holds it, with no live update after it
+        assert shown[0]["ticker"] == ticker and "error" not in shown[0]
+        replayed = len(shown)
+        # Live: the rest at once, well within DEPTH_EVERY_S of the book just shown.
+        started = time.monotonic()
+        stream_pub.publish_sequenced([(topic, m) for m in updates[11:]])
+        shown_until(updates[-1].venue_seq)
+        live = len(shown) - replayed
+        for msg in shown:
+            assert (msg["bids"], msg["asks"]) == expected[msg["seq"]], msg["seq"]
+        assert shown[-1]["bids"] and shown[-1]["asks"]
+        # Throttled: at most one a DEPTH_EVERY_S (and one at once), not one an update.
+        assert replayed <= 3 and live <= 1 + (time.monotonic() - started) / DEPTH_EVERY_S
+        assert live < len(updates) - 11
+        # The panel follows the chart: the ticker's book subscription ends with its last chart.
+        ws.send(json.dumps({"op": "unchart"}))
+        assert next_of(ws, "chart")["ticker"] is None
+        wait_for(lambda: ticker not in gateway._depth, timeout=10)
+    finally:
+        ws.close()
+
+
+def test_a_venue_with_no_book_tells_the_panel_once_and_the_chart_goes_on(
+    journal_settings,  # noqa: F811
+    journal,  # noqa: F811
+    relay,  # noqa: F811
+    make_gateway,
+) -> None:
+    """An exchange with no ingestor behind the relay: the panel gets one error message for
+    the ticker, and the session goes on (a ping is answered)."""
+    ticker = f"NOBOOKVENUE:D{uuid.uuid4().hex[:6].upper()}/USDT"
+    make_gateway(journal_settings, gw_config())
+    ws = sign_in(journal_settings, new_user())
+    try:
+        ws.send(json.dumps({"op": "chart", "ticker": ticker, "period": 60}))
+        assert next_of(ws, "chart")["ticker"] == ticker
+        depth = next_of(ws, "depth", timeout=30)
+        assert depth["ticker"] == ticker and depth["error"]
+        ws.send(json.dumps({"op": "ping"}))
+        assert next_of(ws, "pong")["type"] == "pong"
+    finally:
+        ws.close()
