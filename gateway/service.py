@@ -134,6 +134,9 @@ class Gateway:
         # looked at every session before).
         self._charted: dict[str, set[Session]] = {}
         self._depth: dict[str, asyncio.Task] = {}  # charted ticker -> its book subscription
+        # The panel message each followed ticker last sent, for a session that charts it
+        # later (or again, for another period): a quiet book may not change for minutes.
+        self._depth_shown: dict[str, dict[str, Any]] = {}
         self._answering: set[asyncio.Task] = set()  # critical events in flight
         self._origins = frozenset(own | set(self.gw.allowed_origins))
         self._thread: threading.Thread | None = None
@@ -404,6 +407,9 @@ class Gateway:
                 return {"type": "error", "message": problem}
             self._chart(session, market_data_topic(ticker, ohlc_type(period)))
             asyncio.get_running_loop().create_task(self._seed_chart(session, ticker, period))
+            shown = self._depth_shown.get(ticker)
+            if shown is not None:  # after this reply, which clears the page's panel
+                asyncio.get_running_loop().call_soon(session.offer, shown)
             return {"type": "chart", "ticker": ticker, "period": period}
         if op == "unchart":
             self._chart(session, None)
@@ -453,6 +459,7 @@ class Gateway:
             self._depth[ticker] = asyncio.get_running_loop().create_task(self._book(ticker))
         for ticker in self._depth.keys() - charted:
             self._depth.pop(ticker).cancel()
+            self._depth_shown.pop(ticker, None)
 
     async def _book(self, ticker: str) -> None:
         """A ticker's L2 book through the client's own subscription (a journal replay first,
@@ -469,12 +476,17 @@ class Gateway:
         loop = asyncio.get_running_loop()
         shown, due, latest = 0.0, None, None
 
+        me = asyncio.current_task()
+
         def show() -> None:
             nonlocal shown, due
             if due is not None:
                 due.cancel()
             shown, due = time.monotonic(), None
-            self.sessions.offer_to(watchers(), _depth_message(latest))
+            if self._depth.get(ticker) is not me:
+                return  # no longer followed: its cancellation is on its way
+            self._depth_shown[ticker] = message = _depth_message(latest)
+            self.sessions.offer_to(watchers(), message)
 
         try:
             async with AsyncClient(self.settings) as client:
@@ -489,9 +501,12 @@ class Gateway:
             raise
         except Exception as exc:
             log.info("no depth for %s: %s", ticker, exc)
-            self.sessions.offer_to(
-                watchers(), {"type": "depth", "ticker": ticker, "error": str(exc)}
-            )
+            self._depth_shown[ticker] = failed = {
+                "type": "depth",
+                "ticker": ticker,
+                "error": str(exc),
+            }
+            self.sessions.offer_to(watchers(), failed)
         finally:
             if due is not None:  # the subscription is over: nothing more to show
                 due.cancel()

@@ -12,15 +12,15 @@ from decimal import Decimal
 import pytest
 import zmq
 
-from candlewire.book import BookSync
+from candlewire.book import Book
 from candlewire.market import plain
 from candlewire.testing import new_user, wait_for
 from candlewire.topics import book_type, market_data_topic, work_prefix
 from gateway.service import DEPTH_EVERY_S, DEPTH_LEVELS
-from proto import book_pb2
 from tests.gateway.conftest import gw_config, next_of, sign_in
 from tests.journal.test_journal import (  # noqa: F401
     book_updates,
+    books_after_each,
     ingestor,
     journal,
     journal_settings,
@@ -43,13 +43,13 @@ def venue(journal_settings, relay):  # noqa: F811
     ctx.destroy(linger=0)
 
 
-def best(book: BookSync) -> tuple[list[list[str]], list[list[str]]]:
+def best(book: Book) -> tuple[list[list[str]], list[list[str]]]:
     """The panel's view of a book: its best levels a side, as the page shows them."""
 
     def side(levels: list[tuple[Decimal, Decimal]]) -> list[list[str]]:
         return [[plain(p), plain(q)] for p, q in levels]
 
-    return side(book.book.bids(DEPTH_LEVELS)), side(book.book.asks(DEPTH_LEVELS))
+    return side(book.bids(DEPTH_LEVELS)), side(book.asks(DEPTH_LEVELS))
 
 
 def test_a_charted_ticker_s_book_reaches_its_sessions_as_its_best_levels_to_the_last(
@@ -62,16 +62,12 @@ def test_a_charted_ticker_s_book_reaches_its_sessions_as_its_best_levels_to_the_
     """The book as the journal holds it when the chart opens, then live: every panel
     message equals the book of the same updates applied one by one, and once updates stop,
     the last one shown is the last book, even when it came within ``DEPTH_EVERY_S`` of the
-    one before (a panel throttled on the leading edge only would keep a stale book)."""
+    one before (a panel throttled on the leading edge only would keep a stale book). A
+    session that charts a quiet book is shown it without waiting for its next update."""
     ticker = f"{VENUE}:D{uuid.uuid4().hex[:6].upper()}/USDT"
     topic = market_data_topic(ticker, book_type()).encode()
     updates = book_updates(ticker, 40, seed=11)
-    truth, expected = BookSync(ticker), {}
-    truth.on_snapshot(updates[0])
-    for u in updates:
-        if isinstance(u, book_pb2.BookDelta):
-            truth.on_delta(u)
-        expected[u.venue_seq] = best(truth)
+    expected = books_after_each(ticker, updates, best)
     stream_pub.publish_sequenced([(topic, m) for m in updates[:11]])
     stream_pub._journal.flush(10)
     gateway = make_gateway(journal_settings, gw_config())
@@ -104,10 +100,24 @@ def test_a_charted_ticker_s_book_reaches_its_sessions_as_its_best_levels_to_the_
         # Throttled: at most one a DEPTH_EVERY_S (and one at once), not one an update.
         assert replayed <= 3 and live <= 1 + (time.monotonic() - started) / DEPTH_EVERY_S
         assert live < len(updates) - 11
-        # The panel follows the chart: the ticker's book subscription ends with its last chart.
-        ws.send(json.dumps({"op": "unchart"}))
-        assert next_of(ws, "chart")["ticker"] is None
-        wait_for(lambda: ticker not in gateway._depth, timeout=10)
+        # The book goes quiet. A session that charts the ticker now, and this one switching
+        # to another period (whose "chart" reply clears the page's panel), are shown the
+        # last book at once, after that reply, without waiting for an update.
+        other = sign_in(journal_settings, new_user())
+        try:
+            for session, period in ((other, 60), (ws, 3600)):
+                session.send(json.dumps({"op": "chart", "ticker": ticker, "period": period}))
+                assert next_of(session, "chart")["period"] == period
+                again = next_of(session, "depth", timeout=5)
+                assert again["seq"] == shown[-1]["seq"]
+                assert (again["bids"], again["asks"]) == expected[again["seq"]]
+            # The panel follows the charts: the book's subscription ends with the last one.
+            for session in (ws, other):
+                session.send(json.dumps({"op": "unchart"}))
+                assert next_of(session, "chart")["ticker"] is None
+            wait_for(lambda: ticker not in gateway._depth, timeout=10)
+        finally:
+            other.close()
     finally:
         ws.close()
 

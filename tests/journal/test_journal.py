@@ -14,16 +14,17 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import zmq
 
 from candlewire import _protocol
-from candlewire.book import Verdict
+from candlewire.book import Book, BookSync, Verdict
 from candlewire.client import Client
 from candlewire.config import Settings
 from candlewire.errors import FellBehind
@@ -36,6 +37,8 @@ from proto.envelope import decode, decode_sub, encode, to_record
 from relay import Relay
 from streaming.publisher import StreamPublisher, next_epoch
 from tests.support import FakeIngestor
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -826,6 +829,22 @@ def book_updates(
     return out
 
 
+def books_after_each(
+    ticker: str,
+    updates: list[book_pb2.BookSnapshot | book_pb2.BookDelta],
+    view: Callable[[Book], T],
+) -> dict[int, T]:
+    """What ``view`` makes of the book after each update (by its ``venue_seq``), the updates
+    applied one by one from the first, a snapshot: the reference a subscriber's books are
+    held to. Every delta must apply."""
+    truth, seen = BookSync(ticker), {}
+    truth.on_snapshot(updates[0])
+    for u in updates:
+        assert isinstance(u, book_pb2.BookSnapshot) or truth.on_delta(u) is Verdict.APPLIED
+        seen[u.venue_seq] = view(truth.book)
+    return seen
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_book_subscriber_behind_reads_its_queue_in_runs_and_its_books_stay_right(
     journal_settings, journal, stream_pub, relay, kind
@@ -836,17 +855,13 @@ def test_a_book_subscriber_behind_reads_its_queue_in_runs_and_its_books_stay_rig
     delivered once."""
     import asyncio
 
-    from candlewire.book import RUN_MIN, BookSync
+    from candlewire.book import RUN_MIN
     from candlewire.client import AsyncClient
 
     ticker = f"SIM:B{uuid.uuid4().hex[:6].upper()}/USDT"
     topic = market_data_topic(ticker, book_type()).encode()
     updates = book_updates(ticker, 610, seed=3)
-    truth, expected = BookSync(ticker), {}
-    truth.on_snapshot(updates[0])
-    for d in updates:
-        assert isinstance(d, book_pb2.BookSnapshot) or truth.on_delta(d) is Verdict.APPLIED
-        expected[d.venue_seq] = (truth.book.texts(True), truth.book.texts(False))
+    expected = books_after_each(ticker, updates, lambda b: (b.texts(True), b.texts(False)))
     stream_pub.publish_sequenced([(topic, m) for m in updates[:11]])
     stream_pub._journal.flush(10)
     last = updates[-1].venue_seq
