@@ -7,7 +7,11 @@ neither the content nor anything it could replay for another sender.
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import json
+import math
+import time
 
 import aiohttp
 from py_vapid import Vapid
@@ -29,10 +33,20 @@ def load_vapid(key: str) -> Vapid:
 
 
 def _retry_after(exc: WebPushException) -> float:
+    """The seconds a push service's Retry-After asks for: delta-seconds or an HTTP date
+    (RFC 9110, 10.2.3). Missing or unreadable: TRANSIENT_RETRY_S."""
+    value = (exc.retry_after or "").strip()
     try:
-        return float(exc.retry_after or TRANSIENT_RETRY_S)
-    except ValueError:  # an HTTP date: wait the default
-        return TRANSIENT_RETRY_S
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return TRANSIENT_RETRY_S
+        if when.tzinfo is None:  # "-0000": UTC, as HTTP dates are
+            when = when.replace(tzinfo=dt.UTC)
+        seconds = when.timestamp() - time.time()
+    return max(seconds, 0.0) if math.isfinite(seconds) else TRANSIENT_RETRY_S
 
 
 class PushChannel:

@@ -40,6 +40,9 @@ class PushStandIn(HttpStandIn):
         self.received: list[dict[str, Any]] = []
         self.rejected: list[str] = []
         self.gone: set[str] = set()
+        # A subscription's next answers of 429, each with this Retry-After (seconds or a date).
+        self.busy: dict[str, list[str]] = {}
+        self.attempts: list[tuple[str, float]] = []  # (subscription, time) of every request
         super().__init__()
 
     def subscription(self, name: str) -> dict[str, Any]:
@@ -54,6 +57,12 @@ class PushStandIn(HttpStandIn):
 
     def handle(self, path: str, headers: Message, body: bytes) -> tuple[int, dict, bytes]:
         name = path.rsplit("/", 1)[-1]
+        with self.lock:
+            self.attempts.append((name, time.time()))
+            waits = self.busy.get(name)
+            wait = waits.pop(0) if waits else None
+        if wait is not None:
+            return 429, {"Retry-After": wait}, b"too many requests"
         if name in self.gone:
             return 410, {}, b"subscription gone"
         auth = headers.get("Authorization") or ""

@@ -5,8 +5,10 @@ of Telegram is in test_critical."""
 from __future__ import annotations
 
 import datetime as dt
+import email.utils
 import ipaddress
 import ssl
+import time
 from email import message_from_bytes, policy
 
 import pytest
@@ -16,8 +18,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from py_vapid import Vapid
+from pywebpush import WebPushException
 
-from candlewire.testing import new_user, user_event
+from candlewire.testing import new_user, user_event, wait_for
+from gateway.channels.push import TRANSIENT_RETRY_S, _retry_after
 from proto import events_pb2 as ev
 from tests.gateway.conftest import gw_config
 from tests.gateway.standins import PushStandIn, b64url
@@ -113,6 +117,50 @@ def test_email_reaches_a_real_smtp_server(
         smtpd.stop()
 
 
+class Refusing:
+    """An aiosmtpd handler that answers every recipient, or every message, with ``reply``."""
+
+    def __init__(self, stage: str, reply: str) -> None:
+        self.stage, self.reply = stage, reply
+
+    async def handle_RCPT(self, server, session, envelope, address, options) -> str:
+        if self.stage == "rcpt":
+            return self.reply
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope) -> str:
+        return self.reply
+
+
+@pytest.mark.parametrize(
+    ("stage", "reply", "status", "said"),
+    [
+        ("data", "451 4.3.0 mailbox busy, try later", ev.QUEUED, "smtp 451"),  # transient
+        ("data", "554 5.7.1 message refused", ev.ERROR, "smtp 554"),  # for good
+        ("rcpt", "550 5.1.1 no such user", ev.ERROR, "recipient refused"),
+    ],
+)
+def test_an_smtp_server_s_refusal_is_retried_when_transient_and_final_when_not(
+    gw_env, make_gateway, container, stage, reply, status, said
+) -> None:
+    """RFC 5321's reply classes: a 4yz is tried again later (the event queued), a 5yz is the
+    channel's final answer, whether to the message or to its recipient."""
+    port = free_port()
+    smtpd = Controller(Refusing(stage, reply), hostname="127.0.0.1", port=port)
+    smtpd.start()
+    try:
+        config = gw_config(smtp_host="127.0.0.1", smtp_port=port, smtp_starttls=False)
+        gw = make_gateway(gw_env, config)
+        user = new_user()
+        gw.directory.set_user(user, email=f"{user}@example.test")
+        ack = container(gw_env).send(user_event(user, ev.CRITICAL, [(ev.EMAIL, False)]))
+        assert ack.status == status, ack.error_message
+        assert said in ack.error_message
+    finally:
+        smtpd.stop()
+
+
 def test_starttls_refuses_an_untrusted_certificate(
     gw_env, make_gateway, container, tmp_path
 ) -> None:
@@ -138,22 +186,8 @@ def test_starttls_refuses_an_untrusted_certificate(
 def test_web_push_is_signed_and_encrypted_for_the_subscription(
     gw_env, make_gateway, container
 ) -> None:
-    vapid = Vapid()
-    vapid.generate_keys()
-    public = b64url(
-        vapid.public_key.public_bytes(
-            serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
-        )
-    )
-    push = PushStandIn(public)
+    gw, push = push_gateway(gw_env, make_gateway)
     try:
-        gw = make_gateway(
-            gw_env,
-            gw_config(
-                vapid_private_key=vapid.private_pem().decode(),
-                vapid_subject="mailto:ops@candlewire.test",
-            ),
-        )
         user, gone = new_user(), new_user()
         gw.directory.set_user(user, push_subscription=push.subscription("phone"))
         gw.directory.set_user(gone, push_subscription=push.subscription("old-phone"))
@@ -174,6 +208,88 @@ def test_web_push_is_signed_and_encrypted_for_the_subscription(
         assert "expired" in expired.error_message
     finally:
         push.close()
+
+
+def push_gateway(gw_env, make_gateway) -> tuple[object, PushStandIn]:
+    """A gateway with web push configured, and the push service it signs for."""
+    vapid = Vapid()
+    vapid.generate_keys()
+    public = b64url(
+        vapid.public_key.public_bytes(
+            serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+        )
+    )
+    push = PushStandIn(public)
+    try:
+        gw = make_gateway(
+            gw_env,
+            gw_config(
+                vapid_private_key=vapid.private_pem().decode(),
+                vapid_subject="mailto:ops@candlewire.test",
+                retry_poll_s=0.1,
+            ),
+        )
+    except BaseException:
+        push.close()
+        raise
+    return gw, push
+
+
+@pytest.mark.parametrize("form", ["seconds", "date"])
+def test_a_push_service_s_retry_after_is_waited_out_then_the_event_delivered_once(
+    gw_env, make_gateway, container, form
+) -> None:
+    """RFC 8030's 429 with Retry-After, as delta-seconds or as an HTTP date (RFC 9110): the
+    event is acked QUEUED, tried again once that time is up (not before, nor 30 s later),
+    and delivered once."""
+    gw, push = push_gateway(gw_env, make_gateway)
+    try:
+        user = new_user()
+        gw.directory.set_user(user, push_subscription=push.subscription("busy"))
+        wait_s = 2
+        when = time.time() + wait_s
+        push.busy["busy"] = [
+            str(wait_s) if form == "seconds" else email.utils.formatdate(when, usegmt=True)
+        ]
+        event = user_event(user, ev.CRITICAL, [(ev.PUSH, False)], payload={"n": "1"})
+        ack = container(gw_env).send(event)
+        assert ack.status == ev.QUEUED and "PUSH" in ack.error_message, ack.error_message
+        wait_for(lambda: push.received, timeout=15)
+        time.sleep(0.5)  # a second delivery would come within the retry loop's poll
+        assert [got["event_id"] for got in push.received] == [event.event_id]
+        (_, first), (_, second) = push.attempts
+        # An HTTP date has whole seconds: its wait is up to one shorter than asked.
+        assert wait_s - (1.05 if form == "date" else 0.05) <= second - first <= wait_s + 5
+    finally:
+        push.close()
+
+
+@pytest.mark.parametrize(
+    ("header", "low", "high"),
+    [
+        (None, TRANSIENT_RETRY_S, TRANSIENT_RETRY_S),  # none: the default
+        ("soon", TRANSIENT_RETRY_S, TRANSIENT_RETRY_S),  # neither seconds nor a date
+        ("inf", TRANSIENT_RETRY_S, TRANSIENT_RETRY_S),
+        ("-5", 0.0, 0.0),  # never a wait below none
+        (" 7 ", 7.0, 7.0),
+        ("Sun, 06 Nov 1994 08:49:37 GMT", 0.0, 0.0),  # a date gone by: at once
+        ("+90", 90.0, 90.0),
+    ],
+)
+def test_a_push_service_s_retry_after_is_read_as_rfc_9110_writes_it(header, low, high) -> None:
+    class Response:
+        status = 429
+        headers = {} if header is None else {"Retry-After": header}
+
+    assert low <= _retry_after(WebPushException("busy", Response())) <= high
+
+
+def test_a_retry_after_date_without_a_zone_is_utc() -> None:
+    class Response:
+        status = 503
+        headers = {"Retry-After": email.utils.formatdate(time.time() + 60)}  # "-0000"
+
+    assert 55 <= _retry_after(WebPushException("busy", Response())) <= 60
 
 
 def utf16_units(text: str) -> int:
