@@ -25,7 +25,7 @@ from gateway.channels.push import TRANSIENT_RETRY_S, _retry_after
 from proto import events_pb2 as ev
 from tests.gateway.conftest import gw_config
 from tests.gateway.standins import PushStandIn, b64url
-from tests.support import free_port
+from tests.support import counted, free_port
 
 
 class Inbox:
@@ -210,8 +210,9 @@ def test_web_push_is_signed_and_encrypted_for_the_subscription(
         push.close()
 
 
-def push_gateway(gw_env, make_gateway) -> tuple[object, PushStandIn]:
-    """A gateway with web push configured, and the push service it signs for."""
+def push_gateway(gw_env, make_gateway, **config: object) -> tuple[object, PushStandIn]:
+    """A gateway with web push configured (and ``config``), and the push service it signs
+    for."""
     vapid = Vapid()
     vapid.generate_keys()
     public = b64url(
@@ -226,7 +227,7 @@ def push_gateway(gw_env, make_gateway) -> tuple[object, PushStandIn]:
             gw_config(
                 vapid_private_key=vapid.private_pem().decode(),
                 vapid_subject="mailto:ops@candlewire.test",
-                retry_poll_s=0.1,
+                **({"retry_poll_s": 0.1} | config),
             ),
         )
     except BaseException:
@@ -260,6 +261,32 @@ def test_a_push_service_s_retry_after_is_waited_out_then_the_event_delivered_onc
         (_, first), (_, second) = push.attempts
         # An HTTP date has whole seconds: its wait is up to one shorter than asked.
         assert wait_s - (1.05 if form == "date" else 0.05) <= second - first <= wait_s + 5
+    finally:
+        push.close()
+
+
+@pytest.mark.parametrize("max_retries", [20, 1])
+def test_a_retry_asked_to_wait_again_is_queued_again_until_max_retries(
+    gw_env, make_gateway, container, max_retries
+) -> None:
+    """A queued event whose retry gets another 429 is queued again, its attempts counted: it
+    is delivered once on the third try, or given up after ``max_retries`` retries, never
+    left queued."""
+    gw, push = push_gateway(gw_env, make_gateway, max_retries=max_retries)
+    try:
+        user = new_user()
+        gw.directory.set_user(user, push_subscription=push.subscription("busy"))
+        push.busy["busy"] = ["1", "1"]
+        event = user_event(user, ev.CRITICAL, [(ev.PUSH, False)])
+        assert container(gw_env).send(event).status == ev.QUEUED
+        finished = "delivered" if max_retries > 1 else "gave_up"
+        wait_for(lambda: counted(gw.metrics.retries).get((finished,)) == 1, timeout=20)
+        assert gw.directory.queued() == 0
+        tries = 3 if max_retries > 1 else 2
+        assert [name for name, _ in push.attempts] == ["busy"] * tries
+        assert [got["event_id"] for got in push.received] == (
+            [event.event_id] if max_retries > 1 else []
+        )
     finally:
         push.close()
 

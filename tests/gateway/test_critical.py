@@ -533,3 +533,44 @@ def test_kill_9_of_a_gateway_with_events_in_flight_loses_none_and_duplicates_non
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_purge_forgets_answers_and_lapsed_claims_past_the_window_and_keeps_the_rest(
+    gw_env, make_gateway
+) -> None:
+    """``gateway_acks`` and ``gateway_claims`` stay bounded as a gateway runs for months: an
+    answer older than the dedup window goes, and a claim whose lease lapsed that long ago;
+    an answer within the window and a claim still held stay."""
+    import sqlalchemy as sa
+
+    from gateway.directory import acks, claims
+
+    gw = make_gateway(gw_env, gw_config())
+    window, now = 300.0, time.time()
+    old, recent, lapsed, held = (f"purge-{new_user()}" for _ in range(4))
+    with gw.directory.engine.begin() as db:
+        db.execute(
+            sa.insert(acks),
+            [
+                {
+                    "event_id": old,
+                    "status": ev.DELIVERED,
+                    "error": "",
+                    "acked_at": now - window - 5,
+                },
+                {"event_id": recent, "status": ev.DELIVERED, "error": "", "acked_at": now - 5},
+            ],
+        )
+        db.execute(
+            sa.insert(claims),
+            [
+                {"event_id": lapsed, "owner": "gone", "until": now - window - 5},
+                {"event_id": held, "owner": "here", "until": now + 60},
+            ],
+        )
+    assert gw.directory.purge(window) >= 1
+    with gw.directory.engine.connect() as db:
+        kept_acks = set(db.execute(sa.select(acks.c.event_id)).scalars())
+        kept_claims = set(db.execute(sa.select(claims.c.event_id)).scalars())
+    assert recent in kept_acks and old not in kept_acks
+    assert held in kept_claims and lapsed not in kept_claims
