@@ -122,6 +122,52 @@ def test_late_joiner_replays_then_goes_live_without_gap_or_repeat(
         assert sub.stats.delivered == len(got)
 
 
+@pytest.mark.parametrize("failure", ["unavailable", "bug"])
+def test_a_fetch_that_fails_in_the_service_is_asked_again_and_nothing_is_lost(
+    journal_settings, journal, stream_pub, relay, monkeypatch, failure
+) -> None:
+    """The journal's Kafka read failing (FETCH_UNAVAILABLE: the client pauses and asks
+    again) or a bug in the service (the request dropped and counted, the service going on;
+    the client's attempt times out and it asks again): a late joiner still gets every tick
+    once, in order."""
+    fetch, failed = journal.reader.fetch, []
+
+    def flaky(req: jr.FetchRequest):
+        if len(failed) < 2:
+            failed.append(req.request_id)
+            raise RuntimeError("Kafka away")
+        return fetch(req)
+
+    if failure == "bug":  # the service's handling itself raises, not the read it reports
+        handle = journal.handle
+
+        def buggy(frames):
+            if len(failed) < 2:
+                failed.append("bug")
+                raise AssertionError("a bug")
+            return handle(frames)
+
+        monkeypatch.setattr(journal, "handle", buggy)
+    else:
+        monkeypatch.setattr(journal.reader, "fetch", flaky)
+    feed = TickFeed(stream_pub)
+    feed.publish(2_000)
+    stream_pub._journal.flush(30)
+    since = int(time.time() * 1000) - 60_000
+    with Client(journal_settings, attempt_timeout=1.0) as client:
+        sub = client.subscribe(feed.ticker, since=since, idle_timeout=30)
+        got = collect(sub, until_offset=1_999)
+    assert got == list(range(2_000)) and sub.stats.delivered == 2_000
+    assert len(failed) == 2
+    registry = journal.metrics.registry
+    if failure == "unavailable":
+        status = {"status": "FETCH_UNAVAILABLE"}
+        assert registry.get_sample_value("candlewire_journal_replies_total", status) == 2
+    else:
+        reason = {"reason": "internal_error"}
+        assert registry.get_sample_value("candlewire_journal_dropped_frames_total", reason) == 2
+
+
 @pytest.mark.parametrize("taken", [True, False], ids=["asked ahead", "asked again"])
 def test_each_chunk_is_asked_for_ahead_and_one_asked_in_vain_is_dropped(
     journal_settings, journal, stream_pub, relay, monkeypatch, taken
