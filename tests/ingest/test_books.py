@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 
 from candlewire.book import Book, BookSync, Verdict
 from candlewire.kafka import BOOKS
 from ingest.books import BookStream
+from ingest.exchanges.base import ExchangeError
 from ingest.exchanges.sim import PRICE_DECIMALS, SimExchange
 from proto import book_pb2
 from tests.support import RecordingSink, wait_for
@@ -48,17 +50,29 @@ def book_stream(
     """SIM's book streamed for ``seconds``, and then, on a machine too busy to have done it
     by then, until what was written satisfies ``until``."""
     sim = SimExchange(rate=60, faults=faults)
+    with streaming(sim, snapshot_s) as (sink, events):
+        time.sleep(seconds)
+        if until is not None:
+            wait_for(lambda: until(sink.sent(BOOKS.name)), timeout=30)
+    return sim, sink.sent(BOOKS.name), events
+
+
+@contextlib.contextmanager
+def streaming(
+    sim: SimExchange, snapshot_s: float = 30.0
+) -> Iterator[tuple[RecordingSink, list[str]]]:
+    """SIM's book of ``T`` streamed by a BookStream in a thread, until the block ends: what
+    it writes, and the events it counts."""
     sink, events = RecordingSink(), []
     stream = BookStream(T, sim, sink, events.append, snapshot_s=snapshot_s)
     stop = threading.Event()
     thread = threading.Thread(target=stream.run, args=(stop,), daemon=True)
     thread.start()
-    time.sleep(seconds)
-    if until is not None:
-        wait_for(lambda: until(sink.sent(BOOKS.name)), timeout=30)
-    stop.set()
-    thread.join(5)
-    return sim, sink.sent(BOOKS.name), events
+    try:
+        yield sink, events
+    finally:
+        stop.set()
+        thread.join(5)
 
 
 def kinds_of(records: list) -> list[int]:
@@ -171,22 +185,15 @@ def test_a_snapshot_that_lags_the_stream_is_asked_for_again_until_one_catches_up
             snap = super().book_snapshot(ticker)
             return self.book_at(ticker, snap.venue_seq - 30) if self.calls <= 4 else snap
 
-    sim = Lagging(rate=60)
-    sink, events = RecordingSink(), []
-    stream = BookStream(T, sim, sink, events.append)
-    stop = threading.Event()
-    thread = threading.Thread(target=stream.run, args=(stop,), daemon=True)
-    thread.start()
-    time.sleep(2.5)
-
     def caught_up() -> bool:  # on a busy machine: until deltas follow a snapshot that held
         kinds = kinds_of(sink.sent(BOOKS.name))
         sequence = book_pb2.SNAPSHOT_SEQUENCE
         return sequence in kinds and kinds[len(kinds) - kinds[::-1].index(sequence) :].count(0) > 40
 
-    wait_for(caught_up, timeout=30)
-    stop.set()
-    thread.join(5)
+    sim = Lagging(rate=60)
+    with streaming(sim) as (sink, _events):
+        time.sleep(2.5)
+        wait_for(caught_up, timeout=30)
     records = sink.sent(BOOKS.name)
     # Asked again at least once; fewer than five when the deltas held meanwhile reach back
     # to a lagging snapshot, which then carries on exactly (a timing of SIM's 60 updates a
@@ -196,3 +203,53 @@ def test_a_snapshot_that_lags_the_stream_is_asked_for_again_until_one_catches_up
     first_good = len(kinds) - 1 - kinds[::-1].index(book_pb2.SNAPSHOT_SEQUENCE)
     compared, _ = check_against_sim(sim, records[first_good:])
     assert compared > 40
+
+
+def test_a_stream_the_venue_drops_or_whose_snapshot_is_unusable_starts_again_right() -> None:
+    """The venue's stream fails mid-way (a dropped connection), and the snapshot asked for
+    next has a level no client could apply: the stream reconnects each time from a fresh
+    snapshot (the unusable one written nowhere, counted malformed), and what reached Kafka
+    is SIM's book at every update, going on after both."""
+
+    class Faulty(SimExchange):
+        streams = snapshots = 0
+
+        def book_deltas(self, ticker, stop):
+            self.streams += 1
+            deltas = super().book_deltas(ticker, stop)  # it starts here, as a venue's does
+            return dropped_after(30, deltas) if self.streams == 1 else deltas
+
+        def book_snapshot(self, ticker: str) -> book_pb2.BookSnapshot:
+            self.snapshots += 1
+            snap = super().book_snapshot(ticker)
+            if self.snapshots == 2:  # the first after the drop
+                snap.bids.add(price="not a price", size="1")
+            return snap
+
+    def dropped_after(n: int, deltas):
+        for i, delta in enumerate(deltas):
+            if i == n:
+                raise ExchangeError("connection reset by the venue")
+            yield delta
+
+    def went_on() -> bool:  # three streams, and deltas after the third's snapshot
+        kinds = kinds_of(sink.sent(BOOKS.name))
+        return (
+            sim.streams >= 3
+            and kinds.count(book_pb2.SNAPSHOT_START) >= 2
+            and kinds[-20:] == [0] * 20
+        )
+
+    sim = Faulty(rate=60)
+    with streaming(sim) as (sink, events):
+        wait_for(went_on, timeout=30)
+    records = sink.sent(BOOKS.name)
+    assert events == [Verdict.MALFORMED.value]
+    assert all(
+        "not a price" not in (lv.price for lv in r.bids)
+        for r in records
+        if isinstance(r, book_pb2.BookSnapshot)
+    )
+    compared, reasons = check_against_sim(sim, records)
+    fresh = [r for r in reasons if r != book_pb2.SNAPSHOT_PERIODIC]  # a slow run's 30 s
+    assert fresh == [book_pb2.SNAPSHOT_START, book_pb2.SNAPSHOT_START] and compared > 50
