@@ -13,7 +13,7 @@ import pytest
 from candlewire import Client
 from candlewire.kafka import OHLC_BATCHES, TICKS
 from candlewire.testing import candlewire_command
-from candlewire.topics import ingestor_topic
+from candlewire.topics import ingestor_topic, work_prefix
 from ingest.exchanges.base import Page
 from ingest.exchanges.replay import ReplayExchange
 from ingest.exchanges.sim import SimExchange
@@ -419,3 +419,43 @@ def test_a_fetch_whose_id_is_a_live_jobs_key_is_dropped_and_counted(
         assert not ing.pending
     finally:
         ing.stop()
+
+
+def test_malformed_work_off_the_wire_is_dropped_and_counted_and_the_loop_goes_on(
+    broker_settings,
+) -> None:
+    """Frames on the work queue that are no work item (no version frame, a type byte no
+    build knows, a body that does not parse) are dropped and counted: the ingestor's loop
+    goes on and takes the next item. The relay checks what it forwards; this is the
+    ingestor's own guard, with a PUB bound where the relay's would be."""
+    import zmq
+
+    from proto.envelope import encode_topic
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(broker_settings.bind("work_queue"))
+    ing = Ingestor(broker_settings, [SimExchange(name="SIM")], metrics=False).start()
+    topic = work_prefix("SIM").encode()
+    bad = ([topic], [topic, b"\x01", b"\xee\x00"], [topic, b"\x01", b"\x05\xff\xff\xff"])
+    good = rq.DataRequest(request_id="", kind=rq.REALTIME_CANCEL, exchange="SIM", ticker="SIM:Q/W")
+
+    def taken() -> float:
+        return counted(ing.metrics.received).get(("realtime_cancel",), 0)
+
+    try:
+        # The SUB joins a moment after the start: each round is three bad items, then one
+        # good; the good one of the second round taken means the round's bad ones came first.
+        def send_round() -> None:
+            for frames in bad:
+                pub.send_multipart(frames)
+            pub.send_multipart(encode_topic(work_prefix("SIM"), good))
+
+        wait_for(lambda: send_round() or taken() >= 2, timeout=30)
+        assert counted(ing.metrics.dropped)[("work_queue",)] >= len(bad)
+        assert ing._thread.is_alive()
+    finally:
+        ing.stop()
+        pub.close()
+        ctx.term()
