@@ -107,6 +107,8 @@ class BinanceStandIn:
         self.requests: list[str] = []
         self.errors: list[str] = []
         self.skip_events = 0  # depth events to leave out: a sequence jump for the client
+        # The next REST requests answered as an overloaded venue: (HTTP status, Binance code).
+        self.refusals: list[tuple[int, int]] = []
         self.depth_sent = 0
         self.trades_sent = 0
         self._loop = asyncio.new_event_loop()
@@ -121,6 +123,10 @@ class BinanceStandIn:
                 url = urlsplit(self.path)
                 standin.requests.append(url.path)
                 q = {k: v[0] for k, v in parse_qs(url.query).items()}
+                if standin.refusals and not url.path.endswith("/exchangeInfo"):
+                    status, code = standin.refusals.pop(0)
+                    self.answer(status, {"code": code, "msg": "Service unavailable."})
+                    return
                 if url.path.endswith("/exchangeInfo"):
                     time.sleep(standin.markets_s)
                     body = exchange_info()

@@ -11,7 +11,7 @@ from decimal import Decimal
 
 import pytest
 
-from candlewire.kafka import BOOKS, GAPS
+from candlewire.kafka import BOOKS, GAPS, OHLC_BATCHES
 from candlewire.testing import wait_for
 from ingest.books import BookStream
 from ingest.exchanges.base import NoBook, Page
@@ -65,6 +65,27 @@ def test_markets_and_paginated_klines() -> None:
         assert [key(c) for c in got] == [key(c) for c in want]
         assert len(got) == 1200
         assert standin.requests.count("/api/v3/klines") == 3
+
+
+def test_a_venue_briefly_overloaded_is_asked_again_and_the_history_is_whole() -> None:
+    """Binance answering 503 and then 429 (rate limited) to a page: ccxt's errors become
+    transient exchange errors, the page is asked again after a back-off, and every candle
+    of the request arrives once, equal to the venue's."""
+    with BinanceStandIn(page_limit=500) as standin:
+        ex = adapter(standin)
+        ex.markets()
+        standin.refusals = [(503, -1008), (429, -1003)]
+        req = history_work("BINANCE:BTC/USDT", 60, T0, T0 + 600 * 60_000)
+        sink = RecordingSink()
+        assert run_history(req, ex, sink, "ing-test") == 600  # type: ignore[arg-type]
+        batches = sink.sent(OHLC_BATCHES.name)
+        assert [b.error for b in batches] == [""] * len(batches)
+        assert [b.page for b in batches] == list(range(len(batches)))
+        got = [c.open_time_ms for b in batches for c in b.rows]
+        want = standin.sim.ohlc_page("BINANCE:BTC/USDT", 60, Page(0, T0, T0 + 600 * 60_000))
+        assert got == [c.open_time_ms for c in want]
+        # 600 candles in requests of at most 500, and the two refused
+        assert standin.requests.count("/api/v3/klines") == 2 + 2
 
 
 def test_refetch_pages_binance_aggregate_trades_by_id() -> None:
