@@ -291,6 +291,25 @@ def test_a_request_id_shaped_like_a_live_jobs_key_is_refused(request_id: str) ->
 
 
 @pytest.mark.parametrize(
+    ("fields", "reason", "said"),
+    [
+        # A client id is a topic's suffix: a separator in it would reach another's topic.
+        ({"client_id": "c|other"}, rq.BAD_REQUEST_ID, "client_id"),
+        ({"client_id": "", "notify": rq.NOTIFY_CLIENT}, rq.BAD_REQUEST_ID, "client_id"),
+        ({"notify": 7}, rq.BAD_REQUEST_ID, "unknown notify mode 7"),  # a newer sender's
+        ({"ticker": "BTCUSDT"}, rq.BAD_TICKER, "EXCHANGE:BASE/QUOTE"),
+        ({"period_s": 90}, rq.BAD_PERIOD, "period_s 90"),
+    ],
+)
+def test_a_request_is_refused_with_the_reason_that_names_its_fault(
+    fields: dict, reason: int, said: str
+) -> None:
+    with pytest.raises(Rejected, match=said) as info:
+        validate(history_submit(**fields), max_rows=100_000, now_ms=START + 2 * DAY_MS)
+    assert info.value.reason == reason
+
+
+@pytest.mark.parametrize(
     ("frames", "reason"),
     [
         ([b"\x09", b"\x10"], rq.UNSUPPORTED_VERSION),
