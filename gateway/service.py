@@ -407,9 +407,8 @@ class Gateway:
                 return {"type": "error", "message": problem}
             self._chart(session, market_data_topic(ticker, ohlc_type(period)))
             asyncio.get_running_loop().create_task(self._seed_chart(session, ticker, period))
-            shown = self._depth_shown.get(ticker)
-            if shown is not None:  # after this reply, which clears the page's panel
-                asyncio.get_running_loop().call_soon(session.offer, shown)
+            # After this reply, which clears the page's panel: the ticker's last depth.
+            asyncio.get_running_loop().call_soon(self._offer_depth, session, ticker)
             return {"type": "chart", "ticker": ticker, "period": period}
         if op == "unchart":
             self._chart(session, None)
@@ -460,6 +459,13 @@ class Gateway:
         for ticker in self._depth.keys() - charted:
             self._depth.pop(ticker).cancel()
             self._depth_shown.pop(ticker, None)
+
+    def _offer_depth(self, session: Session, ticker: str) -> None:
+        """The last depth the ticker's panel showed, as it is when this runs (a newer book
+        may have gone out since the chart command), if the session still charts it."""
+        shown = self._depth_shown.get(ticker)
+        if shown is not None and session.chart and _chart_ticker(session.chart) == ticker:
+            session.offer(shown)
 
     async def _book(self, ticker: str) -> None:
         """A ticker's L2 book through the client's own subscription (a journal replay first,
