@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from gateway.channels import Channel, Outcome, Result
+from gateway.channels import MAX_RETRY_AFTER_S, Channel, Outcome, Result
 from gateway.directory import Answer, Directory, Retry, UserAddress
 from gateway.metrics import GatewayMetrics
 from gateway.sessions import Sessions
@@ -397,7 +397,9 @@ class CriticalDelivery:
             ack = ev.EventAck(
                 event_id=event.event_id, status=ev.QUEUED, error_message=f"{name}: {result.detail}"
             )
-            due = time.time() + max(result.retry_after_s, 0.05)
+            # Bounded both ways, every channel alike (a NaN falls to the least: max keeps
+            # its first argument unless the second compares greater).
+            due = time.time() + min(MAX_RETRY_AFTER_S, max(0.05, result.retry_after_s))
             return Answer(ack, Retry(event, way.index, way.attempts + 1), due)
         way.reasons.append(f"{name}: {result.detail}")
         return None

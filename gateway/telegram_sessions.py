@@ -46,7 +46,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert
 
 from candlewire.topics import TopicError, check_id
-from gateway.channels import Outcome
+from gateway.channels import MAX_RETRY_AFTER_S, Outcome
 from gateway.channels.telegram import TelegramChannel, json_object, message_text, retry_after
 from gateway.directory import users as directory_users
 from gateway.metrics import GatewayMetrics
@@ -55,7 +55,6 @@ from gateway.symbols import Rendered
 log = logging.getLogger("candlewire.gateway.telegram")
 
 ALLOWED_UPDATES = ["message"]
-MAX_RETRY_AFTER_S = 3600.0  # a nonsense retry_after must not park the poller for ever
 SEND_ATTEMPTS = 3
 # Failures of a command that may pass on a later try (the database away, its pool full): the
 # update is asked for again. Any other would fail the same way for ever, and an update left

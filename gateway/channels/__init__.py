@@ -24,11 +24,16 @@ class Outcome(Enum):
     FAILED = "failed"
 
 
+# The longest a service's "later" is waited out: a nonsense Retry-After (a year 9999 date,
+# 1e300 seconds) must not park a queued event, or a poller, for ever.
+MAX_RETRY_AFTER_S = 3600.0
+
+
 @dataclass(frozen=True)
 class Result:
     outcome: Outcome
     detail: str = ""
-    retry_after_s: float = 0.0
+    retry_after_s: float = 0.0  # as the service asked; bounded where it is waited out
 
 
 DELIVERED = Result(Outcome.DELIVERED)

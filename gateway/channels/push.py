@@ -33,12 +33,13 @@ def load_vapid(key: str) -> Vapid:
 
 
 def _retry_after(exc: WebPushException) -> float:
-    """The seconds a push service's Retry-After asks for: delta-seconds or an HTTP date
-    (RFC 9110, 10.2.3). Missing or unreadable: TRANSIENT_RETRY_S."""
+    """The seconds a push service's Retry-After asks for: delta-seconds (``1*DIGIT``) or an
+    HTTP date (RFC 9110, 10.2.3). Missing or neither: TRANSIENT_RETRY_S. The critical path
+    bounds what it waits (``MAX_RETRY_AFTER_S``)."""
     value = (exc.retry_after or "").strip()
-    try:
-        seconds = float(value)
-    except ValueError:
+    if value.isascii() and value.isdigit():
+        seconds = float(value)  # inf past a double: unreadable, below
+    else:
         try:
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError):

@@ -259,8 +259,38 @@ def test_a_push_service_s_retry_after_is_waited_out_then_the_event_delivered_onc
         time.sleep(0.5)  # a second delivery would come within the retry loop's poll
         assert [got["event_id"] for got in push.received] == [event.event_id]
         (_, first), (_, second) = push.attempts
-        # An HTTP date has whole seconds: its wait is up to one shorter than asked.
-        assert wait_s - (1.05 if form == "date" else 0.05) <= second - first <= wait_s + 5
+        # An HTTP date has whole seconds: its retry is due at the date, not wait_s after
+        # the first try (which came a moment after ``when`` was taken).
+        due = int(when) if form == "date" else first + wait_s
+        assert due - 0.05 <= second <= first + wait_s + 5
+    finally:
+        push.close()
+
+
+@pytest.mark.parametrize("wait", ["Fri, 31 Dec 9999 23:59:59 GMT", "99999999999"])
+def test_a_nonsense_retry_after_is_waited_out_no_longer_than_the_bound(
+    gw_env, make_gateway, container, wait
+) -> None:
+    """A push service asking for thousands of years: the event is queued for a retry within
+    MAX_RETRY_AFTER_S, not parked beyond every retry and ``max_retries``."""
+    import sqlalchemy as sa
+
+    from gateway.channels import MAX_RETRY_AFTER_S
+    from gateway.directory import retries
+
+    gw, push = push_gateway(gw_env, make_gateway)
+    try:
+        user = new_user()
+        gw.directory.set_user(user, push_subscription=push.subscription("busy"))
+        push.busy["busy"] = [wait]
+        event = user_event(user, ev.CRITICAL, [(ev.PUSH, False)])
+        sent = time.time()
+        assert container(gw_env).send(event).status == ev.QUEUED
+        with gw.directory.engine.connect() as db:
+            due = db.execute(
+                sa.select(retries.c.due_at).where(retries.c.event_id == event.event_id)
+            ).scalar_one()
+        assert sent + MAX_RETRY_AFTER_S - 60 <= due <= time.time() + MAX_RETRY_AFTER_S
     finally:
         push.close()
 
@@ -297,10 +327,14 @@ def test_a_retry_asked_to_wait_again_is_queued_again_until_max_retries(
         (None, TRANSIENT_RETRY_S, TRANSIENT_RETRY_S),  # none: the default
         ("soon", TRANSIENT_RETRY_S, TRANSIENT_RETRY_S),  # neither seconds nor a date
         ("inf", TRANSIENT_RETRY_S, TRANSIENT_RETRY_S),
-        ("-5", 0.0, 0.0),  # never a wait below none
         (" 7 ", 7.0, 7.0),
         ("Sun, 06 Nov 1994 08:49:37 GMT", 0.0, 0.0),  # a date gone by: at once
-        ("+90", 90.0, 90.0),
+        # Not 1*DIGIT, which float() would read all the same.
+        ("-5", TRANSIENT_RETRY_S, TRANSIENT_RETRY_S),
+        ("+90", TRANSIENT_RETRY_S, TRANSIENT_RETRY_S),
+        ("1_000", TRANSIENT_RETRY_S, TRANSIENT_RETRY_S),
+        ("\uff19", TRANSIENT_RETRY_S, TRANSIENT_RETRY_S),  # a full-width 9
+        ("9" * 400, TRANSIENT_RETRY_S, TRANSIENT_RETRY_S),  # past a double
     ],
 )
 def test_a_push_service_s_retry_after_is_read_as_rfc_9110_writes_it(header, low, high) -> None:
@@ -311,12 +345,20 @@ def test_a_push_service_s_retry_after_is_read_as_rfc_9110_writes_it(header, low,
     assert low <= _retry_after(WebPushException("busy", Response())) <= high
 
 
-def test_a_retry_after_date_without_a_zone_is_utc() -> None:
+def test_a_retry_after_date_without_a_zone_is_utc(monkeypatch) -> None:
+    """On a machine off UTC too: a naive date read as local time would be hours out."""
+
     class Response:
         status = 503
         headers = {"Retry-After": email.utils.formatdate(time.time() + 60)}  # "-0000"
 
-    assert 55 <= _retry_after(WebPushException("busy", Response())) <= 60
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        assert 55 <= _retry_after(WebPushException("busy", Response())) <= 60
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def utf16_units(text: str) -> int:
