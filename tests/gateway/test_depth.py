@@ -1,6 +1,7 @@
 """The page's depth panel end to end: a charted ticker's L2 book, published sequenced by the
 stream job's own publisher through a real relay and journal, reaches the chart's sessions
-as its best levels; the panel follows the chart; a venue with no book says so."""
+as its best levels; the panel follows the chart; a venue with no book says so. And, in one
+process, the depth offered after a chart reply is the latest, to a session still charting it."""
 
 from __future__ import annotations
 
@@ -142,3 +143,58 @@ def test_a_venue_with_no_book_tells_the_panel_once_and_the_chart_goes_on(
         assert next_of(ws, "pong")["type"] == "pong"
     finally:
         ws.close()
+
+
+def test_the_depth_offered_after_a_chart_reply_is_the_book_shown_last_when_it_goes_out(
+    tmp_path,
+) -> None:
+    """A chart command's reply clears the page's panel, so the ticker's last depth is offered
+    after it, on the loop's next turn. A newer book shown before that turn must be the one
+    offered: the page does not compare ``seq``, and an older book would stay drawn."""
+    import asyncio
+
+    from gateway.service import Gateway
+    from tests.support import free_settings
+
+    class Socket:
+        async def close(self, code: int, reason: str) -> None:
+            pass
+
+    async def main() -> None:
+        gw = Gateway(free_settings(tmp_path), gw_config(), metrics=False)
+        ctx = zmq.Context.instance()
+        gw._events, gw._market = ctx.socket(zmq.SUB), ctx.socket(zmq.SUB)
+        gw.symbols.check_chart = lambda ticker, period: None  # type: ignore[method-assign]
+
+        async def idle(*_: object) -> None:  # no history to seed, no book to follow
+            await asyncio.sleep(3600)
+
+        gw._seed_chart, gw._book = idle, idle  # type: ignore[method-assign]
+        ticker = f"{VENUE}:A/B"
+        gw._depth_shown[ticker] = {"type": "depth", "ticker": ticker, "seq": 1}
+        session = gw.sessions.open("alice", Socket())  # type: ignore[arg-type]
+        assert session is not None
+        reply = gw._command(session, json.dumps({"op": "chart", "ticker": ticker}))
+        assert reply == {"type": "chart", "ticker": ticker, "period": 60}
+        gw._depth_shown[ticker] = {"type": "depth", "ticker": ticker, "seq": 2}  # shown since
+        await asyncio.sleep(0)
+        assert [json.loads(m)["seq"] for m in session.outbox] == [2]
+
+        # Unless the session charts another ticker by then: nothing of this one's is offered
+        # (another session keeps the ticker followed, its last depth kept).
+        bob = gw.sessions.open("bob", Socket())  # type: ignore[arg-type]
+        assert bob is not None
+        gw._command(bob, json.dumps({"op": "chart", "ticker": ticker}))
+        gw._command(session, json.dumps({"op": "chart", "ticker": f"{VENUE}:C/D"}))
+        gw._command(session, json.dumps({"op": "chart", "ticker": ticker}))
+        gw._command(session, json.dumps({"op": "chart", "ticker": f"{VENUE}:C/D"}))
+        session.outbox.clear()
+        await asyncio.sleep(0)
+        assert list(session.outbox) == []
+        assert [json.loads(m)["seq"] for m in bob.outbox] == [2]
+        for task in asyncio.all_tasks() - {asyncio.current_task()}:
+            task.cancel()
+        gw._events.close(0)
+        gw._market.close(0)
+
+    asyncio.run(main())
