@@ -126,8 +126,7 @@ class TicksQuery(TopicQuery):
         try:
             if write_ticks:
                 (
-                    judged.where(f"kind = {TICK}")
-                    .select(*columns_from_decoded(TICKS_SCHEMA))
+                    stored_ticks(judged)
                     .writeTo(self.ctx.tables["ticks"])
                     .options(**self.ledger.commit_properties(batch_id), **ONE_PASS)
                     .append()
@@ -223,6 +222,11 @@ def judged_in_tasks(records: DataFrame, allowance_s: float, horizon_s: float) ->
         records._jdf, float(allowance_s), float(horizon_s), ",".join(map(str, PERIODS_S))
     )
     return DataFrame(plan, spark)
+
+
+def stored_ticks(judged: DataFrame) -> DataFrame:
+    """The judged rows the ``ticks`` table stores, as its columns."""
+    return judged.where(f"kind = {TICK}").select(*columns_from_decoded(TICKS_SCHEMA))
 
 
 def batch_summary() -> list[Column]:

@@ -1,0 +1,154 @@
+"""The committing plan alone, against Spark's own read of the same records (#34).
+
+``bench.stream`` times the whole job: its live path, the bench's producer and the broker share
+the cores with the committing query, and the JIT of a job two minutes old takes a third of
+them, so one run differs from the next by a fifth. This bench holds everything else still: a
+private broker and catalog, a million ticks over eight tickers written once (as
+``bench.stream``'s burst), then rounds of three timed batch jobs in one Spark session, each
+round in the same order:
+
+- ``read``: Spark's plain Kafka read of the topic, counted (``bench.stream``'s denominator);
+- ``judge``: the committing plan (``Commit``, judging and candles in Spark's tasks) with the
+  driver's summary gathered beside it, its stored ticks to a no-op sink;
+- ``commit``: the same, its stored ticks appended to the Iceberg ``ticks`` table as the job
+  appends them.
+
+``lost`` counts the ticks a batch did not keep, over all batches (each judges the topic
+afresh, and every tick is distinct and timely): it must be 0.
+
+Each figure is the best of the rounds after the first two (a fresh JVM's first rounds pay for
+compiling). The ratios are each rate over ``read``'s in the same round set: the share of the
+machine's read rate that judging, and judging with the write, leave. The last line is JSON.
+
+    python -m bench.commit [--ticks N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+
+from bench.spark_read import kafka_source
+from bench.stack import private_postgres
+from bench.stream import tick
+from candlewire.config import Settings
+from candlewire.kafka import producer_config
+from candlewire.lake import ensure_tables, table_name
+from candlewire.spark import build_session
+from launcher.stack import kafka_service
+from streaming.decode import CONTROL, CONTROL_SQL
+from streaming.queries.ticks import ONE_PASS, batch_summary, judged_in_tasks, stored_ticks
+
+TOPIC = "bench.commit.ticks"
+TICKERS = [f"BENCH:C{k}/USDT" for k in range(8)]
+WARM_ROUNDS = 2
+
+
+def produce(settings: Settings, n: int) -> None:
+    """``n`` ticks round-robin over :data:`TICKERS`, a microsecond apart, into six partitions
+    keyed by ticker (as ingestors write them)."""
+    admin = AdminClient({"bootstrap.servers": settings.kafka_servers()})
+    admin.create_topics([NewTopic(TOPIC, num_partitions=6, replication_factor=1)])[TOPIC].result()
+    producer = Producer(producer_config(settings, **{"linger.ms": 20}))
+    now = time.time_ns()
+    for i in range(n):
+        ticker = TICKERS[i % len(TICKERS)]
+        value = tick(ticker, i, now + i * 1000)
+        while True:
+            try:
+                producer.produce(TOPIC, key=ticker.encode(), value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(120)
+
+
+def timed(job: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    job()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ticks", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args()
+    if args.rounds <= WARM_ROUNDS:
+        parser.error(f"--rounds must be more than the {WARM_ROUNDS} warm-up rounds")
+    with private_postgres() as settings:
+        broker = kafka_service(settings)
+        broker.start()
+        try:
+            produce(settings, args.ticks)
+            print(f"{args.ticks:,} ticks written to {TOPIC}", flush=True)
+            ensure_tables(settings)
+            spark = build_session(settings, "candlewire-bench-commit")
+            ticks_table = table_name(settings, "ticks")
+
+            def records() -> DataFrame:
+                return kafka_source(spark, settings, TOPIC, False).select(
+                    "value", "partition", "offset", F.expr(CONTROL_SQL).alias(CONTROL.name)
+                )
+
+            observed: list[Observation] = []
+
+            def judged() -> DataFrame:
+                observed.append(Observation(f"commit-{len(observed)}"))
+                plan = judged_in_tasks(
+                    records(), settings.stream_watermark_s, settings.stream_dedup_horizon_s
+                )
+                return plan.observe(observed[-1], *batch_summary())
+
+            jobs: dict[str, Callable[[], object]] = {
+                "read": lambda: (
+                    kafka_source(spark, settings, TOPIC, False)
+                    .select("value", "partition", "offset")
+                    .count()
+                ),
+                "judge": lambda: (
+                    stored_ticks(judged()).write.format("noop").mode("overwrite").save()
+                ),
+                "commit": lambda: (
+                    stored_ticks(judged()).writeTo(ticks_table).options(**ONE_PASS).append()
+                ),
+            }
+            seconds: dict[str, list[float]] = {k: [] for k in jobs}
+            for r in range(args.rounds):
+                for name, job in jobs.items():
+                    seconds[name].append(timed(job))
+                print(
+                    f"round {r + 1}: "
+                    + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in seconds.items()),
+                    flush=True,
+                )
+            # Each batch judges the whole topic afresh (no state between them): every tick
+            # is distinct and timely, so each is kept, and each batch changes every candle.
+            kept = [o.get["kept"] for o in observed]
+            spark.stop()
+        finally:
+            broker.stop()
+    rates = {k: args.ticks / min(v[WARM_ROUNDS:]) for k, v in seconds.items()}
+    print(
+        json.dumps(
+            {
+                **{f"{k}_per_s": round(v) for k, v in rates.items()},
+                "judge_ratio": round(rates["judge"] / rates["read"], 3),
+                "commit_ratio": round(rates["commit"] / rates["read"], 3),
+                "lost": sum(args.ticks - k for k in kept),
+                "ticks": args.ticks,
+                "rounds": args.rounds,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
