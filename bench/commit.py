@@ -14,7 +14,9 @@ round in the same order:
   appends them.
 
 ``lost`` counts the ticks a batch did not keep, over all batches (each judges the topic
-afresh, and every tick is distinct and timely): it must be 0.
+afresh, and every tick is distinct and timely), and ``tickers_differing`` the tickers whose
+candles, as the last batch made them, differ from a pandas resample of their trades in any
+period (:mod:`bench.oracle`): both must be 0.
 
 Each figure is the best of the rounds after the first two (a fresh JVM's first rounds pay for
 compiling). The ratios are each rate over ``read``'s in the same round set: the share of the
@@ -29,16 +31,18 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from decimal import Decimal
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
+from bench.oracle import Candles, Trade, all_same, reference
 from bench.spark_read import kafka_source
 from bench.stack import private_postgres
-from bench.stream import tick
-from candlewire.config import Settings
+from bench.stream import tick, trade
+from candlewire.config import PERIODS_S, Settings
 from candlewire.kafka import producer_config
 from candlewire.lake import ensure_tables, table_name
 from candlewire.spark import build_session
@@ -51,16 +55,18 @@ TICKERS = [f"BENCH:C{k}/USDT" for k in range(8)]
 WARM_ROUNDS = 2
 
 
-def produce(settings: Settings, n: int) -> None:
+def produce(settings: Settings, n: int) -> dict[str, list[Trade]]:
     """``n`` ticks round-robin over :data:`TICKERS`, a microsecond apart, into six partitions
-    keyed by ticker (as ingestors write them)."""
+    keyed by ticker (as ingestors write them); each ticker's trades."""
     admin = AdminClient({"bootstrap.servers": settings.kafka_servers()})
     admin.create_topics([NewTopic(TOPIC, num_partitions=6, replication_factor=1)])[TOPIC].result()
     producer = Producer(producer_config(settings, **{"linger.ms": 20}))
     now = time.time_ns()
+    trades: dict[str, list[Trade]] = {t: [] for t in TICKERS}
     for i in range(n):
         ticker = TICKERS[i % len(TICKERS)]
         value = tick(ticker, i, now + i * 1000)
+        trades[ticker].append(trade(i, now + i * 1000))
         while True:
             try:
                 producer.produce(TOPIC, key=ticker.encode(), value=value)
@@ -68,6 +74,16 @@ def produce(settings: Settings, n: int) -> None:
             except BufferError:
                 producer.poll(0.05)
     producer.flush(120)
+    return trades
+
+
+def judged_candles(candles: list) -> dict[str, Candles]:
+    """A batch's changed candles (the summary's), as :func:`bench.oracle.reference` has them."""
+    got: dict[str, Candles] = {t: {p: [] for p in PERIODS_S} for t in TICKERS}
+    for c in candles:
+        amounts = (Decimal(c[f]) for f in ("open", "high", "low", "close", "volume"))
+        got[c["ticker"]][c["period_s"]].append((c["open_ms"], *amounts, c["trade_count"]))
+    return {t: {p: sorted(rows) for p, rows in by.items()} for t, by in got.items()}
 
 
 def timed(job: Callable[[], object]) -> float:
@@ -87,7 +103,7 @@ def main() -> None:
         broker = kafka_service(settings)
         broker.start()
         try:
-            produce(settings, args.ticks)
+            trades = produce(settings, args.ticks)
             print(f"{args.ticks:,} ticks written to {TOPIC}", flush=True)
             ensure_tables(settings)
             spark = build_session(settings, "candlewire-bench-commit")
@@ -132,9 +148,12 @@ def main() -> None:
             # Each batch judges the whole topic afresh (no state between them): every tick
             # is distinct and timely, so each is kept, and each batch changes every candle.
             kept = [o.get["kept"] for o in observed]
+            got = judged_candles(observed[-1].get["candles"])
             spark.stop()
         finally:
             broker.stop()
+    want = reference(trades)
+    differing = sum(not all_same("candles", {t: got[t]}, {t: want[t]}) for t in want)
     rates = {k: args.ticks / min(v[WARM_ROUNDS:]) for k, v in seconds.items()}
     print(
         json.dumps(
@@ -143,6 +162,7 @@ def main() -> None:
                 "judge_ratio": round(rates["judge"] / rates["read"], 3),
                 "commit_ratio": round(rates["commit"] / rates["read"], 3),
                 "lost": sum(args.ticks - k for k in kept),
+                "tickers_differing": differing,
                 "ticks": args.ticks,
                 "rounds": args.rounds,
             }

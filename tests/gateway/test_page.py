@@ -1,6 +1,6 @@
 """The live page in headless Chromium (Debian's chromium and chromedriver, via selenium):
 sign in with a token, see an event arrive, a burst kept to the newest, see the chart draw
-history and live candles."""
+history and live candles, and the depth panel draw the gateway's book messages."""
 
 from __future__ import annotations
 
@@ -14,11 +14,13 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from candlewire.book import Book
 from candlewire.testing import new_user, user_event
 from candlewire.topics import market_data_topic, ohlc_type
 from gateway import issue_token
+from gateway.service import _depth_message
+from proto import book_pb2, market_pb2
 from proto import events_pb2 as ev
-from proto import market_pb2
 from tests.gateway.conftest import SECRET, gw_config
 from tests.gateway.test_metadata import write_candles
 from tests.support import wait_for
@@ -144,6 +146,62 @@ def test_sign_in_see_an_event_and_a_live_chart(
     # The period switch asks for the hourly chart: the minute candles go.
     browser.find_element(By.CSS_SELECTOR, '#periods button[data-period="3600"]').click()
     wait.until(lambda b: all(bar["time"] % 3600 == 0 for bar in bars()))
+
+
+def test_the_depth_panel_draws_the_charted_ticker_s_book_asks_above_bids(
+    gw_env, make_gateway, browser
+) -> None:
+    """The page's drawing of the gateway's depth message (made by the gateway's own function
+    from a book): asks above with the best at the bottom, bids below with the best at the
+    top, each side's sizes in a column of their own, the book's update number on the table
+    and in the note. A book of another ticker is not drawn, a failure is said in the note,
+    and a new chart empties the panel. ``tests/gateway/test_depth.py`` holds the messages
+    themselves to the books a relay and journal carry."""
+    make_gateway(gw_env, gw_config())
+    browser.get(f"http://127.0.0.1:{gw_env.port('gateway_http')}/")
+    ticker = browser.find_element(By.ID, "ticker").get_attribute("value")
+
+    def level(price: str, size: str) -> book_pb2.BookLevel:
+        return book_pb2.BookLevel(price=price, size=size)
+
+    def depth(ticker: str, seq: int, t_ns: int) -> dict:
+        snap = book_pb2.BookSnapshot(
+            ticker=ticker,
+            venue_seq=seq,
+            exchange_time_ns=t_ns,
+            bids=[level("100.5", "2"), level("100", "0.25")],
+            asks=[level("101", "1.5"), level("101.25", "3.0")],
+        )
+        return _depth_message(Book.from_snapshot(snap))
+
+    def panel() -> tuple[list[list[str]], str, str]:
+        rows = browser.execute_script(
+            "return [...document.querySelectorAll('#depth tr')]"
+            "  .map(tr => [tr.className, ...[...tr.cells].map(td => td.textContent)])"
+        )
+        table = browser.find_element(By.ID, "depth").get_attribute("data-seq")
+        return rows, table, browser.find_element(By.ID, "depth-note").text
+
+    assert panel() == ([], "0", "no book yet")
+    t_ns = 1_700_000_000_123_000_000  # 2023-11-14 22:13:20.123 UTC
+    browser.execute_script("handle(arguments[0])", depth(ticker, 7, t_ns))
+    drawn = [
+        ["ask", "", "101.25", "3"],
+        ["ask", "", "101", "1.5"],
+        ["bid", "2", "100.5", ""],
+        ["bid", "0.25", "100", ""],
+    ]
+    assert panel() == (drawn, "7", f"{ticker} · update 7 · 22:13:20.123")
+
+    browser.execute_script("handle(arguments[0])", depth("OTHER:X/USDT", 8, t_ns))
+    assert panel() == (drawn, "7", f"{ticker} · update 7 · 22:13:20.123")
+
+    failed = {"type": "depth", "ticker": ticker, "error": "no book at this venue"}
+    browser.execute_script("handle(arguments[0])", failed)
+    assert panel()[2] == "no book: no book at this venue"
+
+    browser.execute_script("handle(arguments[0])", {"type": "chart", "ticker": ticker})
+    assert panel() == ([], "0", "no book yet")
 
 
 def test_the_gateway_serves_the_chart_library_itself(gw_env, make_gateway) -> None:
