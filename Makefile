@@ -140,7 +140,7 @@ bench: install
 	$(PY) -m bench.replay
 	$(PY) -m bench.archive
 
-# The short benchmarks (about six minutes) against bench/baseline.json: fails when a figure is
+# The short benchmarks (about five minutes) against bench/baseline.json: fails when a figure is
 # more than 20 % worse. After a change to a hot path (docs/benchmarks.md); ARGS=--update
 # records this run as the baseline.
 bench-quick: install

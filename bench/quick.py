@@ -1,7 +1,7 @@
 """The short benchmarks against bench/baseline.json, so a change to a hot path that costs
 speed is caught before it is committed (#35).
 
-Runs relay, replay, ingest, events, history, the committing plan, books and archive (about six
+Runs relay, replay, ingest, events, history, the committing plan, books and archive (about five
 minutes on two cores), each as ``python -m bench.X`` with the settings below, reads each one's JSON last line and prints its
 key figures beside the baseline. A figure more than 20 % worse is flagged, as is any lost or
 duplicated tick. A ratio against a reference measured in the same run (relay ÷ direct, ingest
@@ -67,7 +67,7 @@ class Bench:
     figures: tuple[Figure, ...]
 
 
-# Settings measured to keep them about six minutes together (history's private stack alone
+# Settings measured to keep them about five minutes together (history's private stack alone
 # takes about 75 s to start; the committing plan's half-million ticks about 90 s).
 BENCHES: dict[str, Bench] = {
     "relay": Bench(
