@@ -13,10 +13,10 @@ round in the same order:
 - ``commit``: the same, its stored ticks appended to the Iceberg ``ticks`` table as the job
   appends them.
 
-``lost`` counts the ticks a batch did not keep, over all batches (each judges the topic
-afresh, and every tick is distinct and timely), and ``tickers_differing`` the tickers whose
-candles, as the last batch made them, differ from a pandas resample of their trades in any
-period (:mod:`bench.oracle`): both must be 0.
+``lost`` and ``duplicated`` count the ticks a batch kept fewer or more than were written, over
+all batches (each judges the topic afresh, and every tick is distinct and timely), and
+``tickers_differing`` the tickers whose candles, as the last batch made them, differ from a
+pandas resample of their trades in any period (:mod:`bench.oracle`): all three must be 0.
 
 Each figure is the best of the rounds after the first two (a fresh JVM's first rounds pay for
 compiling). The ratios are each rate over ``read``'s in the same round set: the share of the
@@ -161,7 +161,8 @@ def main() -> None:
                 **{f"{k}_per_s": round(v) for k, v in rates.items()},
                 "judge_ratio": round(rates["judge"] / rates["read"], 3),
                 "commit_ratio": round(rates["commit"] / rates["read"], 3),
-                "lost": sum(args.ticks - k for k in kept),
+                "lost": sum(max(0, args.ticks - k) for k in kept),
+                "duplicated": sum(max(0, k - args.ticks) for k in kept),
                 "tickers_differing": differing,
                 "ticks": args.ticks,
                 "rounds": args.rounds,

@@ -136,6 +136,7 @@ BENCHES: dict[str, Bench] = {
             Figure("commit_ratio", "ratio"),
             Figure("commit_per_s", "absolute"),
             Figure("lost", "zero"),
+            Figure("duplicated", "zero"),
             Figure("tickers_differing", "zero"),
         ),
     ),
