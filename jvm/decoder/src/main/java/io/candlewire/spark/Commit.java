@@ -185,7 +185,7 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
     for (int k = 0; k < in.size; k++) {
       int i = order == null ? k : order[k];
       counts.read(in.partitions[i], in.offsets[i]);
-      Row d = isFeed ? DecodeTick.decode(in.values[i]) : null;
+      Row d = isFeed ? in.decode(i) : null;
       if (d == null || !(d.getBoolean(DecodeTick.VALID) || d.getBoolean(DecodeTick.IDLE))) {
         if (in.control[i]) {
           counts.registrations++; // a CEP registration: neither a tick nor malformed
@@ -306,19 +306,29 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
         return rest.next();
       }
       int i = stored[k++];
-      Row d = DecodeTick.decode(in.values[i]);
-      in.values[i] = null; // taken: its bytes can go
+      Row d = in.decode(i);
       return tick(d, tradeId(d), in.partitions[i], in.offsets[i], verdicts[i] == STORE_LATE);
     }
   }
 
   /**
-   * A group's records as their columns: the raw value and Kafka position, not Spark's row of
-   * each, which a group would otherwise hold until its last record is judged.
+   * A group's records as their columns: the raw values copied one after another into a few
+   * large arrays, and each record's Kafka position; not Spark's row of each, nor its own byte
+   * array, which a group would otherwise hold until its last record is judged: hundreds of
+   * thousands of small objects a task in a burst, each copied by the young collections and
+   * promoted (docs/benchmarks.md).
    */
   private static final class Records {
+    private static final int FIRST_CHUNK = 4 << 10;
+    private static final int LAST_CHUNK = 1 << 20;
     private final int[] at;
-    byte[][] values = new byte[16][];
+    private byte[][] chunks = new byte[4][];
+    private int chunkCount;
+    private byte[] chunk = new byte[0];
+    private int used;
+    /** Each record's value: its chunk (high 32 bits) and start; its length, -1 for none. */
+    long[] where = new long[16];
+    int[] lengths = new int[16];
     int[] partitions = new int[16];
     long[] offsets = new long[16];
     /** The record has a control value (a CEP registration's). */
@@ -331,18 +341,49 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
     }
 
     void add(Row r) {
-      if (size == values.length) {
-        values = Arrays.copyOf(values, 2 * size);
+      if (size == where.length) {
+        where = Arrays.copyOf(where, 2 * size);
+        lengths = Arrays.copyOf(lengths, 2 * size);
         partitions = Arrays.copyOf(partitions, 2 * size);
         offsets = Arrays.copyOf(offsets, 2 * size);
         control = Arrays.copyOf(control, 2 * size);
       }
-      values[size] = r.getAs(at[VALUE]);
+      byte[] value = r.getAs(at[VALUE]);
+      int length = value == null ? -1 : value.length;
+      if (length > 0) {
+        if (chunk.length - used < length) {
+          newChunk(length);
+        }
+        System.arraycopy(value, 0, chunk, used, length);
+        where[size] = (long) (chunkCount - 1) << 32 | used;
+        used += length;
+      }
+      lengths[size] = length;
       partitions[size] = r.getInt(at[PARTITION]);
       offsets[size] = r.getLong(at[OFFSET]);
       control[size] = !r.isNullAt(at[CONTROL]);
       ordered &= size == 0 || compare(size - 1, size) <= 0;
       size++;
+    }
+
+    /** A chunk twice the last (within bounds), or the value's size if it is larger. */
+    private void newChunk(int atLeast) {
+      int next = Math.min(LAST_CHUNK, Math.max(FIRST_CHUNK, 2 * chunk.length));
+      chunk = new byte[Math.max(next, atLeast)];
+      used = 0;
+      if (chunkCount == chunks.length) {
+        chunks = Arrays.copyOf(chunks, 2 * chunkCount);
+      }
+      chunks[chunkCount++] = chunk;
+    }
+
+    /** {@link DecodeTick#decode} of record {@code i}'s value, read where it is held. */
+    Row decode(int i) {
+      int length = lengths[i];
+      if (length <= 0) { // none, or empty: no chunk holds it, and neither is a record
+        return DecodeTick.decode(null);
+      }
+      return DecodeTick.decode(chunks[(int) (where[i] >>> 32)], (int) where[i], length);
     }
 
     private int compare(int a, int b) {

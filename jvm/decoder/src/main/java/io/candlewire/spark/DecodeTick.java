@@ -102,18 +102,26 @@ public final class DecodeTick implements UDF1<byte[], Row> {
 
   /** The UDF's row for one record; {@link Live} decodes with it too, so both paths agree. */
   static Row decode(byte[] value) {
+    return value == null ? INVALID : decode(value, 0, value.length);
+  }
+
+  /**
+   * {@link #decode(byte[])} of the record held in {@code buf} at {@code off}, {@code len} bytes
+   * long: a group's values are read where {@link Commit} keeps them, in a few large arrays.
+   */
+  static Row decode(byte[] buf, int off, int len) {
     // [version byte][type byte][protobuf]: streaming.decode.parse_tick via proto.envelope.
-    if (value == null || value.length < 2 || value[0] != PROTOCOL_VERSION) {
+    if (len < 2 || buf[off] != PROTOCOL_VERSION) {
       return INVALID;
     }
-    int type = value[1] & 0xff;
+    int type = buf[off + 1] & 0xff;
     try {
       if (type == MessageType.TICK_VALUE) {
-        CodedInputStream in = checked(value, Tick.getDescriptor());
+        CodedInputStream in = checked(buf, off + 2, len - 2, Tick.getDescriptor());
         return in == null ? INVALID : tick(Tick.parseFrom(in));
       }
       if (type == MessageType.FEED_IDLE_VALUE) {
-        CodedInputStream in = checked(value, FeedIdle.getDescriptor());
+        CodedInputStream in = checked(buf, off + 2, len - 2, FeedIdle.getDescriptor());
         return in == null ? INVALID : idle(FeedIdle.parseFrom(in));
       }
     } catch (IOException | RuntimeException e) {
@@ -131,10 +139,11 @@ public final class DecodeTick implements UDF1<byte[], Row> {
    * #MAX_STRING_BYTES} makes it null too (its last occurrence: the value the parse keeps, which
    * proto.envelope judges). tests/streaming/test_decode_jvm.py fuzzes both decoders.
    */
-  private static CodedInputStream checked(byte[] value, Descriptor type) throws IOException {
+  private static CodedInputStream checked(byte[] buf, int off, int len, Descriptor type)
+      throws IOException {
     Scan scan = new Scan(type);
     try {
-      if (!scan.message(CodedInputStream.newInstance(value, 2, value.length - 2), type, 0, 0)) {
+      if (!scan.message(CodedInputStream.newInstance(buf, off, len), type, 0, 0)) {
         return null;
       }
     } catch (InvalidProtocolBufferException e) {
@@ -147,10 +156,10 @@ public final class DecodeTick implements UDF1<byte[], Row> {
     }
     if (scan.wideVarint) {
       // A buffer shorter than a varint's 10 bytes keeps every read on the slow path.
-      InputStream bytes = new ByteArrayInputStream(value, 2, value.length - 2);
+      InputStream bytes = new ByteArrayInputStream(buf, off, len);
       return CodedInputStream.newInstance(bytes, SLOW_PATH_BUFFER);
     }
-    return CodedInputStream.newInstance(value, 2, value.length - 2);
+    return CodedInputStream.newInstance(buf, off, len);
   }
 
   /**
