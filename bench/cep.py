@@ -38,6 +38,7 @@ from decimal import Decimal
 import zmq
 from confluent_kafka import Producer
 
+from bench.kafka import produce_all
 from bench.stack import private_stack, ticks_batches, wait_until_warm
 from bench.stats import pct
 from bench.stream import busy_seconds, committed_ticks
@@ -164,14 +165,7 @@ def burst(settings, feeds: list[Feed], n: int, t0_ns: int) -> tuple[float, float
     ]
     base, started = committed_ticks(settings), time.perf_counter()
     busy_ticks = busy_seconds(settings, "ticks")
-    for ticker, value in values:
-        while True:
-            try:
-                producer.produce(TICKS.name, key=ticker.encode(), value=value)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(120)
+    produce_all(producer, TICKS.name, ((ticker.encode(), value) for ticker, value in values))
     while committed_ticks(settings) - base < len(values):
         time.sleep(0.2)
     batches = ticks_batches(settings)

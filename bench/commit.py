@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 
 from confluent_kafka import Producer
@@ -38,6 +38,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
+from bench.kafka import produce_all
 from bench.oracle import Candles, Trade, all_same, reference
 from bench.spark_read import kafka_source
 from bench.stack import private_postgres
@@ -63,17 +64,14 @@ def produce(settings: Settings, n: int) -> dict[str, list[Trade]]:
     producer = Producer(producer_config(settings, **{"linger.ms": 20}))
     now = time.time_ns()
     trades: dict[str, list[Trade]] = {t: [] for t in TICKERS}
-    for i in range(n):
-        ticker = TICKERS[i % len(TICKERS)]
-        value = tick(ticker, i, now + i * 1000)
-        trades[ticker].append(trade(i, now + i * 1000))
-        while True:
-            try:
-                producer.produce(TOPIC, key=ticker.encode(), value=value)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(120)
+
+    def records() -> Iterator[tuple[bytes, bytes]]:
+        for i in range(n):
+            ticker = TICKERS[i % len(TICKERS)]
+            trades[ticker].append(trade(i, now + i * 1000))
+            yield ticker.encode(), tick(ticker, i, now + i * 1000)
+
+    produce_all(producer, TOPIC, records())
     return trades
 
 

@@ -15,13 +15,31 @@ import json
 import re
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
+
+from confluent_kafka import Producer
 
 from candlewire.config import Settings
 from candlewire.testing import free_settings
 from launcher.stack import ProcessService, kafka_service
 
 TOPIC = "bench.perf"
+
+
+def produce_all(
+    producer: Producer, topic: str, records: Iterable[tuple[bytes, bytes]], flush_s: float = 120.0
+) -> None:
+    """Each (key, value) into ``topic`` in order, as fast as the producer takes them: when its
+    queue is full (``BufferError``) it is served until there is room. Then until all are sent."""
+    for key, value in records:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(flush_s)
 
 
 def start_broker(base: Path) -> tuple[Settings, ProcessService]:

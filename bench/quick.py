@@ -2,11 +2,12 @@
 speed is caught before it is committed (#35).
 
 Runs relay, replay, ingest, events, history, the committing plan, books and archive (about five
-minutes on two cores), each as ``python -m bench.X`` with the settings below, reads each one's JSON last line and prints its
-key figures beside the baseline. A figure more than 20 % worse is flagged, as is any lost or
-duplicated tick. A ratio against a reference measured in the same run (relay ÷ direct, ingest
-÷ Kafka's perf tool, the committing plan ÷ Spark's read) holds on any machine and is always compared; an absolute rate or latency
-is compared only when the baseline was measured on this machine.
+minutes on two cores), each as ``python -m bench.X`` with the settings below, reads each one's
+JSON last line and prints its key figures beside the baseline. A figure more than 20 % worse
+is flagged, as is any lost or duplicated tick. A ratio against a reference measured in the
+same run (relay ÷ direct, ingest ÷ Kafka's perf tool, the committing plan ÷ Spark's read)
+holds on any machine and is always compared; an absolute rate or latency is compared only
+when the baseline was measured on this machine.
 
     python -m bench.quick [--only relay,replay] [--update] [--json]
 

@@ -35,7 +35,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import DataFrame
 
-from bench.kafka import start_broker
+from bench.kafka import produce_all, start_broker
 from bench.spark_read import kafka_source, read_rate
 from bench.stats import pct
 from bench.stream import tick
@@ -68,16 +68,8 @@ def paced(settings, topic: str, seconds: float, rate: float = 20.0) -> None:
 def throughput(spark, settings, records: int) -> dict[str, float]:
     producer = Producer(producer_config(settings, **{"linger.ms": 20}))
     now = time.time_ns()
-    for i in range(records):
-        while True:
-            try:
-                producer.produce(
-                    "bench.floor.bulk", key=b"k%d" % (i % 8), value=tick("B:T/U", i, now + i)
-                )
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(60)
+    bulk = ((b"k%d" % (i % 8), tick("B:T/U", i, now + i)) for i in range(records))
+    produce_all(producer, "bench.floor.bulk", bulk, flush_s=60)
 
     def records_() -> DataFrame:
         return kafka_source(spark, settings, "bench.floor.bulk", False).select(

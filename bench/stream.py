@@ -57,6 +57,7 @@ from pathlib import Path
 import zmq
 from confluent_kafka import Producer
 
+from bench.kafka import produce_all
 from bench.oracle import Trade, iceberg_candles_equal, live_candles_equal, reference
 from bench.spark_read import kafka_source, read_rate
 from bench.stack import private_stack, stream_metric, wait_until_warm
@@ -226,14 +227,7 @@ def throughput(
     pids = job_pids(settings)
     cpu = [process_cpu_s(p) for p in pids]
     t0 = time.perf_counter()
-    for key, value in values:
-        while True:
-            try:
-                producer.produce(TICKS.name, key=key, value=value)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(120)
+    produce_all(producer, TICKS.name, values)
     produced = time.perf_counter() - t0
     while published_ticks(settings) - base_live < n:
         time.sleep(0.2)
