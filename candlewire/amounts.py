@@ -61,3 +61,12 @@ def amount(text: str) -> Decimal:
     if held(text):
         return Decimal(text)
     raise InvalidOperation(f"{text[:40]!r} is no decimal DECIMAL(38,18) holds")
+
+
+def plain(value: Decimal) -> str:
+    """A decimal as people write it: no exponent, no trailing zeros, zero as ``0``. Exact at
+    any length: ``normalize()`` rounds to the context's 28 digits, and the tables hold 38."""
+    text = format(value, "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "0") else text

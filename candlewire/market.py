@@ -23,22 +23,13 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from candlewire.amounts import amount
+from candlewire.amounts import amount, plain
 from candlewire.times import EPOCH
 from proto import journal_pb2 as jr
 from proto import market_pb2
 from proto.envelope import MAX_STRING_BYTES, EnvelopeError, expect, from_record, to_record
 
 SIDES = {market_pb2.BUY: "buy", market_pb2.SELL: "sell"}
-
-
-def plain(value: Decimal) -> str:
-    """A decimal as people write it: no exponent, no trailing zeros, zero as ``0``. Exact at
-    any length: ``normalize()`` rounds to the context's 28 digits, and the tables hold 38."""
-    text = format(value, "f")
-    if "." in text:
-        text = text.rstrip("0").rstrip(".")
-    return "0" if text in ("-0", "0") else text
 
 
 # Trailing zeros of a fraction, and its point when nothing else is left of it.

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from candlewire.amounts import plain
 from candlewire.config import PERIODS_S
 from candlewire.errors import CandlewireError
 from candlewire.topics import TopicError, check_id, parse_ticker
@@ -262,3 +263,21 @@ def trigger_request(t: Trigger) -> cep.CEPTriggerRequest:
     )
     req.notification_topic = t.notification_topic
     return req
+
+
+def describe(t: Trigger) -> str:
+    """What ``t`` waits for, in words (``trigger ls``): the same fields the evaluator reads,
+    e.g. ``crosses 70000 upward`` or ``a 60 s candle closes above the high of the 20 before``."""
+    up = t.direction == cep.UP
+    level = plain(t.level)
+    if t.kind == "price_cross":
+        return f"crosses {level} {'upward' if up else 'downward'}"
+    if t.kind == "percent_move":
+        move = "moves" if t.direction == cep.EITHER else "rises" if up else "falls"
+        return f"{move} {level} % within {t.window_s} s"
+    if t.kind == "window_volume":
+        return f"volume reaches {level} within {t.window_s} s"
+    if t.kind == "candle_close":
+        return f"a {t.period_s} s candle closes at or {'above' if up else 'below'} {level}"
+    side = "above the high" if up else "below the low"
+    return f"a {t.period_s} s candle closes {side} of the {t.candles} before"

@@ -203,8 +203,19 @@ def _trigger(args: argparse.Namespace, settings: Settings) -> int:
             client.remove_trigger(args.id)
             print(f"trigger {args.id} removed")
         else:
-            for t in client.list_triggers():
-                print(json_format.MessageToJson(t, indent=None))
+            triggers = client.list_triggers()
+            if args.format == "json":
+                for t in triggers:
+                    print(json_format.MessageToJson(t, indent=None))
+            elif not triggers:
+                print(f"{client_id} has no triggers", file=sys.stderr)
+            else:
+                from rich.console import Console
+
+                from launcher.render import trigger_table
+
+                # Piped, a row a line at its natural width, for grep; a terminal wraps.
+                Console(width=None if sys.stdout.isatty() else 240).print(trigger_table(triggers))
     return 0
 
 
@@ -470,10 +481,153 @@ def _endpoints(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+# What ``candlewire --help`` ends with: the tutorial's first steps (docs/tutorial.md).
+FIRST_STEPS = """first steps (docs/tutorial.md walks through them):
+  candlewire up                             start the stack here (about 30 s)
+  candlewire watch BINANCE:BTC/USDT         live trades, one line each
+  candlewire watch BINANCE:BTC/USDT --type ohlc:60
+                                            1-minute candles, forming and closed
+  candlewire history BINANCE:BTC/USDT --period 3600 --start 2024-01-01 \\
+      --end 2024-01-02 --fetch              a day of hourly candles
+  candlewire status                         what runs, where, its memory
+  candlewire down                           stop it; the data stays
+
+'candlewire COMMAND --help' says more about each command."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="candlewire", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="candlewire",
+        description="Live and historical market data: trades and candles as they\n"
+        "happen, history from Iceberg, and alerts on the conditions you set.",
+        epilog=FIRST_STEPS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in (
+        ("up", "start the local stack: Kafka, PostgreSQL, Spark, the services, Dagster"),
+        ("status", "each part of the local stack: running or not, its port, its memory"),
+        ("down", "stop the local stack (its data stays)"),
+    ):
+        sub.add_parser(name, help=text).set_defaults(fn=_stack)
+    watch = sub.add_parser("watch", help="print live messages of a ticker")
+    watch.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, e.g. BINANCE:BTC/USDT")
+    watch.add_argument("--type", default="tick", help="tick, ohlc:<period_s> or book")
+    watch.add_argument(
+        "--depth", type=int, default=10, help="book: levels a side shown (default 10)"
+    )
+    watch.add_argument("--count", type=int, default=0, help="stop after N messages")
+    watch.add_argument(
+        "--format",
+        choices=WATCH_FORMATS,
+        default="text",
+        help="text: one aligned line per message (time, ticker, side size @ price or "
+        "O H L C V, forming or closed, 'repaired' if fetched after a gap); json: one object "
+        "per line, snake_case, decimals as strings, ISO times",
+    )
+    watch.add_argument(
+        "--since",
+        type=parse_since,
+        default=None,
+        help="replay from the journal first: a duration (10m, 2h) or an ISO time",
+    )
+    watch.set_defaults(fn=_watch)
+    hist = sub.add_parser("history", help="print or save candles from Iceberg")
+    hist.add_argument("ticker")
+    hist.add_argument(
+        "--period", type=int, default=60, help="seconds: 60, 300, 900, 3600, 14400, 86400"
+    )
+    hist.add_argument(
+        "--start", required=True, type=time_arg, help="ISO time or epoch ms, UTC if no zone"
+    )
+    hist.add_argument("--end", required=True, type=time_arg, help="ISO time or epoch ms, exclusive")
+    hist.add_argument("--fetch", action="store_true", help="request it through the relay first")
+    hist.add_argument("--timeout", type=float, default=300.0)
+    hist.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="table (the default on a terminal), or csv, json, parquet: every column",
+    )
+    hist.add_argument(
+        "--output", help="write to this file (format from --format or its extension; - stdout)"
+    )
+    hist.set_defaults(fn=_history)
+    chart = sub.add_parser("chart", help="write an HTML chart of candles from Iceberg")
+    chart.add_argument("ticker")
+    chart.add_argument("--period", type=int, default=3600, help="seconds (default 3600)")
+    chart.add_argument("--start", required=True, type=time_arg, help="ISO time or epoch ms")
+    chart.add_argument("--end", required=True, type=time_arg, help="ISO time or epoch ms")
+    chart.add_argument("--output", help="the .html file (default: TICKER-PERIOD.html)")
+    chart.set_defaults(fn=_chart)
+    trig = sub.add_parser("trigger", help="register, remove or list CEP triggers")
+    trig.add_argument(
+        "--client-id",
+        default=None,
+        help="the owner whose triggers these are (default: cli-<login>, under the CURVE key's "
+        "name when CURVE is on)",
+    )
+    trig_sub = trig.add_subparsers(dest="action", required=True)
+    add = trig_sub.add_parser("add", help="register a trigger")
+    add.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, listed in symbol metadata")
+    add.add_argument("kind", choices=KINDS)
+    add.add_argument("--direction", default="up", choices=("up", "down", "either"))
+    add.add_argument("--level", help="price_cross, candle_close: the price level")
+    add.add_argument("--percent", help="percent_move: e.g. 3 for 3 %%")
+    add.add_argument("--volume", help="window_volume: the volume to reach")
+    add.add_argument("--window", type=int, help="percent_move, window_volume: seconds")
+    add.add_argument("--period", type=int, help="candle_close, range_breakout: seconds")
+    add.add_argument("--candles", type=int, help="range_breakout: how many candles back")
+    add.add_argument("--rearm", type=int, metavar="COOLDOWN_S", help="re-arm after this cooldown")
+    add.add_argument("--critical", action="store_true", help="alert through the acked path")
+    add.add_argument("--user", help="the user who gets the alert")
+    add.add_argument("--id", help="trigger id (default: random)")
+    rm = trig_sub.add_parser("rm", help="remove a trigger")
+    rm.add_argument("id")
+    ls = trig_sub.add_parser("ls", help="list the triggers")
+    ls.add_argument(
+        "--format",
+        default="table",
+        choices=("table", "json"),
+        help="a table, or one JSON object a trigger as the wire has it (camelCase names)",
+    )
+    trig.set_defaults(fn=_trigger)
+    sub.add_parser("endpoints", help="print the endpoint table").set_defaults(fn=_endpoints)
+    gw = sub.add_parser("gateway", help="run the user-event gateway, or manage its users")
+    gw.set_defaults(fn=_gateway, action="run")
+    gw_sub = gw.add_subparsers(dest="action")
+    gw_sub.add_parser("run", help="run the gateway in the foreground (the default)")
+    token = gw_sub.add_parser("token", help="print a signed session token for a user")
+    token.add_argument("user")
+    user = gw_sub.add_parser("user", help="set where a user is reached (the user directory)")
+    user.add_argument("user")
+    user.add_argument("--telegram-chat", help="Telegram chat id")
+    user.add_argument("--email")
+    user.add_argument("--push-subscription", help="a file with the browser's PushSubscription JSON")
+    keys = sub.add_parser("keys", help="CURVE keys: make them, allow clients, list, export")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    keys_sub.add_parser("init", help="make the server and service key pairs (0600)")
+    client = keys_sub.add_parser("add-client", help="make a client key pair and allow it")
+    client.add_argument("name")
+    client.add_argument("--role", required=True, choices=ROLES)
+    client.add_argument("--user", help="the one user a container key speaks for")
+    keys_sub.add_parser("ls", help="list the server keys and the allowed keys (public halves)")
+    export = keys_sub.add_parser(
+        "export",
+        help="write one file for a client in another language",
+        description="Write one JSON file (mode 0600: it holds a secret key) with everything a "
+        "client in another language needs to act as NAME: format (candlewire-key/1), name, "
+        "role, user, curve (whether CURVE is on here), public_key and secret_key (NAME's pair, "
+        "z85), relay_public_key (z85), client_id_prefix (its client and request ids must start "
+        "with it when CURVE is on), and endpoints: for each endpoint NAME's role may use, "
+        "connect (addresses to dial: every relay) or bind (a port the gateway dials), "
+        "server and server_key (z85: set it as the socket's CURVE server key), and pattern.",
+    )
+    export.add_argument("name", help="a key made by `keys add-client` (or `keys init`)")
+    export.add_argument(
+        "--output", help="the file (default: candlewire-NAME.json; - for standard output)"
+    )
+    keys.set_defaults(fn=_keys)
     sub.add_parser("relay", help="run the relay in the foreground").set_defaults(fn=_relay)
     ingest = sub.add_parser("ingest", help="run an ingestor in the foreground")
     ingest.add_argument(
@@ -516,119 +670,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "journal", help="run the journal service (FETCH of live topics) in the foreground"
     ).set_defaults(fn=_journal)
-    hist = sub.add_parser("history", help="print or save candles from Iceberg")
-    hist.add_argument("ticker")
-    hist.add_argument(
-        "--period", type=int, default=60, help="seconds: 60, 300, 900, 3600, 14400, 86400"
-    )
-    hist.add_argument(
-        "--start", required=True, type=time_arg, help="ISO time or epoch ms, UTC if no zone"
-    )
-    hist.add_argument("--end", required=True, type=time_arg, help="ISO time or epoch ms, exclusive")
-    hist.add_argument("--fetch", action="store_true", help="request it through the relay first")
-    hist.add_argument("--timeout", type=float, default=300.0)
-    hist.add_argument(
-        "--format",
-        choices=FORMATS,
-        help="table (the default on a terminal), or csv, json, parquet: every column",
-    )
-    hist.add_argument(
-        "--output", help="write to this file (format from --format or its extension; - stdout)"
-    )
-    hist.set_defaults(fn=_history)
-    chart = sub.add_parser("chart", help="write an HTML chart of candles from Iceberg")
-    chart.add_argument("ticker")
-    chart.add_argument("--period", type=int, default=3600, help="seconds (default 3600)")
-    chart.add_argument("--start", required=True, type=time_arg, help="ISO time or epoch ms")
-    chart.add_argument("--end", required=True, type=time_arg, help="ISO time or epoch ms")
-    chart.add_argument("--output", help="the .html file (default: TICKER-PERIOD.html)")
-    chart.set_defaults(fn=_chart)
-    gw = sub.add_parser("gateway", help="run the user-event gateway, or manage its users")
-    gw.set_defaults(fn=_gateway, action="run")
-    gw_sub = gw.add_subparsers(dest="action")
-    gw_sub.add_parser("run", help="run the gateway in the foreground (the default)")
-    token = gw_sub.add_parser("token", help="print a signed session token for a user")
-    token.add_argument("user")
-    user = gw_sub.add_parser("user", help="set where a user is reached (the user directory)")
-    user.add_argument("user")
-    user.add_argument("--telegram-chat", help="Telegram chat id")
-    user.add_argument("--email")
-    user.add_argument("--push-subscription", help="a file with the browser's PushSubscription JSON")
-    watch = sub.add_parser("watch", help="print live messages of a ticker")
-    watch.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, e.g. BINANCE:BTC/USDT")
-    watch.add_argument("--type", default="tick", help="tick, ohlc:<period_s> or book")
-    watch.add_argument(
-        "--depth", type=int, default=10, help="book: levels a side shown (default 10)"
-    )
-    watch.add_argument("--count", type=int, default=0, help="stop after N messages")
-    watch.add_argument(
-        "--format",
-        choices=WATCH_FORMATS,
-        default="text",
-        help="text: one aligned line per message (time, ticker, side size @ price or "
-        "O H L C V, forming or closed, 'repaired' if fetched after a gap); json: one object "
-        "per line, snake_case, decimals as strings, ISO times",
-    )
-    watch.add_argument(
-        "--since",
-        type=parse_since,
-        default=None,
-        help="replay from the journal first: a duration (10m, 2h) or an ISO time",
-    )
-    watch.set_defaults(fn=_watch)
-    trig = sub.add_parser("trigger", help="register, remove or list CEP triggers")
-    trig.add_argument(
-        "--client-id",
-        default=None,
-        help="the owner whose triggers these are (default: cli-<login>, under the CURVE key's "
-        "name when CURVE is on)",
-    )
-    trig_sub = trig.add_subparsers(dest="action", required=True)
-    add = trig_sub.add_parser("add", help="register a trigger")
-    add.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, listed in symbol metadata")
-    add.add_argument("kind", choices=KINDS)
-    add.add_argument("--direction", default="up", choices=("up", "down", "either"))
-    add.add_argument("--level", help="price_cross, candle_close: the price level")
-    add.add_argument("--percent", help="percent_move: e.g. 3 for 3 %%")
-    add.add_argument("--volume", help="window_volume: the volume to reach")
-    add.add_argument("--window", type=int, help="percent_move, window_volume: seconds")
-    add.add_argument("--period", type=int, help="candle_close, range_breakout: seconds")
-    add.add_argument("--candles", type=int, help="range_breakout: how many candles back")
-    add.add_argument("--rearm", type=int, metavar="COOLDOWN_S", help="re-arm after this cooldown")
-    add.add_argument("--critical", action="store_true", help="alert through the acked path")
-    add.add_argument("--user", help="the user who gets the alert")
-    add.add_argument("--id", help="trigger id (default: random)")
-    rm = trig_sub.add_parser("rm", help="remove a trigger")
-    rm.add_argument("id")
-    trig_sub.add_parser("ls", help="list the triggers")
-    trig.set_defaults(fn=_trigger)
-    keys = sub.add_parser("keys", help="CURVE keys: make them, allow clients, list, export")
-    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
-    keys_sub.add_parser("init", help="make the server and service key pairs (0600)")
-    client = keys_sub.add_parser("add-client", help="make a client key pair and allow it")
-    client.add_argument("name")
-    client.add_argument("--role", required=True, choices=ROLES)
-    client.add_argument("--user", help="the one user a container key speaks for")
-    keys_sub.add_parser("ls", help="list the server keys and the allowed keys (public halves)")
-    export = keys_sub.add_parser(
-        "export",
-        help="write one file for a client in another language",
-        description="Write one JSON file (mode 0600: it holds a secret key) with everything a "
-        "client in another language needs to act as NAME: format (candlewire-key/1), name, "
-        "role, user, curve (whether CURVE is on here), public_key and secret_key (NAME's pair, "
-        "z85), relay_public_key (z85), client_id_prefix (its client and request ids must start "
-        "with it when CURVE is on), and endpoints: for each endpoint NAME's role may use, "
-        "connect (addresses to dial: every relay) or bind (a port the gateway dials), "
-        "server and server_key (z85: set it as the socket's CURVE server key), and pattern.",
-    )
-    export.add_argument("name", help="a key made by `keys add-client` (or `keys init`)")
-    export.add_argument(
-        "--output", help="the file (default: candlewire-NAME.json; - for standard output)"
-    )
-    keys.set_defaults(fn=_keys)
-    sub.add_parser("endpoints", help="print the endpoint table").set_defaults(fn=_endpoints)
-    for name, text in (("up", "start the local stack"), ("down", "stop it"), ("status", "health")):
-        sub.add_parser(name, help=text).set_defaults(fn=_stack)
     return parser
 
 

@@ -26,7 +26,9 @@ from rich.text import Text
 
 from candlewire.book import Book
 from candlewire.market import Candle, Tick, plain
+from candlewire.triggers import TriggerRejected, describe, parse_trigger
 from launcher.formats import FORMATS
+from proto import cep_pb2 as cep
 from proto import market_pb2
 
 # The columns a narrow terminal loses first, first to last: what repeats on every row or
@@ -359,4 +361,21 @@ def gap_table(gaps: Sequence[market_pb2.Gap], limit: int = 20) -> Table:
         )
     if len(ranked) > limit:
         table.caption = f"{len(ranked) - limit} more not shown"
+    return table
+
+
+def trigger_table(triggers: Sequence[cep.CEPTriggerRequest]) -> Table:
+    """An owner's triggers as ``candlewire trigger ls`` shows them: each condition in words
+    (:func:`~candlewire.triggers.describe`), whether it fires once or re-arms, whom it
+    alerts, and when the stream job registered it."""
+    table = Table("id", "ticker", "fires when", "fires", "alerts", "registered (UTC)")
+    for req in triggers:
+        try:
+            when = describe(parse_trigger(req))
+        except TriggerRejected:  # from a newer release: its condition as the wire has it
+            when = req.WhichOneof("condition") or "no condition"
+        fires = "once" if req.once else f"again after {req.cooldown_s} s"
+        alerts = " ".join(filter(None, (req.user_id, "critical" if req.critical else "")))
+        registered = datetime.fromtimestamp(req.registered_ms // 1000, UTC)
+        table.add_row(req.trigger_id, req.ticker, when, fires, alerts or "-", _utc(registered))
     return table

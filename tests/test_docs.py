@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 from prometheus_client.metrics import MetricWrapperBase
 
 from candlewire.endpoints import markdown_table
-from launcher.cli import build_parser
+from launcher.cli import FIRST_STEPS, build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -89,6 +90,16 @@ def test_cli_page_names_every_verb_and_option() -> None:
         f"{path} {o}".strip() for path, o in verbs_and_options(build_parser()) if o not in page
     ]
     assert not missing, f"document these in docs/reference/cli.md: {missing}"
+
+
+def test_the_first_steps_in_the_help_are_commands_the_cli_takes() -> None:
+    """``candlewire --help`` ends with the tutorial's first steps; each must still parse."""
+    joined = re.sub(r"\s*\\\n\s+", " ", FIRST_STEPS)  # a line continued after a backslash
+    lines = [line.strip().split("  ")[0].split() for line in joined.splitlines()]
+    commands = [c[1:] for c in lines if c[:1] == ["candlewire"] and c[1:2] != ["COMMAND"]]
+    assert [c[0] for c in commands] == ["up", "watch", "watch", "history", "status", "down"]
+    for argv in commands:
+        assert build_parser().parse_args(argv).command == argv[0]
 
 
 def test_readme_is_a_front_door() -> None:

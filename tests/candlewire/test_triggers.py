@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from candlewire.triggers import TriggerRejected, parse_trigger, trigger_request
+from candlewire.triggers import TriggerRejected, describe, parse_trigger, trigger_request
 from proto import cep_pb2 as cep
 
 
@@ -104,3 +104,40 @@ def test_bad_requests_are_refused_with_the_reason(fields: dict, message: str) ->
     with pytest.raises(TriggerRejected, match=message) as err:
         parse_trigger(request(**fields))
     assert err.value.reason == cep.BAD_TRIGGER
+
+
+@pytest.mark.parametrize(
+    ("condition", "said"),
+    [
+        (
+            {"price_cross": cep.PriceCross(level="7E+4", direction=cep.UP)},
+            "crosses 70000 upward",
+        ),
+        (
+            {"price_cross": cep.PriceCross(level="0.50", direction=cep.DOWN)},
+            "crosses 0.5 downward",
+        ),
+        (
+            {"percent_move": cep.PercentMove(percent="3", window_s=300, direction=cep.DOWN)},
+            "falls 3 % within 300 s",
+        ),
+        (
+            {"percent_move": cep.PercentMove(percent="2.5", window_s=60, direction=cep.EITHER)},
+            "moves 2.5 % within 60 s",
+        ),
+        (
+            {"window_volume": cep.WindowVolume(volume="1000.000", window_s=60)},
+            "volume reaches 1000 within 60 s",
+        ),
+        (
+            {"candle_close": cep.CandleClose(period_s=3600, level="65000", direction=cep.DOWN)},
+            "a 3600 s candle closes at or below 65000",
+        ),
+        (
+            {"range_breakout": cep.RangeBreakout(period_s=60, candles=20, direction=cep.UP)},
+            "a 60 s candle closes above the high of the 20 before",
+        ),
+    ],
+)
+def test_each_kind_is_described_by_the_parameters_it_is_judged_on(condition, said) -> None:
+    assert describe(parse_trigger(request(**condition))) == said

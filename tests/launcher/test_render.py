@@ -13,12 +13,24 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from rich.console import Console
 
 from candlewire._protocol import SubscriptionStats
 from candlewire.lake import NAMESPACE, catalog, ensure_tables
 from candlewire.market import Candle, Tick, plain
+from candlewire.triggers import add_request, condition
 from launcher.cli import main, marked
-from launcher.render import DROP_ORDER, LiveLines, aligned, fit, live_record, print_table, to_file
+from launcher.render import (
+    DROP_ORDER,
+    LiveLines,
+    aligned,
+    fit,
+    live_record,
+    print_table,
+    to_file,
+    trigger_table,
+)
+from proto import cep_pb2 as cep
 from proto import market_pb2
 from streaming.decode import ohlc_rows
 
@@ -246,3 +258,39 @@ def test_watch_of_a_book_draws_a_ladder_and_json_with_exact_levels() -> None:
         price = next(p for p in levels if p in line.split())
         points.add(line.index(f" {price} ") + 1 + len(price.split(".")[0]))
     assert len(points) == 1 and len(ladder) == 4, (points, text)
+
+
+def test_trigger_ls_shows_each_trigger_in_words_with_whom_it_alerts() -> None:
+    far = add_request(
+        "cli-alice",
+        "far",
+        "BINANCE:BTC/USDT",
+        condition("price_cross", level="70000", direction="up"),
+        user_id="alice",
+        critical=True,
+    )
+    rearmed = add_request(
+        "cli-alice",
+        "vol",
+        "SIM:ETH/USDT",
+        condition("window_volume", volume="250", window_s=60),
+        once=False,
+        cooldown_s=600,
+    )
+    far.registered_ms, rearmed.registered_ms = 1_764_964_800_123, 1_764_964_801_000
+    # From a newer release: a condition this one cannot judge is named, not a failure.
+    unknown = cep.CEPTriggerRequest(trigger_id="new", ticker="SIM:BTC/USDT", action=cep.ADD)
+    out = io.StringIO()
+    Console(file=out, width=160).print(trigger_table([far, rearmed, unknown]))
+    rows = [line for line in out.getvalue().splitlines() if "│" in line]  # the body, not ┃
+    cells = [[c.strip() for c in row.split("│")[1:-1]] for row in rows]
+    assert cells[0] == [
+        "far",
+        "BINANCE:BTC/USDT",
+        "crosses 70000 upward",
+        "once",
+        "alice critical",
+        "2025-12-05 20:00:00",
+    ]
+    assert cells[1][2:5] == ["volume reaches 250 within 60 s", "again after 600 s", "-"]
+    assert cells[2][:3] == ["new", "SIM:BTC/USDT", "no condition"]

@@ -128,6 +128,8 @@ def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> N
         far = ["BINANCE:BTC/USDT", "price_cross", "--level", "1000000000", "--direction", "up"]
         assert main(["trigger", "add", *far, "--id", "far"]) == 0, capsys.readouterr()
         assert main(["trigger", "ls"]) == 0
+        assert re.search(r"far .+ crosses 1000000000 upward .+ once", capsys.readouterr().out)
+        assert main(["trigger", "ls", "--format", "json"]) == 0
         listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()[-1:]]
         assert listed[0]["triggerId"] == "far"
         assert listed[0]["clientId"].startswith(f"{settings.security.key}.cli-")
