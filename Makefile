@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 # Kafka broker, Spark and S3Proxy jars from Maven Central, declared in jvm/*.xml.
 $(JARS)/.fetched: jvm/kafka.xml jvm/spark.xml jvm/s3proxy.xml jvm/maven-settings.xml
-	@command -v java >/dev/null || { echo "java not found: apt-get install openjdk-17-jre-headless"; exit 1; }
+	@command -v java >/dev/null || { echo "java not found: apt-get install openjdk-17-jdk-headless"; exit 1; }
 	@command -v mvn >/dev/null || { echo "mvn not found: apt-get install maven"; exit 1; }
 	rm -rf $(JARS)/kafka $(JARS)/spark $(JARS)/s3proxy
 	$(MVN) -f jvm/kafka.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(JARS)/kafka
@@ -75,8 +75,11 @@ system-packages:
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing from Debian's packages:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  command -v apt-get >/dev/null || { echo "missing:$$missing (install them with this system's packages)"; exit 1; }; \
+	  as=""; [ "$$(id -u)" = 0 ] || as=sudo; \
+	  if [ -n "$$as" ] && ! command -v sudo >/dev/null; then echo "missing:$$missing; as root: apt-get install$$missing"; exit 1; fi; \
+	  echo "installing from Debian's packages:$$missing$${as:+ (with sudo)}"; \
+	  $$as apt-get update -qq && $$as env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
 # The venv, the JVM parts, the chart and the system packages side by side (pip unpacks on one

@@ -7,12 +7,18 @@ protoc, into a temporary folder) unless ``--generated DIR`` holds them already.
 
     python examples/plain_client.py [--host 127.0.0.1] [--requests-port 5559]
                                     [--market-port 5558] [--ticker BINANCE:BTC/USDT] [--ticks 5]
+                                    [--key alice.json]
+
+``make up``'s stack runs with CURVE on: make a key and pass the file ``candlewire keys export``
+writes (``candlewire keys add-client alice --role client``, then ``candlewire keys export
+alice --output alice.json``). The addresses and server keys then come from that file.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 import tempfile
 import time
@@ -39,6 +45,16 @@ def generated(folder: str | None) -> tuple:
     return importlib.import_module("requests_pb2"), importlib.import_module("market_pb2")
 
 
+def secured(sock: zmq.Socket, key: dict | None, endpoint: str) -> zmq.Socket:
+    """``sock`` with CURVE set from a ``keys export`` file (none without one): this client's
+    pair, and the server key the file gives for ``endpoint``."""
+    if key is not None:
+        sock.curve_publickey = key["public_key"].encode()
+        sock.curve_secretkey = key["secret_key"].encode()
+        sock.curve_serverkey = key["endpoints"][endpoint]["server_key"].encode()
+    return sock
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -48,22 +64,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--start-ms", type=int, default=1_704_067_200_000, help="2024-01-01")
     parser.add_argument("--ticks", type=int, default=5)
     parser.add_argument("--generated", help="a folder with requests_pb2.py and market_pb2.py")
+    parser.add_argument("--key", help="a `candlewire keys export` file: CURVE, and where to dial")
     args = parser.parse_args(argv)
     requests_pb2, market_pb2 = generated(args.generated)
     ctx = zmq.Context()
-    client_id = f"plain-{uuid.uuid4().hex[:8]}"
+    key = json.loads(Path(args.key).read_text()) if args.key else None
+    requests_at = f"tcp://{args.host}:{args.requests_port}"
+    market_at = f"tcp://{args.host}:{args.market_port}"
+    prefix = ""
+    if key is not None:  # the relay takes ids under the key's name only
+        requests_at = key["endpoints"]["client_requests"]["connect"][0]
+        market_at = key["endpoints"]["market_data"]["connect"][0]
+        prefix = key["client_id_prefix"]
+    client_id = f"{prefix}plain-{uuid.uuid4().hex[:8]}"
 
     # 1. Subscribe to the notification topic first, and wait until the connection is up:
     #    PUB/SUB drops what is published before the subscription has travelled.
-    notes = ctx.socket(zmq.SUB)
+    notes = secured(ctx.socket(zmq.SUB), key, "market_data")
     topic = f"RESPONSE:{client_id}".encode()
     notes.subscribe(topic)
-    notes.connect(f"tcp://{args.host}:{args.market_port}")
+    notes.connect(market_at)
     time.sleep(0.5)
 
     # 2. Submit over REQ; with no answer, a fresh socket and the same request_id (Lazy Pirate).
     request = requests_pb2.SubmitHistoricalRequest(
-        request_id=uuid.uuid4().hex,
+        request_id=prefix + uuid.uuid4().hex,
         client_id=client_id,
         ticker=args.ticker,
         period_s=3600,
@@ -71,8 +96,8 @@ def main(argv: list[str] | None = None) -> None:
         end_ms=args.start_ms + 86_400_000,
     )
     for _attempt in range(3):
-        req = ctx.socket(zmq.REQ)
-        req.connect(f"tcp://{args.host}:{args.requests_port}")
+        req = secured(ctx.socket(zmq.REQ), key, "client_requests")
+        req.connect(requests_at)
         req.send_multipart([VERSION, bytes([SUBMIT]) + request.SerializeToString()])
         if req.poll(5_000):
             version, body = req.recv_multipart()
@@ -80,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
             break
         req.close(linger=0)
     else:
-        raise SystemExit("the relay does not answer")
+        hint = "" if key else " (a stack with CURVE on answers only a known key: --key)"
+        raise SystemExit(f"the relay at {requests_at} does not answer{hint}")
     assert version == VERSION and body[0] == SUBMIT_RESPONSE, (version, body[:1])
     ack = requests_pb2.SubmitResponse.FromString(body[1:])
     if ack.status != requests_pb2.SUBMIT_OK:
@@ -103,9 +129,9 @@ def main(argv: list[str] | None = None) -> None:
     # 4. Live ticks: subscribing is the request; prices are exact decimal strings. The topic
     #    also carries StreamHead beacons (0x16), the latest position, for a client that
     #    repairs gaps (docs/explanation/sequencing.md); this one skips them.
-    live = ctx.socket(zmq.SUB)
+    live = secured(ctx.socket(zmq.SUB), key, "market_data")
     live.subscribe(f"{args.ticker}|tick".encode())
-    live.connect(f"tcp://{args.host}:{args.market_port}")
+    live.connect(market_at)
     printed = 0
     while printed < args.ticks:
         if not live.poll(60_000):

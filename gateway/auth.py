@@ -22,7 +22,8 @@ def check_secret(secret: str) -> None:
     if len(secret) < 16:
         raise CandlewireError(
             "the gateway secret is missing or shorter than 16 characters; "
-            "set CANDLEWIRE_GATEWAY_SECRET or a secret file"
+            "set CANDLEWIRE_GATEWAY_SECRET or a secret file (`candlewire up` makes one under "
+            ".candlewire/secrets: run it, and this, from the checkout)"
         )
 
 

@@ -12,6 +12,8 @@ from importlib import resources
 
 import pyarrow as pa
 
+from candlewire.errors import CandlewireError
+
 LIBRARY = "static/vendor/lightweight-charts.js"
 CANDLES = "static/candles.js"  # the chart's look, shared with the live page
 PAGE = """<!doctype html>
@@ -36,7 +38,7 @@ window.cwChart = {{ chart, prices, volume }};
 """
 
 
-class ChartLibraryMissing(RuntimeError):
+class ChartLibraryMissing(CandlewireError, RuntimeError):
     """The bundled chart library is not built."""
 
 

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -121,6 +122,12 @@ def faults_arg(text: str) -> str:
     return text
 
 
+# How long ``watch`` waits for its first message before it says where it listens.
+WATCH_SILENCE_S = 15.0
+# What history and chart say when Iceberg holds no candles of the range.
+NOTHING_STORED = "Iceberg holds no candles of that ticker, period and range"
+
+
 def time_arg(text: str) -> int:
     """``--start``/``--end``: epoch milliseconds or ISO 8601 (UTC if no zone)."""
     from candlewire.errors import BadTime
@@ -132,6 +139,8 @@ def time_arg(text: str) -> int:
 
 
 def _history(args: argparse.Namespace, settings: Settings) -> int:
+    """A table on a terminal; piped with no ``--format``, CSV with every column (a table
+    would drop columns to fit 80 characters)."""
     from candlewire.client import Client
     from launcher.render import print_table, to_file
 
@@ -142,7 +151,10 @@ def _history(args: argparse.Namespace, settings: Settings) -> int:
             )
         else:
             table = client.history(args.ticker, args.period, args.start, args.end)
-    if args.output or args.format not in (None, "table"):
+    if not table.num_rows and not args.fetch:
+        print(f"{NOTHING_STORED}; --fetch asks an ingestor for them", file=sys.stderr)
+    piped = args.format is None and not sys.stdout.isatty()
+    if args.output or args.format not in (None, "table") or piped:
         fmt = to_file(table, args.output, args.format)
         if args.output not in (None, "-"):
             print(f"{table.num_rows} rows written to {args.output} ({fmt})", file=sys.stderr)
@@ -158,7 +170,11 @@ def _chart(args: argparse.Namespace, settings: Settings) -> int:
     with Client(settings) as client:
         table = client.history(args.ticker, args.period, args.start, args.end)
     if not table.num_rows:
-        print(f"no {args.period} s candles of {args.ticker} in that range", file=sys.stderr)
+        print(
+            f"{NOTHING_STORED}: `candlewire history {args.ticker} --period {args.period} "
+            "--start … --end … --fetch` asks an ingestor for them first",
+            file=sys.stderr,
+        )
         return 1
     output = args.output or f"{args.ticker.replace(':', '_').replace('/', '')}-{args.period}.html"
     with open(output, "w", encoding="utf-8") as f:
@@ -242,14 +258,17 @@ def _watch(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.type == book_type():
         return _watch_book(args, settings)
+    silence = _silence_notice(settings)
     with Client(settings) as client:
         sub = client.subscribe(args.ticker, args.type, since=args.since)
         try:
             for i, (item, repaired) in enumerate(marked(sub), start=1):
+                silence.cancel()
                 emit(item, repaired)
                 if args.count and i >= args.count:
                     break
         finally:
+            silence.cancel()
             if sub.stats.gaps:
                 print(
                     f"{sub.stats.gaps} sequence gaps repaired: {sub.stats.filled} messages "
@@ -275,12 +294,14 @@ def _watch_book(args: argparse.Namespace, settings: Settings) -> int:
         from rich.live import Live
 
         live = Live(refresh_per_second=10, auto_refresh=True)
+    silence = _silence_notice(settings)
     with Client(settings) as client:
         sub = client.subscribe(args.ticker, "book", since=args.since, depth=args.depth)
         try:
             if live is not None:
                 live.start()
             for i, book in enumerate(sub, start=1):
+                silence.cancel()
                 if live is not None:
                     live.update(book_ladder(book))
                 else:
@@ -288,11 +309,35 @@ def _watch_book(args: argparse.Namespace, settings: Settings) -> int:
                 if args.count and i >= args.count:
                     break
         finally:
+            silence.cancel()
             if live is not None:
                 live.stop()
             if sub.stats.gaps:
                 print(f"{sub.stats.gaps} sequence gaps repaired from the journal", file=sys.stderr)
     return 0
+
+
+def _silence_notice(settings: Settings, after_s: float | None = None) -> threading.Timer:
+    """A timer that says once, on standard error, where ``watch`` listens and what to check
+    when nothing has come after ``after_s`` (a ZeroMQ subscriber to nowhere waits silently);
+    the caller cancels it at the first message. Watching goes on either way."""
+    after_s = WATCH_SILENCE_S if after_s is None else after_s
+    relays = ", ".join(settings.relays("market_data"))
+    if settings.security.curve:
+        keys = f"CURVE on, keys from {settings.keys_dir().resolve()}"
+    else:
+        keys = (
+            f"CURVE off: no keys in {settings.keys_dir().resolve()}; a stack with CURVE refuses it"
+        )
+    text = (
+        f"nothing in {after_s:.0f} s from {relays} ({keys}). A quiet ticker may have had no "
+        "trade; else, is the stack up (`candlewire status`), and does this run from its "
+        "checkout? Waiting on."
+    )
+    timer = threading.Timer(after_s, lambda: print(text, file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def marked(sub: Subscription) -> Iterator[tuple[Item, bool]]:
@@ -543,7 +588,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hist.add_argument("--end", required=True, type=time_arg, help="ISO time or epoch ms, exclusive")
     hist.add_argument("--fetch", action="store_true", help="request it through the relay first")
-    hist.add_argument("--timeout", type=float, default=300.0)
+    hist.add_argument(
+        "--timeout", type=float, default=300.0, help="--fetch: seconds to wait (default 300)"
+    )
     hist.add_argument(
         "--format",
         choices=FORMATS,
@@ -571,7 +618,12 @@ def build_parser() -> argparse.ArgumentParser:
     add = trig_sub.add_parser("add", help="register a trigger")
     add.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, listed in symbol metadata")
     add.add_argument("kind", choices=KINDS)
-    add.add_argument("--direction", default="up", choices=("up", "down", "either"))
+    add.add_argument(
+        "--direction",
+        default="up",
+        choices=("up", "down", "either"),
+        help="up (the default): at or above a level, a rise; down; either (percent_move)",
+    )
     add.add_argument("--level", help="price_cross, candle_close: the price level")
     add.add_argument("--percent", help="percent_move: e.g. 3 for 3 %%")
     add.add_argument("--volume", help="window_volume: the volume to reach")

@@ -25,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from candlewire.book import Book
+from candlewire.errors import CandlewireError
 from candlewire.market import Candle, Tick, plain
 from candlewire.triggers import TriggerRejected, describe, parse_trigger
 from launcher.formats import FORMATS
@@ -182,7 +183,7 @@ def to_file(table: pa.Table, path: str | None, fmt: str | None) -> str:
     if fmt is None or fmt == "table":
         fmt = (path or "").rsplit(".", 1)[-1].lower() if path and "." in path else "csv"
     if fmt not in FORMATS[1:]:
-        raise ValueError(f"cannot tell the format of {path!r}: give --format csv|json|parquet")
+        raise CandlewireError(f"cannot tell the format of {path!r}: give --format csv|json|parquet")
     if path in (None, "-"):
         buf = io.BytesIO()
         write(table, fmt, buf)

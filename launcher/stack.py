@@ -33,6 +33,7 @@ from candlewire.config import (
     port_setting,
 )
 from candlewire.endpoints import ENDPOINTS
+from candlewire.errors import CandlewireError
 from candlewire.runtime import pid_alive
 from candlewire.secrets import ensure_secret
 
@@ -46,7 +47,7 @@ LOCAL_EXCHANGES = ("SIM", "BINANCE=sim")
 RETIRED_PARTS = {"dagster-code": "dagster"}  # its code server, in the dagster part since 85a08a9
 
 
-class StackError(RuntimeError):
+class StackError(CandlewireError, RuntimeError):
     """A prerequisite is missing or a part would not start; the message says what to do."""
 
 

@@ -12,12 +12,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import zmq
+
 from candlewire.config import Settings
 from ingest.exchanges.replay import ReplayExchange
+from launcher.cli import main
+from relay import Relay
 from tests.ingest.test_service import start_ingestor
+from tests.support import FakePublisher, secured_settings, serve_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 TICKER = "SIM:BTC/USDT"
@@ -80,3 +86,39 @@ def test_examples_run_against_the_stack(live_pipeline: Settings) -> None:
     assert "2025-01-01" in outputs["replay_zips.py"][1]
     assert "HISTORY_OK" in outputs["plain_client.py"][1]
     assert outputs["plain_client.py"][1].count("tick ") == 2
+
+
+def test_the_plain_client_dials_a_curve_stack_from_the_exported_key_alone(
+    tmp_path, ctx: zmq.Context, monkeypatch
+) -> None:
+    """``make up``'s stack runs with CURVE on: the client written from ``proto/`` gets its
+    pair, the server keys, the addresses and its id's prefix from ``keys export``'s file."""
+    settings = secured_settings(tmp_path)
+    for name, value in settings.to_env().items():  # where the CLI makes and finds the keys
+        monkeypatch.setenv(name, value)
+    assert main(["keys", "add-client", "alice", "--role", "client"]) == 0
+    key = tmp_path / "alice.json"
+    assert main(["keys", "export", "alice", "--output", str(key)]) == 0
+    relay = Relay(settings, metrics=False).start()
+    publisher = FakePublisher(ctx, settings.bind("stream_pub"), settings=settings)
+    stop = threading.Event()
+    answering = threading.Thread(target=serve_pipeline, args=(ctx, settings, publisher, stop))
+    answering.start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CANDLEWIRE_")}
+    args = ["--key", str(key), "--ticker", "BINANCE:BTC/USDT", "--ticks", "0"]
+    try:
+        run = subprocess.run(
+            [sys.executable, str(REPO / "examples" / "plain_client.py"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        stop.set()
+        answering.join()
+        publisher.close()
+        relay.stop()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "accepted; notification on RESPONSE:alice.plain-" in run.stdout
+    assert "HISTORY_OK" in run.stdout

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from candlewire.config import REPO_ROOT, Settings
+from candlewire.errors import CandlewireError
 from candlewire.kafka import scram_jaas
 from candlewire.runtime import JVM_SMALL_HEAP, archive_options, dump_options, publish_archive
 
@@ -19,8 +20,8 @@ LOG4J = REPO_ROOT / "jvm" / "log4j2-kafka.properties"
 ARCHIVE = "broker.jsa"  # the class archive, beside the jars (``-cp jars/*`` takes jars only)
 
 
-class KafkaSetupError(RuntimeError):
-    pass
+class KafkaSetupError(CandlewireError, RuntimeError):
+    """The broker cannot be set up here; the message says what to install or run."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class KafkaBroker:
     def check_prerequisites(self) -> None:
         if shutil.which("java") is None:
             raise KafkaSetupError(
-                "java not found: install a JDK 17 (apt-get install openjdk-17-jre-headless)"
+                "java not found: install a JDK 17 (apt-get install openjdk-17-jdk-headless)"
             )
         if not any(self.jars.glob("kafka_2.13-*.jar")):
             raise KafkaSetupError(f"Kafka jars missing in {self.jars}: run `make jvm`")

@@ -14,6 +14,7 @@ from tests.launcher.test_render import T0_MS, candles
 def test_chart_writes_a_page_that_draws_every_candle(
     lakehouse,
     monkeypatch,
+    capsys,
     tmp_path,
     browser,  # noqa: F811
 ) -> None:
@@ -40,4 +41,6 @@ def test_chart_writes_a_page_that_draws_every_candle(
     assert [b[1] for b in bars][:3] == [12972.75, 12980, 0.000123]
     assert volumes == 4 and price_axis > 20 and time_axis > 10 and panes == 2
     browser.save_screenshot(str(tmp_path / "chart.png"))
+    capsys.readouterr()
     assert main([*args[:2], "--period", "60", *args[4:], "--output", str(out)]) == 1  # no 1m rows
+    assert f"candlewire history {ticker} --period 60 " in capsys.readouterr().err  # the way on

@@ -110,7 +110,8 @@ def test_machine_formats_keep_every_column_exactly(tmp_path) -> None:
 
 
 def test_history_from_the_command_line(lakehouse, monkeypatch, capsys) -> None:
-    """Real Iceberg: ISO times on the command line, json to stdout, and a table."""
+    """Real Iceberg: ISO times on the command line, json to stdout, CSV when piped, and a
+    table when asked for."""
     ensure_tables(lakehouse)
     ticker = f"CLI:{uuid.uuid4().hex[:6].upper()}/USDT"
     catalog(lakehouse).load_table(f"{NAMESPACE}.ohlc").append(candles(ticker))
@@ -121,8 +122,17 @@ def test_history_from_the_command_line(lakehouse, monkeypatch, capsys) -> None:
     rows = json.loads(capsys.readouterr().out)
     assert [r["close"] for r in rows] == ["12972.75", "12980", "0.000123"]
     assert main([*base, str(T0_MS + 2 * 3_600_000)]) == 0  # epoch ms works too
+    piped = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))  # every column
+    assert [(r["close"], r["trade_count"]) for r in piped] == [("12972.75", "7"), ("12980", "7")]
+    assert main([*base, str(T0_MS + 2 * 3_600_000), "--format", "table"]) == 0
     printed = capsys.readouterr().out
     assert "2 rows" in printed and "12972.75" in printed
+    assert main([*base, "2024-01-01T03:00Z", "--output", "candles.txt"]) == 1
+    assert "give --format csv|json|parquet" in capsys.readouterr().err
+    assert main(["history", ticker, "--start", "2023-01-01", "--end", "2023-01-02"]) == 0
+    said = capsys.readouterr()
+    assert "--fetch asks an ingestor" in said.err
+    assert len(said.out.splitlines()) == 1  # piped: the CSV's header, no rows
 
 
 # -- candlewire watch: one line per message ----------------------------------------------------
