@@ -33,7 +33,7 @@ ENDPOINTS: dict[str, Endpoint] = {
             "control",
             5556,
             "relay",
-            "PUB → ingestor SUB",
+            "XPUB → ingestor SUB",
             "IngestorControl broadcast (spec's 5557, moved)",
         ),
         Endpoint(

@@ -26,11 +26,12 @@ from candlewire.config import PortTaken, Settings, port_setting
 # Every JVM the stack runs keeps its heap near its live set (#36). The serial collector grows
 # the old generation only to keep 10 % free after a full collection and gives back what
 # passes 30 %; young collections stop the world on one thread, short at these heap sizes.
+# The Spark driver, the one JVM whose pauses stop a busy pipeline, collects in parallel
+# within the same ratios (candlewire.spark.DRIVER_COLLECTOR).
 # G1 (tried with these ratios and a periodic collection) grew the stream job's heap from a
 # live set of 160 MiB to 640-780 MiB idle and to its cap under load: its heuristics expand
 # whenever a burst of pauses passes its time goal, and its own structures cost more besides.
-JVM_SMALL_HEAP = (
-    "-XX:+UseSerialGC",
+HEAP_NEAR_LIVE_SET = (
     "-XX:NewRatio=3",  # old generation three times the young: room for a full horizon of ids
     "-XX:MinHeapFreeRatio=10",
     "-XX:MaxHeapFreeRatio=30",
@@ -39,6 +40,7 @@ JVM_SMALL_HEAP = (
     "-XX:+UnlockExperimentalVMOptions",
     "-XX:TrimNativeHeapInterval=5000",
 )
+JVM_SMALL_HEAP = ("-XX:+UseSerialGC", *HEAP_NEAR_LIVE_SET)
 
 # A JVM's class archive (application class-data sharing): the classes a run of the program
 # loaded, parsed and verified, which later starts map from the file instead of loading again

@@ -82,7 +82,7 @@ class StreamMetrics:
         )
         self.trigger_firings = Counter(
             "candlewire_stream_trigger_firings",
-            "CEP trigger firings the committing query made (each sent after its commit)",
+            "CEP trigger firings the live path's evaluator made, each sent as it is made",
             registry=r,
         )
         self.up = Gauge("candlewire_stream_up", "1 while the queries run", registry=r)
