@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import uuid
 
@@ -154,6 +155,8 @@ def test_the_cli_adds_lists_and_removes(pipeline, capsys, monkeypatch) -> None:
     assert main([*base, *add, "--direction", "either", "--rearm", "60", "--id", "p1"]) == 0
     assert "trigger p1 registered" in capsys.readouterr().out
     assert main([*base, "ls"]) == 0
+    assert re.search(r"p1 .+ moves 3 % within 300 s .+ again after 60 s", capsys.readouterr().out)
+    assert main([*base, "ls", "--format", "json"]) == 0
     listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(t["triggerId"], t["percentMove"]["windowS"], t["cooldownS"]) for t in listed] == [
         ("p1", 300, 60)
