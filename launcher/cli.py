@@ -392,7 +392,6 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
     from launcher.stack import (
         Memory,
         Stack,
-        StackError,
         default_services,
         live_ingestors,
         seed_symbol_metadata,
@@ -443,7 +442,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
             curve = "on" if settings.security.curve else "off"
             console.print(f"ZeroMQ CURVE: {curve}, {len(Keyring(settings).allowed())} keys allowed")
             return 0 if all(h == "healthy" for *_, h in rows) else 1
-    except (StackError, OSError, CandlewireError) as exc:
+    except (OSError, CandlewireError) as exc:  # a StackError is a CandlewireError
         console.print(f"[red]error:[/red] {exc}")
         return 1
     return 0
