@@ -94,15 +94,10 @@ COMPILE_HUGE = "-XX:-DontCompileHugeMethods"
 CODE_CACHE = "-XX:ReservedCodeCacheSize=128m"
 # The driver runs the live path and the committing query on all the machine's cores, and its
 # collections stop both. The parallel collector stops the world as the serial one does but
-# collects on every core (2026-12-05, night, docs/benchmarks.md): in three alternated pairs
-# of bench.stream the burst's pauses took 5.5-5.8 s against 8.1-8.4, with 14 full
-# collections against 26, and the committed rate was 7-13 % higher. Under bench.soak's
-# steady 5,000 ticks/s the job stood still 17.7 s in its first ten minutes against 39.9
-# (30 full collections, 6.5 s, against 89, 24.8 s). It costs memory: the heap 340-410 MiB
-# against about 290 at minutes 8-11, and the 30-minute soak's summed RSS 2,338 MiB against
-# 2,226 (`rss_growth` 1.27 against 1.21). A time goal of 5 %
-# (GCTimeRatio=19; its default is 1 %) keeps its sizing from growing the heap toward the
-# cap to collect less often.
+# collects on every core: under load the job stood still less than half as long and committed
+# 7-13 % more, for 50-110 MiB more heap (docs/benchmarks.md, 2026-12-05, night). A time goal
+# of 5 % (GCTimeRatio=19; its default is 1 %) keeps its sizing from growing the heap toward
+# the cap to collect less often.
 DRIVER_COLLECTOR = ("-XX:+UseParallelGC", "-XX:GCTimeRatio=19")
 DRIVER_JVM_OPTIONS = " ".join(
     ("-Xms64m", COMPILE_HUGE, CODE_CACHE, *DRIVER_COLLECTOR, *HEAP_NEAR_LIVE_SET)
