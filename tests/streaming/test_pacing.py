@@ -12,14 +12,18 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import functions as F
 
 from candlewire.kafka import client_auth, producer_config
 from candlewire.testing import wait_for
+from proto import market_pb2
+from proto.envelope import to_record
 from streaming import pacing
 from streaming.context import JobContext
+from streaming.decode import CONTROL, CONTROL_SQL
 from streaming.pacing import CommitDue, PacedQuery
 from streaming.queries.live import COUNTERS, LiveQuery
-from streaming.queries.ticks import TicksQuery
+from streaming.queries.ticks import TICK, TicksQuery, judged_in_tasks
 
 
 class Run:
@@ -245,3 +249,66 @@ def test_the_committing_query_s_runs_share_their_kafka_consumers(spark, lakehous
         producers.clear()
     assert sum(runs) >= 10  # every run read what was produced before it
     assert _pooled_consumers(spark) - before <= 2, "a run's consumers were left in the pool"
+
+
+def _encoder_runs(spark) -> set[str]:
+    """The query runs of the encoders in the RocksDB state store's static cache, in this JVM
+    (the executor's)."""
+    jvm = spark.sparkContext._jvm
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    holder = loader.loadClass(
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider$"
+    )
+    field = holder.getDeclaredField("dataEncoderCache")
+    field.setAccessible(True)
+    keys = field.get(None).cache().asMap().keySet().toArray()
+    return {key.queryRunId() for key in keys}
+
+
+def test_the_committing_query_s_runs_leave_no_state_encoders_behind(spark, lakehouse, tmp_path):
+    """Each run is a new query run, for which Spark's RocksDB state store caches an encoder per
+    partition, each holding the last feed state it decoded, for an hour after its last use: a
+    run's first task here lets go of the older runs' (the soak's heap grew 20 MB every eight
+    minutes with them)."""
+    topic = f"test.paced.{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(client_auth(lakehouse))
+    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result()
+    producer = Producer(producer_config(lakehouse))
+    ctx = SimpleNamespace(spark=spark, settings=lakehouse)
+    started: list[str] = []
+    judged: list[int] = []
+
+    def start(batch: pacing.BatchFunction) -> object:
+        for partition in (0, 1):
+            tick = market_pb2.Tick(
+                ticker=f"SIM:P{partition}/USD",
+                trade_id=str(len(started)),
+                price="1.5",
+                size="2",
+                exchange_time_ns=1_700_000_000_000_000_000 + len(started),
+            )
+            producer.produce(topic, to_record(tick), partition=partition)
+        producer.flush(10)
+        records = JobContext.kafka(ctx, topic, 1000).select(  # type: ignore[arg-type]
+            "value", "partition", "offset", F.expr(CONTROL_SQL).alias(CONTROL.name)
+        )
+        run = (
+            judged_in_tasks(records, 5.0, 600.0)
+            .writeStream.foreachBatch(batch)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        started.append(run.runId)
+        return run
+
+    def batch(df, _batch_id: int) -> None:
+        judged.append(df.where(f"kind = {TICK}").count())
+
+    _paced_runs(start, batch, lambda: len(judged) >= 4)
+    assert sum(judged) >= 8  # each run judged the two ticks produced before it
+    runs = _encoder_runs(spark)
+    assert runs, "the committing plan's state store made no encoders"
+    # The last run that judged a batch (a run that found nothing new made none).
+    assert len(runs) == 1, f"{len(runs)} runs' encoders stayed in the cache"
+    assert runs <= set(started)

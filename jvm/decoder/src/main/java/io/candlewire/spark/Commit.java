@@ -171,6 +171,7 @@ public final class Commit implements FlatMapGroupsWithStateFunction<String, Row,
 
   @Override
   public Iterator<Row> call(String ticker, Iterator<Row> values, GroupState<byte[]> state) {
+    RunEncoders.forgetOtherRuns();
     Records in = new Records(at);
     values.forEachRemaining(in::add);
     int[] order = in.order(); // Kafka order: a batch arrives in no set order
