@@ -7,12 +7,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
 
 from candlewire.kafka import client_auth, producer_config
 from candlewire.testing import wait_for
@@ -20,10 +21,9 @@ from proto import market_pb2
 from proto.envelope import to_record
 from streaming import pacing
 from streaming.context import JobContext
-from streaming.decode import CONTROL, CONTROL_SQL
 from streaming.pacing import CommitDue, PacedQuery
 from streaming.queries.live import COUNTERS, LiveQuery
-from streaming.queries.ticks import TICK, TicksQuery, judged_in_tasks
+from streaming.queries.ticks import TICK, TicksQuery
 
 
 class Run:
@@ -162,6 +162,16 @@ def _paced_runs(
     assert query.exception() is None
 
 
+def _available_now(df, batch: pacing.BatchFunction, checkpoint: Path) -> StreamingQuery:
+    """One paced run of ``df``, its batches to ``batch``, on ``checkpoint``."""
+    return (
+        df.writeStream.foreachBatch(batch)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
 def _kept_connections(spark) -> int:
     """The connections py4j's client in the JVM keeps for reuse (``CallbackClient``'s)."""
     client = spark.sparkContext._gateway.java_gateway_server.getCallbackClient()
@@ -180,14 +190,8 @@ def test_each_run_s_py4j_connection_ends_with_it(spark, tmp_path) -> None:
 
     def start(batch: pacing.BatchFunction) -> object:
         (source / f"{len(serving)}.json").write_text('{"n": 1}\n')
-        return (
-            spark.readStream.schema("n INT")
-            .json(str(source))
-            .writeStream.foreachBatch(batch)
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
+        df = spark.readStream.schema("n INT").json(str(source))
+        return _available_now(df, batch, tmp_path / "checkpoint")
 
     def batch(_df: object, _batch_id: int) -> None:
         serving.append(threading.current_thread())
@@ -232,13 +236,7 @@ def test_the_committing_query_s_runs_share_their_kafka_consumers(spark, lakehous
         for partition in (0, 1):
             producers[0].produce(topic, b"x", partition=partition)
         producers[0].flush(10)
-        return (
-            kafka(topic, 1000, **asked[0])
-            .writeStream.foreachBatch(batch)
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
+        return _available_now(kafka(topic, 1000, **asked[0]), batch, tmp_path / "checkpoint")
 
     def batch(df, _batch_id: int) -> None:
         runs.append(df.count())
@@ -275,6 +273,11 @@ def test_the_committing_query_s_runs_leave_no_state_encoders_behind(spark, lakeh
     admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result()
     producer = Producer(producer_config(lakehouse))
     ctx = SimpleNamespace(spark=spark, settings=lakehouse)
+    ticks = TicksQuery.__new__(TicksQuery)  # the job's own committing source, on this topic
+    ticks.ctx = SimpleNamespace(
+        settings=lakehouse,
+        kafka=lambda _topic, *a, **kw: JobContext.kafka(ctx, topic, *a, **kw),  # type: ignore[arg-type]
+    )
     started: list[str] = []
     judged: list[int] = []
 
@@ -289,16 +292,7 @@ def test_the_committing_query_s_runs_leave_no_state_encoders_behind(spark, lakeh
             )
             producer.produce(topic, to_record(tick), partition=partition)
         producer.flush(10)
-        records = JobContext.kafka(ctx, topic, 1000).select(  # type: ignore[arg-type]
-            "value", "partition", "offset", F.expr(CONTROL_SQL).alias(CONTROL.name)
-        )
-        run = (
-            judged_in_tasks(records, 5.0, 600.0)
-            .writeStream.foreachBatch(batch)
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
+        run = _available_now(ticks.source(), batch, tmp_path / "checkpoint")
         started.append(run.runId)
         return run
 

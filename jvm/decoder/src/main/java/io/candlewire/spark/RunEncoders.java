@@ -19,7 +19,7 @@ import org.apache.spark.TaskContext;
  * encoders, and a new provider makes a new one.
  *
  * <p>The cache is private to Spark, so it is reached by reflection; if this Spark has no such
- * cache, nothing is done, once, and said on stderr.
+ * cache, nothing is dropped, and stderr says so once.
  */
 final class RunEncoders {
   // A task's job group is its query's run id: StreamExecution sets it on the run's thread.
