@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 JARS   := .cache/jvm
 MVN    := mvn -q -B -s jvm/maven-settings.xml
 
-.PHONY: install jvm profiler archives web system-packages test test-long fuzz up down status bench bench-quick soak gaps-long scale scale-bench lint docs proto clean
+.PHONY: install jvm profiler archives web system-packages browser test test-long fuzz up down status bench bench-quick soak gaps-long scale scale-bench lint docs proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,20 +67,29 @@ $(CHART_JS): gateway/web/package.json gateway/web/package-lock.json
 
 web: $(CHART_JS)
 
-# From Debian's packages, whatever the machine lacks: the PostgreSQL server (Iceberg catalog,
-# Dagster, user directory), and Chromium with its driver for the live page's browser test.
-system-packages:
-	@missing=""; \
-	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
-	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
-	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
-	if [ -n "$$missing" ]; then \
+# From Debian's packages, whatever the machine lacks (the shell's $$missing): through sudo when
+# not root.
+APT_INSTALL = if [ -n "$$missing" ]; then \
 	  command -v apt-get >/dev/null || { echo "missing:$$missing (install them with this system's packages)"; exit 1; }; \
 	  as=""; [ "$$(id -u)" = 0 ] || as=sudo; \
 	  if [ -n "$$as" ] && ! command -v sudo >/dev/null; then echo "missing:$$missing; as root: apt-get install$$missing"; exit 1; fi; \
 	  echo "installing from Debian's packages:$$missing$${as:+ (with sudo)}"; \
 	  $$as apt-get update -qq && $$as env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+
+# The PostgreSQL server (Iceberg catalog, Dagster, user directory): the stack runs on it.
+system-packages:
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	$(APT_INSTALL)
+
+# Chromium with its driver, for the live page's browser test only: `make test` needs it,
+# `make up` does not.
+browser:
+	@missing=""; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
+	$(APT_INSTALL)
 
 # The venv, the JVM parts, the chart and the system packages side by side (pip unpacks on one
 # core while Maven fetches and builds), then the two class archives side by side. Each part's
@@ -92,7 +101,7 @@ install:
 # Two pytest-xdist workers: the Spark, cluster and stack modules one after another on one,
 # every other module beside them (tests/conftest.py); one process left a core idle about
 # half of the run.
-test: install
+test: install browser
 	$(PY) -m pytest -n 2
 
 # The restart edge cases that take minutes each (marked `long`), left out of `make test` to

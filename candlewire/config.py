@@ -1,10 +1,11 @@
 """Runtime configuration: one settings object, read from ``CANDLEWIRE_*`` variables and a
 TOML file.
 
-The file is ``candlewire.toml`` in the working directory, or the one ``CANDLEWIRE_CONFIG``
-names; its keys are the settings' names (``stream_watermark_s = 5``) and its tables the
-nested ones (``[ingest.replay] root = "/data/binance-vision"``). A variable overrides the
-file (``CANDLEWIRE_INGEST__REPLAY__ROOT``), and arguments override both.
+The file is ``candlewire.toml`` in the working directory or the nearest directory above it
+(:func:`nearest`), or the one ``CANDLEWIRE_CONFIG`` names; its keys are the settings' names
+(``stream_watermark_s = 5``) and its tables the nested ones (``[ingest.replay] root =
+"/data/binance-vision"``). A variable overrides the file (``CANDLEWIRE_INGEST__REPLAY__ROOT``),
+and arguments override both.
 
 Ports come from :mod:`candlewire.endpoints`; ``ports`` only overrides them (tests use free
 ports so they can run beside ``make up``).
@@ -42,8 +43,28 @@ KAFKA_PASSWORD = "kafka-password"  # the Kafka SCRAM user's, likewise
 S3_SECRET_KEY = "s3-secret-key"  # an s3:// warehouse's secret access key, likewise
 
 
+STATE_DIR = ".candlewire"  # the stack's state, keys and secrets, made by `candlewire up`
+CONFIG_FILE = "candlewire.toml"
+
+
+def nearest(name: str) -> Path:
+    """``name`` in the working directory, else in the nearest directory above it that holds
+    one (as git finds ``.git``), so a command run anywhere inside the checkout finds the
+    stack's state and settings; else ``name`` here, where ``candlewire up`` makes it."""
+    here = Path(name)
+    if here.exists():
+        return here
+    try:
+        above = Path.cwd().parents
+    except OSError:  # the working directory was removed
+        return here
+    return next((d / name for d in above if (d / name).exists()), here)
+
+
 def config_file() -> Path:
-    return Path(os.environ.get("CANDLEWIRE_CONFIG", "candlewire.toml"))
+    if "CANDLEWIRE_CONFIG" in os.environ:
+        return Path(os.environ["CANDLEWIRE_CONFIG"])
+    return nearest(CONFIG_FILE)
 
 
 def port_setting(name: str) -> str:
@@ -204,7 +225,8 @@ class Settings(BaseSettings):
     the publishers' standard ports (stream_pub, stream_live) or ``host:port``. The relay
     re-resolves them every ``discovery_interval_s`` and follows what comes and goes."""
     discovery_interval_s: float = 5.0
-    state_dir: Path = Path(".candlewire")
+    state_dir: Path = Field(default_factory=lambda: nearest(STATE_DIR))
+    """The stack's state: ``.candlewire`` here or in the nearest directory above it."""
     max_message_bytes: int = 1 << 20
     """Largest inbound ZMQ message a service accepts; larger peers are disconnected."""
     market_data_hwm: int = 100_000

@@ -55,3 +55,26 @@ def test_a_bad_value_in_the_file_is_a_clear_error(toml) -> None:
 def test_no_file_means_the_defaults(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CANDLEWIRE_CONFIG", str(tmp_path / "absent.toml"))
     assert Settings().ingest.replay.root is None
+
+
+def test_a_command_inside_the_checkout_finds_its_state_and_file(tmp_path, monkeypatch) -> None:
+    """Like git with ``.git``: a command run in any folder below the checkout uses the
+    checkout's ``.candlewire`` and ``candlewire.toml``, not new ones where it stands."""
+    for name in ("CANDLEWIRE_CONFIG", "CANDLEWIRE_STATE_DIR", "CANDLEWIRE_STREAM_WATERMARK_S"):
+        monkeypatch.delenv(name, raising=False)
+    checkout = tmp_path / "checkout"
+    (checkout / ".candlewire").mkdir(parents=True)
+    (checkout / "candlewire.toml").write_text("stream_watermark_s = 9.0\n")
+    deep = checkout / "docs" / "how-to"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    s = Settings()
+    assert s.state_dir.resolve() == checkout / ".candlewire"
+    assert s.stream_watermark_s == 9.0
+    monkeypatch.chdir(checkout)  # at the top: the same, spelled relative as before
+    assert Settings().state_dir == Path(".candlewire")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # outside it: a new state here, as `candlewire up` makes
+    assert Settings().state_dir == Path(".candlewire")
+    assert Settings().stream_watermark_s != 9.0
