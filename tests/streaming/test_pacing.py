@@ -7,13 +7,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from pyspark.sql.streaming.query import StreamingQuery
 
 from candlewire.kafka import client_auth, producer_config
 from candlewire.testing import wait_for
@@ -24,6 +22,7 @@ from streaming.context import JobContext
 from streaming.pacing import CommitDue, PacedQuery
 from streaming.queries.live import COUNTERS, LiveQuery
 from streaming.queries.ticks import TICK, TicksQuery
+from tests.support import available_now
 
 
 class Run:
@@ -162,16 +161,6 @@ def _paced_runs(
     assert query.exception() is None
 
 
-def _available_now(df, batch: pacing.BatchFunction, checkpoint: Path) -> StreamingQuery:
-    """One paced run of ``df``, its batches to ``batch``, on ``checkpoint``."""
-    return (
-        df.writeStream.foreachBatch(batch)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-
-
 def _kept_connections(spark) -> int:
     """The connections py4j's client in the JVM keeps for reuse (``CallbackClient``'s)."""
     client = spark.sparkContext._gateway.java_gateway_server.getCallbackClient()
@@ -191,7 +180,7 @@ def test_each_run_s_py4j_connection_ends_with_it(spark, tmp_path) -> None:
     def start(batch: pacing.BatchFunction) -> object:
         (source / f"{len(serving)}.json").write_text('{"n": 1}\n')
         df = spark.readStream.schema("n INT").json(str(source))
-        return _available_now(df, batch, tmp_path / "checkpoint")
+        return available_now(df, batch, tmp_path / "checkpoint")
 
     def batch(_df: object, _batch_id: int) -> None:
         serving.append(threading.current_thread())
@@ -236,7 +225,7 @@ def test_the_committing_query_s_runs_share_their_kafka_consumers(spark, lakehous
         for partition in (0, 1):
             producers[0].produce(topic, b"x", partition=partition)
         producers[0].flush(10)
-        return _available_now(kafka(topic, 1000, **asked[0]), batch, tmp_path / "checkpoint")
+        return available_now(kafka(topic, 1000, **asked[0]), batch, tmp_path / "checkpoint")
 
     def batch(df, _batch_id: int) -> None:
         runs.append(df.count())
@@ -292,7 +281,7 @@ def test_the_committing_query_s_runs_leave_no_state_encoders_behind(spark, lakeh
             )
             producer.produce(topic, to_record(tick), partition=partition)
         producer.flush(10)
-        run = _available_now(ticks.source(), batch, tmp_path / "checkpoint")
+        run = available_now(ticks.source(), batch, tmp_path / "checkpoint")
         started.append(run.runId)
         return run
 
