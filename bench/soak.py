@@ -2,7 +2,8 @@
 
 Steady trades at ``--rate`` ticks/s over ``--tickers`` tickers are written into the ticks
 topic exactly as an ingestor writes them, for ``--minutes``. Each minute one line: ticks
-produced and committed so far, each commit phase's mean over the ticks batches that ended in
+produced and committed so far, how far Iceberg is behind Kafka (the job's
+``candlewire_stream_iceberg_behind_seconds``), each commit phase's mean over the ticks batches that ended in
 that minute (from the job's log), and each part's PSS (its whole process tree) in MiB. Then:
 
 - ``lag_s``: from the last trade produced until Iceberg's ``ticks`` holds every one of them
@@ -42,6 +43,7 @@ from candlewire.lake import load_table
 from ingest.sink import KafkaSink
 from launcher.stack import Memory, default_services, stack_memory
 from proto import market_pb2
+from streaming.metrics import ICEBERG_BEHIND
 
 SLICE_S = 0.1  # production is paced per slice
 MAX_BACKLOG_S = 1.0  # a producer that fell behind catches up at most this much, never bursts
@@ -240,13 +242,15 @@ def minute_line(
     minute: int,
     prod: Production,
     committed: float,
+    behind_s: float,
     batches: list[Batch],
     mem: dict[str, Memory],
 ) -> str:
     parts = " ".join(f"{k} {v.pss:.0f}" for k, v in mem.items())
     total = sum(mem.values(), Memory())
     return (
-        f"minute {minute}: {prod.produced:,} produced, {committed:,.0f} committed; "
+        f"minute {minute}: {prod.produced:,} produced, {committed:,.0f} committed, "
+        f"Iceberg {behind_s:.0f}s behind Kafka; "
         f"{phase_means(batches)}; PSS MiB {parts}, total {total.pss:.0f} (RSS {total.rss:.0f})"
     )
 
@@ -281,7 +285,9 @@ def main() -> None:
                 time.sleep(max(0.0, t0 + minute * 60.0 - time.monotonic()))
                 mem = stack_memory(services)
                 totals.append(sum(mem.values(), Memory()))
-                line = minute_line(minute, prod, committed_rows(settings) - base, log.read(), mem)
+                committed = committed_rows(settings) - base
+                behind = stream_metric(settings, ICEBERG_BEHIND)
+                line = minute_line(minute, prod, committed, behind, log.read(), mem)
                 print(line, flush=True)
             worker.join()
         finally:

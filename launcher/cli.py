@@ -10,6 +10,7 @@ import argparse
 import getpass
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -433,6 +434,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
             for exchange, peers in sorted(ingestors.items()):
                 live.add_row(exchange, ", ".join(f"{i} {s}" for i, s in sorted(peers.items())))
             console.print(live if ingestors else "no live ingestor heard")
+            _print_iceberg_behind(settings, console)
             _print_gaps(settings, console)
             # Whether auth is on, never the secret itself.
             login = "password (scram-sha-256)" if settings.secret(POSTGRES_PASSWORD) else "none"
@@ -446,6 +448,21 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 1
     return 0
+
+
+def _print_iceberg_behind(settings: Settings, console: Console) -> None:
+    """How far behind Kafka the Iceberg tables are, from the stream job's own gauge; nothing
+    when the job is down (its row above says so)."""
+    from launcher.stack import gauge
+    from streaming.metrics import ICEBERG_BEHIND
+
+    behind = gauge(settings, "stream_metrics", ICEBERG_BEHIND)
+    if behind is None:
+        return
+    if math.isnan(behind):
+        console.print("Iceberg: the stream job's first commit has not completed yet")
+    else:
+        console.print(f"Iceberg holds every tick Kafka held {behind:,.0f} s ago")
 
 
 STATUS_GAPS_READ = 10_000  # records of the gaps topic `status` reads at most, the newest

@@ -106,12 +106,17 @@ class StreamingJob:
             self._pool(q)
             self.running[q.name] = q.start()
         elif isinstance(q, TicksQuery):
-            self.running[q.name] = PacedQuery(
+            paced = PacedQuery(
                 q,
                 lambda batch: self._stream(q, batch, available_now=True),
                 self.ctx.commit_due.event,
                 lambda error: self._may_restart(q, error),
             )
+            before = self.running.get(q.name)  # a restart: what Iceberg held still holds
+            if isinstance(before, PacedQuery) and paced.holds_as_of is None:
+                paced.holds_as_of = before.holds_as_of
+            self.ctx.metrics.iceberg_behind.set_function(paced.behind_s)
+            self.running[q.name] = paced
         else:
             self.running[q.name] = self._stream(q, q.batch)
 

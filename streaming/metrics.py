@@ -10,6 +10,9 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+# Read by `candlewire status` too: how far behind Kafka the Iceberg tables are.
+ICEBERG_BEHIND = "candlewire_stream_iceberg_behind_seconds"
+
 
 class StreamMetrics:
     def __init__(self) -> None:
@@ -100,6 +103,14 @@ class StreamMetrics:
         self.refused_frames = Gauge(
             "candlewire_stream_refused_frames",
             "Frames a relay sent up the publisher's socket that were no subscription",
+            registry=r,
+        )
+        self.iceberg_behind = Gauge(
+            ICEBERG_BEHIND,
+            "Seconds since the moment up to which Iceberg holds every tick Kafka held (the "
+            "start of the committing query's last completed run): it rises and falls with the "
+            "commit interval, and rises without end when commits fall behind; NaN until the "
+            "first run",
             registry=r,
         )
 

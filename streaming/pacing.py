@@ -104,6 +104,9 @@ class PacedQuery:
         self._run: StreamingQuery | None = None
         self._error: BaseException | None = None
         self.runs = 0
+        # The wall-clock time the last completed run began: Iceberg holds every record Kafka
+        # held then, since an availableNow run fixes its end offsets after it is started.
+        self.holds_as_of: float | None = None
         self._thread = threading.Thread(target=self._loop, name=f"pace-{q.name}", daemon=True)
         self._thread.start()
 
@@ -138,13 +141,15 @@ class PacedQuery:
 
     def _run_once(self) -> bool:
         self.runs += 1
-        began = time.perf_counter()
+        began, as_of = time.perf_counter(), time.time()
         try:
             self._run = self._start(self._batch)
             started = time.perf_counter()
             if self._stopping.is_set():
                 self._run.stop()
             self._run.awaitTermination()
+            if not self._stopping.is_set():  # a stopped run may have ended early
+                self.holds_as_of = as_of
             log.debug(
                 "%s run %d: started in %.2f s, done in %.2f s",
                 self.q.name,
@@ -164,6 +169,11 @@ class PacedQuery:
         finally:
             self._run = None
             self._hang_up()
+
+    def behind_s(self) -> float:
+        """Seconds since :attr:`holds_as_of`; NaN before the first run completes."""
+        as_of = self.holds_as_of
+        return float("nan") if as_of is None else time.time() - as_of
 
     def _batch(self, df: DataFrame, batch_id: int) -> None:
         caller = jvm_caller()

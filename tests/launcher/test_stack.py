@@ -60,6 +60,7 @@ def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> N
 
     With CURVE on, as ``candlewire up`` runs it: every ZeroMQ channel below is keyed."""
     import json
+    import math
     import re
     import shutil
     import tempfile
@@ -73,9 +74,11 @@ def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> N
     from candlewire.kafka import TICKS, producer_config
     from candlewire.lake import catalog
     from launcher.cli import main
+    from launcher.stack import gauge
     from proto import market_pb2
     from proto.envelope import to_record
-    from tests.support import read_topic, secured_settings
+    from streaming.metrics import ICEBERG_BEHIND
+    from tests.support import read_topic, secured_settings, wait_for
 
     base = Path(tempfile.mkdtemp(prefix="candlewire-stack-"))
     base.chmod(0o755)
@@ -134,6 +137,19 @@ def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> N
         assert listed[0]["triggerId"] == "far"
         assert listed[0]["clientId"].startswith(f"{settings.security.key}.cli-")
         assert main(["trigger", "rm", "far"]) == 0
+
+        # How far Iceberg is behind Kafka: the job's gauge, once its first commit completed,
+        # and `status` says it.
+        def behind() -> float:
+            return gauge(settings, "stream_metrics", ICEBERG_BEHIND) or math.nan
+
+        wait_for(lambda: not math.isnan(behind()), timeout=120)
+        assert 0 <= behind() < 600  # the job has run for minutes at most
+        capsys.readouterr()
+        main(["status"])
+        assert re.search(
+            r"^Iceberg holds every tick Kafka held \d+ s ago$", capsys.readouterr().out, re.M
+        )
         stack.down(lambda _: None)
         assert all(
             health == "stopped"

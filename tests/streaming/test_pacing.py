@@ -3,6 +3,7 @@ soon after the live path revised a candle, and a failed run ends the query with 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -109,6 +110,42 @@ def test_a_failed_run_ends_the_query_unless_it_may_run_again() -> None:
     query, _ = paced(starts, interval=0.1)
     wait_for(lambda: not query.isActive, timeout=5)
     assert query.exception() is fatal and len(starts.at) == 1
+
+
+def test_how_far_iceberg_is_behind_counts_from_the_last_completed_runs_start() -> None:
+    """``candlewire_stream_iceberg_behind_seconds``: a run that completes makes Iceberg hold
+    what Kafka held when it began; a run in flight or one that failed moves nothing."""
+    boom = RuntimeError("SPARK-55271")
+    release = threading.Event()
+
+    class Held(Run):
+        def awaitTermination(self) -> None:
+            release.wait(10)
+            super().awaitTermination()
+
+    starts = Starts([None, boom])
+
+    def held(batch: object) -> Run:
+        return Held(starts(batch).error)
+
+    query, hurry = paced(held, interval=3600, retry=lambda e: e is boom)  # type: ignore[arg-type]
+    try:
+        wait_for(lambda: len(starts.at) == 1, timeout=5)
+        time.sleep(0.2)
+        assert math.isnan(query.behind_s())  # the first run has not completed
+        began = time.time() - (time.monotonic() - starts.at[0])
+        release.set()
+        wait_for(lambda: query.holds_as_of is not None, timeout=5)
+        assert abs(query.holds_as_of - began) < 0.1
+        time.sleep(0.3)
+        assert query.behind_s() >= 0.3
+        as_of = query.holds_as_of
+        hurry.set()  # a second run, which fails and may run again: nothing new is held
+        wait_for(lambda: len(starts.at) == 2, timeout=5)
+        time.sleep(0.3)
+        assert query.holds_as_of == as_of and query.behind_s() >= 0.6
+    finally:
+        query.stop()
 
 
 def test_the_real_time_live_path_flags_its_revisions() -> None:
