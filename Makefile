@@ -67,8 +67,8 @@ $(CHART_JS): gateway/web/package.json gateway/web/package-lock.json
 
 web: $(CHART_JS)
 
-# From Debian's packages, whatever the machine lacks (the shell's $$missing): through sudo when
-# not root.
+# From Debian's packages, the packages a recipe's shell put in `missing`: through sudo when
+# not root. One apt-get at a time: `browser` runs after `install`, not beside it (dpkg's lock).
 APT_INSTALL = if [ -n "$$missing" ]; then \
 	  command -v apt-get >/dev/null || { echo "missing:$$missing (install them with this system's packages)"; exit 1; }; \
 	  as=""; [ "$$(id -u)" = 0 ] || as=sudo; \
@@ -101,7 +101,8 @@ install:
 # Two pytest-xdist workers: the Spark, cluster and stack modules one after another on one,
 # every other module beside them (tests/conftest.py); one process left a core idle about
 # half of the run.
-test: install browser
+test: install
+	@$(MAKE) --no-print-directory browser
 	$(PY) -m pytest -n 2
 
 # The restart edge cases that take minutes each (marked `long`), left out of `make test` to

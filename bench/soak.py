@@ -3,8 +3,9 @@
 Steady trades at ``--rate`` ticks/s over ``--tickers`` tickers are written into the ticks
 topic exactly as an ingestor writes them, for ``--minutes``. Each minute one line: ticks
 produced and committed so far, how far Iceberg is behind Kafka (the job's
-``candlewire_stream_iceberg_behind_seconds``), each commit phase's mean over the ticks batches that ended in
-that minute (from the job's log), and each part's PSS (its whole process tree) in MiB. Then:
+``candlewire_stream_iceberg_behind_seconds``), each commit phase's mean over the ticks
+batches that ended in that minute (from the job's log), and each part's PSS (its whole
+process tree) in MiB. Then:
 
 - ``lag_s``: from the last trade produced until Iceberg's ``ticks`` holds every one of them
   (the commit time of the first snapshot that does);
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import re
 import statistics
@@ -41,7 +43,7 @@ from candlewire.config import Settings
 from candlewire.kafka import TICKS
 from candlewire.lake import load_table
 from ingest.sink import KafkaSink
-from launcher.stack import Memory, default_services, stack_memory
+from launcher.stack import Memory, default_services, gauge, stack_memory
 from proto import market_pb2
 from streaming.metrics import ICEBERG_BEHIND
 
@@ -238,11 +240,16 @@ def wait_for_ticks(settings: Settings, prod: Production, base: float) -> float |
 # The run ---------------------------------------------------------------------------------
 
 
+def _seconds(s: float | None) -> str:
+    """``12s``, or ``-`` when the job did not say (not answering, or no commit yet)."""
+    return "-" if s is None or math.isnan(s) else f"{s:.0f}s"
+
+
 def minute_line(
     minute: int,
     prod: Production,
     committed: float,
-    behind_s: float,
+    behind_s: float | None,
     batches: list[Batch],
     mem: dict[str, Memory],
 ) -> str:
@@ -250,7 +257,7 @@ def minute_line(
     total = sum(mem.values(), Memory())
     return (
         f"minute {minute}: {prod.produced:,} produced, {committed:,.0f} committed, "
-        f"Iceberg {behind_s:.0f}s behind Kafka; "
+        f"Iceberg {_seconds(behind_s)} behind Kafka; "
         f"{phase_means(batches)}; PSS MiB {parts}, total {total.pss:.0f} (RSS {total.rss:.0f})"
     )
 
@@ -286,7 +293,7 @@ def main() -> None:
                 mem = stack_memory(services)
                 totals.append(sum(mem.values(), Memory()))
                 committed = committed_rows(settings) - base
-                behind = stream_metric(settings, ICEBERG_BEHIND)
+                behind = gauge(settings, "stream_metrics", ICEBERG_BEHIND)
                 line = minute_line(minute, prod, committed, behind, log.read(), mem)
                 print(line, flush=True)
             worker.join()

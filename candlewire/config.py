@@ -1,7 +1,7 @@
 """Runtime configuration: one settings object, read from ``CANDLEWIRE_*`` variables and a
 TOML file.
 
-The file is ``candlewire.toml`` in the working directory or the nearest directory above it
+The file is ``candlewire.toml`` in the working directory or above it in the checkout
 (:func:`nearest`), or the one ``CANDLEWIRE_CONFIG`` names; its keys are the settings' names
 (``stream_watermark_s = 5``) and its tables the nested ones (``[ingest.replay] root =
 "/data/binance-vision"``). A variable overrides the file (``CANDLEWIRE_INGEST__REPLAY__ROOT``),
@@ -47,18 +47,31 @@ STATE_DIR = ".candlewire"  # the stack's state, keys and secrets, made by `candl
 CONFIG_FILE = "candlewire.toml"
 
 
+# What marks a checkout's top: the search for the stack's state goes no higher.
+CHECKOUT_MARKS = (".git", "pyproject.toml")
+
+
 def nearest(name: str) -> Path:
-    """``name`` in the working directory, else in the nearest directory above it that holds
-    one (as git finds ``.git``), so a command run anywhere inside the checkout finds the
-    stack's state and settings; else ``name`` here, where ``candlewire up`` makes it."""
+    """``name`` in the working directory, else in the nearest directory above it within the
+    same checkout (up to the directory holding ``.git`` or ``pyproject.toml``), so a command
+    run anywhere inside the checkout finds the stack's state and settings; else ``name`` at
+    the checkout's top, where ``candlewire up`` then makes it. Outside any checkout:
+    ``name`` here."""
     here = Path(name)
-    if here.exists():
+    if os.path.exists(here):  # never raises: an unreadable directory is "not here"
         return here
     try:
-        above = Path.cwd().parents
+        cwd = Path.cwd()
     except OSError:  # the working directory was removed
         return here
-    return next((d / name for d in above if (d / name).exists()), here)
+    chain = [cwd, *cwd.parents]
+    top = next((i for i, d in enumerate(chain) if _is_top(d)), 0)
+    found = (d / name for d in chain[1 : top + 1] if os.path.exists(d / name))
+    return next(found, chain[top] / name if top else here)
+
+
+def _is_top(d: Path) -> bool:
+    return any(os.path.exists(d / mark) for mark in CHECKOUT_MARKS)
 
 
 def config_file() -> Path:
@@ -226,7 +239,7 @@ class Settings(BaseSettings):
     re-resolves them every ``discovery_interval_s`` and follows what comes and goes."""
     discovery_interval_s: float = 5.0
     state_dir: Path = Field(default_factory=lambda: nearest(STATE_DIR))
-    """The stack's state: ``.candlewire`` here or in the nearest directory above it."""
+    """The stack's state: ``.candlewire`` here, else as :func:`nearest` finds it."""
     max_message_bytes: int = 1 << 20
     """Largest inbound ZMQ message a service accepts; larger peers are disconnected."""
     market_data_hwm: int = 100_000

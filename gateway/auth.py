@@ -23,7 +23,7 @@ def check_secret(secret: str) -> None:
         raise CandlewireError(
             "the gateway secret is missing or shorter than 16 characters; "
             "set CANDLEWIRE_GATEWAY_SECRET or a secret file (`candlewire up` makes one under "
-            ".candlewire/secrets: run it, and this, from the checkout)"
+            ".candlewire/secrets, which a command run inside the checkout finds)"
         )
 
 

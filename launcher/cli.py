@@ -332,8 +332,8 @@ def _silence_notice(settings: Settings, after_s: float | None = None) -> threadi
         )
     text = (
         f"nothing in {after_s:.0f} s from {relays} ({keys}). A quiet ticker may have had no "
-        "trade; else, is the stack up (`candlewire status`), and does this run from its "
-        "checkout? Waiting on."
+        "trade; else, is the stack up (`candlewire status`), and does this run inside its "
+        "checkout (or with CANDLEWIRE_STATE_DIR set)? Waiting on."
     )
     timer = threading.Timer(after_s, lambda: print(text, file=sys.stderr, flush=True))
     timer.daemon = True
@@ -451,8 +451,8 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _print_iceberg_behind(settings: Settings, console: Console) -> None:
-    """How far behind Kafka the Iceberg tables are, from the stream job's own gauge; nothing
-    when the job is down (its row above says so)."""
+    """How far behind Kafka Iceberg's ticks and candles are, from the stream job's own gauge;
+    nothing when the job is down (its row above says so)."""
     from launcher.stack import gauge
     from streaming.metrics import ICEBERG_BEHIND
 
@@ -460,9 +460,9 @@ def _print_iceberg_behind(settings: Settings, console: Console) -> None:
     if behind is None:
         return
     if math.isnan(behind):
-        console.print("Iceberg: the stream job's first commit has not completed yet")
+        console.print("Iceberg: the stream job's first commit since it started is running")
     else:
-        console.print(f"Iceberg holds every tick Kafka held {behind:,.0f} s ago")
+        console.print(f"Iceberg's ticks and candles hold every tick Kafka held {behind:,.0f} s ago")
 
 
 STATUS_GAPS_READ = 10_000  # records of the gaps topic `status` reads at most, the newest

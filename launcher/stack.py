@@ -72,19 +72,19 @@ def http_health(url: str, needle: str) -> Callable[[], str | None]:
 
 
 def gauge(settings: Settings, endpoint: str, name: str) -> float | None:
-    """A service's gauge ``name`` from its ``/metrics``; None when it does not answer or has
-    no such gauge."""
+    """A service's gauge ``name`` from its ``/metrics``; None when it does not answer, answers
+    with something else than Prometheus' text, or has no such gauge."""
     from prometheus_client.parser import text_string_to_metric_families
 
     url = f"http://{settings.host}:{settings.port(endpoint)}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
             body = resp.read().decode(errors="replace")
-    except OSError:
+        for family in text_string_to_metric_families(body):
+            if family.name == name and family.samples:
+                return family.samples[0].value
+    except (OSError, ValueError):
         return None
-    for family in text_string_to_metric_families(body):
-        if family.name == name and family.samples:
-            return family.samples[0].value
     return None
 
 

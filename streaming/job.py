@@ -112,9 +112,6 @@ class StreamingJob:
                 self.ctx.commit_due.event,
                 lambda error: self._may_restart(q, error),
             )
-            before = self.running.get(q.name)  # a restart: what Iceberg held still holds
-            if isinstance(before, PacedQuery) and paced.holds_as_of is None:
-                paced.holds_as_of = before.holds_as_of
             self.ctx.metrics.iceberg_behind.set_function(paced.behind_s)
             self.running[q.name] = paced
         else:

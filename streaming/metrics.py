@@ -107,10 +107,10 @@ class StreamMetrics:
         )
         self.iceberg_behind = Gauge(
             ICEBERG_BEHIND,
-            "Seconds since the moment up to which Iceberg holds every tick Kafka held (the "
-            "start of the committing query's last completed run): it rises and falls with the "
-            "commit interval, and rises without end when commits fall behind; NaN until the "
-            "first run",
+            "Seconds since the moment up to which Iceberg's ticks and ohlc hold every tick Kafka "
+            "held (the start of the committing query's last completed run): it swings between "
+            "about a run's length and the interval plus a run, and rises without end when "
+            "commits fall behind; NaN from the job's start until its first run completes",
             registry=r,
         )
 

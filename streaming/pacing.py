@@ -104,8 +104,9 @@ class PacedQuery:
         self._run: StreamingQuery | None = None
         self._error: BaseException | None = None
         self.runs = 0
-        # The wall-clock time the last completed run began: Iceberg holds every record Kafka
-        # held then, since an availableNow run fixes its end offsets after it is started.
+        # When the last completed run began (time.monotonic()): Iceberg's ticks and ohlc hold
+        # every record Kafka held then, since an availableNow run fixes its end offsets after
+        # it is started.
         self.holds_as_of: float | None = None
         self._thread = threading.Thread(target=self._loop, name=f"pace-{q.name}", daemon=True)
         self._thread.start()
@@ -141,7 +142,7 @@ class PacedQuery:
 
     def _run_once(self) -> bool:
         self.runs += 1
-        began, as_of = time.perf_counter(), time.time()
+        began, as_of = time.perf_counter(), time.monotonic()
         try:
             self._run = self._start(self._batch)
             started = time.perf_counter()
@@ -173,7 +174,7 @@ class PacedQuery:
     def behind_s(self) -> float:
         """Seconds since :attr:`holds_as_of`; NaN before the first run completes."""
         as_of = self.holds_as_of
-        return float("nan") if as_of is None else time.time() - as_of
+        return float("nan") if as_of is None else time.monotonic() - as_of
 
     def _batch(self, df: DataFrame, batch_id: int) -> None:
         caller = jvm_caller()

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from streaming.pacing import BatchFunction
+
 
 def history_work(
     ticker: str, period_s: int, start_ms: int, end_ms: int, request_id: str = "h"
@@ -326,9 +328,7 @@ def start_job(settings: Settings) -> subprocess.Popen:
     )
 
 
-def available_now(
-    df: DataFrame, batch: Callable[[DataFrame, int], None], checkpoint: Path
-) -> StreamingQuery:
+def available_now(df: DataFrame, batch: BatchFunction, checkpoint: Path) -> StreamingQuery:
     """One ``availableNow`` run of the streaming ``df``, each batch to ``batch``, checkpointed
     at ``checkpoint``: a paced run of the committing query (``streaming/pacing.py``)."""
     return (

@@ -58,23 +58,30 @@ def test_no_file_means_the_defaults(tmp_path, monkeypatch) -> None:
 
 
 def test_a_command_inside_the_checkout_finds_its_state_and_file(tmp_path, monkeypatch) -> None:
-    """Like git with ``.git``: a command run in any folder below the checkout uses the
-    checkout's ``.candlewire`` and ``candlewire.toml``, not new ones where it stands."""
+    """Like git with ``.git``: a command run in any folder below the checkout's top (where
+    ``pyproject.toml`` is) uses the checkout's ``.candlewire`` and ``candlewire.toml``, not
+    new ones where it stands; the nearest wins; outside a checkout nothing is searched."""
     for name in ("CANDLEWIRE_CONFIG", "CANDLEWIRE_STATE_DIR", "CANDLEWIRE_STREAM_WATERMARK_S"):
         monkeypatch.delenv(name, raising=False)
     checkout = tmp_path / "checkout"
-    (checkout / ".candlewire").mkdir(parents=True)
-    (checkout / "candlewire.toml").write_text("stream_watermark_s = 9.0\n")
     deep = checkout / "docs" / "how-to"
     deep.mkdir(parents=True)
-    monkeypatch.chdir(deep)
+    (checkout / "pyproject.toml").write_text("")
+    monkeypatch.chdir(deep)  # a fresh clone: `candlewire up` makes its state at the top
+    assert Settings().state_dir.resolve() == (checkout / ".candlewire").resolve()
+    (checkout / ".candlewire").mkdir()
+    (checkout / "candlewire.toml").write_text("stream_watermark_s = 9.0\n")
     s = Settings()
-    assert s.state_dir.resolve() == checkout / ".candlewire"
+    assert s.state_dir.resolve() == (checkout / ".candlewire").resolve()
     assert s.stream_watermark_s == 9.0
+    (checkout / "docs" / ".candlewire").mkdir()  # nearer
+    assert Settings().state_dir.resolve() == (checkout / "docs" / ".candlewire").resolve()
     monkeypatch.chdir(checkout)  # at the top: the same, spelled relative as before
     assert Settings().state_dir == Path(".candlewire")
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)  # outside it: a new state here, as `candlewire up` makes
+    # Outside a checkout, a .candlewire above is not this stack's: a new state here.
+    (tmp_path / ".candlewire").mkdir()
+    elsewhere = tmp_path / "elsewhere" / "sub"
+    elsewhere.mkdir(parents=True)
+    monkeypatch.chdir(elsewhere)
     assert Settings().state_dir == Path(".candlewire")
     assert Settings().stream_watermark_s != 9.0

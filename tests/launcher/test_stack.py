@@ -148,7 +148,9 @@ def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> N
         capsys.readouterr()
         main(["status"])
         assert re.search(
-            r"^Iceberg holds every tick Kafka held \d+ s ago$", capsys.readouterr().out, re.M
+            r"^Iceberg's ticks and candles hold every tick Kafka held \d+ s ago$",
+            capsys.readouterr().out,
+            re.M,
         )
         stack.down(lambda _: None)
         assert all(
