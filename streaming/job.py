@@ -33,7 +33,7 @@ from proto.envelope import to_record
 from streaming.context import JobContext
 from streaming.desk import TriggerDesk
 from streaming.firings import FiringDesk
-from streaming.pacing import BatchFunction, PacedQuery
+from streaming.pacing import BatchFunction, PacedQuery, batch_writer, start_available_now
 from streaming.queries import Query
 from streaming.queries.books import BooksLiveQuery, BooksQuery
 from streaming.queries.history import HistoryQuery
@@ -127,14 +127,10 @@ class StreamingJob:
         self, q: Query, batch: BatchFunction, available_now: bool = False
     ) -> StreamingQuery:
         self._pool(q)
-        writer = (
-            q.source()
-            .writeStream.foreachBatch(partial(_batch, batch))
-            .queryName(f"candlewire-{q.name}")
-            .option("checkpointLocation", q.checkpoint)
-        )
+        df, each, name = q.source(), partial(_batch, batch), f"candlewire-{q.name}"
         if available_now:
-            return writer.trigger(availableNow=True).start()
+            return start_available_now(df, each, q.checkpoint, name)
+        writer = batch_writer(df, each, q.checkpoint, name)
         return writer.trigger(processingTime=f"{int(q.trigger_s * 1000)} milliseconds").start()
 
     def stop(self) -> None:

@@ -27,12 +27,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from py4j.java_gateway import JavaObject
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
 
     from streaming.queries import Query
 
@@ -69,6 +71,22 @@ class CommitDue:
 
 
 BatchFunction = Callable[["DataFrame", int], None]
+
+
+def batch_writer(
+    df: DataFrame, batch: BatchFunction, checkpoint: str | Path, name: str | None = None
+) -> DataStreamWriter:
+    """``df``'s micro-batches to ``batch``, on ``checkpoint``: how the job's queries start,
+    the trigger left to the caller."""
+    writer = df.writeStream.foreachBatch(batch).option("checkpointLocation", str(checkpoint))
+    return writer if name is None else writer.queryName(name)
+
+
+def start_available_now(
+    df: DataFrame, batch: BatchFunction, checkpoint: str | Path, name: str | None = None
+) -> StreamingQuery:
+    """One paced run: what ``df`` holds when it starts, in batches, then it ends."""
+    return batch_writer(df, batch, checkpoint, name).trigger(availableNow=True).start()
 
 
 def jvm_caller() -> tuple[JavaObject, JavaObject] | None:

@@ -8,8 +8,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 from google.protobuf.message import Message
@@ -28,12 +27,6 @@ from ingest.exchanges.base import TradeRun
 from ingest.sink import SinkError
 from proto import requests_pb2 as rq
 from proto.envelope import decode_sub, encode_topic
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
-    from pyspark.sql.streaming.query import StreamingQuery
-
-    from streaming.pacing import BatchFunction
 
 
 def history_work(
@@ -325,15 +318,4 @@ def start_job(settings: Settings) -> subprocess.Popen:
         env=env,
         log=settings.state_dir / "stream.log",
         timeout=180,
-    )
-
-
-def available_now(df: DataFrame, batch: BatchFunction, checkpoint: Path) -> StreamingQuery:
-    """One ``availableNow`` run of the streaming ``df``, each batch to ``batch``, checkpointed
-    at ``checkpoint``: a paced run of the committing query (``streaming/pacing.py``)."""
-    return (
-        df.writeStream.foreachBatch(batch)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
     )

@@ -141,7 +141,8 @@ def test_platform_data_survives_down_then_up(tmp_path, monkeypatch, capsys) -> N
         # How far Iceberg is behind Kafka: the job's gauge, once its first commit completed,
         # and `status` says it.
         def behind() -> float:
-            return gauge(settings, "stream_metrics", ICEBERG_BEHIND) or math.nan
+            value = gauge(settings, "stream_metrics", ICEBERG_BEHIND)
+            return math.nan if value is None else value
 
         wait_for(lambda: not math.isnan(behind()), timeout=120)
         assert 0 <= behind() < 600  # the job has run for minutes at most

@@ -20,10 +20,9 @@ from proto import market_pb2
 from proto.envelope import to_record
 from streaming import pacing
 from streaming.context import JobContext
-from streaming.pacing import CommitDue, PacedQuery
+from streaming.pacing import CommitDue, PacedQuery, start_available_now
 from streaming.queries.live import COUNTERS, LiveQuery
 from streaming.queries.ticks import TICK, TicksQuery
-from tests.support import available_now
 
 
 class Run:
@@ -240,7 +239,7 @@ def test_each_run_s_py4j_connection_ends_with_it(spark, tmp_path) -> None:
     def start(batch: pacing.BatchFunction) -> object:
         (source / f"{len(serving)}.json").write_text('{"n": 1}\n')
         df = spark.readStream.schema("n INT").json(str(source))
-        return available_now(df, batch, tmp_path / "checkpoint")
+        return start_available_now(df, batch, tmp_path / "checkpoint")
 
     def batch(_df: object, _batch_id: int) -> None:
         serving.append(threading.current_thread())
@@ -285,7 +284,7 @@ def test_the_committing_query_s_runs_share_their_kafka_consumers(spark, lakehous
         for partition in (0, 1):
             producers[0].produce(topic, b"x", partition=partition)
         producers[0].flush(10)
-        return available_now(kafka(topic, 1000, **asked[0]), batch, tmp_path / "checkpoint")
+        return start_available_now(kafka(topic, 1000, **asked[0]), batch, tmp_path / "checkpoint")
 
     def batch(df, _batch_id: int) -> None:
         runs.append(df.count())
@@ -341,7 +340,7 @@ def test_the_committing_query_s_runs_leave_no_state_encoders_behind(spark, lakeh
             )
             producer.produce(topic, to_record(tick), partition=partition)
         producer.flush(10)
-        run = available_now(ticks.source(), batch, tmp_path / "checkpoint")
+        run = start_available_now(ticks.source(), batch, tmp_path / "checkpoint")
         started.append(run.runId)
         return run
 

@@ -13,11 +13,11 @@ from candlewire.config import PERIODS_S
 from candlewire.lake import SYMBOL_METADATA_SCHEMA, TICKS_SCHEMA
 from proto import market_pb2
 from proto.envelope import to_record
+from streaming.pacing import start_available_now
 from streaming.queries.ticks import CANDLE, TICK, judged_in_tasks
 from streaming.sql import columns_from_decoded, literal, staged_columns, staging_ddl
 from tests.reference.candles import partial_candles
 from tests.reference.feeds import Feeds, Verdict
-from tests.support import available_now
 
 # The ticks topic's records as the committing query reads them.
 RECORDS = "value binary, partition int, offset bigint, control binary"
@@ -182,7 +182,9 @@ def test_the_committed_dedup_horizon_survives_batches_in_every_id_form(spark, tm
     stream = (
         spark.readStream.schema(RECORDS).option("maxFilesPerTrigger", 1).parquet(str(source / "b*"))
     )
-    query = available_now(judged_in_tasks(stream, 10.0, 60.0), collect, tmp_path / "checkpoint")
+    query = start_available_now(
+        judged_in_tasks(stream, 10.0, 60.0), collect, tmp_path / "checkpoint"
+    )
     query.awaitTermination(120)
     assert query.lastProgress and query.lastProgress["batchId"] == 3, "four batches"
     oracle = Feeds(allowance_s=10, horizon_s=60)
