@@ -1,9 +1,10 @@
 """What every bench measures the same way: percentiles (the sample at rank q·n, in
-milliseconds) and another process's CPU time."""
+milliseconds), another process's CPU time, and a JVM's time compiling and collecting."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 
@@ -17,3 +18,24 @@ def process_cpu_s(pid: int) -> float:
     """User and system CPU seconds of one process so far, its threads included (``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def hotspot_seconds(counters: str) -> dict[str, float]:
+    """From HotSpot's performance counters (``jcmd <pid> PerfCounter.print``): ``jit``, the
+    time its JIT spent compiling (summed over its compiler threads), and ``gc``, the time its
+    collections stopped it, in seconds so far. Where a burst's JVM CPU goes before its hot
+    code is compiled: a job two minutes old spent a third of it compiling (#34)."""
+    values = dict(line.split("=", 1) for line in counters.splitlines() if "=" in line)
+    hz = int(values["sun.os.hrt.frequency"])
+    pauses = (
+        v for k, v in values.items() if k.startswith("sun.gc.collector.") and k.endswith(".time")
+    )
+    return {"jit": int(values["java.ci.totalTime"]) / hz, "gc": sum(map(int, pauses)) / hz}
+
+
+def jvm_seconds(pid: int) -> dict[str, float]:
+    """:func:`hotspot_seconds` of a running JVM."""
+    out = subprocess.run(
+        ["jcmd", str(pid), "PerfCounter.print"], capture_output=True, text=True, check=True
+    )
+    return hotspot_seconds(out.stdout)

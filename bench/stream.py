@@ -6,7 +6,12 @@ and 0.7). ``ticks_per_s_committed_busy`` is the burst over the time the committi
 spent in its batches, without the commit trigger's wait. ``driver_cpu_s_per_million`` is the
 CPU seconds the job's Python driver spent per million committed ticks (#34: at most 2, since
 judging and candles run in Spark's tasks); ``jvm_cpu_s_per_million`` the same for its JVM,
-which in local mode is Spark's driver and its one executor.
+which in local mode is Spark's driver and its one executor. ``jit_s_per_million`` is the
+time that JVM's JIT spent compiling (summed over its compiler threads, by the clock: with
+the cores contended it runs above their CPU) and ``gc_pause_s_per_million`` the time its
+collector stopped it, from HotSpot's counters. The timed burst follows a short warm-up, and
+how busy the JIT still was decides much of a run's rates (it took about a third of the
+JVM's CPU in a job a few minutes old, docs/benchmarks.md).
 
 Throughput: a burst of N ticks (encoded beforehand) is written to Kafka as fast as possible;
 we time until the live query has published all of them and the job has committed all of them
@@ -61,7 +66,7 @@ from bench.kafka import produce_all
 from bench.oracle import Trade, iceberg_candles_equal, live_candles_equal, reference
 from bench.spark_read import kafka_source, read_rate
 from bench.stack import private_stack, stream_metric, wait_until_warm
-from bench.stats import pct, process_cpu_s
+from bench.stats import jvm_seconds, pct, process_cpu_s
 from candlewire.kafka import TICKS, producer_config
 from candlewire.lake import load_table
 from candlewire.spark import build_session
@@ -226,6 +231,7 @@ def throughput(
     busy = busy_seconds(settings, "ticks")
     pids = job_pids(settings)
     cpu = [process_cpu_s(p) for p in pids]
+    jvm = jvm_seconds(pids[1])
     t0 = time.perf_counter()
     produce_all(producer, TICKS.name, values)
     produced = time.perf_counter() - t0
@@ -239,6 +245,9 @@ def throughput(
     # and the JVM, which in local mode is both Spark's driver and its one executor.
     per_million = 1e6 / n
     cpu = [(process_cpu_s(p) - c) * per_million for p, c in zip(pids, cpu, strict=True)]
+    # How long the JVM's JIT compiled and its collector stopped it meanwhile: each run says
+    # how far its JIT was from done, which moves its rates (docs/benchmarks.md, 2026-12-06).
+    jvm = {k: (v - jvm[k]) * per_million for k, v in jvm_seconds(pids[1]).items()}
     if spy is not None:
         spy.wait(60)
     if sampler is not None and cpu_out:
@@ -252,7 +261,12 @@ def throughput(
         for method, share in hot_methods(jfr):
             print(f"  {share:6.1%}  {method}")
     rates = {"live": n / live, "committed": n / elapsed}
-    cpu_figures = {"driver_cpu_s_per_million": cpu[0], "jvm_cpu_s_per_million": cpu[1]}
+    cpu_figures = {
+        "driver_cpu_s_per_million": cpu[0],
+        "jvm_cpu_s_per_million": cpu[1],
+        "jit_s_per_million": jvm["jit"],
+        "gc_pause_s_per_million": jvm["gc"],
+    }
     # The same ticks over the time the committing query spent in its batches: what it
     # sustains while busy, free of the 30 s trigger's wait that a single burst includes. A
     # batch adds its time after its rows, so wait for the batch that finished the burst.
@@ -266,7 +280,8 @@ def throughput(
     print(
         f"{n:,} ticks produced in {produced:.1f}s; published live after {live:.1f}s "
         f"({rates['live']:,.0f} ticks/s), committed after {elapsed:.1f}s ({rates['committed']:,.0f} ticks/s); "
-        f"CPU s per million ticks: driver {cpu[0]:.2f}, JVM {cpu[1]:.2f}"
+        f"CPU s per million ticks: driver {cpu[0]:.2f}, JVM {cpu[1]:.2f} (its JIT compiling "
+        f"{jvm['jit']:.2f} s, its collector's pauses {jvm['gc']:.2f} s)"
     )
     return rates, cpu_figures, trades
 
