@@ -21,10 +21,11 @@ def process_cpu_s(pid: int) -> float:
 
 
 def hotspot_seconds(counters: str) -> dict[str, float]:
-    """From HotSpot's performance counters (``jcmd <pid> PerfCounter.print``): ``jit``, the
-    time its JIT spent compiling (summed over its compiler threads), and ``gc``, the time its
-    collections stopped it, in seconds so far. Where a burst's JVM CPU goes before its hot
-    code is compiled: a job two minutes old spent a third of it compiling (#34)."""
+    """From HotSpot's performance counters (``jcmd <pid> PerfCounter.print``), in seconds so
+    far: ``jit``, the clock time of its JIT's successful compilations summed over its compiler
+    threads (``java.ci.totalTime``, what ``CompilationMXBean`` reports), and ``gc``, its
+    collections' pauses (every collector's, without the wait to reach a safepoint). They
+    say how busy a JVM still was compiling while a bench timed it (#34)."""
     values = dict(line.split("=", 1) for line in counters.splitlines() if "=" in line)
     hz = int(values["sun.os.hrt.frequency"])
     pauses = (

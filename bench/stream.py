@@ -7,11 +7,10 @@ spent in its batches, without the commit trigger's wait. ``driver_cpu_s_per_mill
 CPU seconds the job's Python driver spent per million committed ticks (#34: at most 2, since
 judging and candles run in Spark's tasks); ``jvm_cpu_s_per_million`` the same for its JVM,
 which in local mode is Spark's driver and its one executor. ``jit_s_per_million`` is the
-time that JVM's JIT spent compiling (summed over its compiler threads, by the clock: with
-the cores contended it runs above their CPU) and ``gc_pause_s_per_million`` the time its
-collector stopped it, from HotSpot's counters. The timed burst follows a short warm-up, and
-how busy the JIT still was decides much of a run's rates (it took about a third of the
-JVM's CPU in a job a few minutes old, docs/benchmarks.md).
+clock time of that JVM's compilations summed over its compiler threads: on contended cores
+it exceeds their CPU, and it is not a part of ``jvm_cpu_s_per_million``.
+``gc_pause_s_per_million`` is the time its collector stopped it. Both come from HotSpot's
+counters and say how busy the JIT still was, which moves a run's rates (docs/benchmarks.md).
 
 Throughput: a burst of N ticks (encoded beforehand) is written to Kafka as fast as possible;
 we time until the live query has published all of them and the job has committed all of them
@@ -230,8 +229,8 @@ def throughput(
     base, base_live = committed_ticks(settings), published_ticks(settings)
     busy = busy_seconds(settings, "ticks")
     pids = job_pids(settings)
+    jvm = jvm_seconds(pids[1])  # before the CPU's reading: jcmd's attach costs the JVM some
     cpu = [process_cpu_s(p) for p in pids]
-    jvm = jvm_seconds(pids[1])
     t0 = time.perf_counter()
     produce_all(producer, TICKS.name, values)
     produced = time.perf_counter() - t0

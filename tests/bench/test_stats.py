@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from bench.stats import hotspot_seconds, jvm_seconds, pct, process_cpu_s
 # neighbour of each counter read.
 COUNTERS = textwrap.dedent(
     """\
+    12345:
     java.ci.totalTime=2553798296
     sun.ci.threads=2
     sun.gc.collector.0.invocations=12
@@ -21,8 +23,9 @@ COUNTERS = textwrap.dedent(
     sun.gc.collector.0.time=464639814
     sun.gc.collector.1.name="Parallel full collection pauses"
     sun.gc.collector.1.time=100783894
-    sun.gc.collector.1.lastEntryTime=99
+    sun.gc.collector.1.lastEntryTime=176782184
     sun.os.hrt.frequency=1000000000
+    sun.property.java.vm.info="mixed mode, sharing, a=b"
     """
 )
 
@@ -38,23 +41,22 @@ def test_the_counters_tick_at_the_frequency_hotspot_gives() -> None:
     assert hotspot_seconds(slow)["jit"] == pytest.approx(2553.798296)
 
 
-def test_a_running_jvm_is_read_through_jcmd(tmp_path) -> None:
+def test_a_running_jvm_is_read_through_jcmd(tmp_path: Path) -> None:
     source = tmp_path / "Idle.java"
     source.write_text(
         "public class Idle { public static void main(String[] a) throws Exception {"
         " System.gc(); System.out.println(1); Thread.sleep(60000); } }"
     )
-    java = subprocess.Popen(
+    with subprocess.Popen(
         ["java", "-XX:+UsePerfData", str(source)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert java.stdout is not None and java.stdout.readline().strip() == "1"
-        got = jvm_seconds(java.pid)
-        assert got["jit"] > 0  # compiling the source launcher's own classes
-        assert got["gc"] > 0  # the System.gc() it ran
-    finally:
-        java.kill()
-        java.wait()
+    ) as java:
+        try:
+            assert java.stdout is not None and java.stdout.readline().strip() == "1"
+            got = jvm_seconds(java.pid)
+            assert got["jit"] > 0  # compiling methods of javac and the source launcher
+            assert got["gc"] > 0  # the System.gc() it ran
+        finally:
+            java.kill()
 
 
 def test_a_process_cpu_is_read_from_proc() -> None:
