@@ -90,9 +90,9 @@ def start_kafka(lab: Lab, state: Path) -> dict[str, subprocess.Popen]:
     return procs
 
 
-def serving(address: str, port: int, line: str) -> bool:
-    """Whether the metrics at ``address:port`` show ``line`` (a service's health)."""
-    return line.encode() in http_get(f"http://{address}:{port}/metrics")
+def serving(address: str, endpoint: str, line: str) -> bool:
+    """Whether the metrics endpoint on ``address`` shows ``line`` (a service's health)."""
+    return line.encode() in http_get(Settings().metrics_url(endpoint, address))
 
 
 def count_for(lab: Lab, state: Path, relays_of: list[str], seconds: float) -> float:
@@ -195,9 +195,8 @@ def start_relays(lab: Lab, state: Path, **settings: object) -> dict[str, subproc
         procs[r] = lab.spawn(
             r, [sys.executable, "-m", "launcher.cli", "relay"], env, state / f"{r}.log"
         )
-    port = Settings().port("relay_metrics")
     for address in relays:
-        wait_for(partial(serving, address, port, "candlewire_relay_up 1.0"), timeout=60)
+        wait_for(partial(serving, address, "relay_metrics", "candlewire_relay_up 1.0"), timeout=60)
     return procs
 
 

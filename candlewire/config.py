@@ -370,6 +370,11 @@ class Settings(BaseSettings):
         """The ZMQ address the owning service binds."""
         return f"tcp://{self.bind_host}:{self.port(name)}"
 
+    def metrics_url(self, name: str, host: str | None = None) -> str:
+        """Where a service's Prometheus endpoint ``name`` answers (on ``host``, else the
+        stack's host)."""
+        return f"http://{host or self.host}:{self.port(name)}/metrics"
+
     def kafka_servers(self) -> str:
         """The bootstrap list every Kafka client uses: ``kafka_bootstrap``, else the local
         brokers."""

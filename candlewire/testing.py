@@ -126,7 +126,7 @@ def http_get(url: str) -> bytes:
 
 def metric(settings: Settings, endpoint: str, series: str) -> float:
     """Sum of a service's Prometheus series whose line starts with ``series``."""
-    body = http_get(f"http://{settings.host}:{settings.port(endpoint)}/metrics").decode()
+    body = http_get(settings.metrics_url(endpoint)).decode()
     return sum(float(x.split()[-1]) for x in body.splitlines() if x.startswith(series))
 
 
@@ -169,7 +169,7 @@ def spawn(
         stderr=subprocess.STDOUT,
     )
     out.close()
-    url = f"http://127.0.0.1:{settings.port(metrics_endpoint)}/metrics"
+    url = settings.metrics_url(metrics_endpoint, "127.0.0.1")
 
     def up() -> bool:
         assert proc.poll() is None, log.read_text(errors="replace")[-3000:]

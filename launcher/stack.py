@@ -76,9 +76,8 @@ def gauge(settings: Settings, endpoint: str, name: str) -> float | None:
     with something else than Prometheus' text, or has no such gauge."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    url = f"http://{settings.host}:{settings.port(endpoint)}/metrics"
     try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
+        with urllib.request.urlopen(settings.metrics_url(endpoint), timeout=2) as resp:
             body = resp.read().decode(errors="replace")
         for family in text_string_to_metric_families(body):
             if family.name == name and family.samples:
@@ -593,7 +592,7 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
         needs: tuple[str, ...] = (),
     ) -> ProcessService:
         """One of candlewire's own processes, healthy when its metrics say so."""
-        url = f"http://{settings.host}:{settings.port(metrics_port)}/metrics"
+        url = settings.metrics_url(metrics_port)
         return ProcessService(
             name=name,
             argv=candlewire_argv(*args),

@@ -477,7 +477,7 @@ def test_no_ack_before_the_commit_and_a_failed_commit_leaves_the_events_to_resen
 
 
 def delivered_by(settings: Settings) -> float:
-    body = get(f"http://127.0.0.1:{settings.port('gateway_metrics')}/metrics").decode()
+    body = get(settings.metrics_url("gateway_metrics")).decode()
     m = re.search(r'candlewire_gateway_critical_total\{result="delivered"\} (\S+)', body)
     return float(m.group(1)) if m else 0.0
 

@@ -28,7 +28,7 @@ HISTORY = 10
 
 
 def discovered(address: str) -> float:
-    url = f"http://{address}:{Settings().port('relay_metrics')}/metrics"
+    url = Settings().metrics_url("relay_metrics", address)
     body = urllib.request.urlopen(url, timeout=5).read().decode()
     (line,) = [x for x in body.splitlines() if x.startswith("candlewire_relay_discovered_pub")]
     return float(line.split()[-1])

@@ -289,5 +289,5 @@ def test_compaction_while_streaming_loses_and_duplicates_nothing(platform_env) -
     assert sorted(map(int, ids)) == sent, "live ticks lost or duplicated across the compaction"
     assert _rows(settings, "ticks", old_ticks) == ticks_before
     assert _rows(settings, "ohlc", history) == ohlc_before
-    url = f"http://127.0.0.1:{settings.port('stream_metrics')}/metrics"
+    url = settings.metrics_url("stream_metrics")
     assert "candlewire_stream_up 1.0" in urllib.request.urlopen(url, timeout=5).read().decode()

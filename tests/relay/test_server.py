@@ -408,7 +408,7 @@ def test_metrics_endpoint(settings, relay, pipeline) -> None:
         client.submit("BINANCE:BTC/USDT", 60, START, START + DAY_MS)
         with pytest.raises(RequestRejected):
             client.submit("BINANCE:BTC/USDT", 7, START, START + DAY_MS)
-    url = f"http://127.0.0.1:{settings.port('relay_metrics')}/metrics"
+    url = settings.metrics_url("relay_metrics")
     body = urllib.request.urlopen(url, timeout=5).read().decode()
     assert 'candlewire_relay_requests_total{result="ok"} 1.0' in body
     assert 'candlewire_relay_rejections_total{reason="bad_period"} 1.0' in body
