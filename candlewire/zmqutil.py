@@ -1,7 +1,18 @@
 """Socket options every candlewire service applies, in one place.
 
-Bounded queues and message sizes are the safe defaults; ZMTP heartbeats let a bound socket
-notice a peer that vanished without closing its connection.
+Bounded queues and message sizes are the safe defaults. A peer that vanished without closing
+its connection (its host gone, the network cut) is noticed in about 15 s: by TCP keepalive
+on the sockets that receive (ROUTER, SUB, XSUB), by ZMTP heartbeats on those that send.
+
+A ZMTP heartbeat times a connection out when nothing arrives within its timeout, and libzmq
+stops reading a connection whose messages this socket's queue has no room for: a socket
+whose owner reads more slowly than a peer sends would call that peer dead after 15 s of its
+own backlog and drop it, with what was in flight; a SUB then aborts the process in libzmq
+4.3.5 (``Assertion failed: _input_stopped``; libzmq #3937, #4767). ``make fuzz`` lost 819
+frames on the gateway's critical ROUTER that way. The kernel answers keepalive probes
+however full the queue is, so the receiving sockets use those. A sending socket's input
+(subscriptions, acks) never fills, and its heartbeats also catch a peer that vanished while
+data was in flight to it, which keepalive does not probe.
 """
 
 from __future__ import annotations
@@ -22,6 +33,10 @@ SNDMORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)
 HEARTBEAT_IVL_MS = 5_000
 HEARTBEAT_TIMEOUT_MS = 15_000
+# Keepalive probes after 5 s idle, every 5 s, two unanswered: gone after 15 s, as above.
+KEEPALIVE_IDLE_S, KEEPALIVE_INTVL_S, KEEPALIVE_CNT = 5, 5, 2
+# The socket types whose owner reads what peers send at the peers' pace.
+RECEIVERS = frozenset({zmq.ROUTER, zmq.SUB, zmq.XSUB, zmq.PULL})
 
 
 def harden(
@@ -31,8 +46,14 @@ def harden(
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
     sock.setsockopt(zmq.LINGER, linger_ms)
-    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    if sock.type in RECEIVERS:
+        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, KEEPALIVE_IDLE_S)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, KEEPALIVE_INTVL_S)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_CNT)
+    else:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
     return sock
