@@ -90,9 +90,10 @@ def start_kafka(lab: Lab, state: Path) -> dict[str, subprocess.Popen]:
     return procs
 
 
-def serving(address: str, endpoint: str, line: str) -> bool:
+def serving(address: str, endpoint: str, line: str, settings: Settings | None = None) -> bool:
     """Whether the metrics endpoint on ``address`` shows ``line`` (a service's health)."""
-    return line.encode() in http_get(Settings().metrics_url(endpoint, address))
+    url = (settings or Settings()).metrics_url(endpoint, address)
+    return line.encode() in http_get(url)
 
 
 def count_for(lab: Lab, state: Path, relays_of: list[str], seconds: float) -> float:
@@ -195,8 +196,10 @@ def start_relays(lab: Lab, state: Path, **settings: object) -> dict[str, subproc
         procs[r] = lab.spawn(
             r, [sys.executable, "-m", "launcher.cli", "relay"], env, state / f"{r}.log"
         )
+    settings = Settings()
     for address in relays:
-        wait_for(partial(serving, address, "relay_metrics", "candlewire_relay_up 1.0"), timeout=60)
+        up = partial(serving, address, "relay_metrics", "candlewire_relay_up 1.0", settings)
+        wait_for(up, timeout=60)
     return procs
 
 

@@ -1,18 +1,22 @@
 """Socket options every candlewire service applies, in one place.
 
-Bounded queues and message sizes are the safe defaults. A peer that vanished without closing
-its connection (its host gone, the network cut) is noticed in about 15 s: by TCP keepalive
-on the sockets that receive (ROUTER, SUB, XSUB), by ZMTP heartbeats on those that send.
+Bounded queues and message sizes are the safe defaults. How a connection's end finds its peer
+gone (the host down, the network cut, no close) depends on which way the data flows:
 
-A ZMTP heartbeat times a connection out when nothing arrives within its timeout, and libzmq
-stops reading a connection whose messages this socket's queue has no room for: a socket
-whose owner reads more slowly than a peer sends would call that peer dead after 15 s of its
-own backlog and drop it, with what was in flight; a SUB then aborts the process in libzmq
-4.3.5 (``Assertion failed: _input_stopped``; libzmq #3937, #4767). ``make fuzz`` lost 819
-frames on the gateway's critical ROUTER that way. The kernel answers keepalive probes
-however full the queue is, so the receiving sockets use those. A sending socket's input
-(subscriptions, acks) never fills, and its heartbeats also catch a peer that vanished while
-data was in flight to it, which keepalive does not probe.
+- **A sending socket** (XPUB, PUB, DEALER) sends ZMTP heartbeats and drops a peer that has
+  answered nothing for 15 s, whether it is gone or has stopped reading. Either way it would
+  hold the sender's queue: an ``XPUB_NODROP`` publisher would refuse every message, for the
+  live peers too. The dialling end connects again; what was in flight is repaired from the
+  streams' sequence numbers, or resent by the critical path for want of an ack.
+- **A receiving socket** (ROUTER, SUB, XSUB, PULL) sends none. libzmq stops reading a
+  connection whose messages the socket's queue has no room for, and counts that as silence:
+  with heartbeats, an owner that fell 15 s behind dropped its peer with what was in flight
+  (``make fuzz`` lost 819 frames on the gateway's critical ROUTER), and a SUB aborted the
+  process (libzmq 4.3.5, ``Assertion failed: _input_stopped``; libzmq #3937, #4767). It uses
+  TCP keepalive instead, which the kernel answers however full the queue is: an idle
+  connection to a vanished peer ends after about 15 s. With its own replies still in flight
+  to the peer, only TCP's retransmission limit ends it (minutes); the queue bounds what that
+  holds.
 """
 
 from __future__ import annotations
@@ -36,12 +40,14 @@ HEARTBEAT_TIMEOUT_MS = 15_000
 # Keepalive probes after 5 s idle, every 5 s, two unanswered: gone after 15 s, as above.
 KEEPALIVE_IDLE_S, KEEPALIVE_INTVL_S, KEEPALIVE_CNT = 5, 5, 2
 # The socket types whose owner reads what peers send at the peers' pace.
-RECEIVERS = frozenset({zmq.ROUTER, zmq.SUB, zmq.XSUB, zmq.PULL})
+RECEIVERS: frozenset[int] = frozenset({zmq.ROUTER, zmq.SUB, zmq.XSUB, zmq.PULL})
 
 
 def harden(
     sock: zmq.Socket, *, max_message_bytes: int, hwm: int = HWM, linger_ms: int = 500
 ) -> zmq.Socket:
+    """``sock`` with the platform's bounds, reconnect pace and liveness check: keepalive for
+    a receiving socket, heartbeats for a sending one (see the module's docstring)."""
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)

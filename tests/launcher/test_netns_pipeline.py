@@ -87,9 +87,10 @@ def test_history_and_live_data_through_every_host(tmp_path) -> None:
                 tmp_path / "stream.log",
             )
             stream = lab.hosts["stream"].address
-            port = Settings().port("stream_metrics")
             wait_for(
-                lambda: serving(stream, port, "candlewire_stream_up 1.0"), timeout=300, interval=1
+                lambda: serving(stream, "stream_metrics", "candlewire_stream_up 1.0"),
+                timeout=300,
+                interval=1,
             )
             relays = relay_addresses(lab)
             lab.spawn(
@@ -98,9 +99,9 @@ def test_history_and_live_data_through_every_host(tmp_path) -> None:
                 env_for(lab, tmp_path, "ingest", relay_hosts=relays),
                 tmp_path / "ingest.log",
             )
-            port = Settings().port("relay_metrics")
             wait_for(
-                lambda: serving(relays[1], port, "candlewire_relay_work_topics 1.0"), timeout=60
+                lambda: serving(relays[1], "relay_metrics", "candlewire_relay_work_topics 1.0"),
+                timeout=60,
             )
 
             client, out = spawn_client(
