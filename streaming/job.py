@@ -109,7 +109,7 @@ class StreamingJob:
             paced = PacedQuery(
                 q,
                 lambda batch: self._stream(q, batch, available_now=True),
-                self.ctx.commit_due.event,
+                self.ctx.commit_due,
                 lambda error: self._may_restart(q, error),
             )
             self.ctx.metrics.iceberg_behind.set_function(paced.behind_s)

@@ -11,7 +11,10 @@ folded into a closed candle, so a repaired gap reaches ``ohlc`` in seconds, not 
 interval; and every ``stream_ticks_commit_after`` ticks, so a burst is committed as soon as
 there is a batch's worth of it, as a Kafka Connect sink flushes at a size or an interval. A
 hurried run starts at least ``HURRY_GAP_S`` after the last one ended, so late trades or a
-flood cannot keep the commits running back to back.
+flood cannot keep the commits running back to back. A run brought forward by a batch's worth
+of ticks also waits while the live path is still reading the burst (up to ``BURST_WAIT_S``):
+the burst then goes into one run instead of the part Kafka held at the threshold and a second
+run after the gap, and the live path keeps the cores while it reads.
 
 Each run is a new query on a new JVM thread, and that thread's first call into Python (the
 batch function) opens a py4j connection, with a thread in this process to serve it, that
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +48,10 @@ log = logging.getLogger("candlewire.stream")
 SETTLE_S = 0.5
 # Idle time between a run's end and a hurried run's start, at the least.
 HURRY_GAP_S = 2.0
+# A burst has passed once the live path has read nothing for QUIET_S (it reports ten times a
+# second); a run brought forward by a burst waits for that at most BURST_WAIT_S.
+QUIET_S = 0.5
+BURST_WAIT_S = 5.0
 
 
 class CommitDue:
@@ -52,8 +60,16 @@ class CommitDue:
     def __init__(self, after_ticks: int) -> None:
         self.event = threading.Event()
         self.after_ticks = after_ticks
+        self.burst = False  # the event was set by a batch's worth of ticks read
         self._read = 0
+        self._last_read = -math.inf  # time.monotonic() of the last read reported
         self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        """A run starts: what is flagged from here on needs a run after this one."""
+        with self._lock:
+            self.burst = False
+            self.event.clear()
 
     def revised(self) -> None:
         """A closed candle changed: ``ohlc`` holds a stale value."""
@@ -61,13 +77,20 @@ class CommitDue:
 
     def read(self, n: int) -> None:
         """``n`` more records of the ticks topic arrived."""
+        if n <= 0:
+            return
         with self._lock:
+            self._last_read = time.monotonic()
             self._read += n
             due = self._read >= self.after_ticks
             if due:
                 self._read = 0
-        if due:
-            self.event.set()
+                self.burst = True
+                self.event.set()
+
+    def reading(self) -> bool:
+        """Whether the live path read records in the last ``QUIET_S``."""
+        return time.monotonic() - self._last_read < QUIET_S
 
 
 BatchFunction = Callable[["DataFrame", int], None]
@@ -110,12 +133,13 @@ class PacedQuery:
         self,
         q: Query,
         start: Callable[[BatchFunction], StreamingQuery],
-        hurry: threading.Event,
+        due: CommitDue,
         retry: Callable[[BaseException], bool],
     ) -> None:
         """``start`` starts one ``availableNow`` run with the batch function it is given;
-        ``retry`` says whether a failed run may simply run again."""
-        self.q, self._start, self._hurry, self._retry = q, start, hurry, retry
+        ``due`` brings a run forward; ``retry`` says whether a failed run may simply run
+        again."""
+        self.q, self._start, self._due, self._retry = q, start, due, retry
         # The run's py4j connections (the JVM's end), each with the client that keeps it.
         self._callers: list[tuple[JavaObject, JavaObject]] = []
         self._stopping = threading.Event()
@@ -139,7 +163,7 @@ class PacedQuery:
     def stop(self) -> None:
         """The run in flight stops after its batch, as a running query's stop does."""
         self._stopping.set()
-        self._hurry.set()
+        self._due.event.set()
         run = self._run
         if run is not None:
             run.stop()
@@ -149,14 +173,25 @@ class PacedQuery:
         interval = self.q.trigger_s
         while not self._stopping.is_set():
             began = time.monotonic()
-            self._hurry.clear()  # what is flagged from here on needs a run after this one
+            self._due.clear()
             if not self._run_once():
                 return
             ended = time.monotonic()
-            if self._hurry.wait(max(0.0, began + interval - ended)):
+            if self._due.event.wait(max(0.0, began + interval - ended)):
                 if self._stopping.is_set():
                     return
                 self._stopping.wait(max(SETTLE_S, ended + HURRY_GAP_S - time.monotonic()))
+                self._let_burst_pass()
+
+    def _let_burst_pass(self) -> None:
+        """After a hurry by a batch's worth of ticks: wait while the live path still reads the
+        burst, at most ``BURST_WAIT_S``."""
+        if not self._due.burst:
+            return
+        give_up = time.monotonic() + BURST_WAIT_S
+        while self._due.reading() and time.monotonic() < give_up:
+            if self._stopping.wait(0.1):
+                return
 
     def _run_once(self) -> bool:
         self.runs += 1

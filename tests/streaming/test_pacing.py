@@ -50,17 +50,19 @@ class Starts:
 
 
 def paced(
-    starts: Callable[[object], Run], interval: float, retry=lambda _: False
+    starts: Callable[[object], Run], interval: float, retry=lambda _: False, after_ticks: int = 1
 ) -> tuple[PacedQuery, threading.Event]:
-    hurry = threading.Event()
+    due = CommitDue(after_ticks)
     q = SimpleNamespace(name="ticks", trigger_s=interval)
-    return PacedQuery(q, starts, hurry, retry), hurry  # type: ignore[arg-type]
+    return PacedQuery(q, starts, due, retry), due.event  # type: ignore[arg-type]
 
 
 @pytest.fixture(autouse=True)
 def quick(monkeypatch) -> None:
     monkeypatch.setattr(pacing, "SETTLE_S", 0.05)
     monkeypatch.setattr(pacing, "HURRY_GAP_S", 0.2)
+    monkeypatch.setattr(pacing, "QUIET_S", 0.3)
+    monkeypatch.setattr(pacing, "BURST_WAIT_S", 2.0)
 
 
 def test_runs_at_start_and_every_interval() -> None:
@@ -93,6 +95,39 @@ def test_a_revised_candle_brings_the_next_run_forward_and_stop_ends_it() -> None
         query.stop()
     assert time.monotonic() - began < 5  # not waiting out the interval
     assert not query.isActive
+
+
+def test_a_run_brought_forward_by_a_burst_waits_until_the_live_path_has_read_it() -> None:
+    """A batch's worth of ticks read brings a run forward, but not while the live path is
+    still reading the burst: the run then takes all of it at once. A burst that does not
+    pause is committed after ``BURST_WAIT_S``; a revised candle never waits for one."""
+    starts = Starts()
+    due = CommitDue(after_ticks=1_000)
+    q = SimpleNamespace(name="ticks", trigger_s=3600)
+    query = PacedQuery(q, starts, due, lambda _: False)  # type: ignore[arg-type]
+
+    def reads(seconds: float, n: int = 400) -> float:
+        """The live path reporting ``n`` read ten times a second; when the last came."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            due.read(n)
+            time.sleep(0.1)
+        return time.monotonic()
+
+    try:
+        wait_for(lambda: len(starts.at) == 1, timeout=5)
+        last = reads(1.0)  # due after 0.3 s, read for 0.7 s more
+        wait_for(lambda: len(starts.at) == 2, timeout=5)
+        assert starts.at[1] - last >= 0.25  # the reads had paused for QUIET_S
+        reads(pacing.BURST_WAIT_S + 1.5)  # a flood: due, and never quiet
+        assert len(starts.at) == 3  # it did not wait for the flood to end
+        wait_for(lambda: len(starts.at) == 4, timeout=5)  # flagged during run 3: ran after it
+        due.revised()
+        began = time.monotonic()
+        reads(1.0, n=10)  # reading, but too little to be due
+        assert len(starts.at) == 5 and starts.at[4] - began < 0.5  # no wait for the reads
+    finally:
+        query.stop()
 
 
 def test_a_failed_run_ends_the_query_unless_it_may_run_again() -> None:
@@ -212,7 +247,7 @@ def _paced_runs(
 ) -> None:
     """Real paced runs of ``start`` until ``done``; none may fail."""
     q = SimpleNamespace(name="ticks", trigger_s=0.1, batch=batch)
-    query = PacedQuery(q, start, threading.Event(), lambda _: False)  # type: ignore[arg-type]
+    query = PacedQuery(q, start, CommitDue(1), lambda _: False)  # type: ignore[arg-type]
     try:
         wait_for(done, timeout=120)
     finally:
