@@ -12,9 +12,10 @@ interval; and every ``stream_ticks_commit_after`` ticks, so a burst is committed
 there is a batch's worth of it, as a Kafka Connect sink flushes at a size or an interval. A
 hurried run starts at least ``HURRY_GAP_S`` after the last one ended, so late trades or a
 flood cannot keep the commits running back to back. A run brought forward by a batch's worth
-of ticks also waits while the live path is still reading the burst (up to ``BURST_WAIT_S``):
-the burst then goes into one run instead of the part Kafka held at the threshold and a second
-run after the gap, and the live path keeps the cores while it reads.
+of ticks also waits while the live path is still reading the burst (up to ``BURST_WAIT_S``
+from when it was due, and never while a revised candle waits for it): the burst then goes into
+one run instead of the part Kafka held at the threshold and a second run after the gap, and
+the live path keeps the cores while it reads.
 
 Each run is a new query on a new JVM thread, and that thread's first call into Python (the
 batch function) opens a py4j connection, with a thread in this process to serve it, that
@@ -60,7 +61,8 @@ class CommitDue:
     def __init__(self, after_ticks: int) -> None:
         self.event = threading.Event()
         self.after_ticks = after_ticks
-        self.burst = False  # the event was set by a batch's worth of ticks read
+        self._burst = False  # a batch's worth of ticks read since the last run started
+        self._revised = False  # a revised candle since the last run started
         self._read = 0
         self._last_read = -math.inf  # time.monotonic() of the last read reported
         self._lock = threading.Lock()
@@ -68,12 +70,15 @@ class CommitDue:
     def clear(self) -> None:
         """A run starts: what is flagged from here on needs a run after this one."""
         with self._lock:
-            self.burst = False
+            self._burst = self._revised = False
+            self._read = 0  # the run takes what the live path has read so far
             self.event.clear()
 
     def revised(self) -> None:
         """A closed candle changed: ``ohlc`` holds a stale value."""
-        self.event.set()
+        with self._lock:
+            self._revised = True
+            self.event.set()
 
     def read(self, n: int) -> None:
         """``n`` more records of the ticks topic arrived."""
@@ -85,12 +90,15 @@ class CommitDue:
             due = self._read >= self.after_ticks
             if due:
                 self._read = 0
-                self.burst = True
+                self._burst = True
                 self.event.set()
 
-    def reading(self) -> bool:
-        """Whether the live path read records in the last ``QUIET_S``."""
-        return time.monotonic() - self._last_read < QUIET_S
+    def burst_unread(self) -> bool:
+        """Whether the run is due for a burst the live path is still reading (it read records
+        in the last ``QUIET_S``), and no revised candle waits for it."""
+        with self._lock:
+            quiet = time.monotonic() - self._last_read >= QUIET_S
+            return self._burst and not self._revised and not quiet
 
 
 BatchFunction = Callable[["DataFrame", int], None]
@@ -180,18 +188,11 @@ class PacedQuery:
             if self._due.event.wait(max(0.0, began + interval - ended)):
                 if self._stopping.is_set():
                     return
+                give_up = time.monotonic() + BURST_WAIT_S
                 self._stopping.wait(max(SETTLE_S, ended + HURRY_GAP_S - time.monotonic()))
-                self._let_burst_pass()
-
-    def _let_burst_pass(self) -> None:
-        """After a hurry by a batch's worth of ticks: wait while the live path still reads the
-        burst, at most ``BURST_WAIT_S``."""
-        if not self._due.burst:
-            return
-        give_up = time.monotonic() + BURST_WAIT_S
-        while self._due.reading() and time.monotonic() < give_up:
-            if self._stopping.wait(0.1):
-                return
+                while self._due.burst_unread() and time.monotonic() < give_up:
+                    if self._stopping.wait(0.1):
+                        return
 
     def _run_once(self) -> bool:
         self.runs += 1

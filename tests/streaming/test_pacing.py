@@ -1,5 +1,6 @@
 """The committing query's pace (streaming.pacing): a run at start and every interval, one
-soon after the live path revised a candle, and a failed run ends the query with its error."""
+soon after the live path revised a candle, one for a burst once the live path has read it,
+and a failed run ends the query with its error."""
 
 from __future__ import annotations
 
@@ -50,9 +51,9 @@ class Starts:
 
 
 def paced(
-    starts: Callable[[object], Run], interval: float, retry=lambda _: False, after_ticks: int = 1
+    starts: Callable[[object], Run], interval: float, retry=lambda _: False
 ) -> tuple[PacedQuery, threading.Event]:
-    due = CommitDue(after_ticks)
+    due = CommitDue(after_ticks=1)
     q = SimpleNamespace(name="ticks", trigger_s=interval)
     return PacedQuery(q, starts, due, retry), due.event  # type: ignore[arg-type]
 
@@ -100,32 +101,40 @@ def test_a_revised_candle_brings_the_next_run_forward_and_stop_ends_it() -> None
 def test_a_run_brought_forward_by_a_burst_waits_until_the_live_path_has_read_it() -> None:
     """A batch's worth of ticks read brings a run forward, but not while the live path is
     still reading the burst: the run then takes all of it at once. A burst that does not
-    pause is committed after ``BURST_WAIT_S``; a revised candle never waits for one."""
+    pause is committed ``BURST_WAIT_S`` after it was due; a revised candle ends the wait."""
     starts = Starts()
     due = CommitDue(after_ticks=1_000)
     q = SimpleNamespace(name="ticks", trigger_s=3600)
     query = PacedQuery(q, starts, due, lambda _: False)  # type: ignore[arg-type]
 
-    def reads(seconds: float, n: int = 400) -> float:
-        """The live path reporting ``n`` read ten times a second; when the last came."""
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            due.read(n)
+    def reads(seconds: float, revise_at: float | None = None) -> tuple[float, float]:
+        """The live path reporting 400 records read ten times a second (due at the third),
+        and a revised candle ``revise_at`` seconds in; when the last read and the revision
+        were reported."""
+        began = last = time.monotonic()
+        revised = math.inf
+        while last < began + seconds:
+            if revise_at is not None and revised == math.inf and last >= began + revise_at:
+                revised = time.monotonic()
+                due.revised()
+            last = time.monotonic()
+            due.read(400)
             time.sleep(0.1)
-        return time.monotonic()
+        return last, revised
 
     try:
         wait_for(lambda: len(starts.at) == 1, timeout=5)
-        last = reads(1.0)  # due after 0.3 s, read for 0.7 s more
+        last, _ = reads(1.0)
         wait_for(lambda: len(starts.at) == 2, timeout=5)
-        assert starts.at[1] - last >= 0.25  # the reads had paused for QUIET_S
-        reads(pacing.BURST_WAIT_S + 1.5)  # a flood: due, and never quiet
-        assert len(starts.at) == 3  # it did not wait for the flood to end
+        assert starts.at[1] - last >= pacing.QUIET_S  # after the reads had paused
+        flood = time.monotonic()
+        last, _ = reads(pacing.BURST_WAIT_S + 1.5)  # due, and never quiet
+        assert starts.at[2] < last  # it did not wait for the flood to end,
+        assert starts.at[2] - flood >= pacing.BURST_WAIT_S  # but as long as it may
         wait_for(lambda: len(starts.at) == 4, timeout=5)  # flagged during run 3: ran after it
-        due.revised()
-        began = time.monotonic()
-        reads(1.0, n=10)  # reading, but too little to be due
-        assert len(starts.at) == 5 and starts.at[4] - began < 0.5  # no wait for the reads
+        last, revised = reads(1.5, revise_at=0.6)  # a burst, and a revised candle amid it
+        wait_for(lambda: len(starts.at) >= 5, timeout=5)
+        assert starts.at[4] - revised < 0.5 and starts.at[4] < last  # not after the reads
     finally:
         query.stop()
 
