@@ -11,7 +11,12 @@ round in the same order:
 - ``judge``: the committing plan (``Commit``, judging and candles in Spark's tasks) with the
   driver's summary gathered beside it, its stored ticks to a no-op sink;
 - ``commit``: the same, its stored ticks appended to the Iceberg ``ticks`` table as the job
-  appends them.
+  appends them;
+- ``append``: every record decoded by the JVM's UDF and appended to ``ticks`` as it is, with
+  no judging and no state (a writer open per ticker, since a Kafka partition interleaves them
+  where the committing plan hands over one ticker after another). It is the least any route
+  that puts the topic's ticks into ``ticks`` through Spark pays, committing the live path's
+  verdicts (#34's third option) included: that route reads, decodes and appends as many.
 
 ``lost`` and ``duplicated`` count the ticks a batch kept fewer or more than were written, over
 all batches (each judges the topic afresh, and every tick is distinct and timely), and
@@ -20,7 +25,8 @@ pandas resample of their trades in any period (:mod:`bench.oracle`): all three m
 
 Each figure is the best of the rounds after the first two (a fresh JVM's first rounds pay for
 compiling). The ratios are each rate over ``read``'s in the same round set: the share of the
-machine's read rate that judging, and judging with the write, leave. The last line is JSON.
+machine's read rate that judging, judging with the write, and the write alone leave. The last
+line is JSON.
 
     python -m bench.commit [--ticks N] [--rounds R]
 """
@@ -45,11 +51,12 @@ from bench.stack import private_postgres
 from bench.stream import tick, trade
 from candlewire.config import PERIODS_S, Settings
 from candlewire.kafka import producer_config
-from candlewire.lake import ensure_tables, table_name
+from candlewire.lake import TICKS_SCHEMA, ensure_tables, table_name
 from candlewire.spark import build_session
 from launcher.stack import kafka_service
-from streaming.decode import CONTROL, CONTROL_SQL
+from streaming.decode import CONTROL, CONTROL_SQL, decode_ticks_in_jvm
 from streaming.queries.ticks import ONE_PASS, batch_summary, judged_in_tasks, stored_ticks
+from streaming.sql import columns_from_decoded
 
 TOPIC = "bench.commit.ticks"
 TICKERS = [f"BENCH:C{k}/USDT" for k in range(8)]
@@ -133,6 +140,14 @@ def main() -> None:
                 "commit": lambda: (
                     stored_ticks(judged()).writeTo(ticks_table).options(**ONE_PASS).append()
                 ),
+                "append": lambda: (
+                    decode_ticks_in_jvm(spark, records().drop(CONTROL.name))
+                    .where("valid AND NOT idle")
+                    .select(*columns_from_decoded(TICKS_SCHEMA))
+                    .writeTo(ticks_table)
+                    .options(**{**ONE_PASS, "fanout-enabled": "true"})
+                    .append()
+                ),
             }
             seconds: dict[str, list[float]] = {k: [] for k in jobs}
             for r in range(args.rounds):
@@ -159,6 +174,7 @@ def main() -> None:
                 **{f"{k}_per_s": round(v) for k, v in rates.items()},
                 "judge_ratio": round(rates["judge"] / rates["read"], 3),
                 "commit_ratio": round(rates["commit"] / rates["read"], 3),
+                "append_ratio": round(rates["append"] / rates["read"], 3),
                 "lost": sum(max(0, args.ticks - k) for k in kept),
                 "duplicated": sum(max(0, k - args.ticks) for k in kept),
                 "tickers_differing": differing,
