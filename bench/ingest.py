@@ -24,6 +24,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from bench.kafka import perf_test_records_per_s, start_broker
+from bench.stack import sigterm_unwinds
 from candlewire.kafka import TICKS, consumer_config, ensure_topics
 from ingest.exchanges.sim import SimExchange
 from ingest.gaps import GapDetector, GapWatch
@@ -109,4 +110,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with sigterm_unwinds():  # its brokers and services stop on a kill too
+        main()

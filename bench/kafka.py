@@ -20,6 +20,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
+from bench.stack import sigterm_unwinds
 from candlewire.config import Settings
 from candlewire.testing import free_settings
 from launcher.stack import ProcessService, kafka_service
@@ -108,4 +109,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with sigterm_unwinds():  # its brokers and services stop on a kill too
+        main()

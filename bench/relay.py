@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from bench.stack import sigterm_unwinds
 from bench.stats import process_cpu_s
 from candlewire.config import Settings
 from candlewire.curve import Keyring, dial
@@ -306,4 +307,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with sigterm_unwinds():  # its brokers and services stop on a kill too
+        main()

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import zmq
 
+from bench.stack import sigterm_unwinds
 from bench.stats import pct, process_cpu_s
 from candlewire.client import Client
 from candlewire.config import Settings
@@ -265,4 +266,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with sigterm_unwinds():  # its brokers and services stop on a kill too
+        main()

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from bench.ingest import sim_ticks_per_s, topic_size
 from bench.kafka import start_broker
+from bench.stack import sigterm_unwinds
 from candlewire.kafka import ensure_topics
 from ingest.exchanges.base import Page
 from ingest.exchanges.replay import ReplayExchange
@@ -160,4 +161,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with sigterm_unwinds():  # its brokers and services stop on a kill too
+        main()

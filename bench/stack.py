@@ -7,7 +7,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from candlewire.config import Settings
@@ -26,13 +26,16 @@ def private_stack(**overrides: object) -> Iterator[Settings]:
     base.chmod(0o755)  # PostgreSQL runs as the postgres user when we are root
     settings = free_settings(base, **overrides)
     stack = Stack(settings, default_services(settings))
-    try:
-        with _unwound_by_sigterm():
-            stack.up(lambda line: print(line, flush=True))
-            yield settings
-    finally:
-        stack.down(lambda _: None)
-        shutil.rmtree(base, ignore_errors=True)
+
+    def stop() -> None:
+        try:
+            stack.down(lambda _: None)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+    with _stopped_despite_sigterm(stop):
+        stack.up(lambda line: print(line, flush=True))
+        yield settings
 
 
 @contextlib.contextmanager
@@ -44,20 +47,26 @@ def private_postgres() -> Iterator[Settings]:
     base.chmod(0o755)  # PostgreSQL runs as the postgres user when we are root
     settings = free_settings(base)
     pg = LocalPostgres(base / "postgres", settings.port("postgres"))
-    try:
-        with _unwound_by_sigterm():
-            pg.init_once()
-            pg.start(base / "postgres.log")
-            yield settings
-    finally:
-        pg.stop()
-        shutil.rmtree(base, ignore_errors=True)
+
+    def stop() -> None:
+        try:
+            pg.stop()
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+    with _stopped_despite_sigterm(stop):
+        pg.init_once()
+        pg.start(base / "postgres.log")
+        yield settings
 
 
 @contextlib.contextmanager
-def _unwound_by_sigterm() -> Iterator[None]:
-    """A SIGTERM inside raises ``SystemExit``, so the caller's ``finally`` stops what the
-    bench started: Python's default for SIGTERM ends the process at once and skips it."""
+def sigterm_unwinds() -> Iterator[None]:
+    """Inside, a SIGTERM (``kill``, ``timeout``) raises ``SystemExit``, so every ``finally``
+    stops what the bench started: Python's default ends the process at once and skips them.
+    Any later SIGTERM is ignored on the way out: ``kill`` and ``timeout`` often deliver two
+    (``pkill -f`` reaches ``timeout`` too, which passes its own on), and the second once ended
+    a bench halfway through its stack's ``down``, leaving seven parts running."""
     previous = signal.signal(signal.SIGTERM, _exit_on_term)
     try:
         yield
@@ -66,7 +75,20 @@ def _unwound_by_sigterm() -> Iterator[None]:
 
 
 def _exit_on_term(signum: int, _frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _stopped_despite_sigterm(stop: Callable[[], None]) -> Iterator[None]:
+    """Run ``stop`` however the body ends, a SIGTERM included, with SIGTERM ignored while
+    it runs."""
+    with sigterm_unwinds():
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            stop()
 
 
 def ticks_batches(settings: Settings) -> float:

@@ -1,4 +1,5 @@
-"""A bench's private servers go down with it, a ``kill`` (SIGTERM) included."""
+"""A bench's private servers go down with it, a ``kill`` (SIGTERM) included, and a second
+SIGTERM while they stop does not cut that short."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from candlewire.testing import wait_for
 
@@ -18,6 +21,35 @@ with private_postgres() as settings:
     print(settings.state_dir, flush=True)
     time.sleep(120)
 """
+# The same, sent a second SIGTERM as its server starts to stop: as ``pkill -f`` does when it
+# reaches both the bench and the ``timeout`` that runs it, which passes its own on.
+TWICE = """
+import os, signal, time
+from bench.stack import private_postgres
+from launcher.local.postgres import LocalPostgres
+stop = LocalPostgres.stop
+def stop_killed_again(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return stop(self, *args, **kwargs)
+LocalPostgres.stop = stop_killed_again
+with private_postgres() as settings:
+    print(settings.state_dir, flush=True)
+    time.sleep(120)
+"""
+# The second SIGTERM in the bench's own cleanup (as ``bench.commit`` stops its broker), which
+# must run to its end before the private server stops.
+IN_ITS_CLEANUP = """
+import os, signal, time
+from bench.stack import private_postgres
+with private_postgres() as settings:
+    print(settings.state_dir, flush=True)
+    try:
+        time.sleep(120)
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        print("its own cleanup done", flush=True)
+"""
 
 
 def _alive(pid: int) -> bool:
@@ -28,10 +60,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_a_killed_bench_stops_its_private_postgres_and_removes_its_state() -> None:
+@pytest.mark.parametrize(
+    ("script", "own_cleanup"),
+    [(BENCH, False), (TWICE, False), (IN_ITS_CLEANUP, True)],
+    ids=["once", "again-while-stopping", "again-in-its-own-cleanup"],
+)
+def test_a_killed_bench_stops_its_private_postgres_and_removes_its_state(
+    script: str, own_cleanup: bool
+) -> None:
     bench = subprocess.Popen(
-        [sys.executable, "-c", BENCH], stdout=subprocess.PIPE, text=True, cwd=Path.cwd()
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=Path.cwd()
     )
+    server = None
     try:
         state = Path(bench.stdout.readline().strip())  # type: ignore[union-attr]
         server = int((state / "postgres" / "postmaster.pid").read_text().split()[0])
@@ -40,7 +80,40 @@ def test_a_killed_bench_stops_its_private_postgres_and_removes_its_state() -> No
         assert bench.wait(timeout=60) == 128 + signal.SIGTERM
         wait_for(lambda: not _alive(server), timeout=10)
         assert not state.exists()
+        said = bench.stdout.read()  # type: ignore[union-attr]
+        assert ("its own cleanup done" in said) == own_cleanup
     finally:  # a failure before the SIGTERM still lets the bench stop its server
         if bench.poll() is None:
             bench.terminate()
             bench.wait(timeout=60)
+        if server is not None and _alive(server):  # a bench cut short left it running
+            os.kill(server, signal.SIGTERM)
+
+
+# A bench that starts its servers itself (``bench.kafka``, ``bench.replay``) and stops them in
+# its own ``finally``, run as their ``__main__`` runs it.
+OWN_SERVERS = """
+import os, signal, time
+from bench.stack import sigterm_unwinds
+with sigterm_unwinds():
+    print("started", flush=True)
+    try:
+        time.sleep(120)
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)  # the second, as pkill -f sends beside timeout
+        time.sleep(0.2)
+        print("stopped", flush=True)
+"""
+
+
+def test_a_killed_bench_runs_its_own_finally_to_the_end() -> None:
+    bench = subprocess.Popen([sys.executable, "-c", OWN_SERVERS], stdout=subprocess.PIPE, text=True)
+    try:
+        assert bench.stdout.readline().strip() == "started"  # type: ignore[union-attr]
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=30) == 128 + signal.SIGTERM
+        assert bench.stdout.read().strip() == "stopped"  # type: ignore[union-attr]
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(timeout=10)
