@@ -42,8 +42,8 @@ IN_ITS_CLEANUP = """
 import os, signal, time
 from bench.stack import private_postgres
 with private_postgres() as settings:
-    print(settings.state_dir, flush=True)
-    try:
+    try:  # said inside the try: the SIGTERM comes as soon as it is read
+        print(settings.state_dir, flush=True)
         time.sleep(120)
     finally:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -96,8 +96,8 @@ OWN_SERVERS = """
 import os, signal, time
 from bench.stack import sigterm_unwinds
 with sigterm_unwinds():
-    print("started", flush=True)
-    try:
+    try:  # said inside the try: the SIGTERM comes as soon as it is read
+        print("started", flush=True)
         time.sleep(120)
     finally:
         os.kill(os.getpid(), signal.SIGTERM)  # the second, as pkill -f sends beside timeout
