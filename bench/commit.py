@@ -47,7 +47,7 @@ from pyspark.sql import functions as F
 from bench.kafka import produce_all
 from bench.oracle import Candles, Trade, all_same, reference
 from bench.spark_read import kafka_source
-from bench.stack import private_postgres
+from bench.stack import private_postgres, running
 from bench.stream import tick, trade
 from candlewire.config import PERIODS_S, Settings
 from candlewire.kafka import producer_config
@@ -104,67 +104,59 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds <= WARM_ROUNDS:
         parser.error(f"--rounds must be more than the {WARM_ROUNDS} warm-up rounds")
-    with private_postgres() as settings:
-        broker = kafka_service(settings)
-        broker.start()
-        try:
-            trades = produce(settings, args.ticks)
-            print(f"{args.ticks:,} ticks written to {TOPIC}", flush=True)
-            ensure_tables(settings)
-            spark = build_session(settings, "candlewire-bench-commit")
-            ticks_table = table_name(settings, "ticks")
+    with private_postgres() as settings, running(kafka_service(settings)):
+        trades = produce(settings, args.ticks)
+        print(f"{args.ticks:,} ticks written to {TOPIC}", flush=True)
+        ensure_tables(settings)
+        spark = build_session(settings, "candlewire-bench-commit")
+        ticks_table = table_name(settings, "ticks")
 
-            def records() -> DataFrame:
-                return kafka_source(spark, settings, TOPIC, False).select(
-                    "value", "partition", "offset", F.expr(CONTROL_SQL).alias(CONTROL.name)
-                )
+        def records() -> DataFrame:
+            return kafka_source(spark, settings, TOPIC, False).select(
+                "value", "partition", "offset", F.expr(CONTROL_SQL).alias(CONTROL.name)
+            )
 
-            observed: list[Observation] = []
+        observed: list[Observation] = []
 
-            def judged() -> DataFrame:
-                observed.append(Observation(f"commit-{len(observed)}"))
-                plan = judged_in_tasks(
-                    records(), settings.stream_watermark_s, settings.stream_dedup_horizon_s
-                )
-                return plan.observe(observed[-1], *batch_summary())
+        def judged() -> DataFrame:
+            observed.append(Observation(f"commit-{len(observed)}"))
+            plan = judged_in_tasks(
+                records(), settings.stream_watermark_s, settings.stream_dedup_horizon_s
+            )
+            return plan.observe(observed[-1], *batch_summary())
 
-            jobs: dict[str, Callable[[], object]] = {
-                "read": lambda: (
-                    kafka_source(spark, settings, TOPIC, False)
-                    .select("value", "partition", "offset")
-                    .count()
-                ),
-                "judge": lambda: (
-                    stored_ticks(judged()).write.format("noop").mode("overwrite").save()
-                ),
-                "commit": lambda: (
-                    stored_ticks(judged()).writeTo(ticks_table).options(**ONE_PASS).append()
-                ),
-                "append": lambda: (
-                    decode_ticks_in_jvm(spark, records().drop(CONTROL.name))
-                    .where("valid AND NOT idle")
-                    .select(*columns_from_decoded(TICKS_SCHEMA))
-                    .writeTo(ticks_table)
-                    .options(**{**ONE_PASS, "fanout-enabled": "true"})
-                    .append()
-                ),
-            }
-            seconds: dict[str, list[float]] = {k: [] for k in jobs}
-            for r in range(args.rounds):
-                for name, job in jobs.items():
-                    seconds[name].append(timed(job))
-                print(
-                    f"round {r + 1}: "
-                    + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in seconds.items()),
-                    flush=True,
-                )
-            # Each batch judges the whole topic afresh (no state between them): every tick
-            # is distinct and timely, so each is kept, and each batch changes every candle.
-            kept = [o.get["kept"] for o in observed]
-            got = judged_candles(observed[-1].get["candles"])
-            spark.stop()
-        finally:
-            broker.stop()
+        jobs: dict[str, Callable[[], object]] = {
+            "read": lambda: (
+                kafka_source(spark, settings, TOPIC, False)
+                .select("value", "partition", "offset")
+                .count()
+            ),
+            "judge": lambda: stored_ticks(judged()).write.format("noop").mode("overwrite").save(),
+            "commit": lambda: (
+                stored_ticks(judged()).writeTo(ticks_table).options(**ONE_PASS).append()
+            ),
+            "append": lambda: (
+                decode_ticks_in_jvm(spark, records().drop(CONTROL.name))
+                .where("valid AND NOT idle")
+                .select(*columns_from_decoded(TICKS_SCHEMA))
+                .writeTo(ticks_table)
+                .options(**{**ONE_PASS, "fanout-enabled": "true"})
+                .append()
+            ),
+        }
+        seconds: dict[str, list[float]] = {k: [] for k in jobs}
+        for r in range(args.rounds):
+            for name, job in jobs.items():
+                seconds[name].append(timed(job))
+            print(
+                f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in seconds.items()),
+                flush=True,
+            )
+        # Each batch judges the whole topic afresh (no state between them): every tick
+        # is distinct and timely, so each is kept, and each batch changes every candle.
+        kept = [o.get["kept"] for o in observed]
+        got = judged_candles(observed[-1].get["candles"])
+        spark.stop()
     want = reference(trades)
     differing = sum(not all_same("candles", {t: got[t]}, {t: want[t]}) for t in want)
     rates = {k: args.ticks / min(v[WARM_ROUNDS:]) for k, v in seconds.items()}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.kafka import perf_test_records_per_s, start_broker
+from bench.kafka import perf_test_records_per_s, private_broker
 from bench.stack import sigterm_unwinds
 from candlewire.kafka import TICKS, consumer_config, ensure_topics
 from ingest.exchanges.sim import SimExchange
@@ -83,18 +83,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--records", type=int, default=2_000_000)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as base:
-        settings, broker = start_broker(Path(base))
-        try:
-            ensure_topics(settings)
-            # Untimed: a fresh broker's first run pays for its own warm-up (its JIT, its
-            # log's first segments), a quarter to a third below the runs after it.
-            perf_test_records_per_s(settings, args.records // 4)
-            before = perf_test_records_per_s(settings, args.records)
-            rate = sim_ticks_per_s(settings, args.seconds)
-            after = perf_test_records_per_s(settings, args.records)
-        finally:
-            broker.stop()
+    with tempfile.TemporaryDirectory() as base, private_broker(Path(base)) as settings:
+        ensure_topics(settings)
+        # Untimed: a fresh broker's first run pays for its own warm-up (its JIT, its
+        # log's first segments), a quarter to a third below the runs after it.
+        perf_test_records_per_s(settings, args.records // 4)
+        before = perf_test_records_per_s(settings, args.records)
+        rate = sim_ticks_per_s(settings, args.seconds)
+        after = perf_test_records_per_s(settings, args.records)
     baseline = (before + after) / 2
     print(
         json.dumps(

@@ -11,19 +11,20 @@ is JSON. ``bench/ingest.py`` compares against :func:`perf_test_records_per_s`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from confluent_kafka import Producer
 
-from bench.stack import sigterm_unwinds
+from bench.stack import running, sigterm_unwinds
 from candlewire.config import Settings
 from candlewire.testing import free_settings
-from launcher.stack import ProcessService, kafka_service
+from launcher.stack import kafka_service
 
 TOPIC = "bench.perf"
 
@@ -43,11 +44,12 @@ def produce_all(
     producer.flush(flush_s)
 
 
-def start_broker(base: Path) -> tuple[Settings, ProcessService]:
+@contextlib.contextmanager
+def private_broker(base: Path) -> Iterator[Settings]:
+    """A broker of its own on free ports, its state under ``base``, for the block."""
     settings = free_settings(base)
-    svc = kafka_service(settings)
-    svc.start()
-    return settings, svc
+    with running(kafka_service(settings)):
+        yield settings
 
 
 def perf_test_records_per_s(settings: Settings, records: int, size: int = 100) -> float:
@@ -95,12 +97,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=2_000_000)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as base:
-        settings, svc = start_broker(Path(base))
-        try:
-            rate = perf_test_records_per_s(settings, args.records)
-        finally:
-            svc.stop()
+    with tempfile.TemporaryDirectory() as base, private_broker(Path(base)) as settings:
+        rate = perf_test_records_per_s(settings, args.records)
     print(
         json.dumps(
             {"kafka_perf_records_per_s": round(rate), "record_bytes": 100, "records": args.records}

@@ -224,9 +224,9 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="candlewire-bench-"))
     settings = free_settings(base)
     kafka = kafka_service(settings)
-    kafka.start()
     procs = []
     try:
+        kafka.start()  # inside: its pid is on file at once, so a kill while it starts stops it
         ensure_topics(settings)
         procs.append(
             spawn(

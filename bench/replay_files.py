@@ -27,7 +27,7 @@ import zipfile
 from pathlib import Path
 
 from bench.ingest import sim_ticks_per_s, topic_size
-from bench.kafka import start_broker
+from bench.kafka import private_broker
 from bench.stack import sigterm_unwinds
 from candlewire.kafka import ensure_topics
 from ingest.exchanges.base import Page
@@ -120,8 +120,7 @@ def main() -> None:
         assert len(first) == 1000, len(first)
         print(f"first page of a 12-month root in {first_page_s:.3f}s", flush=True)
 
-        settings, broker = start_broker(Path(base) / "kafka")
-        try:
+        with private_broker(Path(base) / "kafka") as settings:
             ensure_topics(settings)
             ingest_rate = sim_ticks_per_s(settings, args.seconds)
             sink = KafkaSink(settings)
@@ -142,8 +141,6 @@ def main() -> None:
             trades_per_s = sent / (time.perf_counter() - t0)
             assert topic_size(settings) - before == sent == args.trades
             print(f"{sent:,} trades into Kafka: {trades_per_s:,.0f}/s", flush=True)
-        finally:
-            broker.stop()
     print(
         json.dumps(
             {

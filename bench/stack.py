@@ -13,7 +13,7 @@ from pathlib import Path
 from candlewire.config import Settings
 from candlewire.testing import free_settings, stream_metric
 from launcher.local.postgres import LocalPostgres
-from launcher.stack import Stack, default_services
+from launcher.stack import ProcessService, Stack, default_services
 
 
 @contextlib.contextmanager
@@ -36,6 +36,17 @@ def private_stack(**overrides: object) -> Iterator[Settings]:
     with _stopped_despite_sigterm(stop):
         stack.up(lambda line: print(line, flush=True))
         yield settings
+
+
+@contextlib.contextmanager
+def running(service: ProcessService) -> Iterator[ProcessService]:
+    """``service`` started, and stopped however the block ends, a SIGTERM during its start
+    (which waits seconds for its health) included: its pid is on file from its first moment."""
+    try:
+        service.start()
+        yield service
+    finally:
+        service.stop()
 
 
 @contextlib.contextmanager

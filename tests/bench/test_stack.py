@@ -117,3 +117,44 @@ def test_a_killed_bench_runs_its_own_finally_to_the_end() -> None:
         if bench.poll() is None:
             bench.kill()
             bench.wait(timeout=10)
+
+
+# A bench killed while a server it starts is still coming up (a broker waits seconds for its
+# health). The server, whose health never comes, writes its pid to its log and sleeps.
+STARTING = """
+import sys
+from pathlib import Path
+from bench.stack import running, sigterm_unwinds
+from launcher.stack import ProcessService
+base = Path(sys.argv[1])
+sleeper = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
+server = ProcessService(
+    name="server",
+    argv=lambda: [sys.executable, "-c", sleeper],
+    port=None,
+    check=lambda: "not yet",
+    run_dir=base,
+    log=base / "server.log",
+)
+with sigterm_unwinds(), running(server):
+    pass
+"""
+
+
+def test_a_bench_killed_while_its_server_starts_stops_that_server(tmp_path: Path) -> None:
+    bench = subprocess.Popen([sys.executable, "-c", STARTING, str(tmp_path)], cwd=Path.cwd())
+    log = tmp_path / "server.log"
+    server = None
+    try:
+        wait_for(lambda: log.is_file() and log.read_text().strip() != "", timeout=30)
+        server = int(log.read_text().split()[0])
+        assert _alive(server)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) == 128 + signal.SIGTERM
+        wait_for(lambda: not _alive(server), timeout=10)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(timeout=10)
+        if server is not None and _alive(server):
+            os.kill(server, signal.SIGKILL)
