@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import tempfile
@@ -22,31 +23,12 @@ def private_stack(**overrides: object) -> Iterator[Settings]:
 
     The stack goes down however the bench ends, a SIGTERM (``kill``, ``timeout``) included:
     a bench killed without it once left a whole stack running for an hour beside others."""
-    base = Path(tempfile.mkdtemp(prefix="candlewire-bench-"))
-    base.chmod(0o755)  # PostgreSQL runs as the postgres user when we are root
+    base = _private_folder()
     settings = free_settings(base, **overrides)
     stack = Stack(settings, default_services(settings))
-
-    def stop() -> None:
-        try:
-            stack.down(lambda _: None)
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
-
-    with _stopped_despite_sigterm(stop):
+    with _stopped_despite_sigterm(lambda: stack.down(lambda _: None), base):
         stack.up(lambda line: print(line, flush=True))
         yield settings
-
-
-@contextlib.contextmanager
-def running(service: ProcessService) -> Iterator[ProcessService]:
-    """``service`` started, and stopped however the block ends, a SIGTERM during its start
-    (which waits seconds for its health) included: its pid is on file from its first moment."""
-    try:
-        service.start()
-        yield service
-    finally:
-        service.stop()
 
 
 @contextlib.contextmanager
@@ -54,52 +36,121 @@ def private_postgres() -> Iterator[Settings]:
     """Settings on free ports, their state in a temporary folder, with a PostgreSQL of their
     own running (the Iceberg catalog, the gateway's directory) for a bench that needs no
     more of the stack; stopped and removed at the end."""
-    base = Path(tempfile.mkdtemp(prefix="candlewire-bench-"))
-    base.chmod(0o755)  # PostgreSQL runs as the postgres user when we are root
+    base = _private_folder()
     settings = free_settings(base)
     pg = LocalPostgres(base / "postgres", settings.port("postgres"))
-
-    def stop() -> None:
-        try:
-            pg.stop()
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
-
-    with _stopped_despite_sigterm(stop):
+    with _stopped_despite_sigterm(pg.stop, base):
         pg.init_once()
         pg.start(base / "postgres.log")
         yield settings
 
 
 @contextlib.contextmanager
+def running(service: ProcessService) -> Iterator[ProcessService]:
+    """``service`` started, and stopped however the block ends, a SIGTERM during its start
+    (which waits seconds for its health) included: its pid is on file once it is spawned."""
+    with _stopped_despite_sigterm(service.stop):
+        service.start()
+        yield service
+
+
+def _private_folder() -> Path:
+    base = Path(tempfile.mkdtemp(prefix="candlewire-bench-"))
+    base.chmod(0o755)  # PostgreSQL runs as the postgres user when we are root
+    return base
+
+
+# Once a SIGTERM has come, every later one is ignored until the bench is out.
+_killed = False
+_depth = 0  # sigterm_unwinds blocks open
+
+
+@contextlib.contextmanager
 def sigterm_unwinds() -> Iterator[None]:
     """Inside, a SIGTERM (``kill``, ``timeout``) raises ``SystemExit``, so every ``finally``
     stops what the bench started: Python's default ends the process at once and skips them.
-    Any later SIGTERM is ignored on the way out: ``kill`` and ``timeout`` often deliver two
-    (``pkill -f`` reaches ``timeout`` too, which passes its own on), and the second once ended
-    a bench halfway through its stack's ``down``, leaving seven parts running."""
+    Any later SIGTERM is ignored on the way out, through every enclosing block: ``kill`` and
+    ``timeout`` often deliver two (``pkill -f`` reaches ``timeout`` too, which passes its own
+    on), and the second once ended a bench halfway through its stack's ``down``, leaving seven
+    parts running. The outermost block then stops any child process still running (one
+    started by a call the kill interrupted, before its caller could know of it)."""
+    global _depth
     previous = signal.signal(signal.SIGTERM, _exit_on_term)
+    _depth += 1
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        _depth -= 1
+        if _killed:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            if _depth == 0:
+                _stop_children()
+        else:
+            signal.signal(signal.SIGTERM, previous)
 
 
-def _exit_on_term(signum: int, _frame: object) -> None:
+def _held_term(_signum: int, _frame: object) -> None:
+    global _killed
+    _killed = True
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    _held_term(signum, frame)
     raise SystemExit(128 + signum)
 
 
 @contextlib.contextmanager
-def _stopped_despite_sigterm(stop: Callable[[], None]) -> Iterator[None]:
-    """Run ``stop`` however the body ends, a SIGTERM included, with SIGTERM ignored while
-    it runs."""
+def _stopped_despite_sigterm(
+    stop: Callable[[], None], folder: Path | None = None
+) -> Iterator[None]:
+    """Run ``stop`` (then remove ``folder``) however the body ends, to its end: a SIGTERM
+    while it runs is held, and the bench exits as killed once it is done."""
+
+    def stopped() -> None:
+        try:
+            stop()
+        finally:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+
     with sigterm_unwinds():
         try:
             yield
-        finally:
+        except BaseException:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            stop()
+            stopped()
+            raise
+        signal.signal(signal.SIGTERM, _held_term)
+        stopped()
+        if _killed:
+            raise SystemExit(128 + signal.SIGTERM)
+
+
+def _stop_children(grace_s: float = 10.0) -> None:
+    """SIGTERM to each child process still running, SIGKILL to any left after ``grace_s``."""
+    left = _children()
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [pid for pid in left if pid in _children()]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _children() -> list[int]:
+    """This process's children that have not exited (zombies left out), from ``/proc``."""
+    me, found = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+            if int(ppid) == me and state != "Z":
+                found.append(int(stat.parent.name))
+    return found
 
 
 def ticks_batches(settings: Settings) -> float:

@@ -146,7 +146,9 @@ def test_a_bench_killed_while_its_server_starts_stops_that_server(tmp_path: Path
     log = tmp_path / "server.log"
     server = None
     try:
-        wait_for(lambda: log.is_file() and log.read_text().strip() != "", timeout=30)
+        # Its pid on file too: the bench writes it just after the spawn returns.
+        wait_for(lambda: (tmp_path / "server.pid").is_file() and log.is_file(), timeout=30)
+        wait_for(lambda: log.read_text().strip() != "", timeout=30)
         server = int(log.read_text().split()[0])
         assert _alive(server)
         bench.send_signal(signal.SIGTERM)
@@ -158,3 +160,73 @@ def test_a_bench_killed_while_its_server_starts_stops_that_server(tmp_path: Path
             bench.wait(timeout=10)
         if server is not None and _alive(server):
             os.kill(server, signal.SIGKILL)
+
+
+# Blocks within blocks: the bench's own cleanup, outside an inner block that has ended, is
+# not cut short by a second SIGTERM either. A child it started and never recorded (a call
+# the kill interrupted) is stopped on the way out.
+NESTED = """
+import os, signal, subprocess, sys, time
+from bench.stack import sigterm_unwinds
+with sigterm_unwinds():
+    try:
+        with sigterm_unwinds():
+            sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+            child = subprocess.Popen(sleeper, stdout=subprocess.DEVNULL)
+            print(child.pid, flush=True)
+            time.sleep(120)
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        print("outer cleanup done", flush=True)
+"""
+
+
+def test_a_killed_bench_finishes_every_cleanup_and_stops_its_leftover_children() -> None:
+    bench = subprocess.Popen([sys.executable, "-c", NESTED], stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        child = int(bench.stdout.readline())  # type: ignore[union-attr]
+        assert _alive(child)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=30) == 128 + signal.SIGTERM
+        assert bench.stdout.read().strip() == "outer cleanup done"  # type: ignore[union-attr]
+        wait_for(lambda: not _alive(child), timeout=10)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(timeout=10)
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+# A SIGTERM that comes while a bench that has finished stops its server: the stop runs to
+# its end, and then the bench exits as killed instead of carrying on.
+DURING_TEARDOWN = """
+import os, signal, time
+from bench.stack import private_postgres
+from launcher.local.postgres import LocalPostgres
+stop = LocalPostgres.stop
+def stop_killed(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return stop(self, *args, **kwargs)
+LocalPostgres.stop = stop_killed
+with private_postgres() as settings:
+    print(settings.state_dir, flush=True)
+print("carried on", flush=True)
+"""
+
+
+def test_a_sigterm_during_a_finished_benchs_teardown_waits_for_it_then_ends_the_bench() -> None:
+    bench = subprocess.Popen(
+        [sys.executable, "-c", DURING_TEARDOWN], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        state = Path(bench.stdout.readline().strip())  # type: ignore[union-attr]
+        assert bench.wait(timeout=60) == 128 + signal.SIGTERM
+        assert "carried on" not in bench.stdout.read()  # type: ignore[union-attr]
+        assert not state.exists()
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(timeout=10)
