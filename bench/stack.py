@@ -72,8 +72,9 @@ def sigterm_unwinds() -> Iterator[None]:
     Any later SIGTERM is ignored on the way out, through every enclosing block: ``kill`` and
     ``timeout`` often deliver two (``pkill -f`` reaches ``timeout`` too, which passes its own
     on), and the second once ended a bench halfway through its stack's ``down``, leaving seven
-    parts running. The outermost block then stops any child process still running (one
-    started by a call the kill interrupted, before its caller could know of it)."""
+    parts running. The outermost block then stops the child processes still running as it
+    ends (one started by a call the kill interrupted, before its caller could record it);
+    one a thread starts after that is not seen."""
     global _depth
     previous = signal.signal(signal.SIGTERM, _exit_on_term)
     _depth += 1
@@ -117,29 +118,41 @@ def _stopped_despite_sigterm(
     with sigterm_unwinds():
         try:
             yield
-        except BaseException:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        except BaseException:  # a SIGTERM's own SystemExit, or the bench's error
+            _hold_sigterm()
             stopped()
             raise
-        signal.signal(signal.SIGTERM, _held_term)
+        _hold_sigterm()
         stopped()
         if _killed:
             raise SystemExit(128 + signal.SIGTERM)
 
 
+def _hold_sigterm() -> None:
+    """From here a SIGTERM only marks the bench killed: the cleanup under way finishes."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if _killed else _held_term)
+
+
 def _stop_children(grace_s: float = 10.0) -> None:
-    """SIGTERM to each child process still running, SIGKILL to any left after ``grace_s``."""
+    """SIGTERM to each child process running now, SIGKILL to any left after ``grace_s``; a
+    child that leads its own process group (a server in its own session) with its group."""
     left = _children()
     for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+        _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
         left = [pid for pid in left if pid in _children()]
     for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):  # gone, or not ours to signal: nothing more to do
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
 
 
 def _children() -> list[int]:

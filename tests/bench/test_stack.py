@@ -154,6 +154,7 @@ def test_a_bench_killed_while_its_server_starts_stops_that_server(tmp_path: Path
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(timeout=60) == 128 + signal.SIGTERM
         wait_for(lambda: not _alive(server), timeout=10)
+        assert not (tmp_path / "server.pid").exists()  # stopped by its own stop
     finally:
         if bench.poll() is None:
             bench.kill()
@@ -213,6 +214,8 @@ def stop_killed(self, *args, **kwargs):
 LocalPostgres.stop = stop_killed
 with private_postgres() as settings:
     print(settings.state_dir, flush=True)
+    pid = (settings.state_dir / "postgres" / "postmaster.pid").read_text().split()[0]
+    print(pid, flush=True)
 print("carried on", flush=True)
 """
 
@@ -221,12 +224,19 @@ def test_a_sigterm_during_a_finished_benchs_teardown_waits_for_it_then_ends_the_
     bench = subprocess.Popen(
         [sys.executable, "-c", DURING_TEARDOWN], stdout=subprocess.PIPE, text=True
     )
+    server = None
     try:
-        state = Path(bench.stdout.readline().strip())  # type: ignore[union-attr]
+        lines = bench.stdout  # type: ignore[union-attr]
+        state = Path(lines.readline().strip())
+        server = int(lines.readline())
         assert bench.wait(timeout=60) == 128 + signal.SIGTERM
-        assert "carried on" not in bench.stdout.read()  # type: ignore[union-attr]
+        assert "carried on" not in lines.read()
+        # The stop ran to its end, not just the folder's removal after it.
+        wait_for(lambda: not _alive(server), timeout=10)
         assert not state.exists()
     finally:
         if bench.poll() is None:
             bench.kill()
             bench.wait(timeout=10)
+        if server is not None and _alive(server):
+            os.kill(server, signal.SIGKILL)
