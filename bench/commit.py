@@ -13,10 +13,12 @@ one Spark session, each round in the same order:
 - ``commit``: the same, its stored ticks appended to the Iceberg ``ticks`` table as the job
   appends them;
 - ``append`` (with ``--append``): every record decoded by the JVM's UDF and appended to
-  ``ticks`` as it is, with no judging and no state (a writer open per ticker, since a Kafka partition interleaves them
-  where the committing plan hands over one ticker after another). It is the least any route
-  that puts the topic's ticks into ``ticks`` through Spark pays, committing the live path's
-  verdicts (#34's third option) included: that route reads, decodes and appends as many.
+  ``ticks`` as it is, with no judging and no state (a writer open per ticker, since a Kafka
+  partition interleaves them where the committing plan hands over one ticker after
+  another). It is the least any route that puts the topic's ticks into ``ticks`` through
+  Spark pays, committing the live path's verdicts (#34's third option) included: that route
+  reads, decodes and appends as many. It is off by default, so ``make bench-quick``'s rounds
+  stay the ones its baseline was measured with.
 
 ``lost`` and ``duplicated`` count the ticks a batch kept fewer or more than were written, over
 all batches (each judges the topic afresh, and every tick is distinct and timely), and
@@ -27,9 +29,6 @@ Each figure is the best of the rounds after the first two (a fresh JVM's first r
 compiling). The ratios are each rate over ``read``'s in the same round set: the share of the
 machine's read rate that judging, judging with the write, and the write alone leave. The last
 line is JSON.
-
-It is off by default, so ``make bench-quick``'s rounds stay the ones its baseline was
-measured with.
 
     python -m bench.commit [--ticks N] [--rounds R] [--append]
 """
