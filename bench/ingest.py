@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.kafka import perf_test_records_per_s, private_broker
-from bench.stack import sigterm_unwinds
+from bench.kafka import perf_test_records_per_s
+from bench.stack import private_broker, sigterm_unwinds
 from candlewire.kafka import TICKS, consumer_config, ensure_topics
 from ingest.exchanges.sim import SimExchange
 from ingest.gaps import GapDetector, GapWatch
@@ -83,7 +81,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--records", type=int, default=2_000_000)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as base, private_broker(Path(base)) as settings:
+    with private_broker() as settings:
         ensure_topics(settings)
         # Untimed: a fresh broker's first run pays for its own warm-up (its JIT, its
         # log's first segments), a quarter to a third below the runs after it.

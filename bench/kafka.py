@@ -11,20 +11,15 @@ is JSON. ``bench/ingest.py`` compares against :func:`perf_test_records_per_s`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
 import subprocess
-import tempfile
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterable
 
 from confluent_kafka import Producer
 
-from bench.stack import running, sigterm_unwinds
+from bench.stack import private_broker, sigterm_unwinds
 from candlewire.config import Settings
-from candlewire.testing import free_settings
-from launcher.stack import kafka_service
 
 TOPIC = "bench.perf"
 
@@ -42,14 +37,6 @@ def produce_all(
             except BufferError:
                 producer.poll(0.05)
     producer.flush(flush_s)
-
-
-@contextlib.contextmanager
-def private_broker(base: Path) -> Iterator[Settings]:
-    """A broker of its own on free ports, its state under ``base``, for the block."""
-    settings = free_settings(base)
-    with running(kafka_service(settings)):
-        yield settings
 
 
 def perf_test_records_per_s(settings: Settings, records: int, size: int = 100) -> float:
@@ -97,7 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=2_000_000)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as base, private_broker(Path(base)) as settings:
+    with private_broker() as settings:
         rate = perf_test_records_per_s(settings, args.records)
     print(
         json.dumps(

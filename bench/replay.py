@@ -30,23 +30,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import zmq
 
-from bench.stack import sigterm_unwinds
+from bench.stack import private_broker, sigterm_unwinds
 from bench.stats import pct, process_cpu_s
 from candlewire.client import Client
 from candlewire.config import Settings
 from candlewire.kafka import ensure_topics
-from candlewire.testing import TickFeed, free_settings, metric, spawn, wait_for
+from candlewire.testing import TickFeed, metric, spawn, wait_for
 from candlewire.topics import work_prefix
-from launcher.stack import kafka_service
 from proto import market_pb2
 from proto.envelope import decode_sub
 from streaming.publisher import StreamPublisher
@@ -221,47 +217,44 @@ def main() -> None:
     parser.add_argument("--flow-seconds", type=float, default=12.0)
     parser.add_argument("--latency-ticks", type=int, default=3_000)
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="candlewire-bench-"))
-    settings = free_settings(base)
-    kafka = kafka_service(settings)
     procs = []
-    try:
-        kafka.start()  # inside: its pid is on file at once, so a kill while it starts stops it
-        ensure_topics(settings)
-        procs.append(
-            spawn(
-                settings,
-                ["journal"],
-                healthy="candlewire_journal_up 1.0",
-                metrics_endpoint="journal_metrics",
+    with private_broker() as settings:
+        try:
+            ensure_topics(settings)
+            procs.append(
+                spawn(
+                    settings,
+                    ["journal"],
+                    healthy="candlewire_journal_up 1.0",
+                    metrics_endpoint="journal_metrics",
+                )
             )
-        )
-        work = work_subscriber(settings)
-        relay = start_relay(settings, work)
-        pub = StreamPublisher(settings)
-        result: dict = {}
-        result.update(replay(settings, pub, args.replay, procs[0].pid))
-        print(json.dumps(result), flush=True)
-        relay, trouble_result = trouble(settings, pub, relay, work, args.rate, args.flow_seconds)
-        result.update(trouble_result)
-        print(json.dumps(result), flush=True)
-        plain = latencies(settings, pub, False, args.latency_ticks, 1000)
-        stamped = latencies(settings, pub, True, args.latency_ticks, 1000)
-        result.update(
-            {
-                "live_p99_ms_plain": round(pct(plain, 0.99), 3),
-                "live_p99_ms_sequenced": round(pct(stamped, 0.99), 3),
-                "live_overhead_p99_ms": round(pct(stamped, 0.99) - pct(plain, 0.99), 3),
-            }
-        )
-        pub.close()
-        procs.append(relay)
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait(30)
-        kafka.stop()
-        shutil.rmtree(base, ignore_errors=True)
+            work = work_subscriber(settings)
+            relay = start_relay(settings, work)
+            pub = StreamPublisher(settings)
+            result: dict = {}
+            result.update(replay(settings, pub, args.replay, procs[0].pid))
+            print(json.dumps(result), flush=True)
+            relay, trouble_result = trouble(
+                settings, pub, relay, work, args.rate, args.flow_seconds
+            )
+            result.update(trouble_result)
+            print(json.dumps(result), flush=True)
+            plain = latencies(settings, pub, False, args.latency_ticks, 1000)
+            stamped = latencies(settings, pub, True, args.latency_ticks, 1000)
+            result.update(
+                {
+                    "live_p99_ms_plain": round(pct(plain, 0.99), 3),
+                    "live_p99_ms_sequenced": round(pct(stamped, 0.99), 3),
+                    "live_overhead_p99_ms": round(pct(stamped, 0.99) - pct(plain, 0.99), 3),
+                }
+            )
+            pub.close()
+            procs.append(relay)
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait(30)
     print(json.dumps(result))
 
 

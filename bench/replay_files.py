@@ -27,8 +27,7 @@ import zipfile
 from pathlib import Path
 
 from bench.ingest import sim_ticks_per_s, topic_size
-from bench.kafka import private_broker
-from bench.stack import sigterm_unwinds
+from bench.stack import private_broker, sigterm_unwinds
 from candlewire.kafka import ensure_topics
 from ingest.exchanges.base import Page
 from ingest.exchanges.replay import ReplayExchange
@@ -120,7 +119,7 @@ def main() -> None:
         assert len(first) == 1000, len(first)
         print(f"first page of a 12-month root in {first_page_s:.3f}s", flush=True)
 
-        with private_broker(Path(base) / "kafka") as settings:
+        with private_broker() as settings:
             ensure_topics(settings)
             ingest_rate = sim_ticks_per_s(settings, args.seconds)
             sink = KafkaSink(settings)

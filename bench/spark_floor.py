@@ -29,15 +29,14 @@ import statistics
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import DataFrame
 
-from bench.kafka import private_broker, produce_all
+from bench.kafka import produce_all
 from bench.spark_read import kafka_source, read_rate
-from bench.stack import sigterm_unwinds
+from bench.stack import private_broker, sigterm_unwinds
 from bench.stats import pct
 from bench.stream import tick
 from candlewire.kafka import producer_config
@@ -195,31 +194,27 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--seconds", type=float, default=20.0)
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="candlewire-floor-"))
-    try:
-        with private_broker(base) as settings:
-            admin = AdminClient({"bootstrap.servers": settings.kafka_servers()})
-            for topic, parts in TOPICS.items():
-                admin.create_topics([NewTopic(topic, num_partitions=parts, replication_factor=1)])[
-                    topic
-                ].result()
-            spark = build_session(settings, "candlewire-floor")
-            try:
-                report = {"throughput_per_s": throughput(spark, settings, args.records)}
-                report["micro_batch"] = {
-                    f"{ms}ms": micro_batch_latency(spark, settings, ms, args.seconds)
-                    for ms in (0, 100, 500)
-                }
-                report["continuous"] = continuous_latency(spark, settings, args.seconds)
-                report["real_time"] = {
-                    batch: real_time_latency(spark, settings, args.seconds, batch)
-                    for batch in ("5 seconds", "5 minutes")
-                }
-                print(json.dumps(report))
-            finally:
-                spark.stop()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with private_broker() as settings:
+        admin = AdminClient({"bootstrap.servers": settings.kafka_servers()})
+        for topic, parts in TOPICS.items():
+            admin.create_topics([NewTopic(topic, num_partitions=parts, replication_factor=1)])[
+                topic
+            ].result()
+        spark = build_session(settings, "candlewire-floor")
+        try:
+            report = {"throughput_per_s": throughput(spark, settings, args.records)}
+            report["micro_batch"] = {
+                f"{ms}ms": micro_batch_latency(spark, settings, ms, args.seconds)
+                for ms in (0, 100, 500)
+            }
+            report["continuous"] = continuous_latency(spark, settings, args.seconds)
+            report["real_time"] = {
+                batch: real_time_latency(spark, settings, args.seconds, batch)
+                for batch in ("5 seconds", "5 minutes")
+            }
+            print(json.dumps(report))
+        finally:
+            spark.stop()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 from candlewire.config import Settings
 from candlewire.testing import free_settings, stream_metric
 from launcher.local.postgres import LocalPostgres
-from launcher.stack import ProcessService, Stack, default_services
+from launcher.stack import ProcessService, Stack, default_services, kafka_service
 
 
 @contextlib.contextmanager
@@ -46,10 +46,22 @@ def private_postgres() -> Iterator[Settings]:
 
 
 @contextlib.contextmanager
-def running(service: ProcessService) -> Iterator[ProcessService]:
-    """``service`` started, and stopped however the block ends, a SIGTERM during its start
-    (which waits seconds for its health) included: its pid is on file once it is spawned."""
-    with _stopped_despite_sigterm(service.stop):
+def private_broker() -> Iterator[Settings]:
+    """Settings on free ports, their state in a temporary folder, with a Kafka broker of
+    their own running, for a bench that needs no more of the stack; stopped and removed at
+    the end."""
+    base = _private_folder()
+    settings = free_settings(base)
+    with running(kafka_service(settings), base):
+        yield settings
+
+
+@contextlib.contextmanager
+def running(service: ProcessService, folder: Path | None = None) -> Iterator[ProcessService]:
+    """``service`` started, and stopped (then ``folder`` removed) however the block ends, a
+    SIGTERM during its start (which waits seconds for its health) included: its pid is on
+    file once it is spawned."""
+    with _stopped_despite_sigterm(service.stop, folder):
         service.start()
         yield service
 

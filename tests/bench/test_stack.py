@@ -139,7 +139,8 @@ def test_a_killed_bench_runs_its_own_finally_to_the_end() -> None:
 
 
 # A bench killed while a server it starts is still coming up (a broker waits seconds for its
-# health). The server, whose health never comes, writes its pid to its log and sleeps.
+# health). The server, whose health never comes, writes its pid to its log and sleeps; its
+# state folder goes once it is stopped.
 STARTING = """
 import sys
 from pathlib import Path
@@ -155,7 +156,8 @@ server = ProcessService(
     run_dir=base,
     log=base / "server.log",
 )
-with sigterm_unwinds(), running(server):
+(base / "state").mkdir()
+with sigterm_unwinds(), running(server, base / "state"):
     pass
 """
 
@@ -173,6 +175,7 @@ def test_a_bench_killed_while_its_server_starts_stops_that_server(tmp_path: Path
         assert bench.wait(timeout=60) == 128 + signal.SIGTERM
         wait_for(lambda: not _alive(server), timeout=10)
         assert not (tmp_path / "server.pid").exists()  # stopped by its own stop
+        assert not (tmp_path / "state").exists()
 
 
 # Blocks within blocks: the bench's own cleanup, outside an inner block that has ended, is
