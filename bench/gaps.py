@@ -15,7 +15,7 @@ The last line is JSON.
 
     python -m bench.gaps [--drop-s 20] [--at-s 30] [--rate 20] [--tail-s 20] [--ticks-trigger-s S]
 
-``repair_s`` includes the committing query's next run, which the live path brings forward
+``repair_s`` includes the committing query's next batch, which the live path brings forward
 when it revises a closed candle (``streaming.pacing``), and the bench's own polling of
 Iceberg (about a second); the live stream publishes the revisions at once.
 """

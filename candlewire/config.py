@@ -281,9 +281,9 @@ class Settings(BaseSettings):
     Spark work whatever its size: at 5 s the idle job kept more than one of two cores busy."""
     stream_ticks_commit_after: int = Field(default=500_000, ge=1)
     """A commit starts before its interval is up once the live path has read this many
-    records of the ticks topic since the last such start (at least 2 s after the last commit
+    records of the ticks topic since the last commit began (at least 2 s after the last one
     ended, and once the live path has read the rest of the burst, at most 5 s after it was
-    due), so a burst is committed as soon as it is there, in one run."""
+    due), so a burst is committed as soon as it is there, in one batch."""
     stream_ticks_batch_max: int = 3_000_000
     """Most ticks in one commit (held in memory while committed, about 100 bytes each);
     3M every 30 s allows 100k ticks/s."""

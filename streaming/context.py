@@ -61,8 +61,8 @@ class JobContext:
         """A streaming read of one Kafka topic from the earliest offset (or ``options``);
         ``max_per_trigger`` None for real-time mode, which has no triggers to cap.
 
-        ``group`` names a query that is started again and again (the paced committing
-        query's ``availableNow`` runs): its runs then share one consumer group. Spark pools
+        ``group`` names a query that is started again and again (the committing query, on
+        each hurried commit: ``streaming.pacing``): its runs then share one consumer group. Spark pools
         its consumers by group and partition and makes a new group for every query start,
         so each run left one idle consumer per partition, with its fetch buffers and
         metrics, for the pool's five minutes (#36's soak)."""

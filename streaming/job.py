@@ -33,7 +33,7 @@ from proto.envelope import to_record
 from streaming.context import JobContext
 from streaming.desk import TriggerDesk
 from streaming.firings import FiringDesk
-from streaming.pacing import BatchFunction, PacedQuery, batch_writer, start_available_now
+from streaming.pacing import BatchFunction, PacedQuery, start_every
 from streaming.queries import Query
 from streaming.queries.books import BooksLiveQuery, BooksQuery
 from streaming.queries.history import HistoryQuery
@@ -108,7 +108,7 @@ class StreamingJob:
         elif isinstance(q, TicksQuery):
             paced = PacedQuery(
                 q,
-                lambda batch: self._stream(q, batch, available_now=True),
+                lambda batch: self._stream(q, batch),
                 self.ctx.commit_due,
                 lambda error: self._may_restart(q, error),
             )
@@ -123,15 +123,10 @@ class StreamingJob:
         property of the calling thread, which the query's own thread inherits."""
         self.ctx.spark.sparkContext.setLocalProperty("spark.scheduler.pool", q.name)
 
-    def _stream(
-        self, q: Query, batch: BatchFunction, available_now: bool = False
-    ) -> StreamingQuery:
+    def _stream(self, q: Query, batch: BatchFunction) -> StreamingQuery:
         self._pool(q)
-        df, each, name = q.source(), partial(_batch, batch), f"candlewire-{q.name}"
-        if available_now:
-            return start_available_now(df, each, q.checkpoint, name)
-        writer = batch_writer(df, each, q.checkpoint, name)
-        return writer.trigger(processingTime=f"{int(q.trigger_s * 1000)} milliseconds").start()
+        each = partial(_batch, batch)
+        return start_every(q.source(), each, q.checkpoint, q.trigger_s, f"candlewire-{q.name}")
 
     def stop(self) -> None:
         """Each query stops after its batch in flight (a commit finishes rather than being

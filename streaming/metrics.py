@@ -108,9 +108,10 @@ class StreamMetrics:
         self.iceberg_behind = Gauge(
             ICEBERG_BEHIND,
             "Seconds since the moment up to which Iceberg's ticks and ohlc hold every tick Kafka "
-            "held (the start of the committing query's last completed run): it swings between "
-            "about a run's length and the interval plus a run, and rises without end when "
-            "commits fall behind; NaN from the job's start until its first run completes",
+            "held (the start of the committing query's last trigger that caught up with Kafka): "
+            "it swings between about a batch's length and the interval plus a batch, and rises "
+            "without end when commits fall behind; NaN from the job's start until its first "
+            "batch completes",
             registry=r,
         )
 

@@ -1,27 +1,30 @@
 """The committing query's pace: every ``stream_ticks_trigger_s``, and sooner when a closed
 candle was revised (#37) or a batch's worth of ticks is waiting (#34).
 
-A processing-time trigger cannot be woken early, and each Iceberg commit costs seconds of
-Spark work whatever its size, so the commit interval cannot simply be short. Instead the
-driver runs the query as a series of ``availableNow`` runs, each committing what Kafka holds
-when it starts (in batches of at most ``stream_ticks_batch_max``) on the same checkpoint and
-state store, so the result is the processing-time trigger's. Between runs it waits for the
-interval, or for :class:`CommitDue`, which the live path tells what it reads: a late trade
-folded into a closed candle, so a repaired gap reaches ``ohlc`` in seconds, not at the next
-interval; and every ``stream_ticks_commit_after`` ticks, so a burst is committed as soon as
-there is a batch's worth of it, as a Kafka Connect sink flushes at a size or an interval. A
-hurried run starts at least ``HURRY_GAP_S`` after the last one ended, so late trades or a
-flood cannot keep the commits running back to back. A run brought forward by a batch's worth
-of ticks also waits while the live path is still reading the burst (up to ``BURST_WAIT_S``
-from when it was due, and never while a revised candle waits for it): the burst then goes into
-one run instead of the part Kafka held at the threshold and a second run after the gap, and
-the live path keeps the cores while it reads.
+The query runs on a processing-time trigger of the interval, as one long-running query, so
+its state store opens its RocksDB instances once: each new run of a query opens one a state
+partition, and Spark 4.1's leaks about 500 KiB of native memory with each (SPARK-56523; the
+driver's RSS grew some 4 MiB a minute when every commit was a run of its own). A processing-
+time trigger cannot be woken early, though, and each Iceberg commit costs seconds of Spark
+work whatever its size, so the interval cannot simply be short. So when :class:`CommitDue`,
+which the live path tells what it reads, says a commit is due before the interval is up, the
+driver stops the query between batches and starts it again on the same checkpoint and state,
+and the new run's first batch commits what Kafka holds: a late trade folded into a closed
+candle, so a repaired gap reaches ``ohlc`` in seconds, not at the next interval; and every
+``stream_ticks_commit_after`` ticks, so a burst is committed as soon as there is a batch's
+worth of it, as a Kafka Connect sink flushes at a size or an interval. A hurried start comes
+at least ``HURRY_GAP_S`` after the last batch ended, so late trades or a flood cannot keep the
+commits running back to back. A start brought forward by a batch's worth of ticks also waits
+while the live path is still reading the burst (up to ``BURST_WAIT_S`` from when it was due,
+and never while a revised candle waits for it): the burst then goes into one batch instead of
+the part Kafka held at the threshold and a second after the gap, and the live path keeps the
+cores while it reads. Only a hurry starts a run, so at a steady rate below a batch's worth an
+interval the query runs for good.
 
 Each run is a new query on a new JVM thread, and that thread's first call into Python (the
 batch function) opens a py4j connection, with a thread in this process to serve it, that
-outlives the run: py4j keeps it for a thread that will never call again. Two a minute at the
-default interval, each a Python thread and a socket at both ends, for as long as the job
-runs; so when a run ends, the driver shuts the connections its batches came in on.
+outlives the run: py4j keeps it for a thread that will never call again. So when a run ends,
+the driver shuts the connections its batches came in on.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,8 +51,10 @@ log = logging.getLogger("candlewire.stream")
 
 # After a hurry: let the rest of a refetched burst reach Kafka before the run fixes its end.
 SETTLE_S = 0.5
-# Idle time between a run's end and a hurried run's start, at the least.
+# Idle time between a batch's end and a hurried run's start, at the least.
 HURRY_GAP_S = 2.0
+# How often the driver reads the running query's progress and state.
+WATCH_S = 1.0
 # A burst has passed once the live path has read nothing for QUIET_S (it reports ten times a
 # second); a run brought forward by a burst waits for that at most BURST_WAIT_S.
 QUIET_S = 0.5
@@ -63,6 +69,7 @@ class CommitDue:
         self.after_ticks = after_ticks
         self._burst = False  # a batch's worth of ticks read since the last run started
         self._revised = False  # a revised candle since the last run started
+        self._revised_at = -math.inf  # time.monotonic() when it was flagged
         self._read = 0
         self._last_read = -math.inf  # time.monotonic() of the last read reported
         self._lock = threading.Lock()
@@ -74,9 +81,31 @@ class CommitDue:
             self._read = 0  # the run takes what the live path has read so far
             self.event.clear()
 
+    def batch_began(self) -> None:
+        """A batch of the running query starts: it takes what the live path has read so far,
+        so a burst flagged before it needs no run of its own. A revised candle stays flagged:
+        its trade may have reached Kafka after the batch fixed its end (:meth:`held`)."""
+        with self._lock:
+            self._burst = False
+            self._read = 0
+            if not self._revised:
+                self.event.clear()
+
+    def held(self, as_of: float) -> None:
+        """Iceberg holds every record Kafka held at ``as_of`` (time.monotonic()): a candle
+        revised before it needs no run of its own, since its trade was in Kafka when the live
+        path read it."""
+        with self._lock:
+            if self._revised and self._revised_at <= as_of:
+                self._revised = False
+                if not self._burst:
+                    self.event.clear()
+
     def revised(self) -> None:
         """A closed candle changed: ``ohlc`` holds a stale value."""
         with self._lock:
+            if not self._revised:
+                self._revised_at = time.monotonic()
             self._revised = True
             self.event.set()
 
@@ -113,11 +142,17 @@ def batch_writer(
     return writer if name is None else writer.queryName(name)
 
 
-def start_available_now(
-    df: DataFrame, batch: BatchFunction, checkpoint: str | Path, name: str | None = None
+def start_every(
+    df: DataFrame,
+    batch: BatchFunction,
+    checkpoint: str | Path,
+    every_s: float,
+    name: str | None = None,
 ) -> StreamingQuery:
-    """One paced run: what ``df`` holds when it starts, in batches, then it ends."""
-    return batch_writer(df, batch, checkpoint, name).trigger(availableNow=True).start()
+    """A query with a batch every ``every_s`` (when Kafka holds anything new), the first at
+    once."""
+    writer = batch_writer(df, batch, checkpoint, name)
+    return writer.trigger(processingTime=f"{int(every_s * 1000)} milliseconds").start()
 
 
 def jvm_caller() -> tuple[JavaObject, JavaObject] | None:
@@ -134,8 +169,8 @@ def jvm_caller() -> tuple[JavaObject, JavaObject] | None:
 
 
 class PacedQuery:
-    """A query run by the driver's clock; quacks like the ``StreamingQuery`` the job checks
-    (``isActive``, ``exception()``, ``stop()``)."""
+    """The committing query, run by the driver's clock; quacks like the ``StreamingQuery`` the
+    job checks (``isActive``, ``exception()``, ``stop()``)."""
 
     def __init__(
         self,
@@ -144,9 +179,9 @@ class PacedQuery:
         due: CommitDue,
         retry: Callable[[BaseException], bool],
     ) -> None:
-        """``start`` starts one ``availableNow`` run with the batch function it is given;
-        ``due`` brings a run forward; ``retry`` says whether a failed run may simply run
-        again."""
+        """``start`` starts the query with the batch function it is given, a batch every
+        ``q.trigger_s`` (:func:`start_every`); ``due`` brings a batch forward; ``retry`` says
+        whether a run that failed may simply start again."""
         self.q, self._start, self._due, self._retry = q, start, due, retry
         # The run's py4j connections (the JVM's end), each with the client that keeps it.
         self._callers: list[tuple[JavaObject, JavaObject]] = []
@@ -154,9 +189,12 @@ class PacedQuery:
         self._run: StreamingQuery | None = None
         self._error: BaseException | None = None
         self.runs = 0
-        # When the last completed run began (time.monotonic()): Iceberg's ticks and ohlc hold
-        # every record Kafka held then, since an availableNow run fixes its end offsets after
-        # it is started.
+        self._in_batch = False
+        self._batch_ended = -math.inf  # time.monotonic()
+        self._progress_seen: str | None = None
+        # When the last batch that caught up with Kafka began (time.monotonic()): Iceberg's
+        # ticks and ohlc hold every record Kafka held then, since the batch fixed its end at
+        # Kafka's latest offsets after its trigger.
         self.holds_as_of: float | None = None
         self._thread = threading.Thread(target=self._loop, name=f"pace-{q.name}", daemon=True)
         self._thread.start()
@@ -169,72 +207,116 @@ class PacedQuery:
         return self._error
 
     def stop(self) -> None:
-        """The run in flight stops after its batch, as a running query's stop does."""
+        """The query stops (a batch in flight is cut, as a running query's stop does)."""
         self._stopping.set()
         self._due.event.set()
-        run = self._run
-        if run is not None:
-            run.stop()
         self._thread.join()
 
-    def _loop(self) -> None:
-        interval = self.q.trigger_s
-        while not self._stopping.is_set():
-            began = time.monotonic()
-            self._due.clear()
-            if not self._run_once():
-                return
-            ended = time.monotonic()
-            if self._due.event.wait(max(0.0, began + interval - ended)):
-                if self._stopping.is_set():
-                    return
-                give_up = time.monotonic() + BURST_WAIT_S
-                self._stopping.wait(max(SETTLE_S, ended + HURRY_GAP_S - time.monotonic()))
-                while self._due.burst_unread() and time.monotonic() < give_up:
-                    if self._stopping.wait(0.1):
-                        return
-
-    def _run_once(self) -> bool:
-        self.runs += 1
-        began, as_of = time.perf_counter(), time.monotonic()
-        try:
-            self._run = self._start(self._batch)
-            started = time.perf_counter()
-            if self._stopping.is_set():
-                self._run.stop()
-            self._run.awaitTermination()
-            if not self._stopping.is_set():  # a stopped run may have ended early
-                self.holds_as_of = as_of
-            log.debug(
-                "%s run %d: started in %.2f s, done in %.2f s",
-                self.q.name,
-                self.runs,
-                started - began,
-                time.perf_counter() - began,
-            )
-            return True
-        except Exception as exc:
-            if self._stopping.is_set():
-                return False
-            if self._retry(exc):
-                return True
-            log.error("query %s stopped: %s", self.q.name, exc)
-            self._error = exc
-            return False
-        finally:
-            self._run = None
-            self._hang_up()
-
     def behind_s(self) -> float:
-        """Seconds since :attr:`holds_as_of`; NaN before the first run completes."""
+        """Seconds since :attr:`holds_as_of`; NaN before the first batch completes."""
         as_of = self.holds_as_of
         return float("nan") if as_of is None else time.monotonic() - as_of
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._due.clear()
+                if not self._run_until_hurried():
+                    return
+        finally:
+            self._end_run()
+
+    def _run_until_hurried(self) -> bool:
+        """Starts a run and watches it until a hurry ends it (True), or it failed (True when
+        it may start again), or the query stops (False)."""
+        self.runs += 1
+        try:
+            self._run = self._start(self._batch)
+        except Exception as exc:
+            return self._failed(exc)
+        while not self._stopping.is_set():
+            run = self._run
+            self._note_progress(run)
+            if not run.isActive:
+                error = run.exception()
+                self._end_run()
+                return error is None or self._failed(error)
+            if self._due.event.wait(WATCH_S) and self._hurried(run):
+                self._end_run()
+                return True
+        return False
+
+    def _hurried(self, run: StreamingQuery) -> bool:
+        """Whether, once the waits are over, a batch is still due before the interval: the
+        run then stops between batches, for a new one to start at once. Not when a batch of
+        the run took what was due meanwhile, or the run ended."""
+        give_up = time.monotonic() + BURST_WAIT_S
+        settled = time.monotonic() + SETTLE_S
+        while not self._stopping.is_set():
+            self._note_progress(run)
+            now = time.monotonic()
+            if not self._due.event.is_set() or not run.isActive:
+                return False
+            if self._in_batch:  # it may take what is due; never cut a batch for a hurry
+                self._stopping.wait(0.1)
+            elif now < max(settled, self._batch_ended + HURRY_GAP_S):
+                self._stopping.wait(max(settled, self._batch_ended + HURRY_GAP_S) - now)
+            elif self._due.burst_unread() and now < give_up:
+                self._stopping.wait(0.1)
+            else:
+                return True
+        return False
+
+    def _failed(self, error: BaseException) -> bool:
+        if self._stopping.is_set():
+            return False
+        if self._retry(error):
+            return True
+        log.error("query %s stopped: %s", self.q.name, error)
+        self._error = error
+        return False
+
+    def _end_run(self) -> None:
+        run, self._run = self._run, None
+        if run is None:
+            return
+        try:
+            run.stop()
+            self._note_progress(run)  # its last batch's
+        except Exception:  # the JVM is stopping
+            log.exception("query %s: its run did not stop cleanly", self.q.name)
+        finally:
+            self._hang_up()
+        log.debug("%s run %d ended", self.q.name, self.runs)
+
+    def _note_progress(self, run: StreamingQuery) -> None:
+        """A batch, or an idle trigger, whose end offsets are Kafka's latest when it began:
+        Iceberg holds every record Kafka held then. A batch that took only the most one may
+        (a backlog), a failed one, or one cut by a stop, reports no such progress."""
+        progress = run.lastProgress
+        if not progress or progress.get("timestamp") == self._progress_seen:
+            return
+        self._progress_seen = progress["timestamp"]
+        sources = progress.get("sources") or []
+        if sources and all(
+            s.get("latestOffset") is not None and s.get("endOffset") == s.get("latestOffset")
+            for s in sources
+        ):
+            began = datetime.fromisoformat(progress["timestamp"]).timestamp()
+            self.holds_as_of = time.monotonic() - max(0.0, time.time() - began)
+            self._due.held(self.holds_as_of)
 
     def _batch(self, df: DataFrame, batch_id: int) -> None:
         caller = jvm_caller()
         if caller is not None and not any(caller[1].equals(c) for _, c in self._callers):
             self._callers.append(caller)
-        self.q.batch(df, batch_id)
+        self._due.batch_began()
+        self._in_batch = True
+        try:
+            self.q.batch(df, batch_id)
+        finally:
+            self._batch_ended = time.monotonic()
+            self._in_batch = False
 
     def _hang_up(self) -> None:
         """The run's thread is gone: its connections end. The JVM closes its end, and its

@@ -163,9 +163,10 @@ class LocalPostgres:
         self._require_password()
         for db in DATABASES:
             self.create_database(db)
-        # Spark starts each paced commit run on a clone of its session, and each clone's
-        # Iceberg catalog opens a connection of its own that stays until the JVM collects
-        # the clone: a dozen idle backends, about 20 MiB RSS each (#36). Idle ones end here;
+        # Spark starts each run of the committing query (one a hurried commit) on a clone of
+        # its session, and each clone's Iceberg catalog opens a connection of its own that
+        # stays until the JVM collects the clone: a dozen idle backends, about 20 MiB RSS
+        # each (#36). Idle ones end here;
         # the catalogs retry on a new connection (candlewire.lake.RETRYABLE_SQLSTATES).
         # Dagster's database keeps its LISTEN connection.
         self.psql(f"ALTER DATABASE \"{DATABASES[0]}\" SET idle_session_timeout = '{IDLE_SESSION}'")

@@ -13,7 +13,7 @@ from candlewire.config import PERIODS_S
 from candlewire.lake import SYMBOL_METADATA_SCHEMA, TICKS_SCHEMA
 from proto import market_pb2
 from proto.envelope import to_record
-from streaming.pacing import start_available_now
+from streaming.pacing import batch_writer
 from streaming.queries.ticks import CANDLE, TICK, judged_in_tasks
 from streaming.sql import columns_from_decoded, literal, staged_columns, staging_ddl
 from tests.reference.candles import partial_candles
@@ -182,9 +182,8 @@ def test_the_committed_dedup_horizon_survives_batches_in_every_id_form(spark, tm
     stream = (
         spark.readStream.schema(RECORDS).option("maxFilesPerTrigger", 1).parquet(str(source / "b*"))
     )
-    query = start_available_now(
-        judged_in_tasks(stream, 10.0, 60.0), collect, tmp_path / "checkpoint"
-    )
+    writer = batch_writer(judged_in_tasks(stream, 10.0, 60.0), collect, tmp_path / "checkpoint")
+    query = writer.trigger(availableNow=True).start()
     query.awaitTermination(120)
     assert query.lastProgress and query.lastProgress["batchId"] == 3, "four batches"
     oracle = Feeds(allowance_s=10, horizon_s=60)
