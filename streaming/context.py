@@ -32,7 +32,7 @@ class JobContext:
     publisher: StreamPublisher
     progress: Progress
     metrics: StreamMetrics
-    # Told by the live path what it reads: the committing query's next run comes sooner.
+    # Told by the live path what it reads: the committing query's next batch comes sooner.
     commit_due: CommitDue
     # Set by the metadata query once a new snapshot of symbol metadata is in, before it
     # says so on METADATA_UPDATE: the trigger desk then reloads before judging a ticker.
@@ -62,10 +62,10 @@ class JobContext:
         ``max_per_trigger`` None for real-time mode, which has no triggers to cap.
 
         ``group`` names a query that is started again and again (the committing query, on
-        each hurried commit: ``streaming.pacing``): its runs then share one consumer group. Spark pools
-        its consumers by group and partition and makes a new group for every query start,
-        so each run left one idle consumer per partition, with its fetch buffers and
-        metrics, for the pool's five minutes (#36's soak)."""
+        each hurried commit: ``streaming.pacing``): its runs then share one consumer group.
+        Spark pools its consumers by group and partition and makes a new group for every
+        query start, so each run left one idle consumer per partition, with its fetch
+        buffers and metrics, for the pool's five minutes (#36's soak)."""
         if max_per_trigger is not None:
             options = {
                 "maxOffsetsPerTrigger": str(max_per_trigger),

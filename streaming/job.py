@@ -129,8 +129,9 @@ class StreamingJob:
         return start_every(q.source(), each, q.checkpoint, q.trigger_s, f"candlewire-{q.name}")
 
     def stop(self) -> None:
-        """Each query stops after its batch in flight (a commit finishes rather than being
-        cut), so a stop can take as long as one commit; the log says which query took it."""
+        """Each query stops: Spark cancels a batch in flight, which runs again from the
+        checkpoint at the next start (the ledger skips the writes it made); the log says how
+        long each query took."""
         self.idle.close()
         self.desk.close()
         for name, running in self.running.items():

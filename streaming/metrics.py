@@ -110,8 +110,8 @@ class StreamMetrics:
             "Seconds since the moment up to which Iceberg's ticks and ohlc hold every tick Kafka "
             "held (the start of the committing query's last trigger that caught up with Kafka): "
             "it swings between about a batch's length and the interval plus a batch, and rises "
-            "without end when commits fall behind; NaN from the job's start until its first "
-            "batch completes",
+            "without end when commits fall behind; NaN from the job's start until the query "
+            "first reports a trigger that caught up",
             registry=r,
         )
 

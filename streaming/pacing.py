@@ -18,8 +18,8 @@ commits running back to back. A start brought forward by a batch's worth of tick
 while the live path is still reading the burst (up to ``BURST_WAIT_S`` from when it was due,
 and never while a revised candle waits for it): the burst then goes into one batch instead of
 the part Kafka held at the threshold and a second after the gap, and the live path keeps the
-cores while it reads. Only a hurry starts a run, so at a steady rate below a batch's worth an
-interval the query runs for good.
+cores while it reads. Only a hurry, or a failed run that may start again, starts a run, so at a
+steady rate below a batch's worth an interval the query runs for good.
 
 Each run is a new query on a new JVM thread, and that thread's first call into Python (the
 batch function) opens a py4j connection, with a thread in this process to serve it, that
@@ -29,6 +29,7 @@ the driver shuts the connections its batches came in on.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import logging
 import math
@@ -69,7 +70,7 @@ class CommitDue:
         self.after_ticks = after_ticks
         self._burst = False  # a batch's worth of ticks read since the last run started
         self._revised = False  # a revised candle since the last run started
-        self._revised_at = -math.inf  # time.monotonic() when it was flagged
+        self._revised_at = -math.inf  # time.monotonic() when it was last flagged
         self._read = 0
         self._last_read = -math.inf  # time.monotonic() of the last read reported
         self._lock = threading.Lock()
@@ -92,9 +93,9 @@ class CommitDue:
                 self.event.clear()
 
     def held(self, as_of: float) -> None:
-        """Iceberg holds every record Kafka held at ``as_of`` (time.monotonic()): a candle
-        revised before it needs no run of its own, since its trade was in Kafka when the live
-        path read it."""
+        """Iceberg holds every record Kafka held at ``as_of`` (time.monotonic()): candles
+        revised before it need no run of their own, since their trades were in Kafka when the
+        live path read them."""
         with self._lock:
             if self._revised and self._revised_at <= as_of:
                 self._revised = False
@@ -104,8 +105,7 @@ class CommitDue:
     def revised(self) -> None:
         """A closed candle changed: ``ohlc`` holds a stale value."""
         with self._lock:
-            if not self._revised:
-                self._revised_at = time.monotonic()
+            self._revised_at = time.monotonic()  # the latest: a trigger before it missed it
             self._revised = True
             self.event.set()
 
@@ -223,6 +223,9 @@ class PacedQuery:
                 self._due.clear()
                 if not self._run_until_hurried():
                     return
+        except Exception as exc:  # the query ends with it, as on a failed run
+            log.exception("query %s: its pacing failed", self.q.name)
+            self._error = exc
         finally:
             self._end_run()
 
@@ -243,7 +246,8 @@ class PacedQuery:
                 return error is None or self._failed(error)
             if self._due.event.wait(WATCH_S) and self._hurried(run):
                 self._end_run()
-                return True
+                error = run.exception()  # it may have failed as the hurry came
+                return error is None or self._failed(error)
         return False
 
     def _hurried(self, run: StreamingQuery) -> bool:
@@ -257,8 +261,8 @@ class PacedQuery:
             now = time.monotonic()
             if not self._due.event.is_set() or not run.isActive:
                 return False
-            if self._in_batch:  # it may take what is due; never cut a batch for a hurry
-                self._stopping.wait(0.1)
+            if self._in_batch or _trigger_active(run):  # it may take what is due; never
+                self._stopping.wait(0.1)  # cut a batch (one planned is in the offset log)
             elif now < max(settled, self._batch_ended + HURRY_GAP_S):
                 self._stopping.wait(max(settled, self._batch_ended + HURRY_GAP_S) - now)
             elif self._due.burst_unread() and now < give_up:
@@ -298,21 +302,18 @@ class PacedQuery:
             return
         self._progress_seen = progress["timestamp"]
         sources = progress.get("sources") or []
-        if sources and all(
-            s.get("latestOffset") is not None and s.get("endOffset") == s.get("latestOffset")
-            for s in sources
-        ):
+        if sources and all(_caught_up(s) for s in sources):
             began = datetime.fromisoformat(progress["timestamp"]).timestamp()
             self.holds_as_of = time.monotonic() - max(0.0, time.time() - began)
             self._due.held(self.holds_as_of)
 
     def _batch(self, df: DataFrame, batch_id: int) -> None:
-        caller = jvm_caller()
-        if caller is not None and not any(caller[1].equals(c) for _, c in self._callers):
-            self._callers.append(caller)
-        self._due.batch_began()
         self._in_batch = True
         try:
+            caller = jvm_caller()
+            if caller is not None and not any(caller[1].equals(c) for _, c in self._callers):
+                self._callers.append(caller)
+            self._due.batch_began()
             self.q.batch(df, batch_id)
         finally:
             self._batch_ended = time.monotonic()
@@ -327,3 +328,26 @@ class PacedQuery:
             with contextlib.suppress(Exception):  # the JVM is stopping: it ends them all
                 connection.shutdown()
                 client.connectionStopped(connection)
+
+
+def _offsets(value: object) -> object:
+    """A source's offsets as progress reports them: PySpark 4.1 gives each as the ``str()`` of
+    the parsed JSON (a dict's repr, or ``"None"``)."""
+    if isinstance(value, str):
+        try:
+            return ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+    return value
+
+
+def _caught_up(source: dict) -> bool:
+    """The batch (or idle trigger) ended at the offsets Kafka held when it was planned."""
+    latest = _offsets(source.get("latestOffset"))
+    return latest is not None and _offsets(source.get("endOffset")) == latest
+
+
+def _trigger_active(run: StreamingQuery) -> bool:
+    """Whether the run is planning or running a batch: stopped then, the batch it has logged
+    runs again after the restart, and Spark 4.1.1 fails reporting it (SPARK-55271)."""
+    return bool(run.status.get("isTriggerActive"))

@@ -20,7 +20,9 @@ from pathlib import Path
 
 USER = "candlewire"
 DATABASES = ("candlewire", "dagster")
-IDLE_SESSION = "30s"  # the catalog database's idle backends end after this
+# The catalog database's idle backends end after this: longer than the committing query's
+# interval (30 s), whose catalog connection would otherwise end between every two commits.
+IDLE_SESSION = "2min"
 
 
 class PostgresSetupError(RuntimeError):

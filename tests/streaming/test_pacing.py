@@ -29,11 +29,12 @@ from streaming.queries.ticks import TICK, TicksQuery
 
 class Run:
     """A running StreamingQuery: active until stopped, or failed with ``error``; its
-    ``lastProgress`` is what the test sets."""
+    ``lastProgress`` and ``status`` are what the test sets."""
 
     def __init__(self, error: Exception | None = None) -> None:
         self.error, self.stopped = error, False
         self.lastProgress: dict | None = None
+        self.status = {"isTriggerActive": False}
 
     @property
     def isActive(self) -> bool:
@@ -102,7 +103,8 @@ def test_one_run_commits_at_every_trigger_until_stopped() -> None:
 
 def test_a_revised_candle_starts_a_run_between_batches() -> None:
     """A revised candle stops the run for a new one, whose first batch comes at once: no
-    sooner than the gap after the last batch, and never in the middle of one."""
+    sooner than the gap after the last batch, and never in the middle of one, nor while Spark
+    plans one."""
     in_batch, release = threading.Event(), threading.Event()
 
     def batch(_df: object, _batch_id: int) -> None:
@@ -128,15 +130,26 @@ def test_a_revised_candle_starts_a_run_between_batches() -> None:
         ended = time.monotonic()
         wait_for(lambda: len(starts.at) == 3, timeout=5)
         assert starts.at[2] - ended >= 0.15  # the gap after the batch (ended: after its join)
+        planning = starts.runs[2].status
+        planning["isTriggerActive"] = True  # a batch planned, its function not yet called
+        due.revised()
+        time.sleep(0.8)
+        assert len(starts.at) == 3 and not starts.runs[2].stopped
+        planning["isTriggerActive"] = False
+        wait_for(lambda: len(starts.at) == 4, timeout=5)
     finally:
         release.set()
         query.stop()
 
 
-def test_a_batch_takes_a_burst_flagged_before_it_and_a_revision_once_it_caught_up() -> None:
+def test_a_batch_takes_a_burst_flagged_before_it_and_a_revision_once_it_caught_up(
+    monkeypatch,
+) -> None:
     """A batch that begins takes what the live path has read: the burst needs no run of its
     own. A revised candle needs one until a batch whose trigger began after it caught up with
-    Kafka: its trade may have reached Kafka after an earlier batch fixed its end."""
+    Kafka: its trade may have reached Kafka after an earlier batch fixed its end. Nor does an
+    earlier trigger take a later revision."""
+    monkeypatch.setattr(pacing, "HURRY_GAP_S", 1.0)  # the time the test has to report
     starts = Starts()
     due = CommitDue(after_ticks=1_000)
     query, _ = paced(starts, due=due)
@@ -145,17 +158,21 @@ def test_a_batch_takes_a_burst_flagged_before_it_and_a_revision_once_it_caught_u
         run, caught_up = starts.runs[0], {"t": {"0": 7}}
         due.read(1_000)
         starts.batch(None, 0)  # type: ignore[misc]
-        time.sleep(0.8)  # past the quiet, the settling and the gap
+        time.sleep(1.5)  # past the quiet, the settling and the gap
         assert len(starts.at) == 1
         starts.batch(None, 1)  # type: ignore[misc]
         due.revised()
         time.sleep(0.01)  # a trigger that began after it (the stamp is in milliseconds)
         run.lastProgress = _progress(time.time(), caught_up, caught_up)  # within the gap
-        time.sleep(0.8)
+        time.sleep(1.5)
         assert len(starts.at) == 1
-        due.revised()
         starts.batch(None, 2)  # type: ignore[misc]
-        run.lastProgress = _progress(time.time() - 1.0, caught_up, caught_up)  # began before
+        due.revised()
+        time.sleep(0.01)
+        trigger = time.time()  # a trigger that began after the first revision
+        time.sleep(0.01)
+        due.revised()  # and before this one: it may have missed its trade
+        run.lastProgress = _progress(trigger, caught_up, caught_up)
         wait_for(lambda: len(starts.at) == 2, timeout=5)
     finally:
         query.stop()
@@ -217,6 +234,18 @@ def test_a_failed_run_ends_the_query_unless_it_may_start_again() -> None:
     wait_for(lambda: not query.isActive, timeout=5)
     assert query.exception() is fatal and len(starts.at) == 1
 
+    class FailsAtStop(Run):
+        def stop(self) -> None:
+            super().stop()
+            self.error = fatal  # it failed as the hurry came
+
+    failing = Starts()
+    query, due = paced(lambda batch: failing(batch) and FailsAtStop())
+    wait_for(lambda: len(failing.at) == 1, timeout=5)
+    due.revised()
+    wait_for(lambda: not query.isActive, timeout=5)
+    assert query.exception() is fatal and len(failing.at) == 1
+
     def refused(_batch: object) -> Run:
         raise fatal
 
@@ -226,12 +255,12 @@ def test_a_failed_run_ends_the_query_unless_it_may_start_again() -> None:
 
 
 def _progress(began: float, end: dict, latest: dict | None) -> dict:
-    """A StreamingQueryProgress as ``lastProgress`` gives it: its trigger began at ``began``
-    (time.time())."""
+    """A StreamingQueryProgress as PySpark's ``lastProgress`` gives it: its trigger began at
+    ``began`` (time.time()), each offset the ``str()`` of its JSON."""
     stamp = datetime.fromtimestamp(began, UTC).isoformat(timespec="milliseconds")
     return {
         "timestamp": stamp.replace("+00:00", "Z"),
-        "sources": [{"endOffset": end, "latestOffset": latest}],
+        "sources": [{"endOffset": str(end), "latestOffset": str(latest)}],
     }
 
 
@@ -498,7 +527,10 @@ def test_the_committing_query_unhurried_judges_every_batch_in_one_run(spark, lak
             committing.produce()
         return judged == 8
 
+    began = time.monotonic()
     query = _paced_runs(start, committing.batch, more, hurried=False)
     assert len(committing.judged) >= 4
     assert query.runs == 1 and len(set(committing.runs)) == 1
+    # Spark's own progress: the last batch ended at Kafka's latest offsets.
+    assert query.holds_as_of is not None and query.holds_as_of > began
     assert _encoder_runs(spark) == set(committing.runs)

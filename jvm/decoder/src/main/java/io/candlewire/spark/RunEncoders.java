@@ -12,9 +12,9 @@ import org.apache.spark.TaskContext;
  * operator, partition, store, column family), each for an hour after its last use; and each
  * encoder holds the last state value it decoded. The committing query starts a new run, with a
  * new run id, for every commit it hurries (streaming/pacing.py; for every commit when each was
- * an {@code availableNow} run), so every run left one encoder per partition behind, each holding some feed's whole state (its horizon of trade
- * ids, about 250 KB): the soak's heap grew by 20 MB every 8 minutes until the hour was up
- * (docs/benchmarks.md). So the first task of a run in a JVM drops the entries of every other
+ * an {@code availableNow} run), so every run left one encoder per partition behind, each
+ * holding some feed's whole state (its horizon of trade ids, about 250 KB): the soak's heap
+ * grew by 20 MB every 8 minutes until the hour was up (docs/benchmarks.md). So the first task of a run in a JVM drops the entries of every other
  * run. An entry of a query still running is not lost with it: its providers keep their
  * encoders, and a new provider makes a new one.
  *
