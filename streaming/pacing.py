@@ -163,9 +163,10 @@ def jvm_caller() -> tuple[JavaObject, JavaObject] | None:
 
     try:
         client = SparkContext._gateway.java_gateway_server.getCallbackClient()  # type: ignore[union-attr]
-        return client, client.getPerThreadConnection()
+        connection = client.getPerThreadConnection()
     except Exception:  # not py4j's pinned threads: nothing to end
         return None
+    return None if connection is None else (client, connection)  # None: no JVM thread called
 
 
 class PacedQuery:
@@ -213,7 +214,7 @@ class PacedQuery:
         self._thread.join()
 
     def behind_s(self) -> float:
-        """Seconds since :attr:`holds_as_of`; NaN before the first batch completes."""
+        """Seconds since :attr:`holds_as_of`; NaN before a trigger that caught up."""
         as_of = self.holds_as_of
         return float("nan") if as_of is None else time.monotonic() - as_of
 
@@ -224,8 +225,9 @@ class PacedQuery:
                 if not self._run_until_hurried():
                     return
         except Exception as exc:  # the query ends with it, as on a failed run
-            log.exception("query %s: its pacing failed", self.q.name)
-            self._error = exc
+            if not self._stopping.is_set():  # not the JVM going away under a stop
+                log.exception("query %s: its pacing failed", self.q.name)
+                self._error = exc
         finally:
             self._end_run()
 
@@ -257,12 +259,16 @@ class PacedQuery:
         give_up = time.monotonic() + BURST_WAIT_S
         settled = time.monotonic() + SETTLE_S
         while not self._stopping.is_set():
+            # Its state before its progress: a trigger that ends between the two is seen.
+            busy = self._in_batch or _trigger_active(run)
             self._note_progress(run)
             now = time.monotonic()
             if not self._due.event.is_set() or not run.isActive:
                 return False
-            if self._in_batch or _trigger_active(run):  # it may take what is due; never
-                self._stopping.wait(0.1)  # cut a batch (one planned is in the offset log)
+            # Never cut a batch (one planned is in the offset log), nor a run before its first
+            # trigger has reported: that trigger reads Kafka's latest, after what is due.
+            if busy or run.lastProgress is None:
+                self._stopping.wait(0.1)
             elif now < max(settled, self._batch_ended + HURRY_GAP_S):
                 self._stopping.wait(max(settled, self._batch_ended + HURRY_GAP_S) - now)
             elif self._due.burst_unread() and now < give_up:
@@ -335,7 +341,7 @@ def _offsets(value: object) -> object:
     the parsed JSON (a dict's repr, or ``"None"``)."""
     if isinstance(value, str):
         try:
-            return ast.literal_eval(value)
+            return None if value == "null" else ast.literal_eval(value)
         except (ValueError, SyntaxError):
             return value
     return value

@@ -21,8 +21,9 @@ from pathlib import Path
 USER = "candlewire"
 DATABASES = ("candlewire", "dagster")
 # The catalog database's idle backends end after this: longer than the committing query's
-# interval (30 s), whose catalog connection would otherwise end between every two commits.
-IDLE_SESSION = "2min"
+# interval (30 s), whose catalog connection would otherwise end between every two commits,
+# and short, since each run of that query (one a hurried commit) leaves one idle.
+IDLE_SESSION = "1min"
 
 
 class PostgresSetupError(RuntimeError):
@@ -168,9 +169,8 @@ class LocalPostgres:
         # Spark starts each run of the committing query (one a hurried commit) on a clone of
         # its session, and each clone's Iceberg catalog opens a connection of its own that
         # stays until the JVM collects the clone: a dozen idle backends, about 20 MiB RSS
-        # each (#36). Idle ones end here;
-        # the catalogs retry on a new connection (candlewire.lake.RETRYABLE_SQLSTATES).
-        # Dagster's database keeps its LISTEN connection.
+        # each (#36). Idle ones end here; the catalogs retry on a new connection
+        # (candlewire.lake.RETRYABLE_SQLSTATES). Dagster's database keeps its LISTEN connection.
         self.psql(f"ALTER DATABASE \"{DATABASES[0]}\" SET idle_session_timeout = '{IDLE_SESSION}'")
 
     def _require_password(self) -> None:

@@ -27,13 +27,24 @@ from streaming.queries.live import COUNTERS, LiveQuery
 from streaming.queries.ticks import TICK, TicksQuery
 
 
+def _progress(began: float, end: dict, latest: dict | None) -> dict:
+    """A StreamingQueryProgress as PySpark's ``lastProgress`` gives it: its trigger began at
+    ``began`` (time.time()), each offset the ``str()`` of its JSON."""
+    stamp = datetime.fromtimestamp(began, UTC).isoformat(timespec="milliseconds")
+    return {
+        "timestamp": stamp.replace("+00:00", "Z"),
+        "sources": [{"endOffset": str(end), "latestOffset": str(latest)}],
+    }
+
+
 class Run:
     """A running StreamingQuery: active until stopped, or failed with ``error``; its
     ``lastProgress`` and ``status`` are what the test sets."""
 
     def __init__(self, error: Exception | None = None) -> None:
         self.error, self.stopped = error, False
-        self.lastProgress: dict | None = None
+        # Its first trigger has reported, and caught up with nothing.
+        self.lastProgress: dict | None = _progress(0.0, {"t": {"0": 0}}, {"t": {"0": 1}})
         self.status = {"isTriggerActive": False}
 
     @property
@@ -57,9 +68,9 @@ class Starts:
         self.batch: Callable[[object, int], None] | None = None
 
     def __call__(self, batch: Callable[[object, int], None]) -> Run:
-        self.at.append(time.monotonic())
         self.batch = batch
         self.runs.append(Run(self.errors.pop(0) if self.errors else None))
+        self.at.append(time.monotonic())  # last: what the tests wait on
         return self.runs[-1]
 
 
@@ -127,9 +138,8 @@ def test_a_revised_candle_starts_a_run_between_batches() -> None:
         assert len(starts.at) == 2 and not starts.runs[1].stopped  # not cut
         release.set()
         running.join(5)
-        ended = time.monotonic()
         wait_for(lambda: len(starts.at) == 3, timeout=5)
-        assert starts.at[2] - ended >= 0.15  # the gap after the batch (ended: after its join)
+        assert starts.at[2] - query._batch_ended >= pacing.HURRY_GAP_S  # the gap after it
         planning = starts.runs[2].status
         planning["isTriggerActive"] = True  # a batch planned, its function not yet called
         due.revised()
@@ -137,6 +147,12 @@ def test_a_revised_candle_starts_a_run_between_batches() -> None:
         assert len(starts.at) == 3 and not starts.runs[2].stopped
         planning["isTriggerActive"] = False
         wait_for(lambda: len(starts.at) == 4, timeout=5)
+        starts.runs[3].lastProgress = None  # starting: its first trigger has not reported
+        due.revised()
+        time.sleep(0.8)
+        assert len(starts.at) == 4 and not starts.runs[3].stopped
+        starts.runs[3].lastProgress = _progress(0.0, {"t": {"0": 0}}, {"t": {"0": 1}})
+        wait_for(lambda: len(starts.at) == 5, timeout=5)
     finally:
         release.set()
         query.stop()
@@ -246,22 +262,28 @@ def test_a_failed_run_ends_the_query_unless_it_may_start_again() -> None:
     wait_for(lambda: not query.isActive, timeout=5)
     assert query.exception() is fatal and len(failing.at) == 1
 
+    class Unreadable(Run):
+        @property
+        def status(self) -> dict:
+            raise fatal  # the pacing's own call into the query fails
+
+        @status.setter
+        def status(self, _value: dict) -> None:
+            pass
+
+    unreadable = Starts()
+    query, due = paced(lambda batch: unreadable(batch) and Unreadable())
+    wait_for(lambda: len(unreadable.at) == 1, timeout=5)
+    due.revised()
+    wait_for(lambda: not query.isActive, timeout=5)
+    assert query.exception() is fatal
+
     def refused(_batch: object) -> Run:
         raise fatal
 
     query, _ = paced(refused)
     wait_for(lambda: not query.isActive, timeout=5)
     assert query.exception() is fatal
-
-
-def _progress(began: float, end: dict, latest: dict | None) -> dict:
-    """A StreamingQueryProgress as PySpark's ``lastProgress`` gives it: its trigger began at
-    ``began`` (time.time()), each offset the ``str()`` of its JSON."""
-    stamp = datetime.fromtimestamp(began, UTC).isoformat(timespec="milliseconds")
-    return {
-        "timestamp": stamp.replace("+00:00", "Z"),
-        "sources": [{"endOffset": str(end), "latestOffset": str(latest)}],
-    }
 
 
 def test_how_far_iceberg_is_behind_counts_from_the_last_trigger_that_caught_up() -> None:
@@ -283,6 +305,9 @@ def test_how_far_iceberg_is_behind_counts_from_the_last_trigger_that_caught_up()
         time.sleep(0.3)
         assert query.holds_as_of == as_of
         run.lastProgress = _progress(time.time(), {"t": {"0": 12}}, None)  # no latest known
+        time.sleep(0.3)
+        assert query.holds_as_of == as_of
+        run.lastProgress = _progress(time.time(), None, None)  # no offsets at all
         time.sleep(0.3)
         assert query.holds_as_of == as_of
         run.lastProgress = _progress(time.time() - 0.5, {"t": {"0": 12}}, {"t": {"0": 12}})
@@ -378,6 +403,7 @@ def test_each_run_s_py4j_connection_ends_with_it(spark, tmp_path) -> None:
 
     _paced_runs(start, batch, lambda: len(serving) >= 5)
     assert len(set(serving)) >= 5  # a thread of its own for each run
+    assert pacing.jvm_caller() is None  # no JVM thread called this one: nothing to end
     wait_for(lambda: not any(t.is_alive() for t in serving), timeout=10)
     assert _kept_connections(spark) <= kept + 1
 
