@@ -193,9 +193,9 @@ class PacedQuery:
         self._in_batch = False
         self._batch_ended = -math.inf  # time.monotonic()
         self._progress_seen: str | None = None
-        # When the last batch that caught up with Kafka began (time.monotonic()): Iceberg's
-        # ticks and ohlc hold every record Kafka held then, since the batch fixed its end at
-        # Kafka's latest offsets after its trigger.
+        # When the last trigger that caught up with Kafka began (time.monotonic()): Iceberg's
+        # ticks and ohlc hold every record Kafka held then, since its batch (or none, when
+        # nothing was new) ended at Kafka's latest offsets, read after the trigger began.
         self.holds_as_of: float | None = None
         self._thread = threading.Thread(target=self._loop, name=f"pace-{q.name}", daemon=True)
         self._thread.start()
