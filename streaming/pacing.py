@@ -242,13 +242,9 @@ class PacedQuery:
         while not self._stopping.is_set():
             run = self._run
             self._note_progress(run)
-            if not run.isActive:
-                error = run.exception()
+            if not run.isActive or (self._due.event.wait(WATCH_S) and self._hurried(run)):
                 self._end_run()
-                return error is None or self._failed(error)
-            if self._due.event.wait(WATCH_S) and self._hurried(run):
-                self._end_run()
-                error = run.exception()  # it may have failed as the hurry came
+                error = run.exception()  # it failed, or may have as the hurry came
                 return error is None or self._failed(error)
         return False
 
@@ -267,10 +263,11 @@ class PacedQuery:
                 return False
             # Never cut a batch (one planned is in the offset log), nor a run before its first
             # trigger has reported: that trigger reads Kafka's latest, after what is due.
+            ready = max(settled, self._batch_ended + HURRY_GAP_S)
             if busy or run.lastProgress is None:
                 self._stopping.wait(0.1)
-            elif now < max(settled, self._batch_ended + HURRY_GAP_S):
-                self._stopping.wait(max(settled, self._batch_ended + HURRY_GAP_S) - now)
+            elif now < ready:
+                self._stopping.wait(ready - now)
             elif self._due.burst_unread() and now < give_up:
                 self._stopping.wait(0.1)
             else:

@@ -61,15 +61,15 @@ class Run:
 class Starts:
     """The runs started, when, and the batch function each was given."""
 
-    def __init__(self, errors: list[Exception | None] | None = None) -> None:
+    def __init__(self, errors: list[Exception | None] | None = None, kind: type = Run) -> None:
         self.at: list[float] = []
         self.runs: list[Run] = []
-        self.errors = list(errors or [])
+        self.errors, self.kind = list(errors or []), kind
         self.batch: Callable[[object, int], None] | None = None
 
     def __call__(self, batch: Callable[[object, int], None]) -> Run:
         self.batch = batch
-        self.runs.append(Run(self.errors.pop(0) if self.errors else None))
+        self.runs.append(self.kind(self.errors.pop(0) if self.errors else None))
         self.at.append(time.monotonic())  # last: what the tests wait on
         return self.runs[-1]
 
@@ -255,8 +255,8 @@ def test_a_failed_run_ends_the_query_unless_it_may_start_again() -> None:
             super().stop()
             self.error = fatal  # it failed as the hurry came
 
-    failing = Starts()
-    query, due = paced(lambda batch: failing(batch) and FailsAtStop())
+    failing = Starts(kind=FailsAtStop)
+    query, due = paced(failing)
     wait_for(lambda: len(failing.at) == 1, timeout=5)
     due.revised()
     wait_for(lambda: not query.isActive, timeout=5)
@@ -271,8 +271,8 @@ def test_a_failed_run_ends_the_query_unless_it_may_start_again() -> None:
         def status(self, _value: dict) -> None:
             pass
 
-    unreadable = Starts()
-    query, due = paced(lambda batch: unreadable(batch) and Unreadable())
+    unreadable = Starts(kind=Unreadable)
+    query, due = paced(unreadable)
     wait_for(lambda: len(unreadable.at) == 1, timeout=5)
     due.revised()
     wait_for(lambda: not query.isActive, timeout=5)
