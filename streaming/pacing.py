@@ -14,7 +14,8 @@ candle, so a repaired gap reaches ``ohlc`` in seconds, not at the next interval;
 ``stream_ticks_commit_after`` ticks, so a burst is committed as soon as there is a batch's
 worth of it, as a Kafka Connect sink flushes at a size or an interval. A hurried start comes
 at least ``HURRY_GAP_S`` after the last batch ended, so late trades or a flood cannot keep the
-commits running back to back. A start brought forward by a batch's worth of ticks also waits
+commits running back to back, and not in the last ``TRIGGER_LEAD_S`` before the run's own
+trigger, which then commits it. A start brought forward by a batch's worth of ticks also waits
 while the live path is still reading the burst (up to ``BURST_WAIT_S`` from when it was due,
 and never while a revised candle waits for it): the burst then goes into one batch instead of
 the part Kafka held at the threshold and a second after the gap, and the live path keeps the
@@ -60,6 +61,12 @@ WATCH_S = 1.0
 # second); a run brought forward by a burst waits for that at most BURST_WAIT_S.
 QUIET_S = 0.5
 BURST_WAIT_S = 5.0
+# A processing-time trigger fires on the epoch's multiples of its interval (Spark's
+# ProcessingTimeExecutor). A hurry due less than TRIGGER_LEAD_S before one lets it fire: a stop
+# as it fires would cut the batch it plans (SPARK-55271 on the restart), and its batch takes
+# what is due anyway. TRIGGER_LAG_S after the multiple, Spark's status shows it active.
+TRIGGER_LEAD_S = 1.0
+TRIGGER_LAG_S = 0.25
 
 
 class CommitDue:
@@ -152,7 +159,12 @@ def start_every(
     """A query with a batch every ``every_s`` (when Kafka holds anything new), the first at
     once."""
     writer = batch_writer(df, batch, checkpoint, name)
-    return writer.trigger(processingTime=f"{int(every_s * 1000)} milliseconds").start()
+    return writer.trigger(processingTime=f"{_interval_ms(every_s)} milliseconds").start()
+
+
+def _interval_ms(every_s: float) -> int:
+    """A processing-time trigger's interval, as Spark is given it."""
+    return int(every_s * 1000)
 
 
 def jvm_caller() -> tuple[JavaObject, JavaObject] | None:
@@ -270,6 +282,8 @@ class PacedQuery:
                 self._stopping.wait(ready - now)
             elif self._due.burst_unread() and now < give_up:
                 self._stopping.wait(0.1)
+            elif (until := _until_trigger(self.q.trigger_s, time.time())) < TRIGGER_LEAD_S:
+                self._stopping.wait(until + TRIGGER_LAG_S)
             else:
                 return True
         return False
@@ -348,6 +362,17 @@ def _caught_up(source: dict) -> bool:
     """The batch (or idle trigger) ended at the offsets Kafka held when it was planned."""
     latest = _offsets(source.get("latestOffset"))
     return latest is not None and _offsets(source.get("endOffset")) == latest
+
+
+def _until_trigger(every_s: float, now: float) -> float:
+    """Seconds from ``now`` (time.time()) to the next trigger of a run started by
+    :func:`start_every` with ``every_s``; infinite when its interval is too short to wait for
+    one (the wait would end before the next)."""
+    every_ms = _interval_ms(every_s)
+    if every_ms / 1000 <= TRIGGER_LEAD_S + TRIGGER_LAG_S:
+        return math.inf
+    now_ms = now * 1000
+    return (every_ms - now_ms % every_ms) / 1000
 
 
 def _trigger_active(run: StreamingQuery) -> bool:

@@ -79,9 +79,10 @@ def paced(
     due: CommitDue | None = None,
     retry=lambda _: False,
     batch=lambda _df, _id: None,
+    trigger_s: float = 3600,
 ) -> tuple[PacedQuery, CommitDue]:
     due = due or CommitDue(after_ticks=1)
-    q = SimpleNamespace(name="ticks", trigger_s=3600, batch=batch)
+    q = SimpleNamespace(name="ticks", trigger_s=trigger_s, batch=batch)
     return PacedQuery(q, starts, due, retry), due  # type: ignore[arg-type]
 
 
@@ -92,6 +93,8 @@ def quick(monkeypatch) -> None:
     monkeypatch.setattr(pacing, "QUIET_S", 0.3)
     monkeypatch.setattr(pacing, "BURST_WAIT_S", 2.0)
     monkeypatch.setattr(pacing, "WATCH_S", 0.05)
+    monkeypatch.setattr(pacing, "TRIGGER_LEAD_S", 0.3)
+    monkeypatch.setattr(pacing, "TRIGGER_LAG_S", 0.1)
 
 
 def test_one_run_commits_at_every_trigger_until_stopped() -> None:
@@ -155,6 +158,34 @@ def test_a_revised_candle_starts_a_run_between_batches() -> None:
         wait_for(lambda: len(starts.at) == 5, timeout=5)
     finally:
         release.set()
+        query.stop()
+
+
+class TimedRun(Run):
+    """A run that notes when (time.time()) it was stopped."""
+
+    stopped_at = math.nan
+
+    def stop(self) -> None:
+        self.stopped_at = time.time()
+        super().stop()
+
+
+def test_a_hurry_just_before_the_run_s_own_trigger_lets_it_fire() -> None:
+    """A hurry that would stop the run in the last moments before its trigger (on the epoch's
+    multiples of the interval, as Spark's) waits until that trigger has fired: a stop as it
+    fires cuts the batch Spark plans. Then it stops the run, as its trigger took nothing."""
+    starts = Starts(kind=TimedRun)
+    query, due = paced(starts, trigger_s=1.0)
+    try:
+        wait_for(lambda: len(starts.at) == 1, timeout=5)
+        while not 0.80 <= time.time() % 1 < 0.82:  # the hurry is ready 0.05 s on: 0.15 s early
+            time.sleep(0.002)
+        trigger = math.ceil(time.time())
+        due.revised()
+        wait_for(lambda: len(starts.at) == 2, timeout=5)
+        assert trigger <= starts.runs[0].stopped_at < trigger + 2  # then at once, or near it
+    finally:
         query.stop()
 
 
