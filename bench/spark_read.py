@@ -3,6 +3,7 @@ decode. bench.stream and bench.spark_floor measure against it in the same run.""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -24,13 +25,38 @@ def kafka_source(
     )
 
 
+def _first_line(path: str) -> str:
+    with open(path) as f:
+        return f.readline()
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine has spent busy since boot (/proc/stat): user,
+    nice, system, irq and softirq (guest time is counted in user and nice; steal is the
+    hypervisor's, not ours)."""
+    ticks = [int(n) for n in _first_line("/proc/stat").split()[1:8]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def read_rate(frame: Callable[[], DataFrame], label: str, runs: int = 3) -> int:
     """Records/s of counting ``frame()``, best of ``runs`` (the first pays for JIT and
-    connections)."""
-    best, records = float("inf"), 0
+    connections). It also prints how many of the machine's cores the best run kept busy,
+    beyond what they were busy with for a second before (the broker's share included): an
+    estimate of what reading costs, by which a job that reads every record twice on these
+    cores, as the live path and the committing query do, commits at most about
+    cores / (2 * busy) of the rate."""
+    b0 = machine_busy_s()
+    time.sleep(1.0)
+    before = machine_busy_s() - b0  # cores busy without the read
+    best, busy, records = float("inf"), 0.0, 0
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0, b0 = time.perf_counter(), machine_busy_s()
         records = frame().count()
-        best = min(best, time.perf_counter() - t0)
-    print(f"{label}: {records:,} records, best of {runs} {best:.2f}s, {records / best:,.0f}/s")
+        seconds = time.perf_counter() - t0
+        if seconds < best:
+            best, busy = seconds, (machine_busy_s() - b0) / seconds - before
+    print(
+        f"{label}: {records:,} records, best of {runs} {best:.2f}s, {records / best:,.0f}/s, "
+        f"{busy:.2f} of the machine's {os.cpu_count()} cores busy reading"
+    )
     return round(records / best)

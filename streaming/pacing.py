@@ -14,8 +14,8 @@ candle, so a repaired gap reaches ``ohlc`` in seconds, not at the next interval;
 ``stream_ticks_commit_after`` ticks, so a burst is committed as soon as there is a batch's
 worth of it, as a Kafka Connect sink flushes at a size or an interval. A hurried start comes
 at least ``HURRY_GAP_S`` after the last batch ended, so late trades or a flood cannot keep the
-commits running back to back, and not in the last ``TRIGGER_LEAD_S`` before the run's own
-trigger, which then commits it. A start brought forward by a batch's worth of ticks also waits
+commits running back to back, nor while the run's own trigger is about to fire or has not yet
+reported (a stop would meet it as it plans a batch). A start brought forward by a batch's worth of ticks also waits
 while the live path is still reading the burst (up to ``BURST_WAIT_S`` from when it was due,
 and never while a revised candle waits for it): the burst then goes into one batch instead of
 the part Kafka held at the threshold and a second after the gap, and the live path keeps the
@@ -61,12 +61,13 @@ WATCH_S = 1.0
 # second); a run brought forward by a burst waits for that at most BURST_WAIT_S.
 QUIET_S = 0.5
 BURST_WAIT_S = 5.0
-# A processing-time trigger fires on the epoch's multiples of its interval (Spark's
-# ProcessingTimeExecutor). A hurry due less than TRIGGER_LEAD_S before one lets it fire: a stop
-# as it fires would cut the batch it plans (SPARK-55271 on the restart), and its batch takes
-# what is due anyway. TRIGGER_LAG_S after the multiple, Spark's status shows it active.
+# After a run's first trigger, Spark's ProcessingTimeExecutor fires one on each of the epoch's
+# multiples of the interval that it is not busy at. A hurry waits while one is less than
+# TRIGGER_LEAD_S away, or has come and not yet reported (for up to TRIGGER_WAIT_S): a stop as it
+# fires would cut the batch it plans (SPARK-55271 on the restart), and a batch that catches up
+# takes what was due.
 TRIGGER_LEAD_S = 1.0
-TRIGGER_LAG_S = 0.25
+TRIGGER_WAIT_S = 2.0
 
 
 class CommitDue:
@@ -205,6 +206,7 @@ class PacedQuery:
         self._in_batch = False
         self._batch_ended = -math.inf  # time.monotonic()
         self._progress_seen: str | None = None
+        self._trigger_began = -math.inf  # time.time() of the last trigger that reported
         # When the last trigger that caught up with Kafka began (time.monotonic()): Iceberg's
         # ticks and ohlc hold every record Kafka held then, since its batch (or none, when
         # nothing was new) ended at Kafka's latest offsets, read after the trigger began.
@@ -267,23 +269,25 @@ class PacedQuery:
         give_up = time.monotonic() + BURST_WAIT_S
         settled = time.monotonic() + SETTLE_S
         while not self._stopping.is_set():
-            # Its state before its progress: a trigger that ends between the two is seen.
+            # The clock, then its state, then its progress: a trigger that begins after the
+            # clock is read shows as busy, and one that ends between the two is seen.
+            wall = time.time()
             busy = self._in_batch or _trigger_active(run)
             self._note_progress(run)
             now = time.monotonic()
             if not self._due.event.is_set() or not run.isActive:
                 return False
-            # Never cut a batch (one planned is in the offset log), nor a run before its first
-            # trigger has reported: that trigger reads Kafka's latest, after what is due.
+            # Never cut a batch (one planned is in the offset log), nor meet the run's trigger
+            # as it fires, nor stop a run before its first trigger has reported: that trigger
+            # reads Kafka's latest, after what is due.
             ready = max(settled, self._batch_ended + HURRY_GAP_S)
-            if busy or run.lastProgress is None:
+            near = _trigger_near(self.q.trigger_s, wall, self._trigger_began)
+            if busy or near or run.lastProgress is None:
                 self._stopping.wait(0.1)
             elif now < ready:
                 self._stopping.wait(ready - now)
             elif self._due.burst_unread() and now < give_up:
                 self._stopping.wait(0.1)
-            elif (until := _until_trigger(self.q.trigger_s, time.time())) < TRIGGER_LEAD_S:
-                self._stopping.wait(until + TRIGGER_LAG_S)
             else:
                 return True
         return False
@@ -318,9 +322,10 @@ class PacedQuery:
         if not progress or progress.get("timestamp") == self._progress_seen:
             return
         self._progress_seen = progress["timestamp"]
+        began = datetime.fromisoformat(progress["timestamp"]).timestamp()
+        self._trigger_began = max(self._trigger_began, began)
         sources = progress.get("sources") or []
         if sources and all(_caught_up(s) for s in sources):
-            began = datetime.fromisoformat(progress["timestamp"]).timestamp()
             self.holds_as_of = time.monotonic() - max(0.0, time.time() - began)
             self._due.held(self.holds_as_of)
 
@@ -364,15 +369,20 @@ def _caught_up(source: dict) -> bool:
     return latest is not None and _offsets(source.get("endOffset")) == latest
 
 
-def _until_trigger(every_s: float, now: float) -> float:
-    """Seconds from ``now`` (time.time()) to the next trigger of a run started by
-    :func:`start_every` with ``every_s``; infinite when its interval is too short to wait for
-    one (the wait would end before the next)."""
+def _trigger_near(every_s: float, now: float, reported: float) -> bool:
+    """Whether a run started by :func:`start_every` with ``every_s`` may be about to plan a
+    batch at ``now`` (time.time()): its next trigger is less than ``TRIGGER_LEAD_S`` away, or
+    the last one's time came less than ``TRIGGER_WAIT_S`` ago and no trigger has reported since
+    (``reported``: when the last that did began). Never for an interval too short to wait for
+    one: the wait would run into the next."""
     every_ms = _interval_ms(every_s)
-    if every_ms / 1000 <= TRIGGER_LEAD_S + TRIGGER_LAG_S:
-        return math.inf
+    if every_ms / 1000 <= 2 * (TRIGGER_LEAD_S + TRIGGER_WAIT_S):
+        return False
     now_ms = now * 1000
-    return (every_ms - now_ms % every_ms) / 1000
+    last_ms = now_ms // every_ms * every_ms  # its trigger reports a start at or after it
+    if last_ms + every_ms - now_ms < TRIGGER_LEAD_S * 1000:
+        return True
+    return now_ms - last_ms < TRIGGER_WAIT_S * 1000 and reported * 1000 < last_ms
 
 
 def _trigger_active(run: StreamingQuery) -> bool:

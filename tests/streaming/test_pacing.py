@@ -94,7 +94,7 @@ def quick(monkeypatch) -> None:
     monkeypatch.setattr(pacing, "BURST_WAIT_S", 2.0)
     monkeypatch.setattr(pacing, "WATCH_S", 0.05)
     monkeypatch.setattr(pacing, "TRIGGER_LEAD_S", 0.3)
-    monkeypatch.setattr(pacing, "TRIGGER_LAG_S", 0.1)
+    monkeypatch.setattr(pacing, "TRIGGER_WAIT_S", 0.4)
 
 
 def test_one_run_commits_at_every_trigger_until_stopped() -> None:
@@ -171,20 +171,49 @@ class TimedRun(Run):
         super().stop()
 
 
-def test_a_hurry_just_before_the_run_s_own_trigger_lets_it_fire() -> None:
-    """A hurry that would stop the run in the last moments before its trigger (on the epoch's
-    multiples of the interval, as Spark's) waits until that trigger has fired: a stop as it
-    fires cuts the batch Spark plans. Then it stops the run, as its trigger took nothing."""
+def test_a_trigger_is_near_just_before_its_time_and_until_it_reports() -> None:
+    """The epoch's multiples of the interval, as Spark's processing-time trigger fires on."""
+    near = pacing._trigger_near
+    assert near(30, 59.8, reported=30.0)  # 0.2 s before 60 (TRIGGER_LEAD_S: 0.3)
+    assert not near(30, 59.5, reported=30.0)
+    assert near(30, 60.2, reported=30.0)  # its time came; it has not reported
+    assert not near(30, 60.2, reported=60.004)  # it reported
+    assert not near(30, 60.5, reported=30.0)  # waited long enough (TRIGGER_WAIT_S)
+    assert not near(1.0, 59.9, reported=0.0)  # too short an interval to wait for one
+
+
+def _hurry_at(lead_s: float, every_s: float) -> float:
+    """Sleeps until ``lead_s`` before a multiple of ``every_s`` (again if it overslept by more
+    than 0.1 s); that multiple."""
+    while True:
+        time.sleep((-lead_s - time.time()) % every_s)
+        now = time.time()
+        if lead_s - 0.1 <= -now % every_s <= lead_s:
+            return math.ceil(now / every_s) * every_s
+
+
+def test_a_hurry_waits_for_the_run_s_own_trigger_to_fire_and_report(monkeypatch) -> None:
+    """A hurry due just before the run's own trigger waits for it to fire (on the epoch's
+    multiples of the interval, as Spark's): a stop as it fires cuts the batch Spark plans. Once
+    the trigger has reported, and taken nothing that was due, the run stops. One that never
+    reports is waited for a while, then stopped."""
+    monkeypatch.setattr(pacing, "TRIGGER_WAIT_S", 0.6)  # the time the test has to report
     starts = Starts(kind=TimedRun)
-    query, due = paced(starts, trigger_s=1.0)
+    query, due = paced(starts, trigger_s=2.0)
     try:
         wait_for(lambda: len(starts.at) == 1, timeout=5)
-        while not 0.80 <= time.time() % 1 < 0.82:  # the hurry is ready 0.05 s on: 0.15 s early
-            time.sleep(0.002)
-        trigger = math.ceil(time.time())
+        trigger = _hurry_at(0.25, 2.0)  # the hurry is ready 0.2 s before it
         due.revised()
+        time.sleep(max(0.0, trigger + 0.15 - time.time()))
+        assert not starts.runs[0].stopped  # its time came: it may be planning
+        starts.runs[0].lastProgress = _progress(trigger + 0.01, {"t": {"0": 0}}, {"t": {"0": 1}})
         wait_for(lambda: len(starts.at) == 2, timeout=5)
-        assert trigger <= starts.runs[0].stopped_at < trigger + 2  # then at once, or near it
+        assert trigger + 0.01 <= starts.runs[0].stopped_at < trigger + pacing.TRIGGER_WAIT_S
+
+        trigger = _hurry_at(0.25, 2.0)  # again, and this run's trigger never reports
+        due.revised()
+        wait_for(lambda: len(starts.at) == 3, timeout=5)
+        assert starts.runs[1].stopped_at >= trigger + pacing.TRIGGER_WAIT_S
     finally:
         query.stop()
 
