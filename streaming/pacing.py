@@ -15,12 +15,13 @@ candle, so a repaired gap reaches ``ohlc`` in seconds, not at the next interval;
 worth of it, as a Kafka Connect sink flushes at a size or an interval. A hurried start comes
 at least ``HURRY_GAP_S`` after the last batch ended, so late trades or a flood cannot keep the
 commits running back to back, nor while the run's own trigger is about to fire or has not yet
-reported (a stop would meet it as it plans a batch). A start brought forward by a batch's worth of ticks also waits
-while the live path is still reading the burst (up to ``BURST_WAIT_S`` from when it was due,
-and never while a revised candle waits for it): the burst then goes into one batch instead of
-the part Kafka held at the threshold and a second after the gap, and the live path keeps the
-cores while it reads. Only a hurry, or a failed run that may start again, starts a run, so at a
-steady rate below a batch's worth an interval the query runs for good.
+reported (a stop would meet it as it plans a batch). A start brought forward by a batch's
+worth of ticks also waits while the live path is still reading the burst (up to
+``BURST_WAIT_S`` from when it was due, and never while a revised candle waits for it): the
+burst then goes into one batch instead of the part Kafka held at the threshold and a second
+after the gap, and the live path keeps the cores while it reads. Only a hurry, or a failed
+run that may start again, starts a run, so at a steady rate below a batch's worth an interval
+the query runs for good.
 
 Each run is a new query on a new JVM thread, and that thread's first call into Python (the
 batch function) opens a py4j connection, with a thread in this process to serve it, that
