@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 
+from bench.stats import machine_busy_s
 from candlewire.config import Settings
 
 
@@ -23,19 +24,6 @@ def kafka_source(
         .option("startingOffsets", starting)
         .load()
     )
-
-
-def _first_line(path: str) -> str:
-    with open(path) as f:
-        return f.readline()
-
-
-def machine_busy_s() -> float:
-    """CPU seconds every core of the machine has spent busy since boot (/proc/stat): user,
-    nice, system, irq and softirq (guest time is counted in user and nice; steal is the
-    hypervisor's, not ours)."""
-    ticks = [int(n) for n in _first_line("/proc/stat").split()[1:8]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def read_rate(frame: Callable[[], DataFrame], label: str, runs: int = 3) -> int:

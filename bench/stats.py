@@ -1,5 +1,6 @@
 """What every bench measures the same way: percentiles (the sample at rank q·n, in
-milliseconds), another process's CPU time, and a JVM's time compiling and collecting."""
+milliseconds), another process's CPU time, the whole machine's, and a JVM's time compiling and
+collecting."""
 
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ def process_cpu_s(pid: int) -> float:
     """User and system CPU seconds of one process so far, its threads included (``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine has spent busy since boot (``/proc/stat``): user,
+    nice, system, irq and softirq (guest time is counted in user and nice; steal is the
+    hypervisor's, not ours)."""
+    ticks = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def hotspot_seconds(counters: str) -> dict[str, float]:
