@@ -420,16 +420,36 @@ def test_metadata_refresh_publishes_metadata_update(pipeline, ctx) -> None:
 
 def test_live_candle_reaches_a_subscriber_through_the_relay(pipeline) -> None:
     ticker = f"TEST:V{uuid.uuid4().hex[:6].upper()}/USDT"
-    now = int(time.time() * 1000)
+    stop = threading.Event()
+
+    def trade_until_seen() -> None:
+        # The subscription reaches the job through the relay in its own time (it starts with
+        # the first next(), and on a loaded machine lands after any fixed pause), and a
+        # subscriber without ``since`` is owed only what comes after: a trade every half
+        # second until one of its candles gets through.
+        for i in range(240):
+            now_ns = time.time_ns()
+            tick = market_pb2.Tick(
+                ticker=ticker, trade_id=str(i), price="100.00", size="1.000",
+                side=market_pb2.BUY, exchange_time_ns=now_ns - now_ns % 1_000_000,
+            )  # fmt: skip
+            produce_ticks(pipeline, [tick])
+            if stop.wait(0.5):
+                return
+
     # The test plays the TEST exchange's ingestor (it produces to Kafka), so it serves TEST's
     # work queue: the relay would otherwise tell the subscriber no ingestor serves it.
     with Client(pipeline) as client, zmq.Context() as ctx:
         fake = FakeIngestor(ctx, pipeline, [work_prefix("TEST")])
         updates = client.subscribe(ticker, "ohlc:60", idle_timeout=60)
-        time.sleep(1.0)  # the subscription reaches the job through the relay
-        produce_ticks(pipeline, make_ticks(ticker, now, 3, seed=3))
-        candle = next(updates)
-        fake.close()
+        trader = threading.Thread(target=trade_until_seen, daemon=True)
+        trader.start()
+        try:
+            candle = next(updates)
+        finally:
+            stop.set()
+            trader.join(30)
+            fake.close()
     assert candle.ticker == ticker and candle.period_s == 60 and candle.trade_count >= 1
 
 
