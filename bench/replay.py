@@ -138,7 +138,7 @@ def trouble(settings: Settings, pub: StreamPublisher, relay, work, rate: int, se
         threads: list[threading.Thread] = []
 
         def begin() -> None:
-            time.sleep(1.0)  # the first next() below subscribes
+            time.sleep(1.0)  # subscribe() subscribed; the subscription reaches the feed
             threads.append(feed.flow(rate, seconds))
             threads.append(threading.Thread(target=kill_and_restart))
             threads[-1].start()

@@ -15,7 +15,7 @@ import asyncio
 import gc
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -135,7 +135,14 @@ class EmitMany:
     msgs: list[Message]
 
 
-Op = Recv | RecvRun | Send | Sleep | Emit | EmitMany
+@dataclass(frozen=True)
+class Ready:
+    """A subscription's socket is open and subscribed, and nothing of it has waited yet;
+    outcome: None. ``drive_iter`` runs a procedure to here before it returns, and every
+    deadline (the journal's, ``idle_timeout``) starts after it, at the first ``next``."""
+
+
+Op = Recv | RecvRun | Send | Sleep | Emit | EmitMany | Ready
 T = TypeVar("T")
 Steps = Generator[Op, Any, T]
 
@@ -171,10 +178,67 @@ def drive(steps: Steps[T]) -> T:
     return run.result  # type: ignore[return-value]
 
 
-def drive_iter(steps: Steps[None]) -> Iterator[Emitted]:
+class StartedIter:
+    """A subscription's procedure, run to :class:`Ready` already, so its socket is
+    subscribed when ``subscribe`` returns, as that docstring promises, and the subscription
+    travels to the relay and upstream while the caller does something else (a plain
+    generator would run nothing until the first ``next``). ``iter()`` gives the emitting
+    generator itself, not this object, so a ``for`` loop pays nothing per message. Closing
+    closes the procedure, and with it its sockets, whether it was iterated or not."""
+
+    __slots__ = ("_messages", "_steps")
+
+    def __init__(self, steps: Steps[None], messages: Generator[Emitted, Any, None]) -> None:
+        self._steps, self._messages = steps, messages
+
+    def __iter__(self) -> Generator[Emitted, Any, None]:
+        return self._messages
+
+    def __next__(self) -> Emitted:
+        return next(self._messages)
+
+    def close(self) -> None:
+        self._messages.close()
+        self._steps.close()  # never iterated: the generator above has no finally yet
+
+
+class StartedAsyncIter:
+    """:class:`StartedIter` as an async iterator."""
+
+    __slots__ = ("_messages", "_steps")
+
+    def __init__(self, steps: Steps[None], messages: AsyncGenerator[Emitted, Any]) -> None:
+        self._steps, self._messages = steps, messages
+
+    def __aiter__(self) -> AsyncGenerator[Emitted, Any]:
+        return self._messages
+
+    async def __anext__(self) -> Emitted:
+        return await anext(self._messages)
+
+    async def aclose(self) -> None:
+        await self._messages.aclose()
+        self._steps.close()
+
+
+def _ready(run: Run[None]) -> None:
+    """Run a subscription's procedure to :class:`Ready` (its socket subscribed)."""
+    op = run.next()
+    if not isinstance(op, Ready):
+        run.steps.close()
+        raise TypeError(f"a subscription's procedure yields Ready first, not {op!r}")
+
+
+def drive_iter(steps: Steps[None]) -> StartedIter:
     """Run a procedure that emits messages (or replayed runs as RecordBatches, when asked
-    for batches), as a blocking iterator."""
-    with Run(steps) as run:
+    for batches), as a blocking iterator; it runs to :class:`Ready` before this returns."""
+    run = Run(steps)
+    _ready(run)
+    return StartedIter(steps, _driven(run))
+
+
+def _driven(run: Run[None]) -> Generator[Emitted, Any, None]:
+    with run:
         while (op := run.next()) is not None:
             if isinstance(op, EmitMany):
                 yield from op.msgs
@@ -205,10 +269,16 @@ async def async_drive(steps: Steps[T]) -> T:
     return run.result  # type: ignore[return-value]
 
 
-async def async_drive_iter(steps: Steps[None]) -> AsyncIterator[Emitted]:
+def async_drive_iter(steps: Steps[None]) -> StartedAsyncIter:
     """Run a procedure that emits messages (or replayed runs as RecordBatches), as an async
-    iterator."""
-    with Run(steps) as run:
+    iterator; it runs to :class:`Ready` before this returns."""
+    run = Run(steps)
+    _ready(run)
+    return StartedAsyncIter(steps, _async_driven(run))
+
+
+async def _async_driven(run: Run[None]) -> AsyncGenerator[Emitted, Any]:
+    with run:
         while (op := run.next()) is not None:
             if isinstance(op, EmitMany):
                 for msg in op.msgs:
@@ -472,14 +542,15 @@ class ClientCore:
         With ``batches``, what the journal brings comes as one RecordBatch per chunk.
         """
         sub = self.open(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        filt = MarketFilter.open(sub, ticker, data_type)
-        # Through every relay: each message comes once per relay, and positions drop the
-        # copies, so losing a relay loses nothing and costs no failover time.
-        for endpoint in self.settings.relays("market_data"):
-            sub.connect(endpoint)
         journal = JournalLink(self)
         try:
+            sub.setsockopt(zmq.LINGER, 0)
+            filt = MarketFilter.open(sub, ticker, data_type)
+            # Through every relay: each message comes once per relay, and positions drop the
+            # copies, so losing a relay loses nothing and costs no failover time.
+            for endpoint in self.settings.relays("market_data"):
+                sub.connect(endpoint)
+            yield Ready()
             if isinstance(since, Tick | Candle):
                 since = since.stream  # resume right after a message received before
             if isinstance(since, StreamPosition):

@@ -222,8 +222,10 @@ class Client:
         :class:`~candlewire.market.Tick` and :class:`~candlewire.market.Candle` (Decimal
         prices, UTC datetimes), or with ``raw=True`` as the protobuf messages.
 
-        Subscribing is enough: an ingestor starts streaming the ticker for its first
-        subscriber. ``since`` (a time, or a message received before, or its ``stream``
+        Subscribing is enough: the socket is subscribed when this returns, and an ingestor
+        starts streaming the ticker for its first subscriber; ``close()`` (or dropping the
+        subscription) unsubscribes. Waiting (``idle_timeout``, the journal) starts at the
+        first ``next``. ``since`` (a time, or a message received before, or its ``stream``
         position) replays the journal from there and then goes on live with no gap and no
         repeat. Messages lost on the way (a full queue, a relay restart) are fetched from
         the journal before anything newer is yielded; ``.stats`` counts them.
@@ -266,7 +268,7 @@ class Subscription:
         self._messages: Iterator[Item] = (
             _booked(messages, books, stats)
             if books is not None
-            else messages
+            else iter(messages)  # the emitting generator itself, not a wrapper around it
             if raw
             else _typed(messages, stats)
         )
@@ -297,7 +299,7 @@ class AsyncSubscription:
         self._messages: AsyncIterator[Item] = (
             _booked_async(messages, books, stats)
             if books is not None
-            else messages
+            else aiter(messages)  # the emitting generator itself, not a wrapper around it
             if raw
             else _typed_async(messages, stats)
         )

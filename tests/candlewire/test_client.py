@@ -6,13 +6,14 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from functools import partial
 
 import pytest
 import zmq
 
 from candlewire import AsyncClient, Client, RequestRejected, RequestTimeout
 from candlewire.market import Tick
-from candlewire.testing import candlewire_command
+from candlewire.testing import candlewire_command, wait_for
 from proto import market_pb2
 from proto import requests_pb2 as rq
 from proto.envelope import decode_router, encode
@@ -165,6 +166,52 @@ def test_async_subscribe(settings, relay, publisher, served) -> None:
     finally:
         stop.set()
         feeder.join()
+
+
+def test_a_subscription_is_in_place_when_subscribe_returns(settings, relay) -> None:
+    """Subscribing is enough (its docstring says so): the relay sees the subscription before
+    the first ``next``, so nothing published meanwhile is missed for want of it, and closing
+    one never iterated takes it back. Both clients."""
+    ticker = "BINANCE:BTC/USDT"
+    watched = partial(relay._watched.watched, ticker)
+    with Client(settings) as client:
+        sub = client.subscribe(ticker, "ohlc:60", idle_timeout=5)
+        wait_for(watched, timeout=10)
+        sub.close()
+        wait_for(lambda: not watched(), timeout=10)
+
+    async def main() -> None:
+        async with AsyncClient(settings) as client:
+            sub = client.subscribe(ticker, idle_timeout=5)
+            deadline = time.monotonic() + 10
+            while not watched() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert watched(), "the async subscription did not reach the relay"
+            await sub.aclose()
+            while watched() and time.monotonic() < deadline + 10:
+                await asyncio.sleep(0.05)
+            assert not watched()
+
+    asyncio.run(main())
+
+
+def test_a_subscription_s_deadlines_start_at_its_first_next(settings, relay, monkeypatch) -> None:
+    """Subscribed at once, waited on later: ``idle_timeout`` and the journal's deadline (a
+    ``since``; no journal answers here) run from the first ``next``, not from ``subscribe``,
+    so a caller who iterates a while later still gets its whole wait."""
+    from candlewire import FellBehind
+
+    monkeypatch.setattr("candlewire._core.FILL_TIMEOUT_S", 0.4)
+    cases = [({"idle_timeout": 0.4}, RequestTimeout), ({"since": START}, FellBehind)]
+    with Client(settings) as client:
+        for kwargs, error in cases:
+            sub = client.subscribe("BINANCE:BTC/USDT", **kwargs)
+            time.sleep(0.6)
+            t0 = time.monotonic()
+            with pytest.raises(error):
+                next(sub)
+            assert time.monotonic() - t0 >= 0.3, f"{kwargs}: the wait ran from subscribe()"
+            sub.close()
 
 
 def test_subscribe_idle_timeout(settings, relay) -> None:

@@ -342,7 +342,8 @@ def test_slow_subscriber_with_a_tiny_queue_loses_nothing(
 
             def burst() -> None:
                 started.wait()
-                # next(sub) opens the SUB and subscribes: a tick at a time until one is heard
+                # The subscription reaches the feed in its own time: a tick at a time until
+                # one is heard.
                 while not heard.wait(0.2):
                     feed.publish(1)
                 for _ in range(BURST // 1000):
