@@ -423,10 +423,9 @@ def test_live_candle_reaches_a_subscriber_through_the_relay(pipeline) -> None:
     stop = threading.Event()
 
     def trade_until_seen() -> None:
-        # The subscription reaches the job through the relay in its own time (it starts with
-        # the first next(), and on a loaded machine lands after any fixed pause), and a
-        # subscriber without ``since`` is owed only what comes after: a trade every half
-        # second until one of its candles gets through.
+        # The subscription reaches the job through the relay in its own time (on a loaded
+        # machine, after any fixed pause), and a subscriber without ``since`` is owed only
+        # what comes after: a trade every half second until one of its candles gets through.
         for i in range(240):
             now_ns = time.time_ns()
             tick = market_pb2.Tick(
