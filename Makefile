@@ -181,5 +181,7 @@ docs: install
 proto: install
 	$(PY) -m proto.generate
 
+# A cluster relocated out of a private state dir (launcher/local/postgres.py) goes with it.
 clean: down
+	@if [ -x $(PY) ]; then $(PY) -m launcher.local.postgres .candlewire/postgres; fi
 	rm -rf $(VENV) .candlewire .cache jvm/target gateway/web/node_modules gateway/static/vendor

@@ -9,13 +9,16 @@ role logs in with it, by scram-sha-256, on both; a cluster an older release made
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 USER = "candlewire"
@@ -57,6 +60,16 @@ def _method(line: str) -> str | None:
     return words[-1] if len(words) >= 4 else None
 
 
+def _running(data: Path) -> int | None:
+    """The pid of the server running on ``data``, if one is."""
+    try:
+        pid = int((data / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid
+
+
 class LocalPostgres:
     """``listen``: the addresses it serves beyond 127.0.0.1 (another host's clients need
     one); their subnets must be allowed (:meth:`allow`), always with the password."""
@@ -68,6 +81,7 @@ class LocalPostgres:
         password: str | None = None,
         listen: tuple[str, ...] = (),
     ) -> None:
+        self.path = data.absolute()  # the state dir's entry: a link once relocated
         self.data = data.resolve()
         self.port = port
         self.password = password
@@ -116,15 +130,48 @@ class LocalPostgres:
         """The state dir is private (e.g. under /root): the postgres user cannot enter it.
 
         Keep the cluster under /var/lib/candlewire/<id of the state dir> instead, with a
-        link from the state dir, so `up` works wherever the project was cloned.
+        link from the state dir, so `up` works wherever the project was cloned. A cluster
+        already there belonged to a state dir at this path that was deleted (its link went
+        with it): initdb refuses a directory that is not empty, so it is moved aside, kept.
         """
         home = RELOCATED / hashlib.sha256(str(self.data).encode()).hexdigest()[:16]
         home.mkdir(parents=True, exist_ok=True)
         for d in (RELOCATED, home):
             d.chmod(0o755)
+        target = home / "postgres"
+        if target.exists() and any(target.iterdir()):
+            self._set_aside(target)
         self.data.parent.mkdir(parents=True, exist_ok=True)
-        self.data.symlink_to(home / "postgres")
-        self.data = home / "postgres"
+        self.data.symlink_to(target)
+        self.data = target
+
+    def _set_aside(self, orphan: Path) -> None:
+        if (pid := _running(orphan)) is not None:
+            raise PostgresSetupError(
+                f"{orphan} holds the cluster of a deleted state dir at {self.data}, and it "
+                f"still runs (pid {pid}): stop it (pg_ctl -D {orphan} stop, as postgres) "
+                "and start again"
+            )
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        aside = Path(tempfile.mkdtemp(prefix=f"postgres.orphaned-{stamp}-", dir=orphan.parent))
+        orphan.rename(aside)  # onto the empty directory: a unique name, atomically
+        print(
+            f"postgres: {orphan} held the cluster of a deleted state dir at {self.data}; "
+            f"kept as {aside} (delete it if you do not need it)",
+            file=sys.stderr,
+        )
+
+    def remove(self) -> None:
+        """Stop the cluster and delete it, with the directory it was relocated to: a
+        relocated cluster outlives its state dir otherwise (``make clean``, tests)."""
+        self.stop()
+        shutil.rmtree(self.data, ignore_errors=True)
+        if self.path.is_symlink():
+            self.path.unlink()
+        if self.data.parent.parent == RELOCATED:
+            (self.data.parent / "postgres.log").unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a cluster set aside there stays
+                self.data.parent.rmdir()
 
     def start(self, log: Path) -> None:
         log = log.absolute()  # pg_ctl runs as another user, from another directory
@@ -220,13 +267,15 @@ class LocalPostgres:
         self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"])
 
     def pid(self) -> int | None:
-        try:
-            pid = int((self.data / "postmaster.pid").read_text().split()[0])
-            os.kill(pid, 0)
-        except (OSError, ValueError, IndexError):
-            return None
-        return pid
+        return _running(self.data)
 
     def url(self, db: str = "candlewire") -> str:
         auth = USER if self.password is None else f"{USER}:{self.password}"
         return f"postgresql://{auth}@127.0.0.1:{self.port}/{db}"
+
+
+if __name__ == "__main__":
+    # `make clean`: the cluster goes with the state dir, wherever it was relocated to.
+    for arg in sys.argv[1:]:
+        if Path(arg).exists() or Path(arg).is_symlink():
+            LocalPostgres(Path(arg), 0).remove()

@@ -139,4 +139,4 @@ def test_history_and_live_data_through_every_host(tmp_path) -> None:
     finally:
         del os.environ["CANDLEWIRE_SECRET_S3_SECRET_KEY"]
         if pg is not None:
-            pg.stop()
+            pg.remove()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.local.postgres import LocalPostgres
+from launcher.local.postgres import RELOCATED, LocalPostgres, PostgresSetupError
 from tests.support import free_port
 
 pytestmark = pytest.mark.skipif(
@@ -29,6 +29,7 @@ def test_private_state_dir_relocates_and_keeps_data(monkeypatch) -> None:
     try:
         pg.init_once()
         pg.start(log)
+        home = data.resolve().parent
         pg.psql("CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)")
         pg.stop()
         assert data.is_symlink() and log.is_symlink()
@@ -39,8 +40,40 @@ def test_private_state_dir_relocates_and_keeps_data(monkeypatch) -> None:
         assert again.psql("SELECT v FROM kept").strip() == "42"
         assert "database system is ready" in log.read_text()
     finally:
-        LocalPostgres(data, port).stop()
-        shutil.rmtree(data.resolve().parent, ignore_errors=True)
+        LocalPostgres(data, port).remove()
+        shutil.rmtree(private, ignore_errors=True)
+    assert not home.exists()  # nothing left under /var/lib/candlewire
+
+
+def test_a_deleted_state_dir_s_relocated_cluster_is_set_aside_not_in_the_way(capfd) -> None:
+    """The state dir went (rm -rf, or `make clean` of an older release) but its relocated
+    cluster stayed: the next `up` at the same path makes a new one and keeps the old one.
+    initdb refused the non-empty directory before, and CI, whose tmp paths repeat, failed."""
+    private = Path(tempfile.mkdtemp())
+    data, port = private / "state" / "postgres", free_port()
+    old = new = LocalPostgres(data, port)
+    home = RELOCATED / "none yet"
+    try:
+        old.init_once()
+        old.start(private / "state" / "postgres.log")
+        home = data.resolve().parent
+        assert home.parent == RELOCATED
+        shutil.rmtree(private / "state")  # the link, not the cluster behind it
+        new = LocalPostgres(data, port)
+        with pytest.raises(PostgresSetupError, match="still runs"):
+            new.init_once()  # moving a running cluster's directory would pull it from under it
+        old.stop()
+        new = LocalPostgres(data, port)
+        new.init_once()
+        new.start(private / "state" / "postgres.log")
+        assert new.psql("SELECT 1").strip() == "1"
+        aside = [p for p in home.iterdir() if p.name.startswith("postgres.orphaned-")]
+        assert len(aside) == 1 and (aside[0] / "PG_VERSION").exists()
+        assert str(aside[0]) in capfd.readouterr().err
+    finally:
+        new.remove()
+        old.stop()
+        shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(private, ignore_errors=True)
 
 
@@ -80,8 +113,7 @@ def test_the_stack_s_cluster_asks_for_its_generated_password(tmp_path) -> None:
         assert rules and all(line.split()[-1] == "scram-sha-256" for line in rules)
         assert password not in (tmp_path / "postgres.log").read_text()
     finally:
-        pg.stop()
-        shutil.rmtree(settings.state_dir / "postgres", ignore_errors=True)
+        pg.remove()
 
 
 def test_a_trusting_cluster_of_an_older_release_is_moved_to_the_password(tmp_path) -> None:
@@ -101,7 +133,7 @@ def test_a_trusting_cluster_of_an_older_release_is_moved_to_the_password(tmp_pat
         assert connects(url.replace("candlewire@", "candlewire:s3cr3t@"))
         assert new.psql("SELECT 1").strip() == "1"
     finally:
-        LocalPostgres(data, port).stop()
+        LocalPostgres(data, port).remove()
 
 
 def test_the_catalog_s_idle_sessions_end_and_nothing_replicates(tmp_path) -> None:
@@ -122,4 +154,4 @@ def test_the_catalog_s_idle_sessions_end_and_nothing_replicates(tmp_path) -> Non
         ).stdout
         assert "checkpointer" in children and "logical replication" not in children
     finally:
-        pg.stop()
+        pg.remove()
