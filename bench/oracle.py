@@ -145,7 +145,14 @@ class Journal:
         )
 
     def read(self, quiet_s: float = 1.0) -> None:
-        """Take what the journal holds now (until ``quiet_s`` passes without a record)."""
+        """Take what the journal holds now: up to each partition's end as it was at the call,
+        or until ``quiet_s`` passes without a record. The job journals on (idle marks, the
+        stack's own feeds share the partitions), so a quiet spell alone may never come."""
+        marks = {
+            tp: self.consumer.get_watermark_offsets(tp, 10) for tp in self.consumer.assignment()
+        }
+        ends = {tp.partition: high for tp, (low, high) in marks.items() if high > low}
+        parts = [tp for tp in marks if tp.partition in ends]  # an empty one has no position
         while True:
             records = self.consumer.consume(10_000, quiet_s)
             if not records:
@@ -160,6 +167,8 @@ class Journal:
                         *(Decimal(x) for x in (c.open, c.high, c.low, c.close, c.volume)),
                         c.trade_count,
                     )
+            if all(tp.offset >= ends[tp.partition] for tp in self.consumer.position(parts)):
+                return
 
     def rows(self, ticker: str) -> Candles:
         return {p: sorted(self.last[ticker, p].values()) for p in PERIODS_S}
