@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+import weakref
 import zlib
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
 from contextlib import contextmanager
@@ -144,6 +145,7 @@ class Ready:
 
 Op = Recv | RecvRun | Send | Sleep | Emit | EmitMany | Ready
 T = TypeVar("T")
+S = TypeVar("S", "StartedIter", "StartedAsyncIter")
 Steps = Generator[Op, Any, T]
 
 
@@ -186,7 +188,7 @@ class StartedIter:
     generator itself, not this object, so a ``for`` loop pays nothing per message. Closing
     closes the procedure, and with it its sockets, whether it was iterated or not."""
 
-    __slots__ = ("_messages", "_steps")
+    __slots__ = ("__weakref__", "_messages", "_steps")
 
     def __init__(self, steps: Steps[None], messages: Generator[Emitted, Any, None]) -> None:
         self._steps, self._messages = steps, messages
@@ -201,11 +203,15 @@ class StartedIter:
         self._messages.close()
         self._steps.close()  # never iterated: the generator above has no finally yet
 
+    def cancel(self) -> None:
+        """Close the procedure and its sockets (its client closes); iterating ends."""
+        self._steps.close()
+
 
 class StartedAsyncIter:
     """:class:`StartedIter` as an async iterator."""
 
-    __slots__ = ("_messages", "_steps")
+    __slots__ = ("__weakref__", "_messages", "_steps")
 
     def __init__(self, steps: Steps[None], messages: AsyncGenerator[Emitted, Any]) -> None:
         self._steps, self._messages = steps, messages
@@ -218,6 +224,10 @@ class StartedAsyncIter:
 
     async def aclose(self) -> None:
         await self._messages.aclose()
+        self._steps.close()
+
+    def cancel(self) -> None:
+        """:meth:`StartedIter.cancel`: closing a client is not awaited."""
         self._steps.close()
 
 
@@ -320,6 +330,8 @@ class ClientCore:
     ) -> None:
         self.settings = settings or Settings()
         self.client_id = check_id(client_id or owned_id(self.settings, new_id("cl")), "client_id")
+        # The subscriptions not yet closed or dropped: closing the client closes them too.
+        self.subscriptions: weakref.WeakSet[StartedIter | StartedAsyncIter] = weakref.WeakSet()
         self.submit_timeout = submit_timeout
         self.attempt_timeout = attempt_timeout
         self.inbox = NotificationInbox()
@@ -358,7 +370,14 @@ class ClientCore:
             self._sub = sub
         return self._sub
 
+    def track(self, started: S) -> S:
+        """A subscription this client closes when it closes."""
+        self.subscriptions.add(started)
+        return started
+
     def close(self) -> None:
+        for started in list(self.subscriptions):
+            started.cancel()
         if self._sub is not None:
             self._sub.disable_monitor()
             self._sub.close(linger=0)

@@ -87,7 +87,8 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        """Close the client's sockets; a ``with`` block does it on leaving."""
+        """Close the client's sockets, and its subscriptions' that are still open (iterating
+        one then ends); a ``with`` block does it on leaving."""
         self._core.close()
 
     def submit(
@@ -251,7 +252,7 @@ class Client:
         batches = batches and feed is None  # a book is kept message by message
         seq = Sequence(market_data_topic(ticker, data_type))
         steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq, batches)
-        return Subscription(drive_iter(steps), seq.stats, raw, feed)
+        return Subscription(self._core.track(drive_iter(steps)), seq.stats, raw, feed)
 
 
 class Subscription:
@@ -386,7 +387,7 @@ class AsyncClient:
         self.close()
 
     def close(self) -> None:
-        """Close the client's sockets; an ``async with`` block does it on leaving."""
+        """Like :meth:`Client.close`; an ``async with`` block does it on leaving."""
         self._core.close()
 
     async def submit(
@@ -517,4 +518,4 @@ class AsyncClient:
         batches = batches and feed is None  # a book is kept message by message
         seq = Sequence(market_data_topic(ticker, data_type))
         steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq, batches)
-        return AsyncSubscription(async_drive_iter(steps), seq.stats, raw, feed)
+        return AsyncSubscription(self._core.track(async_drive_iter(steps)), seq.stats, raw, feed)

@@ -195,6 +195,37 @@ def test_a_subscription_is_in_place_when_subscribe_returns(settings, relay) -> N
     asyncio.run(main())
 
 
+def test_closing_a_client_closes_the_subscriptions_it_left_open(settings, relay) -> None:
+    """A subscription neither closed nor dropped goes with its client: the relay sees it
+    taken back (its socket is closed, not left to the context), and iterating it ends.
+    Both clients."""
+    ticker = "BINANCE:BTC/USDT"
+    watched = partial(relay._watched.watched, ticker)
+    client = Client(settings)
+    sub = client.subscribe(ticker, "ohlc:60", idle_timeout=5)
+    wait_for(watched, timeout=10)
+    client.close()
+    wait_for(lambda: not watched(), timeout=10)
+    with pytest.raises(StopIteration):
+        next(sub)
+
+    async def main() -> None:
+        client = AsyncClient(settings)
+        sub = client.subscribe(ticker, idle_timeout=5)
+        deadline = time.monotonic() + 10
+        while not watched() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert watched(), "the async subscription did not reach the relay"
+        client.close()
+        while watched() and time.monotonic() < deadline + 10:
+            await asyncio.sleep(0.05)
+        assert not watched()
+        with pytest.raises(StopAsyncIteration):
+            await anext(sub)
+
+    asyncio.run(main())
+
+
 def test_a_subscription_s_deadlines_start_at_its_first_next(settings, relay, monkeypatch) -> None:
     """Subscribed at once, waited on later: ``idle_timeout`` and the journal's deadline (a
     ``since``; no journal answers here) run from the first ``next``, not from ``subscribe``,
