@@ -204,8 +204,11 @@ class StartedIter:
         self._steps.close()  # never iterated: the generator above has no finally yet
 
     def cancel(self) -> None:
-        """Close the procedure and its sockets (its client closes); iterating ends."""
-        self._steps.close()
+        """Close the procedure and its sockets (its client closes); iterating ends. One
+        being read on another thread is left to its reader: a ZeroMQ socket must not be
+        closed under a thread that polls it."""
+        if not self._messages.gi_running:
+            self._steps.close()
 
 
 class StartedAsyncIter:
@@ -227,8 +230,10 @@ class StartedAsyncIter:
         self._steps.close()
 
     def cancel(self) -> None:
-        """:meth:`StartedIter.cancel`: closing a client is not awaited."""
-        self._steps.close()
+        """:meth:`StartedIter.cancel` (closing a client is not awaited); one a task awaits
+        is left to that task."""
+        if not self._messages.ag_running:
+            self._steps.close()
 
 
 def _ready(run: Run[None]) -> None:

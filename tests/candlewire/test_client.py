@@ -226,6 +226,31 @@ def test_closing_a_client_closes_the_subscriptions_it_left_open(settings, relay)
     asyncio.run(main())
 
 
+def test_closing_a_client_leaves_a_subscription_read_on_another_thread_to_its_reader(
+    settings, relay
+) -> None:
+    """The client is one thread's, but a caller may close it from another to stop: the
+    socket a reader polls is not closed under it (libzmq's sockets are not thread-safe), and
+    the reader ends by its own wait."""
+    client = Client(settings)
+    sub = client.subscribe("BINANCE:BTC/USDT", idle_timeout=1.0)
+    ended: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            next(sub)
+        except BaseException as e:  # what ended it is the assertion
+            ended.append(e)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.3)  # the reader is polling
+    client.close()
+    reader.join(10)
+    assert not reader.is_alive() and len(ended) == 1 and isinstance(ended[0], RequestTimeout)
+    sub.close()
+
+
 def test_a_subscription_s_deadlines_start_at_its_first_next(settings, relay, monkeypatch) -> None:
     """Subscribed at once, waited on later: ``idle_timeout`` and the journal's deadline (a
     ``since``; no journal answers here) run from the first ``next``, not from ``subscribe``,
