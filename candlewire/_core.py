@@ -17,7 +17,7 @@ import time
 import weakref
 import zlib
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -157,6 +157,7 @@ class Run(Generic[T]):
         self.steps = steps
         self.outcome: Any = None
         self.result: T | None = None
+        self.cancelled = False  # its client closed: a reader elsewhere stops after its wait
 
     def next(self) -> Op | None:
         try:
@@ -188,10 +189,10 @@ class StartedIter:
     generator itself, not this object, so a ``for`` loop pays nothing per message. Closing
     closes the procedure, and with it its sockets, whether it was iterated or not."""
 
-    __slots__ = ("__weakref__", "_messages", "_steps")
+    __slots__ = ("__weakref__", "_messages", "_run")
 
-    def __init__(self, steps: Steps[None], messages: Generator[Emitted, Any, None]) -> None:
-        self._steps, self._messages = steps, messages
+    def __init__(self, run: Run[None], messages: Generator[Emitted, Any, None]) -> None:
+        self._run, self._messages = run, messages
 
     def __iter__(self) -> Generator[Emitted, Any, None]:
         return self._messages
@@ -201,23 +202,26 @@ class StartedIter:
 
     def close(self) -> None:
         self._messages.close()
-        self._steps.close()  # never iterated: the generator above has no finally yet
+        self._run.steps.close()  # never iterated: the generator above has no finally yet
 
     def cancel(self) -> None:
-        """Close the procedure and its sockets (its client closes); iterating ends. One
-        being read on another thread is left to its reader: a ZeroMQ socket must not be
-        closed under a thread that polls it."""
+        """Its client closes: close the procedure and its sockets, and iterating ends. A
+        reader on another thread closes them itself once its current wait is over (at most
+        ``POLL_SLICE_S`` while live): a ZeroMQ socket must not be closed under a thread
+        that polls it."""
+        self._run.cancelled = True
         if not self._messages.gi_running:
-            self._steps.close()
+            with suppress(ValueError):  # a reader just began: the flag ends it
+                self._run.steps.close()
 
 
 class StartedAsyncIter:
     """:class:`StartedIter` as an async iterator."""
 
-    __slots__ = ("__weakref__", "_messages", "_steps")
+    __slots__ = ("__weakref__", "_messages", "_run")
 
-    def __init__(self, steps: Steps[None], messages: AsyncGenerator[Emitted, Any]) -> None:
-        self._steps, self._messages = steps, messages
+    def __init__(self, run: Run[None], messages: AsyncGenerator[Emitted, Any]) -> None:
+        self._run, self._messages = run, messages
 
     def __aiter__(self) -> AsyncGenerator[Emitted, Any]:
         return self._messages
@@ -227,13 +231,14 @@ class StartedAsyncIter:
 
     async def aclose(self) -> None:
         await self._messages.aclose()
-        self._steps.close()
+        self._run.steps.close()
 
     def cancel(self) -> None:
-        """:meth:`StartedIter.cancel` (closing a client is not awaited); one a task awaits
-        is left to that task."""
+        """:meth:`StartedIter.cancel` (closing a client is not awaited): a task awaiting
+        it closes the sockets itself once its current wait is over."""
+        self._run.cancelled = True
         if not self._messages.ag_running:
-            self._steps.close()
+            self._run.steps.close()
 
 
 def _ready(run: Run[None]) -> None:
@@ -249,7 +254,7 @@ def drive_iter(steps: Steps[None]) -> StartedIter:
     for batches), as a blocking iterator; it runs to :class:`Ready` before this returns."""
     run = Run(steps)
     _ready(run)
-    return StartedIter(steps, _driven(run))
+    return StartedIter(run, _driven(run))
 
 
 def _driven(run: Run[None]) -> Generator[Emitted, Any, None]:
@@ -258,8 +263,12 @@ def _driven(run: Run[None]) -> Generator[Emitted, Any, None]:
             if isinstance(op, EmitMany):
                 yield from op.msgs
                 run.outcome = None
+            elif isinstance(op, Emit):
+                run.outcome = yield op.msg
             else:
-                run.outcome = (yield op.msg) if isinstance(op, Emit) else perform(op)
+                run.outcome = perform(op)
+                if run.cancelled:
+                    return  # its client closed: the sockets close here, on this thread
 
 
 def perform(op: Op) -> Any:
@@ -289,7 +298,7 @@ def async_drive_iter(steps: Steps[None]) -> StartedAsyncIter:
     iterator; it runs to :class:`Ready` before this returns."""
     run = Run(steps)
     _ready(run)
-    return StartedAsyncIter(steps, _async_driven(run))
+    return StartedAsyncIter(run, _async_driven(run))
 
 
 async def _async_driven(run: Run[None]) -> AsyncGenerator[Emitted, Any]:
@@ -303,6 +312,8 @@ async def _async_driven(run: Run[None]) -> AsyncGenerator[Emitted, Any]:
                 run.outcome = yield op.msg
             else:
                 run.outcome = await async_perform(op)
+                if run.cancelled:
+                    return  # its client closed: the sockets close here, in this task
 
 
 async def async_perform(op: Op) -> Any:

@@ -61,13 +61,20 @@ def _method(line: str) -> str | None:
 
 
 def _running(data: Path) -> int | None:
-    """The pid of the server running on ``data``, if one is."""
+    """The pid of the server running on ``data``, if one is: a postmaster.pid left by a
+    server killed (or by another pid namespace) may name a process that is not one."""
     try:
         pid = int((data / "postmaster.pid").read_text().split()[0])
-        os.kill(pid, 0)
+        if Path(f"/proc/{pid}/comm").read_text().strip() != "postgres":
+            return None
     except (OSError, ValueError, IndexError):
         return None
     return pid
+
+
+def _relocated(path: Path) -> bool:
+    """Whether ``path`` is a cluster kept under :data:`RELOCATED` (a private state dir's)."""
+    return path.parent.parent == RELOCATED
 
 
 class LocalPostgres:
@@ -163,15 +170,18 @@ class LocalPostgres:
 
     def remove(self) -> None:
         """Stop the cluster and delete it, with the directory it was relocated to: a
-        relocated cluster outlives its state dir otherwise (``make clean``, tests)."""
+        relocated cluster outlives its state dir otherwise (``make clean``, tests). A link
+        to anywhere else (the user's own) is taken away, and what it points to kept."""
         self.stop()
-        shutil.rmtree(self.data, ignore_errors=True)
+        target = self.path.resolve()  # relocated since this object was made, perhaps
+        if not self.path.is_symlink() or _relocated(target):
+            shutil.rmtree(target, ignore_errors=True)
         if self.path.is_symlink():
             self.path.unlink()
-        if self.data.parent.parent == RELOCATED:
-            (self.data.parent / "postgres.log").unlink(missing_ok=True)
+        if _relocated(target):
+            (target.parent / "postgres.log").unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # a cluster set aside there stays
-                self.data.parent.rmdir()
+                target.parent.rmdir()
 
     def start(self, log: Path) -> None:
         log = log.absolute()  # pg_ctl runs as another user, from another directory
@@ -275,7 +285,11 @@ class LocalPostgres:
 
 
 if __name__ == "__main__":
-    # `make clean`: the cluster goes with the state dir, wherever it was relocated to.
-    for arg in sys.argv[1:]:
-        if Path(arg).exists() or Path(arg).is_symlink():
-            LocalPostgres(Path(arg), 0).remove()
+    # `make clean`: a cluster relocated out of the state dir goes with it (the rest of the
+    # state dir is the Makefile's `rm -rf`).
+    for arg in map(Path, sys.argv[1:]):
+        if arg.is_symlink() and _relocated(arg.resolve()):
+            try:
+                LocalPostgres(arg, 0).remove()
+            except PostgresSetupError as e:
+                print(f"postgres: {e}", file=sys.stderr)

@@ -226,29 +226,58 @@ def test_closing_a_client_closes_the_subscriptions_it_left_open(settings, relay)
     asyncio.run(main())
 
 
-def test_closing_a_client_leaves_a_subscription_read_on_another_thread_to_its_reader(
-    settings, relay
+def test_closing_a_client_ends_a_subscription_read_elsewhere_from_the_reader_s_side(
+    settings, relay, served
 ) -> None:
-    """The client is one thread's, but a caller may close it from another to stop: the
-    socket a reader polls is not closed under it (libzmq's sockets are not thread-safe), and
-    the reader ends by its own wait."""
+    """A caller may close the client from another thread (or coroutine) to stop a reader:
+    the reader closes the socket itself once its current wait is over (libzmq's sockets are
+    not thread-safe: closed under its poll, it failed with ENOTSOCK), and its iteration
+    ends, with no ``idle_timeout`` to end it otherwise (and an ingestor stand-in, so that
+    no NO_INGESTOR answer ends it after 2 s either). Both clients."""
+    ticker = "BINANCE:BTC/USDT"
+    watched = partial(relay._watched.watched, ticker)
     client = Client(settings)
-    sub = client.subscribe("BINANCE:BTC/USDT", idle_timeout=1.0)
-    ended: list[BaseException] = []
+    sub = client.subscribe(ticker)
+    ended: list[BaseException | None] = []
 
     def read() -> None:
         try:
-            next(sub)
+            for _ in sub:
+                pass
         except BaseException as e:  # what ended it is the assertion
             ended.append(e)
+        else:
+            ended.append(None)
 
     reader = threading.Thread(target=read)
     reader.start()
-    time.sleep(0.3)  # the reader is polling
+    wait_for(lambda: sub._source._messages.gi_running, timeout=5)  # polling
+    wait_for(watched, timeout=10)
     client.close()
-    reader.join(10)
-    assert not reader.is_alive() and len(ended) == 1 and isinstance(ended[0], RequestTimeout)
-    sub.close()
+    reader.join(5)
+    assert not reader.is_alive() and ended == [None]
+    wait_for(lambda: not watched(), timeout=10)
+
+    async def main() -> None:
+        client = AsyncClient(settings)
+        sub = client.subscribe(ticker)
+
+        async def read() -> None:
+            async for _ in sub:
+                pass
+
+        task = asyncio.ensure_future(read())
+        deadline = time.monotonic() + 10
+        while not (watched() and sub._source._messages.ag_running):
+            assert time.monotonic() < deadline, "the async subscription did not start"
+            await asyncio.sleep(0.05)
+        client.close()
+        await asyncio.wait_for(task, 5)
+        while watched() and time.monotonic() < deadline + 10:
+            await asyncio.sleep(0.05)
+        assert not watched()
+
+    asyncio.run(main())
 
 
 def test_a_subscription_s_deadlines_start_at_its_first_next(settings, relay, monkeypatch) -> None:

@@ -78,7 +78,7 @@ def test_sessions_run_on_the_standalone_master_with_an_executor_per_worker(clust
     # Two once any extra has exited: the clean-clone run of c1e277d found three executor
     # JVMs once while the driver knew two (likely one the master replaced, still exiting).
     work = settings.state_dir / "spark"
-    wait_for(lambda: len(executor_pids(work)) == 2, timeout=60)
+    wait_for(lambda: len(executor_pids(work)) == 2, timeout=60, interval=0.5)
     assert all(maps_file(pid, archive) for pid in executor_pids(work))
 
 
