@@ -62,10 +62,11 @@ def _method(line: str) -> str | None:
 
 def _running(data: Path) -> int | None:
     """The pid of the server running on ``data``, if one is: a postmaster.pid left by a
-    server killed (or by another pid namespace) may name a process that is not one."""
+    server killed (or by another pid namespace) may name a process that is not one, or
+    another cluster's server. A postmaster works in its data directory."""
     try:
         pid = int((data / "postmaster.pid").read_text().split()[0])
-        if Path(f"/proc/{pid}/comm").read_text().strip() != "postgres":
+        if Path(f"/proc/{pid}/cwd").resolve() != data.resolve():
             return None
     except (OSError, ValueError, IndexError):
         return None
