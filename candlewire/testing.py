@@ -7,6 +7,7 @@ started through the installed ``candlewire`` command, as a user would start them
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -112,6 +113,19 @@ def wait_for(
         if value:
             return value
         time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+
+
+async def await_for(
+    predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05
+) -> object:
+    """:func:`wait_for` inside an event loop: the loop runs while it waits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s: {predicate}")
 
 

@@ -13,7 +13,7 @@ import zmq
 
 from candlewire import AsyncClient, Client, RequestRejected, RequestTimeout
 from candlewire.market import Tick
-from candlewire.testing import candlewire_command, wait_for
+from candlewire.testing import await_for, candlewire_command, wait_for
 from proto import market_pb2
 from proto import requests_pb2 as rq
 from proto.envelope import decode_router, encode
@@ -183,14 +183,9 @@ def test_a_subscription_is_in_place_when_subscribe_returns(settings, relay) -> N
     async def main() -> None:
         async with AsyncClient(settings) as client:
             sub = client.subscribe(ticker, idle_timeout=5)
-            deadline = time.monotonic() + 10
-            while not watched() and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            assert watched(), "the async subscription did not reach the relay"
+            await await_for(watched)  # the async subscription reached the relay
             await sub.aclose()
-            while watched() and time.monotonic() < deadline + 10:
-                await asyncio.sleep(0.05)
-            assert not watched()
+            await await_for(lambda: not watched())
 
     asyncio.run(main())
 
@@ -212,14 +207,9 @@ def test_closing_a_client_closes_the_subscriptions_it_left_open(settings, relay)
     async def main() -> None:
         client = AsyncClient(settings)
         sub = client.subscribe(ticker, idle_timeout=5)
-        deadline = time.monotonic() + 10
-        while not watched() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert watched(), "the async subscription did not reach the relay"
+        await await_for(watched)  # the async subscription reached the relay
         client.close()
-        while watched() and time.monotonic() < deadline + 10:
-            await asyncio.sleep(0.05)
-        assert not watched()
+        await await_for(lambda: not watched())
         with pytest.raises(StopAsyncIteration):
             await anext(sub)
 
@@ -267,15 +257,10 @@ def test_closing_a_client_ends_a_subscription_read_elsewhere_from_the_reader_s_s
                 pass
 
         task = asyncio.ensure_future(read())
-        deadline = time.monotonic() + 10
-        while not (watched() and sub._source._messages.ag_running):
-            assert time.monotonic() < deadline, "the async subscription did not start"
-            await asyncio.sleep(0.05)
+        await await_for(lambda: watched() and sub._source._messages.ag_running)  # awaited
         client.close()
         await asyncio.wait_for(task, 5)
-        while watched() and time.monotonic() < deadline + 10:
-            await asyncio.sleep(0.05)
-        assert not watched()
+        await await_for(lambda: not watched())
 
     asyncio.run(main())
 
