@@ -19,6 +19,7 @@ import zlib
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from types import GeneratorType
 from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
@@ -158,6 +159,11 @@ class Run(Generic[T]):
         self.outcome: Any = None
         self.result: T | None = None
         self.cancelled = False  # its client closed: a reader elsewhere stops after its wait
+        # The generator that emits its messages (weakly: it holds this run, and a cycle would
+        # leave a dropped subscription's sockets open until a collection).
+        self.emitter: weakref.ref[Generator[Any, Any, None] | AsyncGenerator[Any, Any]] | None = (
+            None
+        )
 
     def next(self) -> Op | None:
         try:
@@ -171,6 +177,21 @@ class Run(Generic[T]):
 
     def __exit__(self, *exc: object) -> None:
         self.steps.close()
+
+    def cancel(self) -> None:
+        """Its client closes: close the procedure and its sockets, and iterating ends. A
+        reader on another thread, or a task awaiting it, closes them itself once its
+        current wait is over (at most ``POLL_SLICE_S`` while live): a ZeroMQ socket must
+        not be closed under a thread that polls it."""
+        self.cancelled = True
+        emitter = self.emitter() if self.emitter is not None else None
+        if isinstance(emitter, GeneratorType):
+            running = emitter.gi_running
+        else:
+            running = emitter is not None and emitter.ag_running
+        if not running:
+            with suppress(ValueError):  # a reader just began: the flag ends it
+                self.steps.close()
 
 
 def drive(steps: Steps[T]) -> T:
@@ -204,16 +225,6 @@ class StartedIter:
         self._messages.close()
         self._run.steps.close()  # never iterated: the generator above has no finally yet
 
-    def cancel(self) -> None:
-        """Its client closes: close the procedure and its sockets, and iterating ends. A
-        reader on another thread closes them itself once its current wait is over (at most
-        ``POLL_SLICE_S`` while live): a ZeroMQ socket must not be closed under a thread
-        that polls it."""
-        self._run.cancelled = True
-        if not self._messages.gi_running:
-            with suppress(ValueError):  # a reader just began: the flag ends it
-                self._run.steps.close()
-
 
 class StartedAsyncIter:
     """:class:`StartedIter` as an async iterator."""
@@ -233,13 +244,6 @@ class StartedAsyncIter:
         await self._messages.aclose()
         self._run.steps.close()
 
-    def cancel(self) -> None:
-        """:meth:`StartedIter.cancel` (closing a client is not awaited): a task awaiting
-        it closes the sockets itself once its current wait is over."""
-        self._run.cancelled = True
-        if not self._messages.ag_running:
-            self._run.steps.close()
-
 
 def _ready(run: Run[None]) -> None:
     """Run a subscription's procedure to :class:`Ready` (its socket subscribed)."""
@@ -254,7 +258,9 @@ def drive_iter(steps: Steps[None]) -> StartedIter:
     for batches), as a blocking iterator; it runs to :class:`Ready` before this returns."""
     run = Run(steps)
     _ready(run)
-    return StartedIter(run, _driven(run))
+    messages = _driven(run)
+    run.emitter = weakref.ref(messages)
+    return StartedIter(run, messages)
 
 
 def _driven(run: Run[None]) -> Generator[Emitted, Any, None]:
@@ -298,7 +304,9 @@ def async_drive_iter(steps: Steps[None]) -> StartedAsyncIter:
     iterator; it runs to :class:`Ready` before this returns."""
     run = Run(steps)
     _ready(run)
-    return StartedAsyncIter(run, _async_driven(run))
+    messages = _async_driven(run)
+    run.emitter = weakref.ref(messages)
+    return StartedAsyncIter(run, messages)
 
 
 async def _async_driven(run: Run[None]) -> AsyncGenerator[Emitted, Any]:
@@ -347,7 +355,9 @@ class ClientCore:
         self.settings = settings or Settings()
         self.client_id = check_id(client_id or owned_id(self.settings, new_id("cl")), "client_id")
         # The subscriptions not yet closed or dropped: closing the client closes them too.
-        self.subscriptions: weakref.WeakSet[StartedIter | StartedAsyncIter] = weakref.WeakSet()
+        # Their runs, not the objects subscribe() returned: a ``for`` loop over a raw one
+        # keeps only its emitting generator, which keeps its run.
+        self.subscriptions: weakref.WeakSet[Run[None]] = weakref.WeakSet()
         self.submit_timeout = submit_timeout
         self.attempt_timeout = attempt_timeout
         self.inbox = NotificationInbox()
@@ -388,12 +398,12 @@ class ClientCore:
 
     def track(self, started: S) -> S:
         """A subscription this client closes when it closes."""
-        self.subscriptions.add(started)
+        self.subscriptions.add(started._run)
         return started
 
     def close(self) -> None:
-        for started in list(self.subscriptions):
-            started.cancel()
+        for run in list(self.subscriptions):
+            run.cancel()
         if self._sub is not None:
             self._sub.disable_monitor()
             self._sub.close(linger=0)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import subprocess
 import threading
 import time
@@ -258,6 +259,53 @@ def test_closing_a_client_ends_a_subscription_read_elsewhere_from_the_reader_s_s
 
         task = asyncio.ensure_future(read())
         await await_for(lambda: watched() and sub._source._messages.ag_running)  # awaited
+        client.close()
+        await asyncio.wait_for(task, 5)
+        await await_for(lambda: not watched())
+
+    asyncio.run(main())
+
+
+def test_closing_a_client_ends_a_raw_for_loop_that_kept_no_subscription(
+    settings, relay, served
+) -> None:
+    """``for m in client.subscribe(..., raw=True)`` keeps only the emitting generator (a raw
+    subscription's ``iter`` is that generator itself), not the object ``subscribe``
+    returned: closing the client still ends the loop and takes the subscription back.
+    Both clients."""
+    ticker = "BINANCE:BTC/USDT"
+    watched = partial(relay._watched.watched, ticker)
+    client = Client(settings)
+    ended: list[BaseException | None] = []
+
+    def read() -> None:
+        try:
+            for _ in client.subscribe(ticker, raw=True):
+                pass
+        except BaseException as e:  # what ended it is the assertion
+            ended.append(e)
+        else:
+            ended.append(None)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    wait_for(watched, timeout=10)
+    gc.collect()  # the returned object is gone, not merely unreferenced
+    client.close()
+    reader.join(5)
+    assert not reader.is_alive() and ended == [None]
+    wait_for(lambda: not watched(), timeout=10)
+
+    async def main() -> None:
+        client = AsyncClient(settings)
+
+        async def read() -> None:
+            async for _ in client.subscribe(ticker, raw=True):
+                pass
+
+        task = asyncio.ensure_future(read())
+        await await_for(watched)
+        gc.collect()
         client.close()
         await asyncio.wait_for(task, 5)
         await await_for(lambda: not watched())
