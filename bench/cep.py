@@ -1,5 +1,9 @@
 """CEP triggers at scale: 10,000 registered triggers over 100 tickers (#19).
 
+Reference, not run by the platform: :func:`expected` computes every price crossing itself,
+the oracle the JVM's firings are held to (the rule that runs is ``jvm/decoder``'s
+``FeedTriggers``).
+
 On a private stack (``bench.stack``), the bench lists 100 tickers in symbol metadata and
 registers 100 price-cross triggers on each through the relay (levels spread over the
 ticker's price range, up and down, re-arming with no cooldown: every crossing fires).

@@ -1,5 +1,9 @@
 """The streaming job on this machine: sustained ticks/s, and tick → live candle latency.
 
+Reference, not run by the platform: the correctness checks count each minute's trades
+themselves and hold every candle to :mod:`bench.oracle`'s pandas resample; the rule that runs
+is ``jvm/decoder``'s ``FeedState``.
+
 Both rates are also given against ``spark_kafka_read_per_s``, Spark's plain Kafka read of
 the same topic in the same run (``live_ratio``, ``committed_ratio``; #18's targets are 0.9
 and 0.7). ``ticks_per_s_committed_busy`` is the burst over the time the committing query

@@ -1,4 +1,7 @@
-"""Adapters on their own: SIM's consistency, REPLAY's file layouts."""
+"""Adapters on their own: SIM's consistency, REPLAY's file layouts.
+
+Test reference, not run by the platform: :func:`aggregate` folds trades into candles on its
+own, to hold SIM's klines (``SimExchange.ohlc_page``) to them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Forming candles across micro-batches, without Spark: partials folded batch by batch equal
-one aggregation over all ticks, whatever the batch split or arrival order."""
+one aggregation over all ticks, whatever the batch split or arrival order.
+
+Test reference, not run by the platform: :func:`aggregate` is a second fold of trades into
+candles, the oracle for ``tests.reference.candles`` (itself the reference of ``FeedState``)."""
 
 from __future__ import annotations
 

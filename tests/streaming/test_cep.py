@@ -1,4 +1,7 @@
-"""The CEP evaluator against crafted near-misses and against brute force and pandas."""
+"""The CEP evaluator against crafted near-misses and against brute force and pandas.
+
+Test reference, not run by the platform: the brute-force crossings and the pandas resamples
+here are oracles for the evaluator, not copies of it that run."""
 
 from __future__ import annotations
 
