@@ -38,6 +38,7 @@ COLUMNS = (
     "volume",
     "trade_count",
     "source",
+    "closed",  # final: the feed's watermark passed its window (a forming one may still change)
 )
 
 

@@ -886,7 +886,7 @@ def _seed_candle(row: dict[str, Any]) -> dict[str, Any]:
         "l": plain(row["low"]),
         "c": plain(row["close"]),
         "v": plain(row["volume"]),
-        "closed": row["open_time"].timestamp() + row["period_s"] <= time.time(),
+        "closed": row["closed"],  # as the stream job stored it, past the feed's watermark
     }
 
 

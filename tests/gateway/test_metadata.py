@@ -65,7 +65,8 @@ def publish_until(pub: FakePublisher, topic: str, msg, done, timeout: float = 10
         time.sleep(0.1)
 
 
-def write_candles(settings, ticker: str, opens_s: list[int]) -> None:
+def write_candles(settings, ticker: str, opens_s: list[int], forming: int | None = None) -> None:
+    """Closed candles of ``ticker``, except the one that opens at ``forming``."""
     table = catalog(settings).load_table(f"{NAMESPACE}.ohlc")
     rows = [
         {
@@ -78,7 +79,7 @@ def write_candles(settings, ticker: str, opens_s: list[int]) -> None:
             "close": Decimal("100.50"),
             "volume": Decimal("2"),
             "trade_count": 3,
-            "closed": True,
+            "closed": t != forming,
             "source": "live",
             "update_time": dt.datetime.now(dt.UTC),
         }
@@ -134,13 +135,16 @@ def test_metadata_update_reloads_symbols_used_by_charts_and_events(
 
     ticker = f"{exchange}:FOO/USD"
     minute = int(time.time()) // 60 * 60
-    write_candles(gw_env, ticker, [minute - 120, minute - 60])  # the chart's recent past
+    # The chart's recent past. The last minute has ended by the clock, but the job stored it
+    # forming (its feed's watermark, the clock less the allowance, had not passed it): the
+    # seed says what the table says.
+    write_candles(gw_env, ticker, [minute - 120, minute - 60], forming=minute - 60)
     chart(ws, f"{ticker}", 60)
     assert next_of(ws, "chart")["ticker"] == ticker
     seeded = [next_of(ws, "candle"), next_of(ws, "candle")]
-    assert [(c["seed"], c["t"], c["c"]) for c in seeded] == [
-        (True, (minute - 120) * 1000, "100.5"),
-        (True, (minute - 60) * 1000, "100.5"),
+    assert [(c["seed"], c["t"], c["c"], c["closed"]) for c in seeded] == [
+        (True, (minute - 120) * 1000, "100.5", True),
+        (True, (minute - 60) * 1000, "100.5", False),
     ]
     candle = market_pb2.OHLC(
         ticker=ticker, period_s=60, open_time_ms=1_700_000_040_000, open="1", high="3", low="1"
