@@ -5,6 +5,7 @@ import gc
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from functools import partial
@@ -217,80 +218,51 @@ def test_closing_a_client_closes_the_subscriptions_it_left_open(settings, relay)
     asyncio.run(main())
 
 
+def read_on_a_thread(
+    subscription: Callable[[], Iterable[object]],
+) -> tuple[threading.Thread, list[BaseException | None]]:
+    """A thread that iterates ``subscription()`` to its end, and what ended it (None: the
+    iteration ended), for the tests to assert on."""
+    ended: list[BaseException | None] = []
+
+    def read() -> None:
+        try:
+            for _ in subscription():
+                pass
+        except BaseException as e:  # what ended it is the assertion
+            ended.append(e)
+        else:
+            ended.append(None)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    return reader, ended
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "raw for loop"])
 def test_closing_a_client_ends_a_subscription_read_elsewhere_from_the_reader_s_side(
-    settings, relay, served
+    settings, relay, served, kept: bool
 ) -> None:
     """A caller may close the client from another thread (or coroutine) to stop a reader:
     the reader closes the socket itself once its current wait is over (libzmq's sockets are
     not thread-safe: closed under its poll, it failed with ENOTSOCK), and its iteration
     ends, with no ``idle_timeout`` to end it otherwise (and an ingestor stand-in, so that
-    no NO_INGESTOR answer ends it after 2 s either). Both clients."""
+    no NO_INGESTOR answer ends it after 2 s either). Both clients.
+
+    ``kept=False``: ``for m in client.subscribe(..., raw=True)`` keeps only the emitting
+    generator (a raw subscription's ``iter`` is that generator itself), not the object
+    ``subscribe`` returned, and closing the client still ends the loop."""
     ticker = "BINANCE:BTC/USDT"
     watched = partial(relay._watched.watched, ticker)
     client = Client(settings)
-    sub = client.subscribe(ticker)
-    ended: list[BaseException | None] = []
-
-    def read() -> None:
-        try:
-            for _ in sub:
-                pass
-        except BaseException as e:  # what ended it is the assertion
-            ended.append(e)
-        else:
-            ended.append(None)
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    wait_for(lambda: sub._source._messages.gi_running, timeout=5)  # polling
-    wait_for(watched, timeout=10)
-    client.close()
-    reader.join(5)
-    assert not reader.is_alive() and ended == [None]
-    wait_for(lambda: not watched(), timeout=10)
-
-    async def main() -> None:
-        client = AsyncClient(settings)
+    if kept:
         sub = client.subscribe(ticker)
-
-        async def read() -> None:
-            async for _ in sub:
-                pass
-
-        task = asyncio.ensure_future(read())
-        await await_for(lambda: watched() and sub._source._messages.ag_running)  # awaited
-        client.close()
-        await asyncio.wait_for(task, 5)
-        await await_for(lambda: not watched())
-
-    asyncio.run(main())
-
-
-def test_closing_a_client_ends_a_raw_for_loop_that_kept_no_subscription(
-    settings, relay, served
-) -> None:
-    """``for m in client.subscribe(..., raw=True)`` keeps only the emitting generator (a raw
-    subscription's ``iter`` is that generator itself), not the object ``subscribe``
-    returned: closing the client still ends the loop and takes the subscription back.
-    Both clients."""
-    ticker = "BINANCE:BTC/USDT"
-    watched = partial(relay._watched.watched, ticker)
-    client = Client(settings)
-    ended: list[BaseException | None] = []
-
-    def read() -> None:
-        try:
-            for _ in client.subscribe(ticker, raw=True):
-                pass
-        except BaseException as e:  # what ended it is the assertion
-            ended.append(e)
-        else:
-            ended.append(None)
-
-    reader = threading.Thread(target=read)
-    reader.start()
+        reader, ended = read_on_a_thread(lambda: sub)
+        wait_for(lambda: sub._source._messages.gi_running, timeout=5)  # polling
+    else:
+        reader, ended = read_on_a_thread(lambda: client.subscribe(ticker, raw=True))
     wait_for(watched, timeout=10)
-    gc.collect()  # the returned object is gone, not merely unreferenced
+    gc.collect()  # with kept=False, the returned object is gone, not merely unreferenced
     client.close()
     reader.join(5)
     assert not reader.is_alive() and ended == [None]
@@ -298,13 +270,16 @@ def test_closing_a_client_ends_a_raw_for_loop_that_kept_no_subscription(
 
     async def main() -> None:
         client = AsyncClient(settings)
+        sub = client.subscribe(ticker) if kept else None
 
         async def read() -> None:
-            async for _ in client.subscribe(ticker, raw=True):
+            async for _ in sub if sub is not None else client.subscribe(ticker, raw=True):
                 pass
 
         task = asyncio.ensure_future(read())
         await await_for(watched)
+        if sub is not None:
+            await await_for(lambda: sub._source._messages.ag_running)  # awaited
         gc.collect()
         client.close()
         await asyncio.wait_for(task, 5)
