@@ -224,6 +224,11 @@ class FeedTriggers:
         """An idle mark: the clock moves, and candles it closes are judged."""
         return self._advance(t_ns)
 
+    def revise(self, t_ns: int, price: Decimal) -> None:
+        """A late trade inside the dedup horizon: into the candles still forming; no clock
+        moves, nothing fires, a closed window stays as judged."""
+        self._fold(t_ns, price)
+
     # -- trade conditions ------------------------------------------------------------------
 
     def _crossed(self, price: Decimal) -> list[_Armed]:
@@ -277,11 +282,13 @@ class FeedTriggers:
     # -- candles ---------------------------------------------------------------------------
 
     def _fold(self, t_ns: int, price: Decimal) -> None:
+        watermark_ms = (self.clock_ns - self.allowance_ns) // 1_000_000
         for period, forming in self.forming.items():
             open_ms = t_ns // 1_000_000 // (period * 1000) * (period * 1000)
             c = forming.get(open_ms)
             if c is None:
-                forming[open_ms] = _Candle(open_ms, price, price, price, t_ns)
+                if open_ms + period * 1000 > watermark_ms:  # else closed: judged already
+                    forming[open_ms] = _Candle(open_ms, price, price, price, t_ns)
                 continue
             c.high, c.low = max(c.high, price), min(c.low, price)
             if t_ns >= c.last_ns:  # the later read wins a tie, as in ``ohlc``
@@ -378,8 +385,10 @@ class Triggers:
 
     Registrations and removals reach the ticks topic under their ticker (the desk writes
     them there too), so they meet the feed's trades in order. Trades are judged here
-    (:class:`tests.reference.feeds.Feeds`: resends and late trades fire nothing) from the
-    first registration on a feed; the state (:meth:`dumps`) is the JVM's ``CepState``.
+    (:class:`tests.reference.feeds.Feeds`: resends and late trades fire nothing; a late one
+    inside the dedup horizon goes into the candles still forming, as into the published
+    ones) from the first registration on a feed; the state (:meth:`dumps`) is the JVM's
+    ``CepState``.
     """
 
     allowance_s: float
@@ -427,8 +436,11 @@ class Triggers:
                     fired += feed.mark(e[1])
                 else:
                     _, t_ns, price, size, trade_id = e  # type: ignore[misc]
-                    if self.judged.admit(ticker, trade_id, t_ns) is Verdict.KEEP:
+                    verdict = self.judged.admit(ticker, trade_id, t_ns)
+                    if verdict is Verdict.KEEP:
                         fired += feed.trade(t_ns, price, size)
+                    elif verdict is Verdict.REVISE:
+                        feed.revise(t_ns, price)
             feed = self.feeds.get(ticker)
             if feed is not None and not len(feed):
                 del self.feeds[ticker]

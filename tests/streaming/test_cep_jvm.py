@@ -144,6 +144,46 @@ def run_jvm(evaluator, recs: list[tuple[bytes, object]], first_offset: int) -> l
     return out
 
 
+def test_a_revising_trade_goes_into_the_forming_candle_on_both_engines(jvm) -> None:
+    """A late trade inside the dedup horizon goes into the candle still forming, which a
+    candle trigger then judges, and into no window already judged (tests/streaming/
+    test_cep.py has the same sequence against the reference alone). The random records
+    above seldom make it visible in a firing."""
+    ticker = TICKERS[0]
+    close_above = cep.CandleClose(period_s=300, level="110", direction=cep.UP)
+    req = add_request("c", "x", ticker, close_above, once=False)
+
+    def trade(t_s: int, price: str, trade_id: str) -> tuple[bytes, object]:
+        tick = market_pb2.Tick(
+            ticker=ticker,
+            trade_id=trade_id,
+            price=price,
+            size="1",
+            side=market_pb2.BUY,
+            exchange_time_ns=T0 + t_s * S,
+        )
+        return to_record(tick), (ticker, T0 + t_s * S, Decimal(price), Decimal(1), trade_id)
+
+    def mark(t_s: int) -> tuple[bytes, object]:
+        idle = market_pb2.FeedIdle(ticker=ticker, event_time_ns=T0 + t_s * S)
+        return to_record(idle), (ticker, T0 + t_s * S)
+
+    recs = [
+        (to_record(req), req),
+        trade(10, "100", "a"),
+        mark(100),  # the watermark at 90 s
+        trade(50, "120", "b"),  # late, revising: the forming 5-minute candle closes at 120
+        mark(320),
+        trade(305, "90", "c"),
+        mark(900),
+        trade(400, "150", "d"),  # inside the horizon, its window judged already: nothing
+        mark(1_000),
+    ]
+    want = run_python(Triggers(ALLOWANCE_S, HORIZON_S), recs)
+    assert run_jvm(jvm.open(b"", ALLOWANCE_S, HORIZON_S), recs, 0) == want
+    assert [(f[2], f[3]) for f in want] == [((T0 + 300 * S) // 1_000_000, "120")]
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_jvm_evaluator_fires_what_the_python_one_does(jvm, seed: int) -> None:
     recs = records(seed)

@@ -230,6 +230,16 @@ final class FeedTriggers {
     return advance(timeNs);
   }
 
+  /**
+   * A late trade inside the dedup horizon ({@link FeedState#REVISE}): into the candles still
+   * forming, as into the published ones ({@link FeedState#revise}), so a candle trigger judges
+   * the candle subscribers see. It moves no clock and fires nothing itself, and a window
+   * already closed stays as it was judged: a firing is final.
+   */
+  void revise(long timeNs, BigDecimal price, BigDecimal size) {
+    fold(timeNs, price, size);
+  }
+
   // -- trade conditions ---------------------------------------------------------------------
 
   private List<Armed> crossed(BigDecimal price) {
@@ -340,16 +350,20 @@ final class FeedTriggers {
 
   // -- candles ------------------------------------------------------------------------------
 
-  /** A trade into each period's window: {@link FeedState}'s window and fold, the one rule. */
+  /**
+   * A trade into each period's window still forming: {@link FeedState}'s window and fold, the
+   * one rule. A timely trade's window always is; a revising one's may have closed.
+   */
   private void fold(long timeNs, BigDecimal price, BigDecimal size) {
+    long watermarkMs = FeedState.watermarkMs(clockNs, allowanceNs);
     for (Map.Entry<Integer, HashMap<Long, Candle>> e : forming.entrySet()) {
       int period = e.getKey();
       long openMs = FeedState.openMs(timeNs, period);
       Candle c = e.getValue().get(openMs);
-      if (c == null) {
-        e.getValue().put(openMs, new Candle(new FeedState.Window(period, openMs), price, size, timeNs));
-      } else {
+      if (c != null) {
         c.add(price, size, timeNs);
+      } else if (openMs + period * 1000L > watermarkMs) {
+        e.getValue().put(openMs, new Candle(new FeedState.Window(period, openMs), price, size, timeNs));
       }
     }
   }

@@ -127,8 +127,11 @@ public final class Triggers {
           return; // the live path counts it bad
         }
         String tradeId = decoded.getString(DecodeTick.TRADE_ID);
-        if (j.admit(tradeId, timeNs, allowanceNs, horizonNs) == FeedState.KEEP) {
+        int verdict = j.admit(tradeId, timeNs, allowanceNs, horizonNs);
+        if (verdict == FeedState.KEEP) {
           send(feed.trade(timeNs, amounts[0], amounts[1]));
+        } else if (verdict == FeedState.REVISE) {
+          feed.revise(timeNs, amounts[0], amounts[1]);
         }
       }
       forgetIfEmpty(ticker);
