@@ -185,10 +185,9 @@ class Run(Generic[T]):
         not be closed under a thread that polls it."""
         self.cancelled = True
         emitter = self.emitter() if self.emitter is not None else None
-        if isinstance(emitter, GeneratorType):
-            running = emitter.gi_running
-        else:
-            running = emitter is not None and emitter.ag_running
+        if emitter is None:
+            return  # gone, or going: its own cleanup closes the procedure, on its thread
+        running = emitter.gi_running if isinstance(emitter, GeneratorType) else emitter.ag_running
         if not running:
             with suppress(ValueError):  # a reader just began: the flag ends it
                 self.steps.close()

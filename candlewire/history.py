@@ -38,7 +38,9 @@ COLUMNS = (
     "volume",
     "trade_count",
     "source",
-    "closed",  # final: the feed's watermark passed its window (a forming one may still change)
+    # Final: the stream job's candle once its feed's watermark passed the window, an
+    # exchange's kline once the exchange closed it. A forming one may still change.
+    "closed",
 )
 
 

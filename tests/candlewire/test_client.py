@@ -234,9 +234,18 @@ def read_on_a_thread(
         else:
             ended.append(None)
 
-    reader = threading.Thread(target=read)
+    reader = threading.Thread(target=read, daemon=True)  # a broken close fails, not hangs
     reader.start()
     return reader, ended
+
+
+def polling(client: Client | AsyncClient) -> bool:
+    """A subscription of ``client`` is being read: its emitting generator runs."""
+    emitters = (run.emitter() for run in client._core.subscriptions if run.emitter is not None)
+    return any(
+        e is not None and (e.gi_running if hasattr(e, "gi_running") else e.ag_running)
+        for e in emitters
+    )
 
 
 @pytest.mark.parametrize("kept", [True, False], ids=["kept", "raw for loop"])
@@ -258,11 +267,10 @@ def test_closing_a_client_ends_a_subscription_read_elsewhere_from_the_reader_s_s
     if kept:
         sub = client.subscribe(ticker)
         reader, ended = read_on_a_thread(lambda: sub)
-        wait_for(lambda: sub._source._messages.gi_running, timeout=5)  # polling
     else:
         reader, ended = read_on_a_thread(lambda: client.subscribe(ticker, raw=True))
+    wait_for(lambda: polling(client), timeout=5)
     wait_for(watched, timeout=10)
-    gc.collect()  # with kept=False, the returned object is gone, not merely unreferenced
     client.close()
     reader.join(5)
     assert not reader.is_alive() and ended == [None]
@@ -277,15 +285,34 @@ def test_closing_a_client_ends_a_subscription_read_elsewhere_from_the_reader_s_s
                 pass
 
         task = asyncio.ensure_future(read())
-        await await_for(watched)
-        if sub is not None:
-            await await_for(lambda: sub._source._messages.ag_running)  # awaited
-        gc.collect()
+        await await_for(lambda: watched() and polling(client))  # awaited
         client.close()
         await asyncio.wait_for(task, 5)
         await await_for(lambda: not watched())
 
     asyncio.run(main())
+
+
+def test_a_dropped_subscription_closes_its_socket_at_once(settings, relay) -> None:
+    """Dropped unread, whole or as a raw subscription's emitting generator (what a ``for``
+    loop holds), a subscription closes its socket when its last reference goes, with no
+    collection needed: the client keeps its subscriptions only weakly, and nothing of one
+    makes a cycle."""
+    ticker = "BINANCE:BTC/USDT"
+    watched = partial(relay._watched.watched, ticker)
+    gc.disable()
+    try:
+        with Client(settings) as client:
+            sub = client.subscribe(ticker, idle_timeout=5)
+            wait_for(watched, timeout=10)
+            del sub
+            wait_for(lambda: not watched(), timeout=10)
+            emitting = iter(client.subscribe(ticker, raw=True, idle_timeout=5))
+            wait_for(watched, timeout=10)
+            del emitting
+            wait_for(lambda: not watched(), timeout=10)
+    finally:
+        gc.enable()
 
 
 def test_a_subscription_s_deadlines_start_at_its_first_next(settings, relay, monkeypatch) -> None:

@@ -389,8 +389,9 @@ def test_a_revising_trade_goes_into_the_forming_candle_a_trigger_judges() -> Non
         (TICKER, T0 + 100 * S),  # an idle mark: the clock at 100 s, the watermark at 90 s
         trade(50, "120", "b"),  # late, revising: the 5-minute candle's close is now 120
         trade(75, "130", "b"),  # a resend of b: nothing
-        (TICKER, T0 + 320 * S),  # the 5-minute window closes
-        trade(305, "90", "c"),  # the next window, closed below the level
+        (TICKER, T0 + 310 * S),  # the watermark at 300 s: the 5-minute window closes
+        trade(200, "150", "e"),  # revising, into the window closed just now: nothing
+        trade(305, "90", "c"),  # timely, the next window, which closes below the level
         (TICKER, T0 + 900 * S),  # so far ahead of 305 s that its window closed meanwhile
         trade(400, "150", "d"),  # inside the horizon, but its window is judged: nothing
         (TICKER, T0 + 1_000 * S),

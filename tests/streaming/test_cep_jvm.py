@@ -19,6 +19,7 @@ from proto import cep_pb2 as cep
 from proto import market_pb2
 from proto.envelope import to_record
 from tests.reference.cep import Firing, Triggers
+from tests.streaming.test_sql import trade as buy_of_one
 
 S = 1_000_000_000
 T0 = 1_789_999_200 * S  # a whole hour
@@ -154,15 +155,8 @@ def test_a_revising_trade_goes_into_the_forming_candle_on_both_engines(jvm) -> N
     req = add_request("c", "x", ticker, close_above, once=False)
 
     def trade(t_s: int, price: str, trade_id: str) -> tuple[bytes, object]:
-        tick = market_pb2.Tick(
-            ticker=ticker,
-            trade_id=trade_id,
-            price=price,
-            size="1",
-            side=market_pb2.BUY,
-            exchange_time_ns=T0 + t_s * S,
-        )
-        return to_record(tick), (ticker, T0 + t_s * S, Decimal(price), Decimal(1), trade_id)
+        record = buy_of_one(ticker, trade_id, price, T0 + t_s * S)
+        return record, (ticker, T0 + t_s * S, Decimal(price), Decimal(1), trade_id)
 
     def mark(t_s: int) -> tuple[bytes, object]:
         idle = market_pb2.FeedIdle(ticker=ticker, event_time_ns=T0 + t_s * S)
@@ -173,7 +167,8 @@ def test_a_revising_trade_goes_into_the_forming_candle_on_both_engines(jvm) -> N
         trade(10, "100", "a"),
         mark(100),  # the watermark at 90 s
         trade(50, "120", "b"),  # late, revising: the forming 5-minute candle closes at 120
-        mark(320),
+        mark(310),  # the watermark at 300 s: the 5-minute window closes
+        trade(200, "150", "e"),  # revising, into the window closed just now: nothing
         trade(305, "90", "c"),
         mark(900),
         trade(400, "150", "d"),  # inside the horizon, its window judged already: nothing
