@@ -120,6 +120,8 @@ class Sleep:
 # What a subscription's procedure hands its caller: a message, a replayed run as Arrow, or
 # a live run of book deltas read at once.
 Emitted = Message | pa.RecordBatch | DeltaRun
+# What a subscription's caller iterates: the generator that drives its procedure.
+Emitter = Generator[Emitted, Any, None] | AsyncGenerator[Emitted, Any]
 
 
 @dataclass(frozen=True)
@@ -161,9 +163,7 @@ class Run(Generic[T]):
         self.cancelled = False  # its client closed: a reader elsewhere stops after its wait
         # The generator that emits its messages (weakly: it holds this run, and a cycle would
         # leave a dropped subscription's sockets open until a collection).
-        self.emitter: weakref.ref[Generator[Any, Any, None] | AsyncGenerator[Any, Any]] | None = (
-            None
-        )
+        self.emitter: weakref.ref[Emitter] | None = None
 
     def next(self) -> Op | None:
         try:
@@ -187,10 +187,19 @@ class Run(Generic[T]):
         emitter = self.emitter() if self.emitter is not None else None
         if emitter is None:
             return  # gone, or going: its own cleanup closes the procedure, on its thread
-        running = emitter.gi_running if isinstance(emitter, GeneratorType) else emitter.ag_running
-        if not running:
+        if not _running(emitter):
             with suppress(ValueError):  # a reader just began: the flag ends it
                 self.steps.close()
+
+    @property
+    def reading(self) -> bool:
+        """A reader is inside its emitting generator now (on another thread, or a task)."""
+        emitter = self.emitter() if self.emitter is not None else None
+        return emitter is not None and _running(emitter)
+
+
+def _running(emitter: Emitter) -> bool:
+    return emitter.gi_running if isinstance(emitter, GeneratorType) else emitter.ag_running
 
 
 def drive(steps: Steps[T]) -> T:

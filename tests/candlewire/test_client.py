@@ -241,11 +241,7 @@ def read_on_a_thread(
 
 def polling(client: Client | AsyncClient) -> bool:
     """A subscription of ``client`` is being read: its emitting generator runs."""
-    emitters = (run.emitter() for run in client._core.subscriptions if run.emitter is not None)
-    return any(
-        e is not None and (e.gi_running if hasattr(e, "gi_running") else e.ag_running)
-        for e in emitters
-    )
+    return any(run.reading for run in client._core.subscriptions)
 
 
 @pytest.mark.parametrize("kept", [True, False], ids=["kept", "raw for loop"])

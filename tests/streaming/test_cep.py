@@ -369,37 +369,6 @@ def test_triggers_judge_registrations_resends_and_late_trades_in_order() -> None
     assert triggers.tickers() == set()
 
 
-def test_a_revising_trade_goes_into_the_forming_candle_a_trigger_judges() -> None:
-    """A late trade inside the dedup horizon revises the published candles (``FeedState``'s
-    REVISE): one still forming takes it as a timely trade would. A candle trigger judges
-    that same candle, and the trade fires nothing itself; a window already closed stays as
-    it was judged."""
-    triggers = Triggers(allowance_s=10.0, horizon_s=600.0)
-    close_above = cep.CEPTriggerRequest(
-        trigger_id="x",
-        client_id="c",
-        ticker=TICKER,
-        action=cep.ADD,
-        once=False,
-        candle_close=cep.CandleClose(level="110", direction=cep.UP, period_s=300),
-    )
-    events = [
-        close_above,
-        trade(10, "100", "a"),
-        (TICKER, T0 + 100 * S),  # an idle mark: the clock at 100 s, the watermark at 90 s
-        trade(50, "120", "b"),  # late, revising: the 5-minute candle's close is now 120
-        trade(75, "130", "b"),  # a resend of b: nothing
-        (TICKER, T0 + 310 * S),  # the watermark at 300 s: the 5-minute window closes
-        trade(200, "150", "e"),  # revising, into the window closed just now: nothing
-        trade(305, "90", "c"),  # timely, the next window, which closes below the level
-        (TICKER, T0 + 900 * S),  # so far ahead of 305 s that its window closed meanwhile
-        trade(400, "150", "d"),  # inside the horizon, but its window is judged: nothing
-        (TICKER, T0 + 1_000 * S),
-    ]
-    fired = triggers.judge(events)
-    assert [((f.event_time_ns - T0) // S, f.value) for f in fired] == [(300, Decimal("120"))]
-
-
 def test_triggers_restored_from_their_record_fire_as_if_never_stopped() -> None:
     rng = random.Random(9)
     events: list = [registration("x", "100"), registration("y", "100.5")]

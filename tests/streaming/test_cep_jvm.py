@@ -146,10 +146,10 @@ def run_jvm(evaluator, recs: list[tuple[bytes, object]], first_offset: int) -> l
 
 
 def test_a_revising_trade_goes_into_the_forming_candle_on_both_engines(jvm) -> None:
-    """A late trade inside the dedup horizon goes into the candle still forming, which a
-    candle trigger then judges, and into no window already judged (tests/streaming/
-    test_cep.py has the same sequence against the reference alone). The random records
-    above seldom make it visible in a firing."""
+    """A late trade inside the dedup horizon (``FeedState``'s REVISE) goes into the candle
+    still forming, as into the published one, which a candle trigger then judges; it fires
+    nothing itself, and goes into no window already judged. The reference and the JVM alike:
+    the random records above seldom make it visible in a firing."""
     ticker = TICKERS[0]
     close_above = cep.CandleClose(period_s=300, level="110", direction=cep.UP)
     req = add_request("c", "x", ticker, close_above, once=False)
@@ -167,6 +167,7 @@ def test_a_revising_trade_goes_into_the_forming_candle_on_both_engines(jvm) -> N
         trade(10, "100", "a"),
         mark(100),  # the watermark at 90 s
         trade(50, "120", "b"),  # late, revising: the forming 5-minute candle closes at 120
+        trade(75, "130", "b"),  # a resend of b: nothing
         mark(310),  # the watermark at 300 s: the 5-minute window closes
         trade(200, "150", "e"),  # revising, into the window closed just now: nothing
         trade(305, "90", "c"),
