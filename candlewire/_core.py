@@ -171,12 +171,20 @@ class Run(Generic[T]):
         except StopIteration as end:
             self.result = end.value
             return None
+        except ValueError:
+            if self.cancelled:  # its client is closing it on another thread: the end
+                return None
+            raise
 
     def __enter__(self) -> Run[T]:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.steps.close()
+        try:
+            self.steps.close()
+        except ValueError:  # its client's close, on another thread, is closing it now
+            if not self.cancelled:
+                raise
 
     def cancel(self) -> None:
         """Its client closes: close the procedure and its sockets, and iterating ends. A

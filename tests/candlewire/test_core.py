@@ -1,10 +1,15 @@
-"""The client core's chunk handling, without sockets."""
+"""The client core's chunk handling and its runs' close, without sockets."""
 
 from __future__ import annotations
 
 import gc
+import threading
+from collections.abc import Generator
+from typing import Any
 
-from candlewire._core import chunk_messages
+import pytest
+
+from candlewire._core import Emit, Op, Ready, chunk_messages, drive_iter
 from candlewire._protocol import Sequence
 from proto import journal_pb2 as jr
 
@@ -41,3 +46,41 @@ def test_a_run_that_is_not_the_topic_s_is_dropped_and_counted() -> None:
     seq = Sequence("X|tick")
     assert [m.trade_id for m in chunk_messages(out, seq)] == ["2", "3"]
     assert seq.stats.malformed == 3 + 1 + 1
+
+
+def test_a_reader_resuming_while_its_client_closes_the_run_elsewhere_just_ends() -> None:
+    """A client closed on one thread while its subscription's reader, on another, asks for
+    the next message: the reader's iterating ends, and nothing raises on either side (the
+    reader got "generator already executing" while the close ran the procedure's cleanup)."""
+    closing, release = threading.Event(), threading.Event()
+
+    def procedure() -> Generator[Op, Any, None]:
+        try:
+            yield Ready()
+            yield Emit("first")  # type: ignore[arg-type]
+            yield Emit("never")  # type: ignore[arg-type]
+        finally:  # where the sockets close; held open until the reader has asked
+            closing.set()
+            release.wait(5)
+
+    started = drive_iter(procedure())
+    messages = iter(started)
+    assert next(messages) == "first"
+    failed: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            started._run.cancel()
+        except BaseException as e:  # reported below, on the test's thread
+            failed.append(e)
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    try:
+        assert closing.wait(5)
+        with pytest.raises(StopIteration):
+            next(messages)
+    finally:
+        release.set()
+        closer.join(5)
+    assert not closer.is_alive() and not failed
