@@ -126,7 +126,7 @@ up: install
 down:
 	@if [ -x $(VENV)/bin/candlewire ]; then $(VENV)/bin/candlewire down; fi
 
-status: install
+status: $(STAMP)
 	$(VENV)/bin/candlewire status
 
 # The distributed engines on hosts of their own (network namespaces; root): minutes.
@@ -168,17 +168,17 @@ gaps-long: install
 soak: install
 	$(PY) -m bench.soak
 
-lint: install
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 # The documentation site (mkdocs.yml, docs/) into build/site; --strict fails on a broken link
 # or anchor and on an undocumented public member of the API reference. `make test` builds it
 # too (tests/test_docs.py).
-docs: install
+docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir build/site
 
-proto: install
+proto: $(STAMP)
 	$(PY) -m proto.generate
 
 # A cluster relocated out of a private state dir (launcher/local/postgres.py) goes with it.

@@ -509,7 +509,11 @@ class ClientCore:
                 req.close(linger=0)
             self._turn = (self._turn + 1) % len(self._relays)
             yield from self.wait_connected(0)
-        raise RequestTimeout(f"relay did not answer within {self.submit_timeout:.0f}s")
+        relays = ", ".join(self._relays)
+        raise RequestTimeout(
+            f"no relay answered within {self.submit_timeout:.0f}s ({relays}): is the stack up "
+            "(`candlewire status`), and are these the relays it runs?"
+        )
 
     # -- symbol metadata -------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ from candlewire._protocol import (
 from candlewire.book import Book, BookFeed, DeltaRun, Verdict
 from candlewire.config import Settings
 from candlewire.market import MALFORMED, Candle, Tick, typed
-from candlewire.topics import book_type, market_data_topic
+from candlewire.topics import check_market_data
 from candlewire.triggers import Condition, add_request
 from proto import cep_pb2 as cep
 from proto import market_pb2
@@ -144,13 +144,9 @@ class Client:
         last snapshot before T and the deltas after it."""
         # Imported on the first read, not with the client: pyiceberg and SQLAlchemy are only
         # for reading Iceberg, which a process that only requests or subscribes never does.
-        from candlewire.history import read_book, read_history
+        from candlewire.history import read_stored
 
-        if period == book_type():
-            return read_book(self.settings, ticker, _required(at, "at"))
-        period = int(period)
-        start, end = _required(start, "start"), _required(end, "end")
-        return read_history(self.settings, ticker, period, start, end, decimals)
+        return read_stored(self.settings, ticker, period, start, end, at, decimals)
 
     def wait_ready(
         self, request_id: str, timeout: float = HISTORY_TIMEOUT_S
@@ -248,9 +244,9 @@ class Client:
         (one of the stream job's micro-batches, or what queued while the caller was busy)
         are applied at once, and the book is handed out once, as of the last of them.
         """
+        seq = Sequence(check_market_data(ticker, data_type))
         since, feed = book_start(ticker, data_type, since, depth)
         batches = batches and feed is None  # a book is kept message by message
-        seq = Sequence(market_data_topic(ticker, data_type))
         steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq, batches)
         return Subscription(self._core.track(drive_iter(steps)), seq.stats, raw, feed)
 
@@ -323,12 +319,6 @@ def _typed(messages: Iterator[Emitted], stats: SubscriptionStats) -> Iterator[It
             yield typed(msg)
         except MALFORMED:  # dropped, counted; the subscription goes on
             stats.malformed += 1
-
-
-def _required(value: TimeLike | None, name: str) -> TimeLike:
-    if value is None:
-        raise TypeError(f"history() needs {name}=")
-    return value
 
 
 def _booked(
@@ -435,14 +425,10 @@ class AsyncClient:
         decimals: Decimals = "decimal",
     ) -> pa.Table | Book:
         """Like :meth:`Client.history`, in a worker thread so the event loop stays free."""
-        from candlewire.history import read_book, read_history  # on the first read
+        from candlewire.history import read_stored  # on the first read
 
-        if period == book_type():
-            return await asyncio.to_thread(read_book, self.settings, ticker, _required(at, "at"))
-        period = int(period)
-        start, end = _required(start, "start"), _required(end, "end")
         return await asyncio.to_thread(
-            read_history, self.settings, ticker, period, start, end, decimals
+            read_stored, self.settings, ticker, period, start, end, at, decimals
         )
 
     async def wait_ready(
@@ -514,8 +500,8 @@ class AsyncClient:
         depth: int | None = None,
     ) -> AsyncSubscription:
         """Like :meth:`Client.subscribe`, as an async iterator."""
+        seq = Sequence(check_market_data(ticker, data_type))
         since, feed = book_start(ticker, data_type, since, depth)
         batches = batches and feed is None  # a book is kept message by message
-        seq = Sequence(market_data_topic(ticker, data_type))
         steps = self._core.subscribe(ticker, data_type, idle_timeout, since, seq, batches)
         return AsyncSubscription(self._core.track(async_drive_iter(steps)), seq.stats, raw, feed)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import errno
 import json
 import os
+import tomllib
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -78,6 +79,23 @@ def config_file() -> Path:
     if "CANDLEWIRE_CONFIG" in os.environ:
         return Path(os.environ["CANDLEWIRE_CONFIG"])
     return nearest(CONFIG_FILE)
+
+
+def settings_problem(exc: ValidationError | tomllib.TOMLDecodeError) -> str:
+    """Settings that do not load, in one line: the file at fault, or each setting with the
+    variable that sets it and why its value was refused."""
+    if isinstance(exc, tomllib.TOMLDecodeError):
+        return f"{config_file()} is not valid TOML: {exc}"
+    config = Settings.model_config
+    parts = []
+    for error in exc.errors():
+        path = [str(p) for p in error["loc"]]
+        if not path:  # a rule between settings: its message names them
+            parts.append(error["msg"].removeprefix("Value error, "))
+            continue
+        variable = config["env_prefix"] + config["env_nested_delimiter"].join(path).upper()
+        parts.append(f"{'.'.join(path)} ({variable}, or {CONFIG_FILE}): {error['msg']}")
+    return "; ".join(parts)
 
 
 def port_setting(name: str) -> str:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from proto import cep_pb2 as cep
 from proto import requests_pb2 as rq
+from proto.envelope import Names
+
+# A newer relay's or stream job's reason is given by number, not lost to a ValueError.
+REJECT_REASONS = Names.of(rq.RejectReason)
+TRIGGER_REJECT_REASONS = Names.of(cep.TriggerRejectReason)
 
 
 class CandlewireError(Exception):
@@ -15,7 +20,7 @@ class RequestRejected(CandlewireError):
 
     def __init__(self, response: rq.SubmitResponse) -> None:
         self.response = response
-        self.reason = rq.RejectReason.Name(response.reason)
+        self.reason = REJECT_REASONS[response.reason]
         self.retryable = response.reason in (rq.NO_INGESTOR, rq.NO_TRIGGER_DESK)
         super().__init__(f"request rejected ({self.reason}): {response.error_message}")
 
@@ -48,10 +53,15 @@ class SubscriptionFailed(CandlewireError):
 
     def __init__(self, error: rq.SubscriptionError) -> None:
         self.error = error
-        self.reason = rq.RejectReason.Name(error.reason)
+        self.reason = REJECT_REASONS[error.reason]
         super().__init__(
             f"subscription to {error.ticker} failed ({self.reason}): {error.error_message}"
         )
+
+
+class CatalogUnavailable(CandlewireError):
+    """The Iceberg catalog did not answer, or holds no such table yet: a read of history
+    needs the stack's PostgreSQL (``candlewire status`` says whether it runs)."""
 
 
 class ProtocolError(CandlewireError):
@@ -74,5 +84,5 @@ class TriggerRefused(CandlewireError):
 
     def __init__(self, ack: cep.CEPTriggerAck) -> None:
         self.ack = ack
-        self.reason = cep.TriggerRejectReason.Name(ack.reason)
+        self.reason = TRIGGER_REJECT_REASONS[ack.reason]
         super().__init__(f"trigger {ack.trigger_id} refused ({self.reason}): {ack.error_message}")

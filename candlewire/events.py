@@ -49,9 +49,10 @@ from candlewire.zmqutil import (
     subscriptions,
 )
 from proto import events_pb2 as ev
-from proto.envelope import EnvelopeError, decode, encode, encode_topic, expect
+from proto.envelope import EnvelopeError, Names, decode, encode, encode_topic, expect
 
 log = logging.getLogger("candlewire.events")
+ACK_STATUSES = Names.of(ev.AckStatus)  # a newer gateway's status is counted by number
 
 ACK_TIMEOUT_S = 30.0  # the spec's default
 # Once woken, the I/O thread waits this long for more events before it sends: one at a time,
@@ -317,7 +318,7 @@ class EventPublisher:
             except EnvelopeError:
                 self.dropped_frames += 1
                 continue
-            self.acks[ev.AckStatus.Name(ack.status)] += 1
+            self.acks[ACK_STATUSES[ack.status]] += 1
             # DELIVERED and ERROR are final; QUEUED means the gateway owns the retry now.
             with self._lock:
                 if self.pending.pop(ack.event_id, None) is not None:

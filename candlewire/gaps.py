@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from candlewire.config import Settings
 from candlewire.kafka import GAPS, consumer_config
 from proto import market_pb2
-from proto.envelope import EnvelopeError, expect, from_record
+from proto.envelope import EnvelopeError, Names, expect, from_record
+
+# As read from the topic: a newer ingestor's cause or status is shown as its number.
+GAP_CAUSES, GAP_STATUSES = Names.of(market_pb2.GapCause), Names.of(market_pb2.GapStatus)
 
 
 @dataclass

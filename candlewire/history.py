@@ -7,10 +7,14 @@ whose statistics hold the ticker, before anything is read.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import sqlalchemy.exc
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import (
     And,
     BooleanExpression,
@@ -23,9 +27,11 @@ from pyiceberg.expressions import (
 from pyiceberg.table import Table
 
 from candlewire.book import SNAPSHOT_EVERY_S, Book, replay
-from candlewire.config import Settings
+from candlewire.config import Settings, db_parts
+from candlewire.errors import CatalogUnavailable
 from candlewire.lake import load_table
 from candlewire.times import TimeLike, to_ms
+from candlewire.topics import book_type, check_market_data, ohlc_type
 
 COLUMNS = (
     "ticker",
@@ -107,6 +113,53 @@ def read_ticks(
     rows = table.scan(row_filter=row_filter).to_arrow()
     rows = rows.sort_by([("exchange_time_ns", "ascending"), ("trade_id", "ascending")])
     return with_decimals(rows, decimals)
+
+
+def read_stored(
+    settings: Settings,
+    ticker: str,
+    period: int | str,
+    start: TimeLike | None,
+    end: TimeLike | None,
+    at: TimeLike | None,
+    decimals: Decimals,
+) -> pa.Table | Book:
+    """A client's ``history()``: candles of one period in [start, end), or with period
+    ``"book"`` the L2 book as of ``at``. A ticker or period that names no data, and a catalog
+    that cannot be read, are errors that say so, before or instead of a driver's traceback."""
+    if period == book_type():
+        check_market_data(ticker, book_type())
+        with _catalog(settings):
+            return read_book(settings, ticker, _required(at, "at"))
+    check_market_data(ticker, ohlc_type(int(period)))
+    start, end = _required(start, "start"), _required(end, "end")
+    with _catalog(settings):
+        return read_history(settings, ticker, int(period), start, end, decimals)
+
+
+def _required(value: TimeLike | None, name: str) -> TimeLike:
+    if value is None:
+        raise TypeError(f"history() needs {name}=")
+    return value
+
+
+@contextmanager
+def _catalog(settings: Settings) -> Iterator[None]:
+    """The catalog's failures as a user reads them: where it was looked for, and what to do."""
+    where = db_parts(settings.catalog_db())[0]
+    try:
+        yield
+    except sqlalchemy.exc.OperationalError as exc:
+        why = str(exc.orig or exc).strip().splitlines()[0]
+        raise CatalogUnavailable(
+            f"the Iceberg catalog at {where} cannot be read ({why}): is the stack up? "
+            "(`candlewire status`)"
+        ) from exc
+    except NoSuchTableError as exc:
+        raise CatalogUnavailable(
+            f"the Iceberg catalog at {where} has no {exc}: the stream job creates its tables "
+            "when it first starts (`make up`)"
+        ) from exc
 
 
 def read_history(

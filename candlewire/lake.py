@@ -390,5 +390,6 @@ def catalog_health(settings: Settings) -> str | None:
         with opened(settings) as cat:
             missing = [t for t in TABLES if not cat.table_exists(f"{NAMESPACE}.{t}")]
     except Exception as exc:
-        return f"catalog unreachable: {str(exc).splitlines()[0]}"
+        # A driver's error without SQLAlchemy's wrapping: where it failed, in one line.
+        return f"catalog unreachable: {str(getattr(exc, 'orig', None) or exc).splitlines()[0]}"
     return f"missing tables: {', '.join(missing)}" if missing else None

@@ -9,6 +9,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from candlewire.config import PERIODS_S
+from candlewire.errors import CandlewireError
+
 METADATA_UPDATE = "METADATA_UPDATE"
 
 # PUB/SUB drops what is published before a subscription has travelled upstream (a relay that
@@ -22,8 +25,8 @@ _TICKER = re.compile(
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}\Z")
 
 
-class TopicError(ValueError):
-    """A ticker or id that cannot form a topic."""
+class TopicError(CandlewireError, ValueError):
+    """A ticker, data type or id that cannot form a topic."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,23 @@ def market_data_topic(ticker: str, data_type: str) -> str:
     return f"{ticker}|{data_type}"
 
 
+def data_types() -> frozenset[str]:
+    """Every live data type: ``tick``, ``book`` and ``ohlc:{period}`` of each period."""
+    return frozenset({tick_type(), book_type(), *(ohlc_type(p) for p in PERIODS_S)})
+
+
+def check_market_data(ticker: str, data_type: str) -> str:
+    """The topic of a ticker's live data of one type; a TopicError says why there is none
+    (a subscription to it would wait for ever)."""
+    if data_type not in data_types():
+        periods = ", ".join(map(str, PERIODS_S))
+        raise TopicError(
+            f"data type {data_type!r} is not tick, book or ohlc:PERIOD (PERIOD one of {periods})"
+        )
+    parse_ticker(ticker)
+    return market_data_topic(ticker, data_type)
+
+
 def subscription_error_topic(ticker: str) -> str:
     """Where a ticker's unservable subscriptions are answered (SubscriptionError)."""
     return market_data_topic(ticker, "error")
@@ -118,6 +138,11 @@ def demanded_book(subscription: str) -> str | None:
     None: books are streamed only for those who ask, not for every ``T|`` watcher."""
     ticker, sep, rest = subscription.partition("|")
     return _valid(ticker) if sep and rest == book_type() else None
+
+
+def valid(ticker: str) -> bool:
+    """Whether ``ticker`` is one (``EXCHANGE:BASE/QUOTE``)."""
+    return _TICKER.match(ticker) is not None
 
 
 def _valid(ticker: str) -> str | None:

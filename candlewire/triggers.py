@@ -202,8 +202,14 @@ def condition(kind: str, **params: object) -> Condition:
         if direction not in DIRECTIONS:
             raise TriggerRejected(cep.BAD_TRIGGER, f"direction {direction!r}: up, down or either")
         params["direction"] = DIRECTIONS[direction]
+    given = {k: v for k, v in params.items() if v is not None}
+    # Each kind's every parameter is needed (a direction too, but for window_volume's, which
+    # has none): one message naming them all, not the first value found empty.
+    missing = [f.name for f in by_name[kind].DESCRIPTOR.fields if f.name not in given]
+    if missing:
+        raise TriggerRejected(cep.BAD_TRIGGER, f"{kind} needs {', '.join(missing)}")
     try:
-        return by_name[kind](**{k: v for k, v in params.items() if v is not None})
+        return by_name[kind](**given)
     except (ValueError, TypeError) as exc:
         raise TriggerRejected(cep.BAD_TRIGGER, f"{kind}: {exc}") from None
 

@@ -37,8 +37,11 @@ from gateway.metrics import GatewayMetrics
 from gateway.sessions import Sessions
 from gateway.symbols import Rendered, SymbolCatalog
 from proto import events_pb2 as ev
+from proto.envelope import Names
 
 log = logging.getLogger("candlewire.gateway.critical")
+# A number this build does not name (a newer container's channel) is shown as the number.
+ACK_STATUSES, CHANNEL_TYPES = Names.of(ev.AckStatus), Names.of(ev.ChannelType)
 
 RETRY_LEASE_S = 60.0
 MAX_REMEMBERED = 100_000  # beyond this, the dedup window is served by PostgreSQL alone
@@ -289,7 +292,7 @@ class CriticalDelivery:
                 out += [(i, exc) for i, _ in done]
             else:
                 for i, a in done:
-                    self._count(ev.AckStatus.Name(a.ack.status).lower())
+                    self._count(ACK_STATUSES[a.ack.status].lower())
                     out.append((i, a.ack))
         self._settle(events, out, mine, reply)
 
@@ -437,7 +440,7 @@ class CriticalDelivery:
                 await asyncio.to_thread(self.directory.reschedule, retry, answer.due_at)
                 continue
             await asyncio.to_thread(self.directory.finish, event_id)
-            outcome = ev.AckStatus.Name(ack.status).lower() if retry is None else "gave_up"
+            outcome = ACK_STATUSES[ack.status].lower() if retry is None else "gave_up"
             self.metrics.retries.labels(outcome).inc()
             if ack.status != ev.DELIVERED:
                 log.warning("queued event %s not delivered: %s", event_id, ack.error_message)
@@ -475,7 +478,7 @@ class _Way:
 
     @property
     def name(self) -> str:
-        return ev.ChannelType.Name(self.prefs[self.index].channel)
+        return CHANNEL_TYPES[self.prefs[self.index].channel]
 
 
 def _outcome(task: asyncio.Task[Answer]) -> Answer | BaseException:

@@ -15,19 +15,10 @@ from candlewire.config import PERIODS_S
 from candlewire.symbols import SymbolCatalog as BaseCatalog
 from candlewire.topics import TopicError, parse_ticker
 from proto import events_pb2 as ev
+from proto.envelope import Names
 
-
-class Names(dict[int, str]):
-    """Enum names by number, looked up per event (``EnumTypeWrapper.Name`` costs a
-    microsecond, a call of our own a tenth of one): a number this build does not know (a
-    newer sender's) is shown as the number."""
-
-    def __missing__(self, number: int) -> str:
-        return str(number)
-
-
-EVENT_TYPES = Names({v.number: v.name for v in ev.EventType.DESCRIPTOR.values})
-PRIORITIES = Names({v.number: v.name for v in ev.Priority.DESCRIPTOR.values})
+EVENT_TYPES = Names.of(ev.EventType)  # looked up per event: see Names
+PRIORITIES = Names.of(ev.Priority)
 # Each event type's title ("Order filled"), made once rather than per event.
 TITLES = Names(
     {number: name.replace("_", " ").lower().capitalize() for number, name in EVENT_TYPES.items()}

@@ -47,9 +47,10 @@ from ingest.metrics import IngestMetrics
 from ingest.peers import PeerView
 from ingest.sink import KafkaSink, SinkError
 from proto import requests_pb2 as rq
-from proto.envelope import EnvelopeError, decode_sub, encode, encode_topic
+from proto.envelope import EnvelopeError, Names, decode_sub, encode, encode_topic
 
 log = logging.getLogger("candlewire.ingest")
+REQUEST_KINDS = Names.of(rq.DataRequestKind)  # a newer client's kind, counted by number
 
 
 KNOWN_KINDS = frozenset(rq.DataRequestKind.values())  # what this build can name
@@ -260,7 +261,7 @@ class Ingestor:
         ):
             self.metrics.dropped.labels("work_queue").inc()
             return
-        self.metrics.received.labels(rq.DataRequestKind.Name(msg.kind).lower()).inc()
+        self.metrics.received.labels(REQUEST_KINDS[msg.kind].lower()).inc()
         if msg.kind == rq.REALTIME_SUBSCRIBE:
             self.pending[stream_key(msg.ticker)] = msg
         elif msg.kind == rq.REALTIME_CANCEL:

@@ -18,10 +18,10 @@ from typing import NamedTuple
 
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
-from candlewire.config import PERIODS_S, Settings
+from candlewire.config import Settings
 from candlewire.kafka import JOURNAL, consumer_config, journal_partition
 from candlewire.positions import add_items, describe, is_after, run_fits, run_items
-from candlewire.topics import book_type, ohlc_type, parse_ticker, tick_type
+from candlewire.topics import check_market_data, tick_type
 from proto import journal_pb2 as jr
 from proto.envelope import EnvelopeError, expect, from_record_and_payload
 from proto.market_pb2 import StreamPosition, Tick
@@ -40,15 +40,12 @@ class BadRequest(ValueError):
     pass
 
 
-DATA_TYPES = frozenset({tick_type(), book_type(), *(ohlc_type(p) for p in PERIODS_S)})
-
-
 def check_topic(topic: str) -> None:
     """A live topic the journal can hold; a TopicError (a ValueError) says why not."""
     ticker, sep, data_type = topic.partition("|")
-    if not sep or data_type not in DATA_TYPES:
+    if not sep:
         raise BadRequest(f"topic {topic!r} is not TICKER|tick, TICKER|ohlc:PERIOD or TICKER|book")
-    parse_ticker(ticker)
+    check_market_data(ticker, data_type)
 
 
 @dataclass

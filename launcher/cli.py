@@ -15,11 +15,20 @@ import os
 import re
 import sys
 import threading
+import tomllib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from candlewire.config import POSTGRES_PASSWORD, PortTaken, Settings
+from pydantic import ValidationError
+
+from candlewire.config import (
+    PERIODS_S,
+    POSTGRES_PASSWORD,
+    PortTaken,
+    Settings,
+    settings_problem,
+)
 from candlewire.curve import ROLES
 from candlewire.times import to_ms
 from candlewire.topics import book_type
@@ -127,6 +136,7 @@ def faults_arg(text: str) -> str:
 WATCH_SILENCE_S = 15.0
 # What history and chart say when Iceberg holds no candles of the range.
 NOTHING_STORED = "Iceberg holds no candles of that ticker, period and range"
+PERIODS = ", ".join(map(str, PERIODS_S))  # the candle periods, as --help lists them
 
 
 def time_arg(text: str) -> int:
@@ -391,6 +401,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
     from candlewire.curve import Keyring
     from candlewire.errors import CandlewireError
     from launcher.stack import (
+        CatalogService,
         Memory,
         Stack,
         default_services,
@@ -428,14 +439,24 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
             table.columns[4].footer = f"{total.rss:,.0f}"
             table.columns[5].footer = f"{total.pss:,.0f}"
             console.print(table)
+            stopped = {name for name, _, pid, health in rows if health == "stopped"}
+            if stopped >= {s.name for s in stack.services if not isinstance(s, CatalogService)}:
+                console.print(
+                    f"nothing of the stack runs from {settings.state_dir.resolve()}: `make up` "
+                    "starts it"
+                )
+                return 1
             console.print(f"the stack holds {total.pss:,.0f} MiB (PSS: a shared page counts once)")
-            ingestors = live_ingestors(settings)
-            live = Table("exchange", "live ingestors (heartbeats via the relay)")
-            for exchange, peers in sorted(ingestors.items()):
-                live.add_row(exchange, ", ".join(f"{i} {s}" for i, s in sorted(peers.items())))
-            console.print(live if ingestors else "no live ingestor heard")
+            # What only a running relay or broker can tell: not waited for when it is stopped.
+            if "relay" not in stopped:
+                ingestors = live_ingestors(settings)
+                live = Table("exchange", "live ingestors (heartbeats via the relay)")
+                for exchange, peers in sorted(ingestors.items()):
+                    live.add_row(exchange, ", ".join(f"{i} {s}" for i, s in sorted(peers.items())))
+                console.print(live if ingestors else "no live ingestor heard")
             _print_iceberg_behind(settings, console)
-            _print_gaps(settings, console)
+            if "kafka" not in stopped:
+                _print_gaps(settings, console)
             # Whether auth is on, never the secret itself.
             login = "password (scram-sha-256)" if settings.secret(POSTGRES_PASSWORD) else "none"
             console.print(f"PostgreSQL login: {login}")
@@ -597,7 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
     hist = sub.add_parser("history", help="print or save candles from Iceberg")
     hist.add_argument("ticker")
     hist.add_argument(
-        "--period", type=int, default=60, help="seconds: 60, 300, 900, 3600, 14400, 86400"
+        "--period", type=int, default=60, help=f"seconds, one of {PERIODS} (default 60)"
     )
     hist.add_argument(
         "--start", required=True, type=time_arg, help="ISO time or epoch ms, UTC if no zone"
@@ -618,7 +639,9 @@ def build_parser() -> argparse.ArgumentParser:
     hist.set_defaults(fn=_history)
     chart = sub.add_parser("chart", help="write an HTML chart of candles from Iceberg")
     chart.add_argument("ticker")
-    chart.add_argument("--period", type=int, default=3600, help="seconds (default 3600)")
+    chart.add_argument(
+        "--period", type=int, default=3600, help=f"seconds, one of {PERIODS} (default 3600)"
+    )
     chart.add_argument("--start", required=True, type=time_arg, help="ISO time or epoch ms")
     chart.add_argument("--end", required=True, type=time_arg, help="ISO time or epoch ms")
     chart.add_argument("--output", help="the .html file (default: TICKER-PERIOD.html)")
@@ -750,13 +773,18 @@ def main(argv: list[str] | None = None) -> int:
     from candlewire.errors import CandlewireError
 
     try:
-        return args.fn(args, Settings())
+        settings = Settings()
+    except (ValidationError, tomllib.TOMLDecodeError) as exc:  # one line, never a traceback
+        print(f"error: the settings: {settings_problem(exc)}", file=sys.stderr)
+        return 2
+    try:
+        return args.fn(args, settings)
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] not in PLATFORM_MODULES:
             raise
         print(
             f"error: candlewire {args.command} needs the platform install ({exc.name} is "
-            "missing): pip install 'candlewire[platform]'",
+            "missing): `make install` in the checkout, or pip install '.[platform]' there",
             file=sys.stderr,
         )
         return 1

@@ -26,6 +26,7 @@ from rich.text import Text
 
 from candlewire.book import Book
 from candlewire.errors import CandlewireError
+from candlewire.gaps import GAP_CAUSES, GAP_STATUSES
 from candlewire.market import Candle, Tick, plain
 from candlewire.triggers import TriggerRejected, describe, parse_trigger
 from launcher.formats import FORMATS
@@ -354,9 +355,9 @@ def gap_table(gaps: Sequence[market_pb2.Gap], limit: int = 20) -> Table:
         span = f"{_utc(start, True)} → {until[11:] if start.date() == end.date() else until}"
         table.add_row(
             g.ticker,
-            market_pb2.GapCause.Name(g.cause),
+            GAP_CAUSES[g.cause],
             span,
-            market_pb2.GapStatus.Name(g.status).removeprefix("GAP_"),
+            GAP_STATUSES[g.status].removeprefix("GAP_"),
             str(g.refetched),
             g.reason,
         )

@@ -775,8 +775,9 @@ def live_ingestors(settings: Settings, listen_s: float = 2.5) -> dict[str, dict[
     from candlewire.curve import dial
     from candlewire.topics import ingestor_topic
     from proto import requests_pb2 as rq
-    from proto.envelope import EnvelopeError, decode_sub
+    from proto.envelope import EnvelopeError, Names, decode_sub
 
+    states = Names.of(rq.IngestorState)  # a newer ingestor's state, shown as its number
     ctx = zmq.Context.instance()
     sub = dial(ctx.socket(zmq.SUB), settings, "relay")
     sub.setsockopt(zmq.LINGER, 0)
@@ -793,7 +794,7 @@ def live_ingestors(settings: Settings, listen_s: float = 2.5) -> dict[str, dict[
             except EnvelopeError:
                 continue
             if isinstance(hb, rq.IngestorControl) and hb.action == rq.HEARTBEAT:
-                seen.setdefault(hb.exchange, {})[hb.ingestor_id] = rq.IngestorState.Name(hb.state)
+                seen.setdefault(hb.exchange, {})[hb.ingestor_id] = states[hb.state]
     finally:
         sub.close()
     return seen

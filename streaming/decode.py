@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from decimal import Context, Decimal, InvalidOperation
 from types import UnionType
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,10 +24,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from candlewire.amounts import DECIMAL_TEXT
+from candlewire.config import PERIODS_S
 from candlewire.lake import OHLC_SCHEMA
 from candlewire.market import cast_decimals
-from proto import envelope_pb2, market_pb2
-from proto.envelope import EnvelopeError, from_record
+from candlewire.topics import valid
+from proto import book_pb2, envelope_pb2, market_pb2
+from proto.envelope import EnvelopeError, from_record, known_enums
 
 # ``idle`` rows are FeedIdle marks (a quiet feed's clock, in ``exchange_time_ns``): neither
 # a valid tick nor a bad record.
@@ -62,6 +65,8 @@ OHLC_ROWS = pa.schema(
     for f in OHLC_SCHEMA.as_arrow()
 )
 DECIMAL = OHLC_ROWS.field("open").type  # the tables' DECIMAL(38,18)
+INT32_MAX = 2**31 - 1  # PostgreSQL's integer: the ledgers' page counts and snapshot sizes
+MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: the last time Python holds
 _SCALE = Decimal(1).scaleb(-DECIMAL.scale)
 _DECIMAL_CONTEXT = Context(prec=DECIMAL.precision)
 
@@ -140,9 +145,13 @@ def decode_ticks_in_jvm(spark: SparkSession, records: DataFrame) -> DataFrame:
     ).select("t.*", *carried)
 
 
-def decode_records(values: list[bytes], cls: type | UnionType) -> tuple[list, int]:
+def decode_records(
+    values: list[bytes], cls: type | UnionType, storable: Callable[[Any], bool] = known_enums
+) -> tuple[list, int]:
     """Driver-side decode of one message type (or a union of them); returns (messages,
-    undecodable count), in the records' order."""
+    count of records undecodable or not ``storable``), in the records' order. Every topic is
+    written by our ingestors, yet a record that passed the envelope and not the tables or
+    the ledger stopped the job at every restart, on the same record: dropped and counted."""
     out, bad = [], 0
     for value in values:
         try:
@@ -150,11 +159,52 @@ def decode_records(values: list[bytes], cls: type | UnionType) -> tuple[list, in
         except EnvelopeError:
             bad += 1
             continue
-        if isinstance(msg, cls):
+        if isinstance(msg, cls) and storable(msg):
             out.append(msg)
         else:
             bad += 1
     return out, bad
+
+
+def _text(*values: str) -> bool:
+    """Texts PostgreSQL holds: no NUL character."""
+    return not any("\x00" in v for v in values)
+
+
+def storable_page(b: market_pb2.OHLCBatch) -> bool:
+    """A history page the request ledger holds: its numbers within PostgreSQL's integer,
+    its texts without NUL. (Its candles are judged one by one: :func:`storable_candle`.)"""
+    return (
+        b.page <= INT32_MAX
+        and b.metadata.expected_pages <= INT32_MAX
+        and _text(b.request_id, b.error, b.metadata.request_id)
+        and known_enums(b)
+    )
+
+
+def storable_candle(c: market_pb2.OHLC) -> bool:
+    """A candle ``ohlc`` holds: a ticker, one of the periods, an open time the table holds."""
+    return c.period_s in PERIODS_S and 0 <= c.open_time_ms <= MAX_TIME_MS and valid(c.ticker)
+
+
+def storable_book(m: book_pb2.BookDelta | book_pb2.BookSnapshot) -> bool:
+    """A book record the tables and the publisher hold: a ticker's (the publisher keeps a
+    sequence a topic), and its reason one the table can name."""
+    return valid(m.ticker) and known_enums(m)
+
+
+def storable_market(m: market_pb2.Market) -> bool:
+    """A market ``symbol_metadata`` and the staging table hold: a ticker, decimals as the
+    wire spells them (or none), texts without NUL, a snapshot size within an integer."""
+    return (
+        valid(m.ticker)
+        and m.snapshot_size <= INT32_MAX
+        and _text(m.exchange, m.base, m.quote, m.exchange_symbol, m.request_id)
+        and all(
+            not d or DECIMAL_TEXT.fullmatch(d) for d in (m.tick_size, m.lot_size, m.min_notional)
+        )
+        and known_enums(m)
+    )
 
 
 def ohlc_rows(columns: dict[str, list | pa.Array], source: str) -> pa.Table:
@@ -190,8 +240,11 @@ def candle_key(c: market_pb2.OHLC) -> CandleKey:
 
 def candles_table(candles: list[market_pb2.OHLC], source: str) -> tuple[pa.Table, set[CandleKey]]:
     """OHLC messages as ``ohlc`` rows, decimals cast by Arrow (vectorised). Returns the table
-    and the keys of the rows left out for a malformed decimal, so they are not counted as
-    delivered."""
+    and the keys of the rows left out, for a malformed decimal or as not
+    :func:`storable_candle`, so they are not counted as delivered."""
+    unstorable = {candle_key(c) for c in candles if not storable_candle(c)}
+    if unstorable:
+        candles = [c for c in candles if candle_key(c) not in unstorable]
     prices = {
         f: decimal_column([getattr(c, f) for c in candles])
         for f in ("open", "high", "low", "close", "volume")
@@ -209,9 +262,9 @@ def candles_table(candles: list[market_pb2.OHLC], source: str) -> tuple[pa.Table
     )
     valid = held_rows(prices.values())
     if valid is None:
-        return table, set()
+        return table, unstorable
     dropped = {candle_key(c) for c, ok in zip(candles, valid.to_pylist(), strict=True) if not ok}
-    return table.filter(valid), dropped
+    return table.filter(valid), dropped | unstorable
 
 
 def kept_count(candles: Sequence[market_pb2.OHLC], dropped: set[CandleKey]) -> int:

@@ -33,7 +33,7 @@ from candlewire.config import Settings
 from candlewire.curve import PUBLISHER_KEY
 from candlewire.events import EventPublisher
 from candlewire.kafka import TRIGGERS, producer_config
-from candlewire.triggers import Trigger, parse_trigger
+from candlewire.triggers import Trigger, TriggerRejected, parse_trigger
 from proto import cep_pb2 as cep
 from proto import events_pb2 as ev
 from proto.envelope import to_record
@@ -109,8 +109,11 @@ class FiringDesk:
 
     def emit_jvm(self, data: bytes) -> None:
         """The JVM evaluator's firings (``CepFirings``), each with its trigger."""
-        batch = cep.CepFirings.FromString(data)
-        self.send([(parse_trigger(f.trigger), f.event) for f in batch.firings])
+        fired, refused = parse_firings(data)
+        for trigger_id, why in refused:
+            self.ctx.metrics.bad.labels(TRIGGERS.name).inc()
+            log.warning("a firing of trigger %r dropped: %s", trigger_id, why)
+        self.send(fired)
 
     def send(self, fired: list[tuple[Trigger, cep.CEPTriggerEvent]]) -> None:
         """On the owners' topics, and as alerts; a one-shot trigger leaves the registry."""
@@ -141,6 +144,21 @@ class FiringDesk:
     def close(self) -> None:
         self.alerts.close()
         self._producer.flush(10)
+
+
+def parse_firings(
+    data: bytes,
+) -> tuple[list[tuple[Trigger, cep.CEPTriggerEvent]], list[tuple[str, str]]]:
+    """A batch of firings with their triggers, and the (trigger id, reason) of each whose
+    trigger the desk's rules refuse: one written to Kafka by something other than the desk
+    must not cost the batch's other firings, which are taken from the JVM once."""
+    fired, refused = [], []
+    for f in cep.CepFirings.FromString(data).firings:
+        try:
+            fired.append((parse_trigger(f.trigger), f.event))
+        except TriggerRejected as exc:
+            refused.append((f.trigger.trigger_id, str(exc)))
+    return fired, refused
 
 
 def registered(settings: Settings) -> dict[str, cep.CEPTriggerRequest]:

@@ -112,5 +112,5 @@ def test_the_plain_install_subscribes_and_watches(
 def test_a_service_verb_names_the_install_it_needs(plain_venv: Path, settings) -> None:
     out = run_in(plain_venv, settings, str(plain_venv / "bin/candlewire"), "stream")
     assert out.returncode == 1
-    assert "pip install 'candlewire[platform]'" in out.stderr
+    assert "pip install '.[platform]'" in out.stderr
     assert "Traceback" not in out.stderr

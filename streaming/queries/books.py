@@ -23,7 +23,7 @@ from candlewire.lake import BOOK_DELTAS_SCHEMA, BOOK_SNAPSHOTS_SCHEMA
 from candlewire.topics import book_type, market_data_topic
 from proto import book_pb2
 from streaming.context import JobContext
-from streaming.decode import decimal_column, decode_records
+from streaming.decode import decimal_column, decode_records, storable_book
 from streaming.queries import TopicQuery
 from streaming.recovery import run_id
 
@@ -37,7 +37,7 @@ TABLE_OF: dict[type[Message], tuple[str, Schema]] = {
 
 def decode_books(values: list[bytes]) -> tuple[list[BookMessage], int]:
     """Snapshots and deltas in Kafka order; returns them and how many records were not."""
-    return decode_records(values, book_pb2.BookDelta | book_pb2.BookSnapshot)
+    return decode_records(values, book_pb2.BookDelta | book_pb2.BookSnapshot, storable_book)
 
 
 def _side(msgs: list[BookMessage], side: str, typ: pa.ListType) -> tuple[pa.Array, list[bool]]:

@@ -18,7 +18,14 @@ from candlewire.kafka import OHLC_BATCHES
 from proto import market_pb2
 from proto import requests_pb2 as rq
 from proto.envelope import derive
-from streaming.decode import CandleKey, candle_key, candles_table, decode_records, kept_count
+from streaming.decode import (
+    CandleKey,
+    candle_key,
+    candles_table,
+    decode_records,
+    kept_count,
+    storable_page,
+)
 from streaming.metrics import Laps
 from streaming.progress import Completed
 from streaming.queries import TopicQuery
@@ -35,7 +42,7 @@ class HistoryQuery(TopicQuery):
         metrics = self.ctx.metrics
         lap = Laps()
         values = [r.value for r in df.select("value").collect()]
-        batches, bad = decode_records(values, market_pb2.OHLCBatch)
+        batches, bad = decode_records(values, market_pb2.OHLCBatch, storable_page)
         lap("decode")
         metrics.bad.labels(OHLC_BATCHES.name).inc(bad)
         # One row per key; a page the ingestor sent twice is in the batch twice.
@@ -45,7 +52,8 @@ class HistoryQuery(TopicQuery):
             rows, dropped = candles_table(candles, "history")
             metrics.bad.labels(OHLC_BATCHES.name).inc(len(dropped))
             lap("rows")
-            self.ctx.tables.upsert_ohlc(rows, "cw_history_rows", append_if_new=True, lap=lap)
+            if rows.num_rows:
+                self.ctx.tables.upsert_ohlc(rows, "cw_history_rows", append_if_new=True, lap=lap)
             metrics.rows.labels("ohlc").inc(rows.num_rows)
         done = self.ctx.progress.record_history(
             [b.metadata for b in batches if b.HasField("metadata")],

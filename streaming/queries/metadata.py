@@ -20,7 +20,7 @@ from candlewire.lake import SYMBOL_METADATA_SCHEMA
 from candlewire.spark import commit_sql
 from candlewire.topics import metadata_update_topic
 from proto import market_pb2
-from streaming.decode import decode_records
+from streaming.decode import decode_records, storable_market
 from streaming.queries import TopicQuery
 from streaming.sql import literal, staged_columns, staging_ddl
 
@@ -35,7 +35,7 @@ class MetadataQuery(TopicQuery):
 
     def batch(self, df: DataFrame, batch_id: int) -> None:
         values = [r.value for r in df.select("value").collect()]
-        markets, bad = decode_records(values, market_pb2.Market)
+        markets, bad = decode_records(values, market_pb2.Market, storable_market)
         self.ctx.metrics.bad.labels(SYMBOL_METADATA.name).inc(bad)
         for request_id, snapshot in self.ctx.progress.stage_markets(markets).items():
             self._commit(request_id, snapshot)

@@ -71,11 +71,14 @@ def test_async_rejection(settings, pipeline) -> None:
 
 
 def test_submit_times_out_without_relay(settings) -> None:
+    """In time, and saying which relays it asked and what to check."""
     t0 = time.monotonic()
     client = Client(settings, submit_timeout=1.5, attempt_timeout=0.5)
-    with client, pytest.raises(RequestTimeout):
+    with client, pytest.raises(RequestTimeout) as raised:
         client.submit("BINANCE:BTC/USDT", 60, START, START + DAY_MS)
     assert time.monotonic() - t0 < 5
+    assert settings.relays("client_requests")[0] in str(raised.value)
+    assert "candlewire status" in str(raised.value)
 
 
 def test_a_rejection_whose_retry_runs_out_of_time_is_still_the_rejection(settings) -> None:

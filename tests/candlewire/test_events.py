@@ -143,6 +143,23 @@ def test_unacked_event_goes_to_the_next_gateway(settings, gateways, tmp_path) ->
         assert pub.acks["DELIVERED"] == 1
 
 
+def test_an_ack_of_a_status_no_release_names_is_an_ack_and_the_thread_goes_on(
+    settings, gateways, tmp_path
+) -> None:
+    """A newer gateway's status: counted by its number, the event no longer pending, and
+    the next critical event still goes out (the name lookup killed the I/O thread)."""
+    gws, endpoints = gateways
+    with publisher(settings, endpoints, tmp_path) as pub:
+        for status in (99, ev.DELIVERED):
+            e = event("u4", ev.CRITICAL)
+            pub.publish(e)
+            gw, route, got = take_any(gws)
+            assert got.event_id == e.event_id
+            gw.ack(route, e.event_id, status=status)
+            wait_for(lambda: pub.unacked() == 0, timeout=5)
+        assert pub.acks["99"] == 1 and pub.acks["DELIVERED"] == 1
+
+
 def test_pending_events_survive_kill_9_and_are_resent(settings, gateways, tmp_path) -> None:
     (a, _), endpoints = gateways
     journal = tmp_path / "pending.db"

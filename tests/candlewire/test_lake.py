@@ -3,6 +3,7 @@ this release's columns and partitioning without losing a row."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import uuid
@@ -10,10 +11,13 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pyarrow as pa
+import pytest
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import DayTransform, IdentityTransform
 
+from candlewire import AsyncClient, CatalogUnavailable, Client
+from candlewire.config import db_parts
 from candlewire.lake import (
     BOOK_TABLES,
     FILE_PROPERTIES,
@@ -134,3 +138,21 @@ def test_short_uses_of_the_catalog_leave_no_connection_open(lakehouse) -> None:
     finally:
         gc.enable()
     assert after == before
+
+
+def test_a_history_read_without_its_catalog_says_where_it_looked(settings, lakehouse) -> None:
+    """Nothing listening (the ``settings`` fixture's free ports), or a catalog that holds no
+    tables yet: one error a user can act on, from both clients, not a driver's traceback."""
+    empty = lakehouse.model_copy(update={"catalog_name": f"empty_{uuid.uuid4().hex[:8]}"})
+    for where, says in ((settings, "cannot be read"), (empty, "has no")):
+        address = db_parts(where.catalog_db())[0]
+        with Client(where) as client, pytest.raises(CatalogUnavailable, match=says) as raised:
+            client.history("BINANCE:BTC/USDT", 60, "2024-01-01", "2024-01-02")
+        assert address in str(raised.value)
+
+        async def read(where=where) -> None:
+            async with AsyncClient(where) as client:
+                await client.history("BINANCE:BTC/USDT", "book", at="2024-01-01")
+
+        with pytest.raises(CatalogUnavailable, match=says):
+            asyncio.run(read())

@@ -6,7 +6,13 @@ from decimal import Decimal
 
 import pytest
 
-from candlewire.triggers import TriggerRejected, describe, parse_trigger, trigger_request
+from candlewire.triggers import (
+    TriggerRejected,
+    condition,
+    describe,
+    parse_trigger,
+    trigger_request,
+)
 from proto import cep_pb2 as cep
 
 
@@ -141,3 +147,20 @@ def test_bad_requests_are_refused_with_the_reason(fields: dict, message: str) ->
 )
 def test_each_kind_is_described_by_the_parameters_it_is_judged_on(condition, said) -> None:
     assert describe(parse_trigger(request(**condition))) == said
+
+
+@pytest.mark.parametrize(
+    ("kind", "given", "says"),
+    [
+        ("percent_move", {}, "percent_move needs percent, window_s, direction"),
+        ("percent_move", {"percent": "1", "direction": "up"}, "percent_move needs window_s"),
+        ("window_volume", {"window_s": 60}, "window_volume needs volume"),
+        ("range_breakout", {"period_s": 60, "direction": "up"}, "range_breakout needs candles"),
+    ],
+)
+def test_a_condition_missing_parameters_names_them_all(kind: str, given: dict, says: str) -> None:
+    """What ``candlewire trigger add`` says when flags are left out, instead of the first
+    empty value judged as a malformed one."""
+    with pytest.raises(TriggerRejected) as raised:
+        condition(kind, level=None, **given)
+    assert str(raised.value) == says and raised.value.reason == cep.BAD_TRIGGER

@@ -180,6 +180,22 @@ def test_preferences_fall_through_and_end_in_error_with_reasons(
     assert refs(telegram.texts()) == [later.event_id]
 
 
+def test_a_channel_no_release_names_is_not_available_and_the_next_delivers(
+    gw_env, telegram, make_gateway, container
+) -> None:
+    """A newer container's channel: passed over by its number, never an event left
+    unanswered for the container to resend for ever."""
+    gw = make_gateway(gw_env, gw_config(telegram))
+    user = new_user()
+    gw.directory.set_user(user, telegram_chat_id="6")
+    event = user_event(user, ev.CRITICAL, [(99, False), (ev.TELEGRAM, False)])  # type: ignore[list-item]
+    assert container(gw_env).send(event).status == ev.DELIVERED
+    assert refs(telegram.texts()) == [event.event_id]
+    lone = user_event(user, ev.CRITICAL, [(99, False)])  # type: ignore[list-item]
+    ack = container(gw_env).send(lone)
+    assert ack.status == ev.ERROR and ack.error_message == "99: not available"
+
+
 def test_a_session_channel_that_finds_no_session_falls_through_to_one_that_waits(
     gw_env, telegram, make_gateway, container
 ) -> None:

@@ -57,3 +57,83 @@ def test_the_notice_is_not_said_once_a_message_came(
     timer.cancel()
     time.sleep(0.3)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        (
+            {"CANDLEWIRE_PORTS__MARKET_DATA": "abc"},
+            "ports.market_data (CANDLEWIRE_PORTS__MARKET_DATA, or candlewire.toml): ",
+        ),
+        ({"CANDLEWIRE_STREAM_DEDUP_HORIZON_S": "1"}, "stream_dedup_horizon_s (1.0) must be"),
+    ],
+)
+def test_settings_that_do_not_load_are_one_line_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], env: dict, says: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["endpoints"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the settings: ") and says in err and err.count("\n") == 1
+
+
+def test_a_settings_file_that_is_not_toml_is_named(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "candlewire.toml"
+    bad.write_text("x = = 1\n")
+    monkeypatch.setenv("CANDLEWIRE_CONFIG", str(bad))
+    assert cli.main(["endpoints"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: the settings: {bad} is not valid TOML")
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["watch", "BTCUSDT"], "ticker 'BTCUSDT' is not EXCHANGE:BASE/QUOTE"),
+        (["watch", "SIM:BTC/USDT", "--type", "candles"], "data type 'candles'"),
+        (
+            [
+                "history",
+                "SIM:BTC/USDT",
+                "--period",
+                "61",
+                "--start",
+                "2024-01-01",
+                "--end",
+                "2024-01-02",
+            ],
+            "data type 'ohlc:61'",
+        ),
+    ],
+)
+def test_what_names_no_data_is_one_line_at_once(
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    says: str,
+) -> None:
+    """Not a wait for ever (``watch``), nor the catalog's traceback (``history``)."""
+    for name, value in free_settings(tmp_path).to_env().items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and says in err and err.count("\n") == 1
+
+
+def test_status_of_a_stack_that_is_not_running_says_so_without_waiting_on_it(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No listening for ingestors through a relay that is not there, nor a read of a broker
+    that is not there (whose client logged a line a retry to standard error)."""
+    settings = free_settings(tmp_path)
+    for name, value in settings.to_env().items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["status"]) == 1
+    out, err = capsys.readouterr()
+    said = " ".join(out.split())  # the console folds long lines to its width
+    assert f"nothing of the stack runs from {settings.state_dir.resolve()}" in said
+    assert "live ingestor" not in said and "gaps" not in said and err == ""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from candlewire.config import NAMESPACE
+from candlewire.gaps import GAP_CAUSES, GAP_STATUSES
 from candlewire.kafka import GAPS
 from orchestration.defs.assets.lineage import kafka_key
 from orchestration.defs.resources import CandlewireResource
@@ -73,8 +74,8 @@ def gaps_table(gaps: dict, schema: "Schema") -> "pa.Table":
         return {
             "gap_id": g.gap_id,
             "ticker": g.ticker,
-            "cause": market_pb2.GapCause.Name(g.cause),
-            "status": market_pb2.GapStatus.Name(g.status),
+            "cause": GAP_CAUSES[g.cause],
+            "status": GAP_STATUSES[g.status],
             "from_time": g.from_ns // 1000,
             "to_time": g.to_ns // 1000,
             "from_ns": g.from_ns,
@@ -133,7 +134,7 @@ def gaps(context: dg.AssetExecutionContext, candlewire: CandlewireResource) -> d
             table.maintenance.expire_snapshots().older_than(cutoff).commit()
     by_status = {name: 0 for name in ("GAP_OPEN", "GAP_REPAIRED", "GAP_UNREPAIRABLE")}
     for g in found.values():
-        name = market_pb2.GapStatus.Name(g.status)
+        name = GAP_STATUSES[g.status]
         by_status[name] = by_status.get(name, 0) + 1
     snapshot = table.current_snapshot()
     return dg.MaterializeResult(

@@ -31,12 +31,14 @@ from candlewire.errors import CandlewireError
 from orchestration.defs.assets.lineage import iceberg_key
 from orchestration.defs.resources import CandlewireResource
 from proto import requests_pb2 as rq
+from proto.envelope import Names
 
 # For annotations only, quoted where used. Not ``from __future__ import annotations``: Dagster
 # checks an asset's or op's ``context`` annotation as a class, and a string fails that check.
 if TYPE_CHECKING:
     from candlewire.client import Client
 
+HISTORY_STATUSES = Names.of(rq.HistoryStatus)
 PERIOD_S = 60
 DAY_MS = 86_400_000
 PARTITIONS_PER_RUN = 100
@@ -138,7 +140,7 @@ def fetch(
         if note.status == rq.HISTORY_OK:
             out.ok.append((want, note, time.monotonic() - t0))
         else:
-            out.failed.append((want, note.error_message or rq.HistoryStatus.Name(note.status)))
+            out.failed.append((want, note.error_message or HISTORY_STATUSES[note.status]))
         done = len(out.ok) + len(out.failed)
         progress(f"{done}/{len(wants)} partitions answered ({len(out.failed)} failed)")
     return out
