@@ -220,7 +220,7 @@ class Keyring:
                 "pattern": ENDPOINTS[endpoint].pattern,
             }
             if channel == "events":
-                entry["bind"] = f"tcp://*:{settings.port(endpoint)}"
+                entry["bind"] = settings.bind(endpoint)  # bind_host: 127.0.0.1 unless set
             elif server == "relay":
                 entry["connect"] = settings.relays(endpoint)
             else:

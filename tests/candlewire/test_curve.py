@@ -117,6 +117,16 @@ def test_keys_export_is_one_0600_file_a_client_elsewhere_can_use(
         assert handshake(sock, market["connect"][0])
     finally:
         relay.stop()
+    # A container binds its events socket where the stack's own services bind: 127.0.0.1
+    # unless bind_host says otherwise, never every interface.
+    assert main(["keys", "add-client", "box", "--role", "container", "--user", "bob"]) == 0
+    assert main(["keys", "export", "box", "--output", str(tmp_path / "box.json")]) == 0
+    events = json.loads((tmp_path / "box.json").read_text())["endpoints"]["user_events"]
+    assert (
+        events["bind"]
+        == settings.bind("user_events").replace("*", "")
+        == (f"tcp://127.0.0.1:{settings.port('user_events')}")
+    )
     assert main(["keys", "export", "relay"]) == 2  # a server's secret stays with it
     assert main(["keys", "export", "nobody"]) == 2
     assert "keys add-client nobody" in capsys.readouterr().err
