@@ -107,6 +107,9 @@ def bind(sock: zmq.Socket, settings: Settings, name: str) -> zmq.Socket:
     return sock
 
 
+METRICS_IDLE_S = 10.0
+
+
 class MetricsServer:
     """Prometheus exposition of one registry on endpoint ``name``; close() frees the port for
     a restart. ``port`` is where it serves: the default's place may have been taken."""
@@ -130,6 +133,10 @@ class MetricsServer:
                 port_setting(name),
             )
         self.port: int = self._server.server_address[1]
+        # A connection that sends nothing is closed after METRICS_IDLE_S: each holds a
+        # thread of prometheus_client's server until it ends, and a scraper's never idles.
+        handler = self._server.RequestHandlerClass
+        self._server.RequestHandlerClass = type("Timed", (handler,), {"timeout": METRICS_IDLE_S})
 
     def close(self) -> None:
         self._server.shutdown()

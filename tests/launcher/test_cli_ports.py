@@ -17,6 +17,7 @@ from dataclasses import replace
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
+from candlewire import runtime
 from candlewire.config import PortTaken, Settings, port_setting
 from candlewire.endpoints import ENDPOINTS
 from candlewire.runtime import MetricsServer
@@ -82,6 +83,23 @@ def test_a_metrics_port_floats_unless_it_was_set(tmp_path, monkeypatch, caplog) 
     try:
         assert server.port != held
         assert f"http://127.0.0.1:{server.port}/metrics" in caplog.text
+        assert b"candlewire_test_up 1.0" in http_get(f"http://127.0.0.1:{server.port}/metrics")
+    finally:
+        server.close()
+
+
+def test_a_metrics_connection_that_sends_nothing_is_closed_and_scrapes_go_on(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each open connection holds a server thread: half a request line must not hold one
+    for ever (300 such connections held 300 threads)."""
+    monkeypatch.setattr(runtime, "METRICS_IDLE_S", 0.5)
+    server = MetricsServer(registry(), settings, "ingest_metrics")
+    try:
+        idle = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        idle.sendall(b"GET /metr")
+        assert idle.recv(1024) == b"", "closed by the server, not by this test's timeout"
+        idle.close()
         assert b"candlewire_test_up 1.0" in http_get(f"http://127.0.0.1:{server.port}/metrics")
     finally:
         server.close()
