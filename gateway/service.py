@@ -27,6 +27,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,6 +86,7 @@ CRITICAL_BATCH = 256  # critical events taken from the ROUTER in one loop turn
 INFORMATIONAL_BATCH = 256  # informational events taken from the SUB in one loop turn
 MARKET_BATCH = 256  # candles and notices taken from the market-data SUB in one loop turn
 SEED_CANDLES = 90  # what the page draws
+SEED_READS = 2  # charts' seeds read from Iceberg at once, whatever the sessions
 DEPTH_LEVELS = 10  # a side, in the page's depth panel
 DEPTH_EVERY_S = 0.25  # the panel is redrawn at most this often
 
@@ -137,6 +139,12 @@ class Gateway:
         # The panel message each followed ticker last sent, for a session that charts it
         # later (or again, for another period): a quiet book may not change for minutes.
         self._depth_shown: dict[str, dict[str, Any]] = {}
+        # Charts' seeds: one a session (a newer chart cancels its last), SEED_READS read at
+        # once; each read holds a worker thread, and a session may chart 20 times a second.
+        self._seeding: weakref.WeakKeyDictionary[Session, asyncio.Task[None]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._seed_slots = asyncio.Semaphore(SEED_READS)
         self._answering: set[asyncio.Task] = set()  # critical events in flight
         self._origins = frozenset(own | set(self.gw.allowed_origins))
         self._thread: threading.Thread | None = None
@@ -207,6 +215,7 @@ class Gateway:
     async def _main(self) -> None:
         s, gw = self.settings, self.gw
         self._stopping = asyncio.Event()
+        self._seed_slots = asyncio.Semaphore(SEED_READS)  # of this run's loop
         self.directory = Directory(gw.directory_url or s.sql_url())
         await asyncio.to_thread(self.directory.create)
         self.channels = build_channels(gw, self.sessions)
@@ -406,7 +415,11 @@ class Gateway:
             if problem is not None:
                 return {"type": "error", "message": problem}
             self._chart(session, market_data_topic(ticker, ohlc_type(period)))
-            asyncio.get_running_loop().create_task(self._seed_chart(session, ticker, period))
+            if (seeding := self._seeding.get(session)) is not None:
+                seeding.cancel()  # still waiting for a read, or its rows for a chart left
+            self._seeding[session] = asyncio.get_running_loop().create_task(
+                self._seed_chart(session, ticker, period)
+            )
             # After this reply, which clears the page's panel: the ticker's last depth.
             asyncio.get_running_loop().call_soon(self._offer_depth, session, ticker)
             return {"type": "chart", "ticker": ticker, "period": period}
@@ -524,10 +537,17 @@ class Gateway:
 
         topic, now = session.chart, int(time.time() * 1000)
         start = now - period * 1000 * SEED_CANDLES
-        try:
-            rows = await asyncio.to_thread(
+        await self._seed_slots.acquire()  # cancelled here (a newer chart): nothing was read
+        # A thread's read runs to its end even once this task is cancelled: its slot is
+        # given back when the read ends, so SEED_READS bounds the threads, not the tasks.
+        reading = asyncio.ensure_future(
+            asyncio.to_thread(
                 read_history, self.settings, ticker, period, start, now + period * 1000
             )
+        )
+        reading.add_done_callback(self._seed_read)
+        try:
+            rows = await asyncio.shield(reading)
         except Exception as exc:  # no table yet, catalog away: live updates still flow
             log.warning("no history to seed a chart of %s: %s", ticker, exc)
             return
@@ -535,6 +555,13 @@ class Gateway:
             return  # the session moved on meanwhile
         for row in rows.to_pylist():
             session.offer(_seed_candle(row))
+
+    def _seed_read(self, reading: asyncio.Future[Any]) -> None:
+        """A seed's read has ended: its slot goes back. The read's error is taken here too,
+        for a chart left meanwhile, whose task no longer waits for it."""
+        self._seed_slots.release()
+        if not reading.cancelled():
+            reading.exception()
 
     def _watch_user(self, user_id: str) -> None:
         """Called on a user's first browser session and on their first Telegram chat:

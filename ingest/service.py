@@ -50,6 +50,8 @@ from proto import requests_pb2 as rq
 from proto.envelope import EnvelopeError, Names, decode_sub, encode, encode_topic
 
 log = logging.getLogger("candlewire.ingest")
+# Requests held for this ingestor's exchanges, whoever takes them: past it one is dropped.
+MAX_PENDING = 10_000
 REQUEST_KINDS = Names.of(rq.DataRequestKind)  # a newer client's kind, counted by number
 
 
@@ -114,6 +116,7 @@ class Ingestor:
         self.recent_done: dict[str, deque[str]] = {n: deque(maxlen=200) for n in self.exchanges}
         self.metrics = IngestMetrics()
         self._serve_metrics = metrics
+        self.workers = workers  # fetches at once (history, metadata); gap repairs share them
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ingest-job")
         self._sink = KafkaSink(settings)
         sink = self._sink
@@ -124,6 +127,7 @@ class Ingestor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._http: MetricsServer | None = None
+        self._started = time.monotonic()  # again at start(): the warm-up counts from there
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -272,8 +276,15 @@ class Ingestor:
             except TopicError:
                 self.metrics.dropped.labels("work_queue").inc()
                 return
-            if msg.request_id not in self.views[msg.exchange].done:
-                self.pending[msg.request_id] = msg
+            if msg.request_id in self.views[msg.exchange].done:
+                return
+            if len(self.pending) >= MAX_PENDING and msg.request_id not in self.pending:
+                self.metrics.dropped.labels("work_queue").inc()  # the requester times out
+                log.warning(
+                    "%s: %d requests held; %s dropped", self.id, MAX_PENDING, msg.request_id
+                )
+                return
+            self.pending[msg.request_id] = msg
 
     def _on_control(self, msg: object) -> None:
         if isinstance(msg, rq.IngestorControl) and msg.action == rq.CANCEL_REALTIME:
@@ -368,6 +379,9 @@ class Ingestor:
                 job.stop.set()
                 del self.jobs[key]
         taking = self.taking_work(now)
+        # Fetches start as the pool has room: one started beyond it would wait in the pool's
+        # queue, unbounded, and be listed in every heartbeat as work this ingestor holds.
+        fetching = sum(not k.startswith(LIVE_KEYS) for k in self.jobs)
         for key, req in list(self.pending.items()):
             if key in self.jobs:
                 continue
@@ -375,8 +389,12 @@ class Ingestor:
             if key in view.done:
                 del self.pending[key]
                 continue
+            fetch = not key.startswith(LIVE_KEYS)
+            if fetch and fetching >= self.workers:
+                continue
             if view.owner(key, now, taking) == self.id:
                 self._start(key, req)
+                fetching += fetch
 
     def _start(self, key: str, req: rq.DataRequest) -> None:
         exchange = self.exchanges[req.exchange]

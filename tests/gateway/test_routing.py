@@ -12,6 +12,7 @@ import threading
 import time
 from decimal import Decimal
 
+import pyarrow as pa
 import pytest
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
@@ -781,3 +782,58 @@ def test_a_gateway_whose_main_task_fails_stops_and_says_so(
     assert any(
         r.levelname == "CRITICAL" and "the purge broke" in r.getMessage() for r in caplog.records
     )
+
+
+def test_charts_seeds_are_one_a_session_and_a_few_read_at_once(tmp_path, monkeypatch) -> None:
+    """A session may chart 20 times a second: each chart cancels its last seed, and at most
+    SEED_READS reads of Iceberg run at once for all sessions (each holds a worker thread,
+    and the default executor's queue has no bound). The last chart's seed is offered."""
+    import asyncio
+
+    import zmq
+
+    import candlewire.history
+    from gateway import service
+    from gateway.service import Gateway
+    from tests.support import free_settings
+
+    running, most, lock = [0], [0], threading.Lock()
+    read: list[str] = []
+
+    def slow_read(_settings, ticker, *_args) -> pa.Table:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+            read.append(ticker)
+        return pa.table({"x": pa.array([], pa.int64())})
+
+    monkeypatch.setattr(candlewire.history, "read_history", slow_read)
+
+    class Socket:
+        async def close(self, code: int, reason: str) -> None:
+            pass
+
+    async def main() -> None:
+        gw = Gateway(free_settings(tmp_path), gw_config(), metrics=False)
+        gw._seed_slots = asyncio.Semaphore(service.SEED_READS)
+        ctx = zmq.Context.instance()
+        gw._events, gw._market = ctx.socket(zmq.SUB), ctx.socket(zmq.SUB)
+        gw.symbols.check_chart = lambda ticker, period: None  # type: ignore[method-assign]
+        sessions = [gw.sessions.open(f"u{i}", Socket()) for i in range(4)]  # type: ignore[arg-type]
+        for n in range(10):  # each session charts ten tickers, one after another
+            for i, session in enumerate(sessions):
+                assert session is not None
+                gw._command(session, json.dumps({"op": "chart", "ticker": f"V:T{n}/S{i}"}))
+            await asyncio.sleep(0.01)
+        while pending := [t for t in gw._seeding.values() if not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+        gw._events.close(0)
+        gw._market.close(0)
+
+    asyncio.run(main())
+    assert most[0] <= service.SEED_READS
+    assert {f"V:T9/S{i}" for i in range(4)} <= set(read)  # every session's last chart
+    assert len(read) < 4 * 10 / 2, read  # not every chart's: the rest were cancelled waiting

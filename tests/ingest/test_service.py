@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 
@@ -459,3 +460,40 @@ def test_malformed_work_off_the_wire_is_dropped_and_counted_and_the_loop_goes_on
         ing.stop()
         pub.close()
         ctx.term()
+
+
+def test_fetches_start_as_the_pool_has_room_and_held_requests_are_bounded(
+    settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beyond its workers a fetch waits in ``pending``, not in the pool's queue (unbounded,
+    and listed in every heartbeat as held work); past MAX_PENDING a request is dropped and
+    counted. The loop is not started: its steps are called as it calls them."""
+    import ingest.service as service
+
+    release, started = threading.Event(), []
+
+    def fetch(req, *_args) -> None:
+        started.append(req.request_id)
+        release.wait(10)
+
+    monkeypatch.setattr(service, "run_history", fetch)
+    monkeypatch.setattr(service, "MAX_PENDING", 5)
+    ingestor = Ingestor(settings, [SimExchange()], workers=2, warmup_beats=0, metrics=False)
+    try:
+        for i in range(6):
+            ingestor._on_work(
+                rq.DataRequest(request_id=f"r-{i}", kind=rq.HISTORICAL, exchange="SIM")
+            )
+        assert list(ingestor.pending) == [f"r-{i}" for i in range(5)]
+        assert ingestor.metrics.dropped.labels("work_queue")._value.get() == 1
+        ingestor._schedule(time.monotonic())
+        assert len(ingestor.jobs) == 2
+        wait_for(lambda: len(started) == 2, timeout=10)
+        release.set()
+        wait_for(lambda: all(j.future.done() for j in ingestor.jobs.values()), timeout=10)
+        ingestor._reap(time.monotonic())
+        ingestor._schedule(time.monotonic())
+        assert len(ingestor.jobs) == 2 and set(ingestor.jobs).isdisjoint(started)
+    finally:
+        release.set()
+        ingestor.stop(flush_s=0)
