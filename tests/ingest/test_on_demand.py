@@ -319,6 +319,35 @@ def test_exchange_without_live_ingestor_gets_its_error(relay) -> None:
     assert info.value.reason == "NO_INGESTOR" and info.value.error.source == "relay"
 
 
+def test_the_watched_tickers_are_walked_a_few_times_a_second_not_every_pass(relay) -> None:
+    """The walk is over every ticker any subscriber watches: on every pass of the relay's
+    loop (a pass per request, per subscription), 200,000 tickers made each request wait
+    seconds. Counted over a second of subscriptions arriving one by one."""
+    from relay.server import UNSERVED_SCAN_S
+
+    walks, tickers = [0], relay._watched.tickers
+
+    def counted() -> list[str]:
+        walks[0] += 1
+        return tickers()
+
+    relay._watched.tickers = counted
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.connect(relay.settings.connect("market_data"))
+    try:
+        started = time.monotonic()
+        for i in range(200):  # each a pass of the loop
+            sub.subscribe(f"NOBODY{i}:A/B|tick")
+            time.sleep(0.005)
+        elapsed = time.monotonic() - started
+        time.sleep(0.3)
+    finally:
+        sub.close(linger=0)
+        relay._watched.tickers = tickers
+    assert 1 <= walks[0] <= (elapsed + 0.3) / UNSERVED_SCAN_S + 2
+
+
 def test_a_book_subscriber_of_an_exchange_without_live_ingestor_gets_its_error(relay) -> None:
     from journal.service import JournalService
 
