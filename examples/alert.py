@@ -15,7 +15,7 @@ import argparse
 import sys
 from datetime import UTC, datetime
 
-from candlewire import Client, condition
+from candlewire import CandlewireError, Client, condition
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,4 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except CandlewireError as exc:  # the stack down, a ticker refused: one line, no traceback
+        sys.exit(f"error: {exc}")

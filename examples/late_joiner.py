@@ -10,9 +10,10 @@ Needs a running stack (``make up``). ``since=`` also takes a message received ea
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC, datetime, timedelta
 
-from candlewire import Client
+from candlewire import CandlewireError, Client
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,4 +45,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except CandlewireError as exc:  # the stack down, a ticker refused: one line, no traceback
+        sys.exit(f"error: {exc}")

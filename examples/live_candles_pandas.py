@@ -8,10 +8,11 @@ Needs a running stack (``make up``) and pandas. Prices stay ``Decimal``: exact, 
 from __future__ import annotations
 
 import argparse
+import sys
 
 import pandas as pd
 
-from candlewire import Client
+from candlewire import CandlewireError, Client
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,4 +45,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except CandlewireError as exc:  # the stack down, a ticker refused: one line, no traceback
+        sys.exit(f"error: {exc}")

@@ -18,8 +18,9 @@ streams the recorded trades the same way.
 from __future__ import annotations
 
 import argparse
+import sys
 
-from candlewire import Client
+from candlewire import CandlewireError, Client
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,4 +40,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except CandlewireError as exc:  # the stack down, a ticker refused: one line, no traceback
+        sys.exit(f"error: {exc}")

@@ -619,29 +619,3 @@ class Names(dict[int, str]):
     @classmethod
     def of(cls, enum: EnumTypeWrapper) -> Names:
         return cls({v.number: v.name for v in enum.DESCRIPTOR.values})
-
-
-@cache
-def _holds_enums(descriptor: Descriptor) -> bool:
-    """Whether messages of this type hold an enum, themselves or nested."""
-    return any(
-        f.enum_type is not None or (f.message_type is not None and _holds_enums(f.message_type))
-        for f in descriptor.fields
-    )
-
-
-def known_enums(msg: Message) -> bool:
-    """Every enum value in ``msg``, nested ones too, is one its type names: what a table
-    that stores the name, or a rule that branches on it, needs of a received message."""
-    for field, value in msg.ListFields():
-        values = value if field.is_repeated else (value,)
-        if field.enum_type is not None:
-            if any(v not in field.enum_type.values_by_number for v in values):
-                return False
-        elif (
-            field.message_type is not None
-            and _holds_enums(field.message_type)
-            and not all(known_enums(v) for v in values)
-        ):
-            return False
-    return True

@@ -84,6 +84,18 @@ class Tables:
             return False
         return True
 
+    def delete_ohlc(self, keys: Iterable[tuple[str, int, int]]) -> None:
+        """Remove these candles (ticker, period_s, open time in ms) from ``ohlc``: one whose
+        values it can no longer hold (past DECIMAL(38,18)) must not stay there as it was
+        when it still could. Rare, so a plain DELETE of the keys, under the writers' lock."""
+        where = " OR ".join(
+            f"(ticker = {literal(t)} AND period_s = {int(p)} AND open_time = {ts_literal(ms)})"
+            for t, p, ms in sorted(set(keys))
+        )
+        if where:
+            with self._ohlc_lock:
+                commit_sql(self.spark, f"DELETE FROM {self.names['ohlc']} WHERE {where}")
+
     def upsert_ohlc(
         self, rows: pa.Table, view: str, *, append_if_new: bool = False, lap: Laps | None = None
     ) -> None:

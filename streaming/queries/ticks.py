@@ -201,6 +201,9 @@ class TicksQuery(TopicQuery):
             lost = candles.filter(pc.invert(held))
             self.ctx.metrics.unstorable.inc(lost.num_rows)
             log.error("candles left out of ohlc, a value past DECIMAL(38,18): %s", lost.to_pylist())
+            # A candle a commit before stored, as it was then: out of the table too.
+            keys = (lost[c].to_pylist() for c in ("ticker", "period_s", "open_ms"))
+            self.ctx.tables.delete_ohlc(zip(*keys, strict=True))
             columns = {f: pc.filter(a, held) for f, a in columns.items()}
             candles = candles.filter(held)
             if not candles.num_rows:

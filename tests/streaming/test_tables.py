@@ -66,6 +66,27 @@ def test_compaction_leaves_one_file_per_partition_and_every_value(lakehouse, spa
     ]
 
 
+def test_a_candle_deleted_by_key_leaves_its_neighbours(lakehouse, spark) -> None:
+    """What a candle past DECIMAL(38,18) comes to when a commit before stored it: gone from
+    ``ohlc``, and only it (another ticker's at the same time, its own other periods stay)."""
+    tables = Tables(lakehouse, spark)
+    gone, kept = (f"TEST:{k}{uuid.uuid4().hex[:6].upper()}/USDT" for k in "DK")
+    t0 = LATER + 7 * 86_400_000  # a month no other test writes
+    for ticker in (gone, kept):
+        tables.upsert_ohlc(candles(ticker, 2, 1, t0), "cw_test_candles")
+    tables.delete_ohlc([(gone, 60, t0 + 60_000), (gone, 3600, t0)])
+    tables.delete_ohlc([])  # nothing to delete: no statement
+    table = catalog(lakehouse).load_table(f"{NAMESPACE}.ohlc")
+    rows = table.scan(row_filter=f"ticker IN ('{gone}', '{kept}')").to_arrow().to_pylist()
+    left = {(r["ticker"], r["period_s"], int(r["open_time"].timestamp() * 1000)) for r in rows}
+    assert left == {
+        (gone, 60, t0),
+        (kept, 60, t0),
+        (kept, 60, t0 + 60_000),
+        (kept, 3600, t0),
+    }
+
+
 def committer_threads(spark) -> set[int]:
     """Iceberg's partial-progress committer threads alive in the driver, by thread id."""
     threads = spark._jvm.java.lang.Thread.getAllStackTraces().keySet().toArray()
