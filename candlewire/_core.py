@@ -171,8 +171,8 @@ class Run(Generic[T]):
         except StopIteration as end:
             self.result = end.value
             return None
-        except ValueError:
-            if self.cancelled:  # its client is closing it on another thread: the end
+        except ValueError as exc:
+            if self.cancelled and _executing(exc):  # its client's close, on another thread
                 return None
             raise
 
@@ -182,8 +182,8 @@ class Run(Generic[T]):
     def __exit__(self, *exc: object) -> None:
         try:
             self.steps.close()
-        except ValueError:  # its client's close, on another thread, is closing it now
-            if not self.cancelled:
+        except ValueError as exc:  # its client's close, on another thread, is closing it now
+            if not (self.cancelled and _executing(exc)):
                 raise
 
     def cancel(self) -> None:
@@ -204,6 +204,11 @@ class Run(Generic[T]):
         """A reader is inside its emitting generator now (on another thread, or a task)."""
         emitter = self.emitter() if self.emitter is not None else None
         return emitter is not None and _running(emitter)
+
+
+def _executing(exc: ValueError) -> bool:
+    """The error of a generator entered on two threads at once, not one of its own."""
+    return str(exc) == "generator already executing"
 
 
 def _running(emitter: Emitter) -> bool:

@@ -36,6 +36,7 @@ NAMESPACE = "market"  # the Iceberg namespace of every table (candlewire.lake de
 
 # Candle periods the platform aggregates and serves, in seconds.
 PERIODS_S: tuple[int, ...] = (60, 300, 900, 3600, 14400, 86400)
+PERIODS_TEXT = ", ".join(map(str, PERIODS_S))  # as messages and --help list them
 
 
 DEDUP_MARGIN_S = 60.0  # a dedup horizon covers the lateness allowance and this much more

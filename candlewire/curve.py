@@ -197,7 +197,7 @@ class Keyring:
     def has(self, name: str) -> bool:
         return (self.dir / f"{name}.key_secret").exists()
 
-    def export(self, settings: Settings, name: str) -> dict[str, Any]:
+    def export(self, settings: Settings, name: str, bind_host: str | None = None) -> dict[str, Any]:
         """What a client in another language needs to act as ``name`` (see ``candlewire
         keys export --help``): its pair, its role, and for each channel its role may use,
         where to dial (every relay) and the server key to expect there, all z85."""
@@ -220,7 +220,10 @@ class Keyring:
                 "pattern": ENDPOINTS[endpoint].pattern,
             }
             if channel == "events":
-                entry["bind"] = settings.bind(endpoint)  # bind_host: 127.0.0.1 unless set
+                # Where the container listens for gateways: the interface they reach it on,
+                # which only its operator knows; 127.0.0.1 unless given (or set here).
+                host = bind_host or settings.bind_host
+                entry["bind"] = f"tcp://{host}:{settings.port(endpoint)}"
             elif server == "relay":
                 entry["connect"] = settings.relays(endpoint)
             else:

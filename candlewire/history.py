@@ -31,7 +31,7 @@ from candlewire.config import Settings, db_parts
 from candlewire.errors import CatalogUnavailable
 from candlewire.lake import load_table
 from candlewire.times import TimeLike, to_ms
-from candlewire.topics import book_type, check_market_data, ohlc_type
+from candlewire.topics import book_type, check_market_data, check_period, ohlc_type
 
 COLUMNS = (
     "ticker",
@@ -129,11 +129,11 @@ def read_stored(
     that cannot be read, are errors that say so, before or instead of a driver's traceback."""
     if period == book_type():
         check_market_data(ticker, book_type())
-        with _catalog(settings):
+        with _catalog(settings, "book_snapshots"):
             return read_book(settings, ticker, _required(at, "at"))
-    check_market_data(ticker, ohlc_type(int(period)))
+    check_market_data(ticker, ohlc_type(check_period(int(period))))
     start, end = _required(start, "start"), _required(end, "end")
-    with _catalog(settings):
+    with _catalog(settings, "ohlc"):
         return read_history(settings, ticker, int(period), start, end, decimals)
 
 
@@ -144,21 +144,21 @@ def _required(value: TimeLike | None, name: str) -> TimeLike:
 
 
 @contextmanager
-def _catalog(settings: Settings) -> Iterator[None]:
+def _catalog(settings: Settings, table: str) -> Iterator[None]:
     """The catalog's failures as a user reads them: where it was looked for, and what to do."""
     where = db_parts(settings.catalog_db())[0]
     try:
         yield
     except sqlalchemy.exc.OperationalError as exc:
-        why = str(exc.orig or exc).strip().splitlines()[0]
+        why = (str(exc.orig or exc).strip().splitlines() or [type(exc).__name__])[0]
         raise CatalogUnavailable(
             f"the Iceberg catalog at {where} cannot be read ({why}): is the stack up? "
             "(`candlewire status`)"
         ) from exc
     except NoSuchTableError as exc:
         raise CatalogUnavailable(
-            f"the Iceberg catalog at {where} has no {exc}: the stream job creates its tables "
-            "when it first starts (`make up`)"
+            f"the Iceberg catalog at {where} has no table {table} yet: the stream job creates "
+            "its tables when it first starts (`make up`)"
         ) from exc
 
 

@@ -8,6 +8,7 @@ second ingestor, relay or gateway starts beside ``make up`` as it is.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -16,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from socketserver import StreamRequestHandler
 from types import FrameType
 
 import zmq
@@ -135,12 +137,25 @@ class MetricsServer:
         self.port: int = self._server.server_address[1]
         # A connection that sends nothing is closed after METRICS_IDLE_S: each holds a
         # thread of prometheus_client's server until it ends, and a scraper's never idles.
-        handler = self._server.RequestHandlerClass
-        self._server.RequestHandlerClass = type("Timed", (handler,), {"timeout": METRICS_IDLE_S})
+        self._server.RequestHandlerClass = _idle_closing(self._server.RequestHandlerClass)
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def _idle_closing(handler: type[StreamRequestHandler]) -> type[StreamRequestHandler]:
+    """``handler`` with a timeout on its connection's reads, and the timeout closing it
+    quietly (socketserver printed a traceback for each)."""
+
+    class Idle(handler):  # type: ignore[valid-type, misc]
+        timeout = METRICS_IDLE_S
+
+        def handle(self) -> None:
+            with contextlib.suppress(TimeoutError):
+                super().handle()
+
+    return Idle
 
 
 def run_until_signal(

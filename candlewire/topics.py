@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from candlewire.config import PERIODS_S
+from candlewire.config import PERIODS_S, PERIODS_TEXT
 from candlewire.errors import CandlewireError
 
 METADATA_UPDATE = "METADATA_UPDATE"
@@ -103,13 +103,20 @@ def data_types() -> frozenset[str]:
     return frozenset({tick_type(), book_type(), *(ohlc_type(p) for p in PERIODS_S)})
 
 
+def check_period(period_s: int) -> int:
+    """A candle period, in seconds; a TopicError names the periods there are."""
+    if period_s not in PERIODS_S:
+        raise TopicError(f"period {period_s} is not one of {PERIODS_TEXT} (seconds)")
+    return period_s
+
+
 def check_market_data(ticker: str, data_type: str) -> str:
     """The topic of a ticker's live data of one type; a TopicError says why there is none
     (a subscription to it would wait for ever)."""
     if data_type not in data_types():
-        periods = ", ".join(map(str, PERIODS_S))
         raise TopicError(
-            f"data type {data_type!r} is not tick, book or ohlc:PERIOD (PERIOD one of {periods})"
+            f"data type {data_type!r} is not tick, book or ohlc:PERIOD (PERIOD one of "
+            f"{PERIODS_TEXT})"
         )
     parse_ticker(ticker)
     return market_data_topic(ticker, data_type)

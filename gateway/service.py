@@ -87,6 +87,7 @@ INFORMATIONAL_BATCH = 256  # informational events taken from the SUB in one loop
 MARKET_BATCH = 256  # candles and notices taken from the market-data SUB in one loop turn
 SEED_CANDLES = 90  # what the page draws
 SEED_READS = 2  # charts' seeds read from Iceberg at once, whatever the sessions
+SEED_WAIT_S = 30.0  # a seed waits this long for a read's slot; live updates flow meanwhile
 DEPTH_LEVELS = 10  # a side, in the page's depth panel
 DEPTH_EVERY_S = 0.25  # the panel is redrawn at most this often
 
@@ -537,7 +538,13 @@ class Gateway:
 
         topic, now = session.chart, int(time.time() * 1000)
         start = now - period * 1000 * SEED_CANDLES
-        await self._seed_slots.acquire()  # cancelled here (a newer chart): nothing was read
+        try:  # cancelled here (a newer chart): nothing was read
+            await asyncio.wait_for(self._seed_slots.acquire(), SEED_WAIT_S)
+        except TimeoutError:  # reads that do not end (the catalog or storage away)
+            log.warning(
+                "no history to seed a chart of %s: %d reads still running", ticker, SEED_READS
+            )
+            return
         # A thread's read runs to its end even once this task is cancelled: its slot is
         # given back when the read ends, so SEED_READS bounds the threads, not the tasks.
         reading = asyncio.ensure_future(

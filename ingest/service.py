@@ -50,12 +50,7 @@ from proto import requests_pb2 as rq
 from proto.envelope import EnvelopeError, Names, decode_sub, encode, encode_topic
 
 log = logging.getLogger("candlewire.ingest")
-# Requests held for this ingestor's exchanges, whoever takes them: past it one is dropped.
-MAX_PENDING = 10_000
-REQUEST_KINDS = Names.of(rq.DataRequestKind)  # a newer client's kind, counted by number
-
-
-KNOWN_KINDS = frozenset(rq.DataRequestKind.values())  # what this build can name
+REQUEST_KINDS = Names.of(rq.DataRequestKind)  # the kinds this build can name
 STREAM_END_S = 2.0  # at stop: how long a live job may take to send its last trades
 
 
@@ -261,7 +256,7 @@ class Ingestor:
         if (
             not isinstance(msg, rq.DataRequest)
             or msg.exchange not in self.exchanges
-            or msg.kind not in KNOWN_KINDS  # proto3 keeps a newer sender's kind as a number
+            or msg.kind not in REQUEST_KINDS  # proto3 keeps a newer sender's kind as a number
         ):
             self.metrics.dropped.labels("work_queue").inc()
             return
@@ -276,15 +271,8 @@ class Ingestor:
             except TopicError:
                 self.metrics.dropped.labels("work_queue").inc()
                 return
-            if msg.request_id in self.views[msg.exchange].done:
-                return
-            if len(self.pending) >= MAX_PENDING and msg.request_id not in self.pending:
-                self.metrics.dropped.labels("work_queue").inc()  # the requester times out
-                log.warning(
-                    "%s: %d requests held; %s dropped", self.id, MAX_PENDING, msg.request_id
-                )
-                return
-            self.pending[msg.request_id] = msg
+            if msg.request_id not in self.views[msg.exchange].done:
+                self.pending[msg.request_id] = msg
 
     def _on_control(self, msg: object) -> None:
         if isinstance(msg, rq.IngestorControl) and msg.action == rq.CANCEL_REALTIME:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from candlewire.config import (
-    PERIODS_S,
+    PERIODS_TEXT,
     POSTGRES_PASSWORD,
     PortTaken,
     Settings,
@@ -136,7 +136,6 @@ def faults_arg(text: str) -> str:
 WATCH_SILENCE_S = 15.0
 # What history and chart say when Iceberg holds no candles of the range.
 NOTHING_STORED = "Iceberg holds no candles of that ticker, period and range"
-PERIODS = ", ".join(map(str, PERIODS_S))  # the candle periods, as --help lists them
 
 
 def time_arg(text: str) -> int:
@@ -269,9 +268,9 @@ def _watch(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.type == book_type():
         return _watch_book(args, settings)
-    silence = _silence_notice(settings)
     with Client(settings) as client:
         sub = client.subscribe(args.ticker, args.type, since=args.since)
+        silence = _silence_notice(settings)  # after: a refused ticker has nothing to wait on
         try:
             for i, (item, repaired) in enumerate(marked(sub), start=1):
                 silence.cancel()
@@ -305,9 +304,9 @@ def _watch_book(args: argparse.Namespace, settings: Settings) -> int:
         from rich.live import Live
 
         live = Live(refresh_per_second=10, auto_refresh=True)
-    silence = _silence_notice(settings)
     with Client(settings) as client:
         sub = client.subscribe(args.ticker, "book", since=args.since, depth=args.depth)
+        silence = _silence_notice(settings)
         try:
             if live is not None:
                 live.start()
@@ -439,8 +438,12 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
             table.columns[4].footer = f"{total.rss:,.0f}"
             table.columns[5].footer = f"{total.pss:,.0f}"
             console.print(table)
-            stopped = {name for name, _, pid, health in rows if health == "stopped"}
-            if stopped >= {s.name for s in stack.services if not isinstance(s, CatalogService)}:
+            # What runs here: with the stack's parts on another host (``host``), nothing
+            # here says whether they run, so they are asked as before.
+            here = settings.host in ("127.0.0.1", "localhost")
+            stopped = {n for n, _, _, health in rows if health == "stopped"} if here else set()
+            parts = {s.name for s in stack.services if not isinstance(s, CatalogService)}
+            if here and stopped >= parts:
                 console.print(
                     f"nothing of the stack runs from {settings.state_dir.resolve()}: `make up` "
                     "starts it"
@@ -455,7 +458,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
                     live.add_row(exchange, ", ".join(f"{i} {s}" for i, s in sorted(peers.items())))
                 console.print(live if ingestors else "no live ingestor heard")
             _print_iceberg_behind(settings, console)
-            if "kafka" not in stopped:
+            if any(n.startswith("kafka") and n not in stopped for n in parts):  # any broker
                 _print_gaps(settings, console)
             # Whether auth is on, never the secret itself.
             login = "password (scram-sha-256)" if settings.secret(POSTGRES_PASSWORD) else "none"
@@ -520,7 +523,7 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
         print(f"{args.name} ({args.role}{', user ' + args.user if args.user else ''}): {path}")
     elif args.keys_command == "export":
         try:
-            export = ring.export(settings, args.name)
+            export = ring.export(settings, args.name, args.bind_host)
         except (ValueError, MissingKey) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -618,7 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     hist = sub.add_parser("history", help="print or save candles from Iceberg")
     hist.add_argument("ticker")
     hist.add_argument(
-        "--period", type=int, default=60, help=f"seconds, one of {PERIODS} (default 60)"
+        "--period", type=int, default=60, help=f"seconds, one of {PERIODS_TEXT} (default 60)"
     )
     hist.add_argument(
         "--start", required=True, type=time_arg, help="ISO time or epoch ms, UTC if no zone"
@@ -640,7 +643,7 @@ def build_parser() -> argparse.ArgumentParser:
     chart = sub.add_parser("chart", help="write an HTML chart of candles from Iceberg")
     chart.add_argument("ticker")
     chart.add_argument(
-        "--period", type=int, default=3600, help=f"seconds, one of {PERIODS} (default 3600)"
+        "--period", type=int, default=3600, help=f"seconds, one of {PERIODS_TEXT} (default 3600)"
     )
     chart.add_argument("--start", required=True, type=time_arg, help="ISO time or epoch ms")
     chart.add_argument("--end", required=True, type=time_arg, help="ISO time or epoch ms")
@@ -715,6 +718,11 @@ def build_parser() -> argparse.ArgumentParser:
         "server and server_key (z85: set it as the socket's CURVE server key), and pattern.",
     )
     export.add_argument("name", help="a key made by `keys add-client` (or `keys init`)")
+    export.add_argument(
+        "--bind-host",
+        help="a container's: the interface its events socket listens on for gateways, "
+        "e.g. its own address (default: bind_host, 127.0.0.1)",
+    )
     export.add_argument(
         "--output", help="the file (default: candlewire-NAME.json; - for standard output)"
     )

@@ -29,7 +29,8 @@ from candlewire.lake import OHLC_SCHEMA
 from candlewire.market import cast_decimals
 from candlewire.topics import valid
 from proto import book_pb2, envelope_pb2, market_pb2
-from proto.envelope import EnvelopeError, from_record
+from proto.envelope import EnvelopeError, Names, from_record
+from streaming.progress import INT32_MAX
 
 # ``idle`` rows are FeedIdle marks (a quiet feed's clock, in ``exchange_time_ns``): neither
 # a valid tick nor a bad record.
@@ -65,11 +66,9 @@ OHLC_ROWS = pa.schema(
     for f in OHLC_SCHEMA.as_arrow()
 )
 DECIMAL = OHLC_ROWS.field("open").type  # the tables' DECIMAL(38,18)
-INT32_MAX = 2**31 - 1  # PostgreSQL's integer: the ledgers' page counts and snapshot sizes
 MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: the last time Python holds
-# The numbers this build names, which the tables store as names: a newer ingestor's is not.
-SNAPSHOT_REASONS = frozenset(book_pb2.SnapshotReason.values())
-MARKET_STATUSES = frozenset(market_pb2.MarketStatus.values())
+# The reasons this build names, which the book table stores as names: a newer ingestor's is not.
+SNAPSHOT_REASONS = Names.of(book_pb2.SnapshotReason)
 _SCALE = Decimal(1).scaleb(-DECIMAL.scale)
 _DECIMAL_CONTEXT = Context(prec=DECIMAL.precision)
 
@@ -169,24 +168,23 @@ def decode_records(
     return out, bad
 
 
-def _text(*values: str) -> bool:
-    """Texts PostgreSQL holds: no NUL character."""
-    return not any("\x00" in v for v in values)
+def _text(text: str) -> str:
+    """A text PostgreSQL holds: a NUL, which it refuses, as U+FFFD."""
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
 
 
-def storable_page(b: market_pb2.OHLCBatch) -> bool:
-    """A history page the request ledger holds: its numbers within PostgreSQL's integer,
-    its texts without NUL. (Its candles are judged one by one: :func:`storable_candle`.)"""
-    return (
-        b.page <= INT32_MAX
-        and b.metadata.expected_pages <= INT32_MAX
-        and _text(b.request_id, b.error, b.metadata.request_id)
-    )
-
-
-def storable_candle(c: market_pb2.OHLC) -> bool:
-    """A candle ``ohlc`` holds: a ticker, one of the periods, an open time the table holds."""
-    return c.period_s in PERIODS_S and 0 <= c.open_time_ms <= MAX_TIME_MS and valid(c.ticker)
+def ledger_page(b: market_pb2.OHLCBatch) -> market_pb2.OHLCBatch:
+    """A history page as the request ledger can record it, so its request is still answered:
+    NULs in its texts replaced, and a page number or count past PostgreSQL's integer made
+    the request's error (the page is nothing a reader could find)."""
+    if b.page > INT32_MAX or b.metadata.expected_pages > INT32_MAX:
+        return market_pb2.OHLCBatch(
+            request_id=_text(b.request_id), error="a page number past 2**31 - 1"
+        )
+    if "\x00" in b.request_id + b.error + b.metadata.request_id:
+        b.request_id, b.error = _text(b.request_id), _text(b.error)
+        b.metadata.request_id = _text(b.metadata.request_id)
+    return b
 
 
 def storable_book(m: book_pb2.BookDelta | book_pb2.BookSnapshot) -> bool:
@@ -198,18 +196,14 @@ def storable_book(m: book_pb2.BookDelta | book_pb2.BookSnapshot) -> bool:
     )
 
 
-def storable_market(m: market_pb2.Market) -> bool:
-    """A market ``symbol_metadata`` and the staging table hold: a ticker, decimals as the
-    wire spells them (or none), texts without NUL, a snapshot size within an integer."""
-    return (
-        valid(m.ticker)
-        and m.snapshot_size <= INT32_MAX
-        and _text(m.exchange, m.base, m.quote, m.exchange_symbol, m.request_id)
-        and all(
-            not d or DECIMAL_TEXT.fullmatch(d) for d in (m.tick_size, m.lot_size, m.min_notional)
-        )
-        and m.status in MARKET_STATUSES
-    )
+def staged_market(m: market_pb2.Market) -> market_pb2.Market:
+    """A market as the staging table holds it: every market counts toward its snapshot's
+    size, so none is dropped (one was, and the exchange's refresh never completed again).
+    Its key's NULs replaced; the rest is made storable as it becomes a row
+    (:func:`streaming.queries.metadata.market_row`)."""
+    if "\x00" in m.request_id + m.ticker:
+        m.request_id, m.ticker = _text(m.request_id), _text(m.ticker)
+    return m
 
 
 def ohlc_rows(columns: dict[str, list | pa.Array], source: str) -> pa.Table:
@@ -245,31 +239,48 @@ def candle_key(c: market_pb2.OHLC) -> CandleKey:
 
 def candles_table(candles: list[market_pb2.OHLC], source: str) -> tuple[pa.Table, set[CandleKey]]:
     """OHLC messages as ``ohlc`` rows, decimals cast by Arrow (vectorised). Returns the table
-    and the keys of the rows left out, for a malformed decimal or as not
-    :func:`storable_candle`, so they are not counted as delivered."""
-    unstorable = {candle_key(c) for c in candles if not storable_candle(c)}
-    if unstorable:
-        candles = [c for c in candles if candle_key(c) not in unstorable]
+    and the keys of the rows left out, for a malformed decimal or a key the table cannot
+    hold (:func:`storable_keys`), so they are not counted as delivered."""
+    keys = {f: [getattr(c, f) for c in candles] for f in ("ticker", "period_s", "open_time_ms")}
+    unstorable: set[CandleKey] = set()
+    storable = storable_keys(keys["ticker"], keys["period_s"], keys["open_time_ms"])
+    if storable is not None:  # rare: judged again by the row, the others' keys noted
+        unstorable = {candle_key(c) for c, ok in zip(candles, storable, strict=True) if not ok}
+        candles = [c for c, ok in zip(candles, storable, strict=True) if ok]
+        keys = {f: [v for v, ok in zip(vs, storable, strict=True) if ok] for f, vs in keys.items()}
     prices = {
         f: decimal_column([getattr(c, f) for c in candles])
         for f in ("open", "high", "low", "close", "volume")
     }
     table = ohlc_rows(
         {
-            "ticker": [c.ticker for c in candles],
-            "period_s": [c.period_s for c in candles],
-            "open_time_ms": [c.open_time_ms for c in candles],
+            **keys,
             **prices,
             "trade_count": [c.trade_count for c in candles],
             "closed": [c.closed for c in candles],
         },
         source,
     )
-    valid = held_rows(prices.values())
-    if valid is None:
+    held = held_rows(prices.values())
+    if held is None:
         return table, unstorable
-    dropped = {candle_key(c) for c, ok in zip(candles, valid.to_pylist(), strict=True) if not ok}
-    return table.filter(valid), dropped | unstorable
+    dropped = {candle_key(c) for c, ok in zip(candles, held.to_pylist(), strict=True) if not ok}
+    return table.filter(held), dropped | unstorable
+
+
+def storable_keys(tickers: list[str], periods: list[int], times_ms: list[int]) -> list[bool] | None:
+    """Which candles' keys ``ohlc`` holds (a ticker, one of the periods, an open time up to
+    year 9999: one past it failed the page's cast, and the job at every restart); None when
+    all do. By column, each distinct ticker judged once."""
+    names = pa.array(tickers, pa.string())
+    times = pa.array(times_ms, pa.int64())
+    ok = pc.and_(
+        pc.is_in(pa.array(periods, pa.int64()), value_set=pa.array(PERIODS_S, pa.int64())),
+        pc.and_(pc.greater_equal(times, 0), pc.less_equal(times, MAX_TIME_MS)),
+    )
+    known = [t for t in pc.unique(names).to_pylist() if valid(t)]
+    ok = pc.and_(ok, pc.is_in(names, value_set=pa.array(known, pa.string())))
+    return None if pc.all(ok).as_py() is not False else ok.to_pylist()
 
 
 def kept_count(candles: Sequence[market_pb2.OHLC], dropped: set[CandleKey]) -> int:

@@ -20,6 +20,8 @@ import sqlalchemy as sa
 from candlewire.config import Settings
 from proto import market_pb2
 
+INT32_MAX = 2**31 - 1  # PostgreSQL's integer: the ledgers' page counts and snapshot sizes
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cw_history_requests (
     request_id text PRIMARY KEY,
@@ -223,7 +225,7 @@ class Progress:
                         "r": m.request_id,
                         "t": m.ticker,
                         "b": m.SerializeToString(),
-                        "n": max(m.snapshot_size, 1),
+                        "n": min(max(m.snapshot_size, 1), INT32_MAX),  # a column's integer
                     },
                 )
             ids = list({m.request_id for m in markets})

@@ -24,7 +24,7 @@ from streaming.decode import (
     candles_table,
     decode_records,
     kept_count,
-    storable_page,
+    ledger_page,
 )
 from streaming.metrics import Laps
 from streaming.progress import Completed
@@ -42,7 +42,8 @@ class HistoryQuery(TopicQuery):
         metrics = self.ctx.metrics
         lap = Laps()
         values = [r.value for r in df.select("value").collect()]
-        batches, bad = decode_records(values, market_pb2.OHLCBatch, storable_page)
+        decoded, bad = decode_records(values, market_pb2.OHLCBatch)
+        batches = [ledger_page(b) for b in decoded]
         lap("decode")
         metrics.bad.labels(OHLC_BATCHES.name).inc(bad)
         # One row per key; a page the ingestor sent twice is in the batch twice.

@@ -15,16 +15,19 @@ from pyiceberg.types import DecimalType
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
+from candlewire.amounts import DECIMAL_TEXT
 from candlewire.kafka import SYMBOL_METADATA
 from candlewire.lake import SYMBOL_METADATA_SCHEMA
 from candlewire.spark import commit_sql
 from candlewire.topics import metadata_update_topic
 from proto import market_pb2
-from streaming.decode import decode_records, storable_market
+from proto.envelope import Names
+from streaming.decode import decode_records, staged_market
 from streaming.queries import TopicQuery
 from streaming.sql import literal, staged_columns, staging_ddl
 
 STAMP = "update_time"  # set at the commit, not staged
+STATUSES = Names.of(market_pb2.MarketStatus)
 DECIMALS = {f.name for f in SYMBOL_METADATA_SCHEMA.fields if isinstance(f.field_type, DecimalType)}
 IDENTITY = ("ticker", "exchange")
 
@@ -35,7 +38,8 @@ class MetadataQuery(TopicQuery):
 
     def batch(self, df: DataFrame, batch_id: int) -> None:
         values = [r.value for r in df.select("value").collect()]
-        markets, bad = decode_records(values, market_pb2.Market, storable_market)
+        decoded, bad = decode_records(values, market_pb2.Market)
+        markets = [staged_market(m) for m in decoded]
         self.ctx.metrics.bad.labels(SYMBOL_METADATA.name).inc(bad)
         for request_id, snapshot in self.ctx.progress.stage_markets(markets).items():
             self._commit(request_id, snapshot)
@@ -87,16 +91,22 @@ class MetadataQuery(TopicQuery):
 
 
 def market_row(m: market_pb2.Market) -> dict:
-    """A Market record as a staged row (decimals as strings, empty ones null)."""
+    """A Market record as a staged row: decimals as strings, empty ones null, and so is one
+    that is no decimal (the venue's listing is kept, its bad field left out); a status
+    this build does not name as its number."""
     return {
         "ticker": m.ticker,
         "exchange": m.exchange,
         "base": m.base,
         "quote": m.quote,
         "exchange_symbol": m.exchange_symbol,
-        **{name: getattr(m, name) or None for name in sorted(DECIMALS)},
-        "status": market_pb2.MarketStatus.Name(m.status),
+        **{name: _decimal(getattr(m, name)) for name in sorted(DECIMALS)},
+        "status": STATUSES[m.status],
     }
+
+
+def _decimal(text: str) -> str | None:
+    return text if text and DECIMAL_TEXT.fullmatch(text) else None
 
 
 def delisted(row: Row) -> dict:

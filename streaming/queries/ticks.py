@@ -41,6 +41,7 @@ log = logging.getLogger("candlewire.stream")
 JUDGE_JOB = "candlewire: judge the ticks of batch"
 # The kinds of the stateful plan's rows (Commit.java's TICK, CANDLE, FEED).
 TICK, CANDLE, FEED = 0, 1, 2
+UNSTORABLE_KEPT = 10_000
 # The ticks write must read the judged rows once: the table's range distribution would run
 # the stateful plan a second time to sample it. Nor are they sorted (the sort was 12 % of the
 # committing query's CPU): each task's rows come out of the stateful plan grouped by feed,
@@ -92,6 +93,8 @@ class TicksQuery(TopicQuery):
         # The tickers and earliest window of the candle MERGEs since the last compaction.
         self.compact_s = ctx.settings.stream_ohlc_compact_s
         self.merged: set[str] = set()
+        # The candles past DECIMAL(38,18) deleted from ``ohlc`` (ticker, period_s, open ms).
+        self.unstorable: set[tuple[str, int, int]] = set()
         self.merged_since_ms: int | None = None
         self.compacted = time.monotonic()
 
@@ -201,9 +204,14 @@ class TicksQuery(TopicQuery):
             lost = candles.filter(pc.invert(held))
             self.ctx.metrics.unstorable.inc(lost.num_rows)
             log.error("candles left out of ohlc, a value past DECIMAL(38,18): %s", lost.to_pylist())
-            # A candle a commit before stored, as it was then: out of the table too.
+            # A candle a commit before stored, as it was then: out of the table too, once
+            # (a forming day's candle is changed, and left out, every batch of its day).
             keys = (lost[c].to_pylist() for c in ("ticker", "period_s", "open_ms"))
-            self.ctx.tables.delete_ohlc(zip(*keys, strict=True))
+            gone = set(zip(*keys, strict=True)) - self.unstorable
+            self.ctx.tables.delete_ohlc(gone)
+            if len(self.unstorable) > UNSTORABLE_KEPT:
+                self.unstorable.clear()  # at worst a key is deleted once more
+            self.unstorable |= gone
             columns = {f: pc.filter(a, held) for f, a in columns.items()}
             candles = candles.filter(held)
             if not candles.num_rows:

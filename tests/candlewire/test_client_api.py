@@ -70,7 +70,10 @@ def test_a_subscription_to_what_names_no_data_is_refused_at_once(
 
 @pytest.mark.parametrize(
     ("ticker", "period", "says"),
-    [("BTCUSDT", 60, "is not EXCHANGE:BASE/QUOTE"), ("BINANCE:BTC/USDT", 61, "'ohlc:61'")],
+    [
+        ("BTCUSDT", 60, "is not EXCHANGE:BASE/QUOTE"),
+        ("BINANCE:BTC/USDT", 61, "period 61 is not one of"),
+    ],
 )
 def test_a_history_read_of_what_names_no_data_is_refused_before_the_catalog(
     settings: Settings, ticker: str, period: int, says: str

@@ -105,7 +105,7 @@ def test_a_settings_file_that_is_not_toml_is_named(
                 "--end",
                 "2024-01-02",
             ],
-            "data type 'ohlc:61'",
+            "period 61 is not one of",
         ),
     ],
 )
@@ -116,10 +116,13 @@ def test_what_names_no_data_is_one_line_at_once(
     argv: list[str],
     says: str,
 ) -> None:
-    """Not a wait for ever (``watch``), nor the catalog's traceback (``history``)."""
+    """Not a wait for ever (``watch``), nor the catalog's traceback (``history``); nor
+    ``watch``'s notice of silence, later, for a subscription that never began."""
     for name, value in free_settings(tmp_path).to_env().items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setattr(cli, "WATCH_SILENCE_S", 0.1)
     assert cli.main(argv) == 1
+    time.sleep(0.3)
     err = capsys.readouterr().err
     assert err.startswith("error: ") and says in err and err.count("\n") == 1
 

@@ -89,10 +89,10 @@ def test_a_metrics_port_floats_unless_it_was_set(tmp_path, monkeypatch, caplog) 
 
 
 def test_a_metrics_connection_that_sends_nothing_is_closed_and_scrapes_go_on(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Each open connection holds a server thread: half a request line must not hold one
-    for ever (300 such connections held 300 threads)."""
+    for ever (300 such connections held 300 threads), nor print a traceback as it goes."""
     monkeypatch.setattr(runtime, "METRICS_IDLE_S", 0.5)
     server = MetricsServer(registry(), settings, "ingest_metrics")
     try:
@@ -103,6 +103,7 @@ def test_a_metrics_connection_that_sends_nothing_is_closed_and_scrapes_go_on(
         assert b"candlewire_test_up 1.0" in http_get(f"http://127.0.0.1:{server.port}/metrics")
     finally:
         server.close()
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_a_second_ingestor_beside_the_stack_takes_a_free_metrics_port(

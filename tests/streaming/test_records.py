@@ -1,7 +1,8 @@
 """The driver's records from Kafka that pass the envelope but not the tables or the ledger:
-each is dropped and counted, and the records beside it go on. One such record stopped the
-stream job at every restart (the checkpoint read it again), and one refused trigger cost
-its batch's every firing."""
+one such record stopped the stream job at every restart (the checkpoint read it again), and
+one refused trigger cost its batch's every firing. A book record or candle is dropped and
+counted; a history page or market, which its request or snapshot counts, is made storable
+instead, so the request is still answered and the snapshot completes."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from streaming.decode import (
     candle_key,
     candles_table,
     decode_records,
+    ledger_page,
+    staged_market,
     storable_book,
-    storable_market,
-    storable_page,
 )
 from streaming.firings import parse_firings
+from streaming.queries.metadata import market_row
 
 TICKER = "SIM:BTC/USDT"
 
@@ -44,38 +46,51 @@ def test_a_firing_whose_trigger_is_refused_costs_only_itself() -> None:
     assert "client_id" in refused[0][1]
 
 
-UNSTORABLE = [
-    ("a page number past PostgreSQL's integer", market_pb2.OHLCBatch(page=2**31)),
-    (
-        "an expected page count past it",
-        market_pb2.OHLCBatch(metadata=market_pb2.HistoryRequestMetadata(expected_pages=2**32 - 1)),
-    ),
-    ("a NUL in the error", market_pb2.OHLCBatch(request_id="r", error="lost\x00")),
-    ("a NUL in the request id", market_pb2.OHLCBatch(request_id="r\x00")),
-    ("a status no release names", market_pb2.Market(ticker=TICKER, status=42)),
-    ("a tick size that is no decimal", market_pb2.Market(ticker=TICKER, tick_size="0,01")),
-    ("a snapshot size past an integer", market_pb2.Market(ticker=TICKER, snapshot_size=2**31)),
-    ("a market that is no ticker", market_pb2.Market(ticker="BTCUSDT")),
+UNSTORABLE_BOOKS = [
     ("a snapshot reason no release names", book_pb2.BookSnapshot(ticker=TICKER, reason=42)),
     ("a book record that is no ticker", book_pb2.BookDelta(ticker="nope")),
 ]
-STORABLE = {
-    market_pb2.OHLCBatch: (storable_page, market_pb2.OHLCBatch(request_id="r", page=3)),
-    market_pb2.Market: (
-        storable_market,
-        market_pb2.Market(ticker=TICKER, tick_size="1e-8", status=market_pb2.TRADING),
-    ),
-    book_pb2.BookSnapshot: (storable_book, book_pb2.BookSnapshot(ticker=TICKER, reason=1)),
-    book_pb2.BookDelta: (storable_book, book_pb2.BookDelta(ticker=TICKER, exchange_time_ns=1)),
-}
 
 
-@pytest.mark.parametrize(("why", "bad"), UNSTORABLE, ids=[why for why, _ in UNSTORABLE])
-def test_a_record_the_tables_cannot_hold_is_dropped_and_counted(why: str, bad) -> None:
-    storable, good = STORABLE[type(bad)]
+@pytest.mark.parametrize(("why", "bad"), UNSTORABLE_BOOKS, ids=[w for w, _ in UNSTORABLE_BOOKS])
+def test_a_book_record_the_tables_cannot_hold_is_dropped_and_counted(why: str, bad) -> None:
+    good = type(bad)(ticker=TICKER, exchange_time_ns=1)
     records = [to_record(good), to_record(bad), to_record(good)]
-    kept, dropped = decode_records(records, type(bad), storable)
+    kept, dropped = decode_records(
+        records, book_pb2.BookDelta | book_pb2.BookSnapshot, storable_book
+    )
     assert kept == [good, good] and dropped == 1, why
+
+
+def test_a_history_page_the_ledger_cannot_hold_still_answers_its_request() -> None:
+    """Dropped, a page left its request waiting for ever: its texts' NULs are replaced, and a
+    page number past PostgreSQL's integer becomes the request's error."""
+    page = market_pb2.OHLCBatch(request_id="r-1", page=3, rows=[candle()])
+    assert ledger_page(page) is page and page.page == 3 and len(page.rows) == 1
+    lost = ledger_page(market_pb2.OHLCBatch(request_id="r-1", page=2**31, rows=[candle()]))
+    assert lost.request_id == "r-1" and not lost.rows and "2**31" in lost.error
+    counted = market_pb2.OHLCBatch(
+        request_id="r-1", metadata=market_pb2.HistoryRequestMetadata(expected_pages=2**32 - 1)
+    )
+    assert ledger_page(counted).error
+    failed = ledger_page(market_pb2.OHLCBatch(request_id="r\x002", error="lost\x00"))
+    assert (failed.request_id, failed.error) == ("r\ufffd2", "lost\ufffd")
+
+
+def test_a_market_the_table_cannot_hold_is_kept_toward_its_snapshot() -> None:
+    """A snapshot completes when all its markets are staged, so none is dropped (one was,
+    and the exchange's refresh never completed again): a bad field becomes null, a status
+    this build does not name its number, a NUL in the staging key U+FFFD. Tickers the
+    client refuses (not upper case) are listings like any other."""
+    odd = market_pb2.Market(
+        ticker="OKX:USDe/USDT\x00", request_id="m-1", tick_size="0,01", lot_size="1e-8", status=42
+    )
+    staged = staged_market(odd)
+    assert (staged.ticker, staged.request_id) == ("OKX:USDe/USDT\ufffd", "m-1")
+    row = market_row(staged)
+    assert (row["tick_size"], row["lot_size"], row["status"]) == (None, "1e-8", "42")
+    listed = market_row(market_pb2.Market(ticker="OKX:USDe/USDT", status=market_pb2.TRADING))
+    assert (row["ticker"][:13], listed["status"]) == ("OKX:USDe/USDT", "TRADING")
 
 
 def test_candles_the_table_cannot_hold_are_left_out_and_named() -> None:
