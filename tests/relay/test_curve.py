@@ -157,6 +157,25 @@ def test_only_ingestors_steer_ingestors(settings, relay) -> None:
     assert relay_call(settings, cancel, key="ingest").status == rq.SUBMIT_OK
 
 
+def test_a_key_held_to_a_user_registers_triggers_for_that_user_alone(settings, relay) -> None:
+    """Its alerts would reach another user's Telegram or e-mail. A key without a user (the
+    operator's, ``local``) addresses any, as the tutorial's ``trigger add --user alice``."""
+    from candlewire.triggers import add_request, condition
+
+    Keyring(settings).add_client("dave-key", "client", user="dave")
+    cross = condition("price_cross", level="1", direction="up")
+
+    def reason(key: str, client_id: str, user_id: str) -> int:
+        req = add_request(client_id, "t-1", "BINANCE:BTC/USDT", cross, user_id=user_id)
+        return relay_call(settings, req, key=key).reason
+
+    assert reason("dave-key", "dave-key.c", "erin") == rq.FORBIDDEN
+    # Past the policy, refused only as nothing evaluates triggers here.
+    assert reason("dave-key", "dave-key.c", "dave") == rq.NO_TRIGGER_DESK
+    assert reason("dave-key", "dave-key.c", "") == rq.NO_TRIGGER_DESK
+    assert reason("local", "local.c", "erin") == rq.NO_TRIGGER_DESK
+
+
 def test_an_ingestor_key_publishes_heartbeats_only(ctx, settings, relay) -> None:
     sub = dial(ctx.socket(zmq.SUB), settings, "relay", "gateway")
     sub.subscribe(b"")
