@@ -321,6 +321,9 @@ class Settings(BaseSettings):
     ignore again) at most this much of the ticks topic."""
     cep_max_triggers_per_owner: int = Field(default=1_000, ge=1)
     """CEP triggers one owner (a user, or a client without one) may have registered."""
+    cep_max_triggers: int = Field(default=100_000, ge=1)
+    """CEP triggers registered in all: a client names its owners (its client ids), so the
+    per-owner limit alone does not bound the registry, which the job holds in memory."""
     stream_live_trigger_s: float = 0.1
     """Micro-batch interval of the live query when it runs as micro-batches."""
     stream_watermark_s: float = 10.0
@@ -496,6 +499,7 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_STREAM_LIVE_ENGINE"] = self.stream_live_engine
         env["CANDLEWIRE_STREAM_CEP_RECORD_S"] = str(self.stream_cep_record_s)
         env["CANDLEWIRE_CEP_MAX_TRIGGERS_PER_OWNER"] = str(self.cep_max_triggers_per_owner)
+        env["CANDLEWIRE_CEP_MAX_TRIGGERS"] = str(self.cep_max_triggers)
         env["CANDLEWIRE_STREAM_LIVE_TRIGGER_S"] = str(self.stream_live_trigger_s)
         env["CANDLEWIRE_STREAM_WATERMARK_S"] = str(self.stream_watermark_s)
         env["CANDLEWIRE_STREAM_DEDUP_HORIZON_S"] = str(self.stream_dedup_horizon_s)

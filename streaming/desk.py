@@ -5,7 +5,7 @@ The relay checks a request on its face and hands it over on the work queue
 state, and answers with ``CEPTriggerAck`` on the request's notification topic:
 
 - ADD: the ticker must be listed in symbol metadata (and not delisted), the owner below
-  ``cep_max_triggers_per_owner``, and the id new, or the same trigger sent again (a client's
+  ``cep_max_triggers_per_owner`` and the registry below ``cep_max_triggers``, and the id new, or the same trigger sent again (a client's
   retry is accepted twice, stored once).
 - REMOVE: only the trigger's own client may remove it.
 - LIST: the client's triggers.
@@ -185,6 +185,12 @@ class TriggerDesk(threading.Thread):
                 cep.DUPLICATE_TRIGGER, f"trigger {req.trigger_id} exists with another condition"
             )
         self._check_listed(trigger.ticker)
+        if len(self.registry) >= self.settings.cep_max_triggers:
+            raise TriggerRejected(
+                cep.OVER_LIMIT,
+                f"{len(self.registry)} triggers registered, at most "
+                f"{self.settings.cep_max_triggers} (cep_max_triggers)",
+            )
         owner = req.user_id or req.client_id
         count = sum(1 for t in self.registry.values() if (t.user_id or t.client_id) == owner)
         limit = self.settings.cep_max_triggers_per_owner

@@ -104,3 +104,23 @@ def test_candles_the_table_cannot_hold_are_left_out_and_named() -> None:
     rows, dropped = candles_table([good, *bad], "history")
     assert rows.num_rows == 1 and rows.column("period_s").to_pylist() == [60]
     assert dropped == {candle_key(c) for c in bad}
+
+
+def test_the_desk_holds_at_most_cep_max_triggers_whatever_the_owners(tmp_path) -> None:
+    """A client names its owners (any number of client ids under its key), so only a limit
+    on the whole registry bounds what the job holds. The desk's decision alone: its Kafka
+    and symbol reads are replaced, as its loop is not started."""
+    from streaming.desk import TriggerDesk
+    from tests.support import free_settings
+
+    desk = TriggerDesk.__new__(TriggerDesk)
+    desk.settings = free_settings(tmp_path).model_copy(update={"cep_max_triggers": 3})
+    desk.registry = {}
+    desk._check_listed = lambda ticker: None  # type: ignore[method-assign]
+    desk._write = lambda req: None  # type: ignore[method-assign]
+    cross = condition("price_cross", level="1", direction="up")
+    acks = [desk.handle(add_request(f"owner-{i}", f"t-{i}", TICKER, cross)) for i in range(4)]
+    assert [a.accepted for a in acks] == [True, True, True, False]
+    assert acks[3].reason == cep.OVER_LIMIT and "cep_max_triggers" in acks[3].error_message
+    again = desk.handle(add_request("owner-0", "t-0", TICKER, cross))  # a retry: still fine
+    assert again.accepted and len(desk.registry) == 3
