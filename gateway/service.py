@@ -542,7 +542,7 @@ class Gateway:
             await asyncio.wait_for(self._seed_slots.acquire(), SEED_WAIT_S)
         except TimeoutError:  # reads that do not end (the catalog or storage away)
             log.warning(
-                "no history to seed a chart of %s: %d reads still running", ticker, SEED_READS
+                "no history to seed a chart of %s: no read free in %.0f s", ticker, SEED_WAIT_S
             )
             return
         # A thread's read runs to its end even once this task is cancelled: its slot is

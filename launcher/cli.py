@@ -704,7 +704,11 @@ def build_parser() -> argparse.ArgumentParser:
     client = keys_sub.add_parser("add-client", help="make a client key pair and allow it")
     client.add_argument("name")
     client.add_argument("--role", required=True, choices=ROLES)
-    client.add_argument("--user", help="the one user a container key speaks for")
+    client.add_argument(
+        "--user",
+        help="the one user the key speaks for: a container's events, a client's triggers "
+        "(a client key without one is the operator's: its triggers may alert anyone)",
+    )
     keys_sub.add_parser("ls", help="list the server keys and the allowed keys (public halves)")
     export = keys_sub.add_parser(
         "export",

@@ -178,9 +178,14 @@ def ledger_page(b: market_pb2.OHLCBatch) -> market_pb2.OHLCBatch:
     NULs in its texts replaced, and a page number or count past PostgreSQL's integer made
     the request's error (the page is nothing a reader could find)."""
     if b.page > INT32_MAX or b.metadata.expected_pages > INT32_MAX:
-        return market_pb2.OHLCBatch(
+        failed = market_pb2.OHLCBatch(
             request_id=_text(b.request_id), error="a page number past 2**31 - 1"
         )
+        if b.HasField("metadata"):  # where the answer goes: recorded with the error
+            failed.metadata.CopyFrom(b.metadata)
+            failed.metadata.request_id = _text(b.metadata.request_id)
+            failed.metadata.expected_pages = min(b.metadata.expected_pages, INT32_MAX)
+        return failed
     if "\x00" in b.request_id + b.error + b.metadata.request_id:
         b.request_id, b.error = _text(b.request_id), _text(b.error)
         b.metadata.request_id = _text(b.metadata.request_id)

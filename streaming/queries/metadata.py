@@ -15,7 +15,7 @@ from pyiceberg.types import DecimalType
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
-from candlewire.amounts import DECIMAL_TEXT
+from candlewire.amounts import held
 from candlewire.kafka import SYMBOL_METADATA
 from candlewire.lake import SYMBOL_METADATA_SCHEMA
 from candlewire.spark import commit_sql
@@ -92,8 +92,9 @@ class MetadataQuery(TopicQuery):
 
 def market_row(m: market_pb2.Market) -> dict:
     """A Market record as a staged row: decimals as strings, empty ones null, and so is one
-    that is no decimal (the venue's listing is kept, its bad field left out); a status
-    this build does not name as its number."""
+    that is no decimal or that DECIMAL(38,18) does not hold (the venue's listing is kept, its
+    bad field left out: the cast failed the MERGE); a status this build does not name as
+    its number."""
     return {
         "ticker": m.ticker,
         "exchange": m.exchange,
@@ -106,7 +107,7 @@ def market_row(m: market_pb2.Market) -> dict:
 
 
 def _decimal(text: str) -> str | None:
-    return text if text and DECIMAL_TEXT.fullmatch(text) else None
+    return text if text and held(text) else None  # DECIMAL(38,18) holds it exactly
 
 
 def delisted(row: Row) -> dict:

@@ -69,10 +69,13 @@ def test_a_history_page_the_ledger_cannot_hold_still_answers_its_request() -> No
     assert ledger_page(page) is page and page.page == 3 and len(page.rows) == 1
     lost = ledger_page(market_pb2.OHLCBatch(request_id="r-1", page=2**31, rows=[candle()]))
     assert lost.request_id == "r-1" and not lost.rows and "2**31" in lost.error
-    counted = market_pb2.OHLCBatch(
-        request_id="r-1", metadata=market_pb2.HistoryRequestMetadata(expected_pages=2**32 - 1)
+    # The first page carries where the answer goes: it stays, with the error.
+    meta = market_pb2.HistoryRequestMetadata(
+        request_id="r-1", expected_pages=2**32 - 1, notification_topic="RESPONSE:c-1"
     )
-    assert ledger_page(counted).error
+    first = ledger_page(market_pb2.OHLCBatch(request_id="r-1", metadata=meta))
+    assert first.error and first.metadata.notification_topic == "RESPONSE:c-1"
+    assert first.metadata.expected_pages == 2**31 - 1
     failed = ledger_page(market_pb2.OHLCBatch(request_id="r\x002", error="lost\x00"))
     assert (failed.request_id, failed.error) == ("r\ufffd2", "lost\ufffd")
 
@@ -83,12 +86,18 @@ def test_a_market_the_table_cannot_hold_is_kept_toward_its_snapshot() -> None:
     this build does not name its number, a NUL in the staging key U+FFFD. Tickers the
     client refuses (not upper case) are listings like any other."""
     odd = market_pb2.Market(
-        ticker="OKX:USDe/USDT\x00", request_id="m-1", tick_size="0,01", lot_size="1e-8", status=42
+        ticker="OKX:USDe/USDT\x00",
+        request_id="m-1",
+        tick_size="0,01",
+        lot_size="1e-8",
+        min_notional="1e25",  # past DECIMAL(38,18): its cast failed the MERGE
+        status=42,
     )
     staged = staged_market(odd)
     assert (staged.ticker, staged.request_id) == ("OKX:USDe/USDT\ufffd", "m-1")
     row = market_row(staged)
     assert (row["tick_size"], row["lot_size"], row["status"]) == (None, "1e-8", "42")
+    assert row["min_notional"] is None
     listed = market_row(market_pb2.Market(ticker="OKX:USDe/USDT", status=market_pb2.TRADING))
     assert (row["ticker"][:13], listed["status"]) == ("OKX:USDe/USDT", "TRADING")
 

@@ -10,6 +10,7 @@ import os
 
 import dagster as dg
 
+from candlewire.topics import valid
 from orchestration.defs.assets.history import TICKERS
 from orchestration.defs.assets.lineage import iceberg_key
 from orchestration.defs.resources import CandlewireResource
@@ -35,7 +36,9 @@ def listed_tickers(candlewire: CandlewireResource, exchange: str) -> list[str]:
         ),
         selected_fields=("ticker",),
     ).to_arrow()
-    return sorted(rows["ticker"].to_pylist())
+    # A venue lists symbols no ticker can name (lower case, other scripts): kept in the
+    # table as listed, but no partition, whose every run the relay would refuse.
+    return sorted(t for t in rows["ticker"].to_pylist() if valid(t))
 
 
 REFRESH_CRON = os.environ.get("CANDLEWIRE_METADATA_CRON", "0 1 * * *")  # daily, 01:00 UTC
