@@ -192,6 +192,28 @@ def test_symbol_metadata_refresh_reports_counts_and_feeds_ticker_partitions(plat
     assert sorted(meta["new_ticker_partitions"]) == sorted(tickers)
 
 
+def test_only_tickers_the_platform_can_name_become_ticker_partitions(platform_env) -> None:
+    """A venue lists symbols no ticker names (lower case, other scripts): they stay in
+    ``symbol_metadata`` as listed, but a partition of one would fail at every run."""
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+
+    from candlewire.lake import load_table
+    from orchestration.defs.assets.metadata import listed_tickers
+
+    exchange = f"ODD{uuid.uuid4().hex[:6].upper()}"
+    table = load_table(platform_env, "symbol_metadata")
+    now = datetime.now(UTC)
+    rows = [
+        {"ticker": f"{exchange}:{base}/USDT", "exchange": exchange, "base": base,
+         "quote": "USDT", "status": "TRADING", "update_time": now}
+        for base in ("BTC", "USDe")
+    ]  # fmt: skip
+    table.append(pa.Table.from_pylist(rows, schema=table.schema().as_arrow()))
+    assert listed_tickers(CandlewireResource(), exchange) == [f"{exchange}:BTC/USDT"]
+
+
 def tick(ticker: str, i: int) -> bytes:
     return to_record(
         market_pb2.Tick(
