@@ -29,7 +29,7 @@ from pyiceberg.table import Table
 from candlewire.book import SNAPSHOT_EVERY_S, Book, replay
 from candlewire.config import Settings, db_parts
 from candlewire.errors import CatalogUnavailable
-from candlewire.lake import load_table
+from candlewire.lake import driver_error, load_table
 from candlewire.times import TimeLike, to_ms
 from candlewire.topics import book_type, check_market_data, check_period, ohlc_type
 
@@ -131,10 +131,11 @@ def read_stored(
         check_market_data(ticker, book_type())
         with _catalog(settings, "book_snapshots"):
             return read_book(settings, ticker, _required(at, "at"))
-    check_market_data(ticker, ohlc_type(check_period(int(period))))
+    period_s = check_period(int(period))
+    check_market_data(ticker, ohlc_type(period_s))
     start, end = _required(start, "start"), _required(end, "end")
     with _catalog(settings, "ohlc"):
-        return read_history(settings, ticker, int(period), start, end, decimals)
+        return read_history(settings, ticker, period_s, start, end, decimals)
 
 
 def _required(value: TimeLike | None, name: str) -> TimeLike:
@@ -150,9 +151,9 @@ def _catalog(settings: Settings, table: str) -> Iterator[None]:
     try:
         yield
     except sqlalchemy.exc.OperationalError as exc:
-        why = (str(exc.orig or exc).strip().splitlines() or [type(exc).__name__])[0]
         raise CatalogUnavailable(
-            f"the Iceberg catalog at {where} cannot be read ({why}): is the stack up? "
+            f"the Iceberg catalog at {where} cannot be read ({driver_error(exc)}): is the "
+            "stack up? "
             "(`candlewire status`)"
         ) from exc
     except NoSuchTableError as exc:

@@ -385,11 +385,17 @@ def ensure_tables(settings: Settings) -> list[str]:
         return created
 
 
+def driver_error(exc: BaseException) -> str:
+    """A catalog error in one line: the driver's own first line, without SQLAlchemy's
+    wrapping (where it failed: ``connection to server at … failed: Connection refused``)."""
+    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def catalog_health(settings: Settings) -> str | None:
     try:
         with opened(settings) as cat:
             missing = [t for t in TABLES if not cat.table_exists(f"{NAMESPACE}.{t}")]
     except Exception as exc:
-        # A driver's error without SQLAlchemy's wrapping: where it failed, in one line.
-        return f"catalog unreachable: {str(getattr(exc, 'orig', None) or exc).splitlines()[0]}"
+        return f"catalog unreachable: {driver_error(exc)}"
     return f"missing tables: {', '.join(missing)}" if missing else None

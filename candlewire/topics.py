@@ -98,9 +98,9 @@ def market_data_topic(ticker: str, data_type: str) -> str:
     return f"{ticker}|{data_type}"
 
 
-def data_types() -> frozenset[str]:
-    """Every live data type: ``tick``, ``book`` and ``ohlc:{period}`` of each period."""
-    return frozenset({tick_type(), book_type(), *(ohlc_type(p) for p in PERIODS_S)})
+# Every live data type: ``tick``, ``book`` and ``ohlc:{period}`` of each period. Made once:
+# the journal checks every FETCH's topic against it, the client every subscription.
+DATA_TYPES = frozenset({tick_type(), book_type(), *(ohlc_type(p) for p in PERIODS_S)})
 
 
 def check_period(period_s: int) -> int:
@@ -113,7 +113,7 @@ def check_period(period_s: int) -> int:
 def check_market_data(ticker: str, data_type: str) -> str:
     """The topic of a ticker's live data of one type; a TopicError says why there is none
     (a subscription to it would wait for ever)."""
-    if data_type not in data_types():
+    if data_type not in DATA_TYPES:
         raise TopicError(
             f"data type {data_type!r} is not tick, book or ohlc:PERIOD (PERIOD one of "
             f"{PERIODS_TEXT})"
@@ -154,11 +154,7 @@ def valid(ticker: str) -> bool:
 
 def _valid(ticker: str) -> str | None:
     """``ticker`` when it is one, else None: a subscription to a malformed one demands nothing."""
-    try:
-        parse_ticker(ticker)
-    except TopicError:
-        return None
-    return ticker
+    return ticker if valid(ticker) else None
 
 
 def demanded_data(subscription: str) -> str | None:

@@ -310,8 +310,8 @@ def held_rows(decimals: Iterable[pa.Array]) -> pa.Array | None:
     """Where every one of ``decimals`` (:func:`decimal_column`'s) holds a value, or None
     when they all do everywhere: a row with a null would fail the write of a table whose
     columns are required, and every row of the batch with it."""
-    valid = functools.reduce(pc.and_, (pc.is_valid(a) for a in decimals))
-    return valid if pc.any(pc.invert(valid)).as_py() else None
+    held = functools.reduce(pc.and_, (pc.is_valid(a) for a in decimals))
+    return held if pc.any(pc.invert(held)).as_py() else None
 
 
 def _decimal(text: str) -> Decimal | None:

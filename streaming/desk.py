@@ -5,8 +5,8 @@ The relay checks a request on its face and hands it over on the work queue
 state, and answers with ``CEPTriggerAck`` on the request's notification topic:
 
 - ADD: the ticker must be listed in symbol metadata (and not delisted), the owner below
-  ``cep_max_triggers_per_owner`` and the registry below ``cep_max_triggers``, and the id new, or the same trigger sent again (a client's
-  retry is accepted twice, stored once).
+  ``cep_max_triggers_per_owner`` and the registry below ``cep_max_triggers``, and the id
+  new, or the same trigger sent again (a client's retry is accepted twice, stored once).
 - REMOVE: only the trigger's own client may remove it.
 - LIST: the client's triggers.
 

@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from candlewire.config import Settings
 from candlewire.lake import NAMESPACE, TABLES, catalog, table_name
 from candlewire.spark import commit_sql
+from streaming.decode import CandleKey
 from streaming.metrics import Laps
 from streaming.sql import literal, literals, ts_literal
 
@@ -84,7 +85,7 @@ class Tables:
             return False
         return True
 
-    def delete_ohlc(self, keys: Iterable[tuple[str, int, int]]) -> None:
+    def delete_ohlc(self, keys: Iterable[CandleKey]) -> None:
         """Remove these candles (ticker, period_s, open time in ms) from ``ohlc``: one whose
         values it can no longer hold (past DECIMAL(38,18)) must not stay there as it was
         when it still could. Rare, so a plain DELETE of the keys, under the writers' lock."""

@@ -31,7 +31,14 @@ from candlewire.config import PERIODS_S
 from candlewire.kafka import TICKS
 from candlewire.lake import TICKS_SCHEMA
 from streaming.context import JobContext
-from streaming.decode import CONTROL, CONTROL_SQL, decimal_column, held_rows, ohlc_rows
+from streaming.decode import (
+    CONTROL,
+    CONTROL_SQL,
+    CandleKey,
+    decimal_column,
+    held_rows,
+    ohlc_rows,
+)
 from streaming.metrics import Laps
 from streaming.queries import TopicQuery
 from streaming.recovery import Ledger, Restored
@@ -94,7 +101,7 @@ class TicksQuery(TopicQuery):
         self.compact_s = ctx.settings.stream_ohlc_compact_s
         self.merged: set[str] = set()
         # The candles past DECIMAL(38,18) deleted from ``ohlc`` (ticker, period_s, open ms).
-        self.unstorable: set[tuple[str, int, int]] = set()
+        self.unstorable: set[CandleKey] = set()
         self.merged_since_ms: int | None = None
         self.compacted = time.monotonic()
 
