@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 import pyarrow as pa
 import zmq
@@ -125,6 +125,30 @@ class Client:
         call = HistoryCall.build(self.client_id, ticker, period, start, end, notify, request_id)
         note = drive(self._core.request_history(call, timeout))
         return self.history(ticker, period, start, end, decimals=decimals) if read else note
+
+    @overload
+    def history(
+        self,
+        ticker: str,
+        period: Literal["book"],
+        start: None = None,
+        end: None = None,
+        *,
+        at: TimeLike,
+        decimals: Decimals = "decimal",
+    ) -> Book: ...
+
+    @overload
+    def history(
+        self,
+        ticker: str,
+        period: int | str,
+        start: TimeLike | None = None,
+        end: TimeLike | None = None,
+        *,
+        at: None = None,
+        decimals: Decimals = "decimal",
+    ) -> pa.Table: ...
 
     def history(
         self,
@@ -413,6 +437,30 @@ class AsyncClient:
         if not read:
             return note
         return await self.history(ticker, period, start, end, decimals=decimals)
+
+    @overload
+    async def history(
+        self,
+        ticker: str,
+        period: Literal["book"],
+        start: None = None,
+        end: None = None,
+        *,
+        at: TimeLike,
+        decimals: Decimals = "decimal",
+    ) -> Book: ...
+
+    @overload
+    async def history(
+        self,
+        ticker: str,
+        period: int | str,
+        start: TimeLike | None = None,
+        end: TimeLike | None = None,
+        *,
+        at: None = None,
+        decimals: Decimals = "decimal",
+    ) -> pa.Table: ...
 
     async def history(
         self,

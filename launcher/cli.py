@@ -393,6 +393,11 @@ def _gateway(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _local(settings: Settings) -> bool:
+    """Whether the stack's parts run on this host, so its state dir says what runs."""
+    return settings.host in ("127.0.0.1", "localhost")
+
+
 def _stack(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -417,6 +422,14 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
             settings.security.curve = True
             if made:
                 console.print(f"keys: made {', '.join(made)} in {settings.keys_dir()}")
+        if args.command != "up" and _local(settings) and not settings.state_dir.exists():
+            # Nothing can run from a state dir that is not there; building the services
+            # would make its secrets, in whatever directory this was run from.
+            console.print(
+                f"nothing of the stack runs from {settings.state_dir.resolve()}: there is no "
+                "state there (`make up` starts it)"
+            )
+            return 1 if args.command == "status" else 0
         stack = Stack(settings, default_services(settings))
         if args.command == "up":
             stack.up(console.print)
@@ -440,7 +453,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
             console.print(table)
             # What runs here: with the stack's parts on another host (``host``), nothing
             # here says whether they run, so they are asked as before.
-            here = settings.host in ("127.0.0.1", "localhost")
+            here = _local(settings)
             stopped = {n for n, _, _, health in rows if health == "stopped"} if here else set()
             parts = {s.name for s in stack.services if not isinstance(s, CatalogService)}
             if here and stopped >= parts:

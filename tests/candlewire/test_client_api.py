@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import typing
 
 import pytest
 
@@ -33,6 +34,17 @@ def test_every_method_takes_the_same_parameters() -> None:
         if callable(sync):
             assert shape(sync) == shape(getattr(AsyncClient, name)), name
     assert shape(Client.__init__) == shape(AsyncClient.__init__)
+
+
+def test_history_overloads_match_in_both_shells() -> None:
+    """A type checker sees a Book for ``period="book"`` and a table otherwise, on both."""
+    for cls in (Client, AsyncClient):
+        returns = [
+            inspect.signature(f).return_annotation for f in typing.get_overloads(cls.history)
+        ]
+        assert returns == ["Book", "pa.Table"], cls
+    sync = [shape(f) for f in typing.get_overloads(Client.history)]
+    assert sync == [shape(f) for f in typing.get_overloads(AsyncClient.history)]
 
 
 def test_async_methods_are_awaitable_and_sync_ones_are_not() -> None:

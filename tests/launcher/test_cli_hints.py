@@ -140,3 +140,21 @@ def test_status_of_a_stack_that_is_not_running_says_so_without_waiting_on_it(
     said = " ".join(out.split())  # the console folds long lines to its width
     assert f"nothing of the stack runs from {settings.state_dir.resolve()}" in said
     assert "live ingestor" not in said and "gaps" not in said and err == ""
+
+
+@pytest.mark.parametrize(("command", "rc"), [("status", 1), ("down", 0)])
+def test_status_or_down_where_no_stack_was_made_makes_nothing(
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    rc: int,
+) -> None:
+    """Run outside a checkout, neither leaves a state dir (with secrets) behind."""
+    state = tmp_path / ".candlewire"
+    for name, value in free_settings(state).to_env().items():
+        monkeypatch.setenv(name, value)
+    assert cli.main([command]) == rc
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"nothing of the stack runs from {state.resolve()}: there is no state there" in said
+    assert not state.exists()
