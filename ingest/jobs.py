@@ -60,12 +60,7 @@ def retry(fn: Callable[..., T], *args: Any) -> T:
 def run_history(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink, ingestor_id: str) -> int:
     """Write the request's pages (or an error marker); return the rows written."""
     windows = pages(req.start_ms, req.end_ms, req.period_s, exchange.rows_per_page)
-    meta = derive(
-        market_pb2.HistoryRequestMetadata,
-        req,
-        expected_pages=len(windows),
-        ingestor_id=ingestor_id,
-    )
+    meta = history_metadata(req, len(windows), ingestor_id)
     rows, mark = 0, sink.failures
     try:
         exchange.symbol(req.ticker)  # UnknownSymbol before any page is fetched
@@ -81,12 +76,26 @@ def run_history(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink, ingest
             log.warning("history %s failed: %s", req.request_id, exc)
         else:
             log.exception("history %s failed on what %s sent", req.request_id, exchange.name)
-        marker = market_pb2.OHLCBatch(
-            request_id=req.request_id, metadata=meta, error=str(exc) or type(exc).__name__
-        )
-        sink.send(OHLC_BATCHES.name, req.request_id, marker)
+        send_history_error(sink, meta, str(exc) or type(exc).__name__)
     sink.flush(since=mark)
     return rows
+
+
+def history_metadata(
+    req: rq.DataRequest, expected_pages: int, ingestor_id: str
+) -> market_pb2.HistoryRequestMetadata:
+    return derive(
+        market_pb2.HistoryRequestMetadata,
+        req,
+        expected_pages=expected_pages,
+        ingestor_id=ingestor_id,
+    )
+
+
+def send_history_error(sink: KafkaSink, meta: market_pb2.HistoryRequestMetadata, text: str) -> None:
+    """The error marker: the stream processor answers the request with HistoryReady ERROR."""
+    marker = market_pb2.OHLCBatch(request_id=meta.request_id, metadata=meta, error=text)
+    sink.send(OHLC_BATCHES.name, meta.request_id, marker)
 
 
 def run_metadata(req: rq.DataRequest, exchange: Exchange, sink: KafkaSink) -> int:

@@ -24,6 +24,13 @@ class IngestMetrics:
         self.dropped = Counter(
             "candlewire_ingest_dropped_frames", "Undecodable frames dropped", ["socket"], registry=r
         )
+        self.fetches_dropped = Counter(
+            "candlewire_ingest_fetches_dropped",
+            "Fetches not held: the queue full (the owner answers with an error), or a peer's, "
+            "not taken for long (stale)",
+            ["reason"],
+            registry=r,
+        )
         self.dropped_ticks = Counter(
             "candlewire_ingest_dropped_ticks",
             "Trades from exchanges not written, by reason (price, size, ahead, behind...)",

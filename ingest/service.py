@@ -40,9 +40,9 @@ from candlewire.topics import (
 )
 from candlewire.zmqutil import harden, pending, publish_to_relays, subscriptions
 from ingest.books import BookStream
-from ingest.exchanges.base import Exchange, NoBook, UnknownSymbol
+from ingest.exchanges.base import Exchange, NoBook, UnknownSymbol, pages
 from ingest.gaps import GapDetector, GapRepairer, GapWatch
-from ingest.jobs import run_history, run_metadata, run_stream
+from ingest.jobs import history_metadata, run_history, run_metadata, run_stream, send_history_error
 from ingest.metrics import IngestMetrics
 from ingest.peers import PeerView
 from ingest.sink import KafkaSink, SinkError
@@ -52,6 +52,13 @@ from proto.envelope import EnvelopeError, Names, decode_sub, encode, encode_topi
 log = logging.getLogger("candlewire.ingest")
 REQUEST_KINDS = Names.of(rq.DataRequestKind)  # the kinds this build can name
 STREAM_END_S = 2.0  # at stop: how long a live job may take to send its last trades
+# Fetches waiting for a slot (every ingestor of an exchange holds every request until one
+# does it): beyond this many, a new request is answered with an error, not held.
+MAX_QUEUED_FETCHES = 10_000
+# A fetch a peer owns but has not taken for this long is dropped: the peer did it and we
+# missed its word (its recent ``done`` list is short), or it is gone with it.
+QUEUED_STALE_S = 600.0
+AGE_EVERY_S = 10.0
 
 
 def demand_id(key: str) -> str:
@@ -112,6 +119,9 @@ class Ingestor:
         self.metrics = IngestMetrics()
         self._serve_metrics = metrics
         self.workers = workers  # fetches at once (history, metadata); gap repairs share them
+        self._queued = 0  # fetches waiting for a slot, as of the last schedule and since
+        self._waiting_since: dict[str, float] = {}
+        self._next_age = 0.0
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ingest-job")
         self._sink = KafkaSink(settings)
         sink = self._sink
@@ -271,8 +281,33 @@ class Ingestor:
             except TopicError:
                 self.metrics.dropped.labels("work_queue").inc()
                 return
-            if msg.request_id not in self.views[msg.exchange].done:
-                self.pending[msg.request_id] = msg
+            key = msg.request_id
+            if key in self.views[msg.exchange].done:
+                return
+            if key not in self.pending and self._queued >= MAX_QUEUED_FETCHES:
+                self._shed(msg, time.monotonic())
+                return
+            self._queued += key not in self.pending
+            self.pending[key] = msg
+
+    def _shed(self, msg: rq.DataRequest, now: float) -> None:
+        """A fetch beyond the queue's bound: its owner answers it with an error (once, as it
+        would its failure) and says it is done, so the peers that hold it let it go."""
+        self.metrics.fetches_dropped.labels("queue_full").inc()
+        view = self.views[msg.exchange]
+        if view.owner(msg.request_id, now, self.taking_work(now)) != self.id:
+            return
+        log.warning("%s: %d fetches queued; refused %s", self.id, self._queued, msg.request_id)
+        if msg.kind == rq.HISTORICAL:
+            exchange = self.exchanges[msg.exchange]
+            windows = pages(msg.start_ms, msg.end_ms, msg.period_s, exchange.rows_per_page)
+            text = (
+                f"ingestor {self.id} has {self._queued} fetches queued for {msg.exchange} "
+                f"(at most {MAX_QUEUED_FETCHES}); retry later"
+            )
+            send_history_error(self._sink, history_metadata(msg, len(windows), self.id), text)
+        view.mark_done(msg.request_id, now)
+        self.recent_done[msg.exchange].append(msg.request_id)
 
     def _on_control(self, msg: object) -> None:
         if isinstance(msg, rq.IngestorControl) and msg.action == rq.CANCEL_REALTIME:
@@ -370,6 +405,7 @@ class Ingestor:
         # Fetches start as the pool has room: one started beyond it would wait in the pool's
         # queue, unbounded, and be listed in every heartbeat as work this ingestor holds.
         fetching = sum(not k.startswith(LIVE_KEYS) for k in self.jobs)
+        since: dict[str, float] = {}
         for key, req in list(self.pending.items()):
             if key in self.jobs:
                 continue
@@ -378,11 +414,30 @@ class Ingestor:
                 del self.pending[key]
                 continue
             fetch = not key.startswith(LIVE_KEYS)
-            if fetch and fetching >= self.workers:
-                continue
-            if view.owner(key, now, taking) == self.id:
+            if not (fetch and fetching >= self.workers) and view.owner(key, now, taking) == self.id:
                 self._start(key, req)
                 fetching += fetch
+            elif fetch:
+                since[key] = self._waiting_since.get(key, now)
+        self._waiting_since, self._queued = since, len(since)
+        if now >= self._next_age:
+            self._age(now, taking)
+            self._next_age = now + AGE_EVERY_S
+
+    def _age(self, now: float, taking: bool) -> None:
+        """Drop the fetches a peer has owned, and not taken, for QUEUED_STALE_S: ours wait."""
+        for key, first in list(self._waiting_since.items()):
+            if now - first < QUEUED_STALE_S:
+                continue
+            req = self.pending[key]
+            owner = self.views[req.exchange].owner(key, now, taking)
+            if owner is not None and owner != self.id:
+                log.warning(
+                    "%s: dropped %s, queued %.0f s for %s", self.id, key, now - first, owner
+                )
+                self.metrics.fetches_dropped.labels("stale").inc()
+                del self.pending[key], self._waiting_since[key]
+                self._queued -= 1
 
     def _start(self, key: str, req: rq.DataRequest) -> None:
         exchange = self.exchanges[req.exchange]

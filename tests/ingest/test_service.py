@@ -493,3 +493,104 @@ def test_fetches_start_as_the_pool_has_room(settings, monkeypatch: pytest.Monkey
     finally:
         release.set()
         ingestor.stop(flush_s=0)
+
+
+def test_a_fetch_beyond_the_queue_bound_is_answered_with_an_error_not_held(
+    settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ingestor holds every request until one does it, so a flood of requests grew
+    ``pending`` without bound. Beyond the bound a request is refused: its owner writes the
+    error marker (the requester's HistoryReady ERROR) and marks it done for the peers."""
+    import ingest.service as service
+
+    release = threading.Event()
+    monkeypatch.setattr(service, "run_history", lambda *_a: release.wait(10))
+    monkeypatch.setattr(service, "MAX_QUEUED_FETCHES", 3)
+    ingestor = Ingestor(settings, [SimExchange()], workers=1, warmup_beats=0, metrics=False)
+    sent: list[market_pb2.OHLCBatch] = []
+    monkeypatch.setattr(ingestor._sink, "send", lambda _topic, _key, msg: sent.append(msg))
+
+    def request(i: int) -> None:
+        ingestor._on_work(
+            rq.DataRequest(
+                request_id=f"r-{i}",
+                kind=rq.HISTORICAL,
+                exchange="SIM",
+                ticker="SIM:BTC/USDT",
+                period_s=60,
+                start_ms=T0,
+                end_ms=T0 + DAY,
+            )
+        )
+
+    try:
+        for i in range(5):
+            request(i)
+        assert list(ingestor.pending) == ["r-0", "r-1", "r-2"]
+        assert [(m.request_id, m.metadata.request_id) for m in sent] == [
+            ("r-3", "r-3"),
+            ("r-4", "r-4"),
+        ]
+        assert all("fetches queued" in m.error and m.metadata.expected_pages for m in sent)
+        assert {"r-3", "r-4"} <= set(ingestor.views["SIM"].done)
+        assert list(ingestor.recent_done["SIM"]) == ["r-3", "r-4"]
+        assert counted(ingestor.metrics.fetches_dropped)[("queue_full",)] == 2
+        ingestor._schedule(time.monotonic())  # one starts: room for one more
+        assert len(ingestor.jobs) == 1
+        request(5)
+        request(6)
+        assert "r-5" in ingestor.pending and "r-6" not in ingestor.pending
+        assert [m.request_id for m in sent] == ["r-3", "r-4", "r-6"]
+    finally:
+        release.set()
+        ingestor.stop(flush_s=0)
+
+
+def test_a_refused_fetch_a_peer_owns_is_left_to_it_and_a_stale_one_is_dropped(
+    settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner alone answers a refused request. A queued fetch a live peer owns and has
+    not taken for QUEUED_STALE_S is dropped; one we own waits however long it takes."""
+    import ingest.service as service
+
+    release = threading.Event()
+    monkeypatch.setattr(service, "run_history", lambda *_a: release.wait(10))
+    monkeypatch.setattr(service, "MAX_QUEUED_FETCHES", 3)
+    ingestor = Ingestor(settings, [SimExchange()], workers=1, warmup_beats=0, metrics=False)
+    sent: list[object] = []
+    monkeypatch.setattr(ingestor._sink, "send", lambda *a: sent.append(a))
+    view = ingestor.views["SIM"]
+
+    def beat(now: float) -> None:
+        view.observe(
+            rq.IngestorControl(
+                action=rq.HEARTBEAT,
+                exchange="SIM",
+                ingestor_id="peer",
+                state=rq.AVAILABLE,
+                interval_ms=1000,
+            ),
+            now,
+        )
+
+    now = time.monotonic()
+    beat(now)
+    ids = [f"r-{i}" for i in range(40)]
+    theirs = [i for i in ids if view.owner(i, now, True) == "peer"]
+    ours = [i for i in ids if view.owner(i, now, True) == ingestor.id]
+    busy, mine, peers = ours[0], ours[1], theirs[:2]
+    try:
+        for rid in (busy, mine, *peers):
+            ingestor._on_work(rq.DataRequest(request_id=rid, kind=rq.HISTORICAL, exchange="SIM"))
+        assert sent == [] and peers[1] not in ingestor.pending  # the peer answers it
+        assert counted(ingestor.metrics.fetches_dropped)[("queue_full",)] == 1
+        ingestor._schedule(now)
+        assert list(ingestor.jobs) == [busy]  # our one slot; `mine` waits for it
+        later = now + service.QUEUED_STALE_S + 1
+        beat(later)
+        ingestor._schedule(later)
+        assert set(ingestor.pending) == {busy, mine}
+        assert counted(ingestor.metrics.fetches_dropped)[("stale",)] == 1
+    finally:
+        release.set()
+        ingestor.stop(flush_s=0)
