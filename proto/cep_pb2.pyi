@@ -193,16 +193,18 @@ class CepCandle(_message.Message):
     def __init__(self, period_s: _Optional[int] = ..., open_ms: _Optional[int] = ..., high: _Optional[str] = ..., low: _Optional[str] = ..., close: _Optional[str] = ..., last_ns: _Optional[int] = ...) -> None: ...
 
 class CepArmed(_message.Message):
-    __slots__ = ("trigger", "since", "fired", "next_ns")
+    __slots__ = ("trigger", "since", "fired", "next_ns", "from_ns")
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     FIRED_FIELD_NUMBER: _ClassVar[int]
     NEXT_NS_FIELD_NUMBER: _ClassVar[int]
+    FROM_NS_FIELD_NUMBER: _ClassVar[int]
     trigger: CEPTriggerRequest
     since: int
     fired: int
     next_ns: int
-    def __init__(self, trigger: _Optional[_Union[CEPTriggerRequest, _Mapping]] = ..., since: _Optional[int] = ..., fired: _Optional[int] = ..., next_ns: _Optional[int] = ...) -> None: ...
+    from_ns: int
+    def __init__(self, trigger: _Optional[_Union[CEPTriggerRequest, _Mapping]] = ..., since: _Optional[int] = ..., fired: _Optional[int] = ..., next_ns: _Optional[int] = ..., from_ns: _Optional[int] = ...) -> None: ...
 
 class CepFeed(_message.Message):
     __slots__ = ("ticker", "clock_ns", "seq", "last_price", "armed", "window", "periods", "forming", "closed", "judged_clock_ns", "trade_ids", "trade_times_ns")

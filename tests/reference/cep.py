@@ -68,6 +68,7 @@ class Firing:
 class _Armed:
     trigger: Trigger
     since: int  # the first trade sequence number it judges
+    from_ns: int = 0  # a candle trigger judges candles opening after it: the clock at its add
     fired: int = 0
     next_ns: int = 0  # the earliest event time it may fire again
 
@@ -105,13 +106,16 @@ class FeedTriggers:
     # trigger per trade: the longest window (s) and the most closed candles one needs.
     longest_s: int = 0
     most_candles: int = 0
+    unused: bool = False  # a candle trigger went: its period's candles may be unused
 
     # -- registrations ---------------------------------------------------------------------
 
     def add(self, trigger: Trigger) -> None:
         """Register, or replace a trigger of the same id (which starts afresh)."""
         self.remove(trigger.trigger_id)
-        self.triggers[trigger.trigger_id] = _Armed(trigger, since=self.seq + 1)
+        self.triggers[trigger.trigger_id] = _Armed(
+            trigger, since=self.seq + 1, from_ns=self.clock_ns
+        )
         if trigger.kind == "price_cross":
             levels = self.ups if trigger.direction == cep.UP else self.downs
             bisect.insort(levels, (trigger.level, trigger.trigger_id))
@@ -133,6 +137,7 @@ class FeedTriggers:
             levels.pop(bisect.bisect_left(levels, (t.level, t.trigger_id)))
         self.windowed.pop(trigger_id, None)
         self.on_candles.pop(trigger_id, None)
+        self.unused |= t.on_candles
         self._measure()
         return True
 
@@ -159,6 +164,7 @@ class FeedTriggers:
                     since=a.since,
                     fired=a.fired,
                     next_ns=a.next_ns,
+                    from_ns=a.from_ns,
                 )
                 for a in self.triggers.values()
             ],
@@ -184,7 +190,7 @@ class FeedTriggers:
             feed.seq = a.since - 1  # add() arms a trigger from the next trade on
             feed.add(parse_trigger(a.trigger))
             armed = feed.triggers[a.trigger.trigger_id]
-            armed.fired, armed.next_ns = a.fired, a.next_ns
+            armed.fired, armed.next_ns, armed.from_ns = a.fired, a.next_ns, a.from_ns
         feed.clock_ns, feed.seq = msg.clock_ns, msg.seq
         feed.last_price = Decimal(msg.last_price) if msg.last_price else None
         feed.window = [(w.time_ns, w.seq, Decimal(w.price), Decimal(w.size)) for w in msg.window]
@@ -218,11 +224,24 @@ class FeedTriggers:
             if hit is not None:
                 fired.extend(self._fire(armed, t_ns, *hit))
         self._forget()
+        self._prune()
         return fired
 
     def mark(self, t_ns: int) -> list[Firing]:
         """An idle mark: the clock moves, and candles it closes are judged."""
-        return self._advance(t_ns)
+        fired = self._advance(t_ns)
+        self._prune()
+        return fired
+
+    def _prune(self) -> None:
+        """Drop the candles of periods no trigger uses (no later one would judge them):
+        after a record, not while its candles close (a one-shot removes itself as it fires)."""
+        if not self.unused:
+            return
+        self.unused = False
+        used = {self.triggers[t].trigger.period_s for t in self.on_candles}
+        for period in [p for p in self.forming if p not in used]:
+            del self.forming[period], self.closed[period]
 
     def revise(self, t_ns: int, price: Decimal) -> None:
         """A late trade inside the dedup horizon: into the candles still forming; no clock
@@ -313,7 +332,7 @@ class FeedTriggers:
         fired: list[Firing] = []
         for armed in [self.triggers[t] for t in self.on_candles]:
             t = armed.trigger
-            if t.period_s != period:
+            if t.period_s != period or candle.open_ms * 1_000_000 <= armed.from_ns:
                 continue
             hit: tuple[Decimal, Decimal] | None = None
             if t.kind == "candle_close":
@@ -321,6 +340,8 @@ class FeedTriggers:
                 hit = (candle.close, t.level) if met else None
             elif t.kind == "range_breakout" and len(history) >= t.candles:
                 before = list(history)[-t.candles :]
+                if before[0].open_ms * 1_000_000 <= armed.from_ns:
+                    continue  # a candle it would look back on holds trades from before it
                 if t.direction == cep.UP:
                     top = max(c.high for c in before)
                     hit = (candle.close, top) if candle.close > top else None

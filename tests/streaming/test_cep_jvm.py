@@ -213,3 +213,59 @@ def test_each_engine_goes_on_from_the_state_the_other_recorded(jvm, seed: int) -
     after = run_python(Triggers.loads(state, ALLOWANCE_S, HORIZON_S), recs[cut:])
     assert before + after == whole
     assert evaluator.state(True) is None  # nothing read since: nothing new to record
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        None,
+        cep.PriceCross(level="500", direction=cep.UP),
+        cep.CandleClose(period_s=60, level="500", direction=cep.UP),
+        cep.RangeBreakout(period_s=60, candles=3, direction=cep.UP),
+        cep.RangeBreakout(period_s=300, candles=1, direction=cep.DOWN),
+    ],
+)
+def test_a_candle_trigger_judges_the_same_candles_whatever_else_the_feed_has(
+    jvm, other: object
+) -> None:
+    """Candle triggers registered mid-candle judge only candles that open after the feed's
+    clock at their registration, whole as subscribers see them. Their firings depend on no
+    other trigger: before, a period's candles were shared from its first trigger on (a later
+    one judged trades from before its registration), trimmed to the most any trigger needed,
+    and kept after its last trigger went."""
+    ticker = TICKERS[0]
+
+    def trade(t_s: int, price: str) -> tuple[bytes, object]:
+        record = buy_of_one(ticker, f"{t_s}", price, T0 + t_s * S)
+        return record, (ticker, T0 + t_s * S, Decimal(price), Decimal(1), f"{t_s}")
+
+    def add(trigger_id: str, condition: object) -> tuple[bytes, object]:
+        req = add_request("c", trigger_id, ticker, condition, once=False)  # type: ignore[arg-type]
+        return to_record(req), req
+
+    feed = [add("first", cep.PriceCross(level="1", direction=cep.DOWN)), trade(1, "100")]
+    if other is not None:
+        feed.append(add("other", other))
+    feed += [trade(5, "150"), trade(30, "100")]  # the minute [0, 60) holds trades before them
+    feed += [
+        add("close", cep.CandleClose(period_s=60, level="100", direction=cep.UP)),
+        add("break", cep.RangeBreakout(period_s=60, candles=2, direction=cep.UP)),
+        trade(40, "120"),  # [0, 60) closes at 120 above the high of nothing they judged
+        trade(70, "101"),
+        trade(130, "102"),
+        trade(190, "103"),  # [180, 240) closes at 103 > max(101, 102): a breakout
+        trade(250, "99"),
+        trade(400, "99"),
+    ]
+    want = [
+        (trigger_id, (T0 + end_s * S) // 1_000_000, value)
+        for trigger_id, end_s, value in [
+            ("close", 120, "101"),
+            ("close", 180, "102"),
+            ("close", 240, "103"),
+            ("break", 240, "103"),
+        ]
+    ]
+    python = run_python(Triggers(ALLOWANCE_S, HORIZON_S), feed)
+    assert run_jvm(jvm.open(b"", ALLOWANCE_S, HORIZON_S), feed, 0) == python
+    assert [(f[0], f[2], f[3]) for f in python if f[0] in ("close", "break")] == want

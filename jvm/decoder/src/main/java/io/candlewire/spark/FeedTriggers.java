@@ -13,6 +13,7 @@ import java.math.RoundingMode;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.LinkedHashSet;
 import java.util.List;
@@ -116,12 +117,16 @@ final class FeedTriggers {
   private static final class Armed {
     final Trigger trigger;
     final long since; // the first trade (by seq) it judges
+    // A candle trigger judges the candles that open after this: the feed's clock when it
+    // registered, so none holds a trade read before it, whatever other triggers the feed has.
+    long fromNs;
     int fired;
     long nextNs;
 
-    Armed(Trigger trigger, long since) {
+    Armed(Trigger trigger, long since, long fromNs) {
       this.trigger = trigger;
       this.since = since;
+      this.fromNs = fromNs;
     }
   }
 
@@ -144,6 +149,7 @@ final class FeedTriggers {
   private final LinkedHashSet<String> windowed = new LinkedHashSet<>();
   private final LinkedHashSet<String> onCandles = new LinkedHashSet<>();
   private BigDecimal lastPrice;
+  private boolean unused; // a candle trigger went: its period's candles may be unused
   private long longestS;
   private int mostCandles;
 
@@ -160,7 +166,7 @@ final class FeedTriggers {
 
   void add(Trigger t) {
     remove(t.id);
-    triggers.put(t.id, new Armed(t, seq + 1));
+    triggers.put(t.id, new Armed(t, seq + 1, clockNs));
     if (t.kind == PRICE_CROSS) {
       (t.direction == Direction.UP_VALUE ? ups : downs).add(new Level(t.level, t.id));
     } else if (t.windowS > 0) {
@@ -185,8 +191,23 @@ final class FeedTriggers {
     }
     windowed.remove(id);
     onCandles.remove(id);
+    unused |= t.onCandles();
     measure();
     return true;
+  }
+
+  /**
+   * The candles of periods no trigger uses any more: no later trigger would judge them either.
+   * After a record, not while its candles close (a one-shot removes itself as it fires).
+   */
+  private void prune() {
+    unused = false;
+    HashSet<Integer> used = new HashSet<>();
+    for (String id : onCandles) {
+      used.add(triggers.get(id).trigger.periodS);
+    }
+    forming.keySet().retainAll(used);
+    closed.keySet().retainAll(used);
   }
 
   private void measure() {
@@ -222,12 +243,19 @@ final class FeedTriggers {
       }
     }
     forget();
+    if (unused) {
+      prune();
+    }
     return fired;
   }
 
   /** An idle mark: the clock moves, and candles it closes are judged. */
   List<Firing> mark(long timeNs) {
-    return advance(timeNs);
+    List<Firing> fired = advance(timeNs);
+    if (unused) {
+      prune();
+    }
+    return fired;
   }
 
   /**
@@ -400,7 +428,7 @@ final class FeedTriggers {
     }
     for (Armed a : armed) {
       Trigger t = a.trigger;
-      if (t.periodS != period) {
+      if (t.periodS != period || openNs(candle) <= a.fromNs) {
         continue;
       }
       boolean up = t.direction == Direction.UP_VALUE;
@@ -412,6 +440,9 @@ final class FeedTriggers {
       } else if (history.size() >= t.candles) {
         List<Candle> all = new ArrayList<>(history);
         List<Candle> before = all.subList(all.size() - t.candles, all.size());
+        if (openNs(before.get(0)) <= a.fromNs) {
+          continue; // a candle it would look back on holds trades from before it
+        }
         BigDecimal bound = up ? before.get(0).high : before.get(0).low;
         for (Candle c : before) {
           if (up ? c.high.compareTo(bound) > 0 : c.low.compareTo(bound) < 0) {
@@ -428,6 +459,10 @@ final class FeedTriggers {
     while (history.size() > mostCandles) {
       history.pollFirst();
     }
+  }
+
+  private static long openNs(Candle c) {
+    return c.window.openMs() * 1_000_000L;
   }
 
   // -- firing -------------------------------------------------------------------------------
@@ -471,7 +506,8 @@ final class FeedTriggers {
               .setTrigger(a.trigger.request)
               .setSince(a.since)
               .setFired(a.fired)
-              .setNextNs(a.nextNs));
+              .setNextNs(a.nextNs)
+              .setFromNs(a.fromNs));
     }
     for (Trade t : window) {
       b.addWindow(
@@ -521,6 +557,7 @@ final class FeedTriggers {
       Armed armed = feed.triggers.get(t.id);
       armed.fired = a.getFired();
       armed.nextNs = a.getNextNs();
+      armed.fromNs = a.getFromNs();
     }
     feed.clockNs = f.getClockNs();
     feed.seq = f.getSeq();
