@@ -201,10 +201,11 @@ class NotificationInbox:
     dropped: int = 0
     _pending: set[str] = field(default_factory=set)
     _ready: dict[str, rq.HistoryReadyNotification] = field(default_factory=dict)
-    # CEP firings in arrival order, each (trigger_id, firing) once: the stream processor may
-    # send one again after a restart, and every notification is repeated a few times.
+    # CEP firings in arrival order, each (trigger_id, registered_ms, firing) once: the stream
+    # processor may send one again after a restart, and every notification is repeated a few
+    # times; a trigger added again under its id numbers its firings from 1 again.
     _firings: deque[cep.CEPTriggerEvent] = field(default_factory=deque)
-    _seen: OrderedDict[tuple[str, int], None] = field(default_factory=OrderedDict)
+    _seen: OrderedDict[tuple[str, int, int], None] = field(default_factory=OrderedDict)
     # Answers to calls in flight (a trigger's ack, a metadata refresh's update) that another
     # call's wait read off the shared SUB: an async client may wait on several at once.
     _calls: set[str] = field(default_factory=set)
@@ -237,7 +238,7 @@ class NotificationInbox:
         if answer and msg.request_id in self._calls:  # type: ignore[union-attr]
             self._answers.setdefault(msg.request_id, frames)  # type: ignore[union-attr]
         if isinstance(msg, cep.CEPTriggerEvent):
-            key = (msg.trigger_id, msg.firing)
+            key = (msg.trigger_id, msg.registered_ms, msg.firing)
             if key not in self._seen and len(self._firings) < MAX_QUEUED_FIRINGS:
                 self._seen[key] = None
                 self._firings.append(msg)

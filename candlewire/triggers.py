@@ -63,6 +63,7 @@ class Trigger:
     cooldown_s: int = 0
     critical: bool = False
     notification_topic: str = ""
+    registered_ms: int = 0  # the desk's, at the ADD it accepted: names this registration
 
     @property
     def on_candles(self) -> bool:
@@ -145,6 +146,7 @@ def parse_trigger(req: cep.CEPTriggerRequest) -> Trigger:
         "cooldown_s": req.cooldown_s,
         "critical": req.critical,
         "notification_topic": req.notification_topic,
+        "registered_ms": req.registered_ms,
     }
     if kind == "price_cross":
         c = req.price_cross
@@ -268,6 +270,7 @@ def trigger_request(t: Trigger) -> cep.CEPTriggerRequest:
         critical=t.critical,
     )
     req.notification_topic = t.notification_topic
+    req.registered_ms = t.registered_ms
     return req
 
 

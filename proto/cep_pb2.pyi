@@ -143,7 +143,7 @@ class CEPTriggerAck(_message.Message):
     def __init__(self, trigger_id: _Optional[str] = ..., accepted: bool = ..., error_message: _Optional[str] = ..., reason: _Optional[_Union[TriggerRejectReason, str]] = ..., request_id: _Optional[str] = ..., triggers: _Optional[_Iterable[_Union[CEPTriggerRequest, _Mapping]]] = ...) -> None: ...
 
 class CEPTriggerEvent(_message.Message):
-    __slots__ = ("trigger_id", "ticker", "value", "fired_time_ms", "event_time_ms", "firing", "reference", "client_id", "user_id")
+    __slots__ = ("trigger_id", "ticker", "value", "fired_time_ms", "event_time_ms", "firing", "reference", "client_id", "user_id", "registered_ms")
     TRIGGER_ID_FIELD_NUMBER: _ClassVar[int]
     TICKER_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class CEPTriggerEvent(_message.Message):
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     USER_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_MS_FIELD_NUMBER: _ClassVar[int]
     trigger_id: str
     ticker: str
     value: str
@@ -162,7 +163,8 @@ class CEPTriggerEvent(_message.Message):
     reference: str
     client_id: str
     user_id: str
-    def __init__(self, trigger_id: _Optional[str] = ..., ticker: _Optional[str] = ..., value: _Optional[str] = ..., fired_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ..., firing: _Optional[int] = ..., reference: _Optional[str] = ..., client_id: _Optional[str] = ..., user_id: _Optional[str] = ...) -> None: ...
+    registered_ms: int
+    def __init__(self, trigger_id: _Optional[str] = ..., ticker: _Optional[str] = ..., value: _Optional[str] = ..., fired_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ..., firing: _Optional[int] = ..., reference: _Optional[str] = ..., client_id: _Optional[str] = ..., user_id: _Optional[str] = ..., registered_ms: _Optional[int] = ...) -> None: ...
 
 class CepTrade(_message.Message):
     __slots__ = ("time_ns", "seq", "price", "size")

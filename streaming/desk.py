@@ -181,9 +181,10 @@ class TriggerDesk(threading.Thread):
         if held is not None:
             if same_trigger(held, req):
                 return
-            raise TriggerRejected(
-                cep.DUPLICATE_TRIGGER, f"trigger {req.trigger_id} exists with another condition"
-            )
+            # Ids are one namespace: another client's is named as taken, nothing more.
+            mine = held.client_id == req.client_id
+            why = "exists with another condition" if mine else "is in use: choose another id"
+            raise TriggerRejected(cep.DUPLICATE_TRIGGER, f"trigger {req.trigger_id} {why}")
         self._check_listed(trigger.ticker)
         if len(self.registry) >= self.settings.cep_max_triggers:
             raise TriggerRejected(

@@ -10,7 +10,7 @@ row per run), as ``CepState`` (``proto/cep.proto``), which a restart hands back 
 Evaluation reads no wall clock, so a restart, which evaluates the records after the last
 record again from the state recorded with it, makes the same firings with the same
 numbers. A firing sent before a crash may so arrive twice, with the same (trigger_id,
-firing): clients keep the first (:class:`candlewire._protocol.NotificationInbox`), and the
+registered_ms, firing): clients keep the first (:class:`candlewire._protocol.NotificationInbox`), and the
 gateways deliver a critical alert's event id once. A firing not sent before the crash is
 made after it: none is lost.
 
@@ -63,7 +63,7 @@ def alert(event: cep.CEPTriggerEvent, critical: bool) -> ev.UserEvent:
     }
     return ev.UserEvent(
         user_id=event.user_id,
-        event_id=f"cep:{event.trigger_id}:{event.firing}",
+        event_id=firing_event_id(event),
         timestamp=event.fired_time_ms,
         event_type=ev.ALERT_TRIGGERED,
         payload=json.dumps(payload).encode(),
@@ -71,6 +71,12 @@ def alert(event: cep.CEPTriggerEvent, critical: bool) -> ev.UserEvent:
             priority=ev.CRITICAL if critical else ev.INFORMATIONAL, channels=ALERT_CHANNELS
         ),
     )
+
+
+def firing_event_id(event: cep.CEPTriggerEvent) -> str:
+    """One firing of one registration: a trigger added again under its id fires from 1
+    again, and must not be taken for the earlier registration's firing sent twice."""
+    return f"cep:{event.trigger_id}:{event.registered_ms}:{event.firing}"
 
 
 class FiringDesk:

@@ -164,3 +164,21 @@ def test_a_condition_missing_parameters_names_them_all(kind: str, given: dict, s
     with pytest.raises(TriggerRejected) as raised:
         condition(kind, level=None, **given)
     assert str(raised.value) == says and raised.value.reason == cep.BAD_TRIGGER
+
+
+def test_a_firing_is_kept_once_per_registration_not_once_per_trigger_id() -> None:
+    """A one-shot removed as it fires and added again under its id fires as firing 1 again:
+    the inbox kept the first and took the second for a repeat, and the gateways' event id
+    said the same (both by (trigger_id, firing))."""
+    from candlewire._protocol import NotificationInbox
+    from proto.envelope import encode_topic
+
+    inbox = NotificationInbox()
+
+    def firing(registered_ms: int) -> cep.CEPTriggerEvent:
+        return cep.CEPTriggerEvent(trigger_id="t", firing=1, registered_ms=registered_ms)
+
+    for event in (firing(1_000), firing(1_000), firing(2_000), firing(2_000)):
+        inbox.offer(encode_topic("RESPONSE:c", event))
+    taken = [inbox.take_firing(), inbox.take_firing(), inbox.take_firing()]
+    assert [e.registered_ms if e else None for e in taken] == [1_000, 2_000, None]

@@ -61,6 +61,7 @@ class Firing:
             reference=plain(self.reference),
             client_id=t.client_id,
             user_id=t.user_id,
+            registered_ms=t.registered_ms,
         )
 
 

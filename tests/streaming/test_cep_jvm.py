@@ -82,6 +82,7 @@ def records(seed: int, n: int = 3_000) -> list[tuple[bytes, object]]:
                 cooldown_s=0 if once else rng.choice([0, 0, 30, 120]),
             )
             req.notification_topic = "RESPONSE:c"
+            req.registered_ms = 1_000 + i  # the desk's: a firing names its registration
             out.append((to_record(req), req))
         elif roll < 0.04:
             req = cep.CEPTriggerRequest(
@@ -120,18 +121,25 @@ def records(seed: int, n: int = 3_000) -> list[tuple[bytes, object]]:
     return out
 
 
+def named(e: cep.CEPTriggerEvent) -> tuple:
+    return (
+        e.trigger_id,
+        e.firing,
+        e.event_time_ms,
+        e.value,
+        e.reference,
+        e.ticker,
+        e.user_id,
+        e.registered_ms,
+    )
+
+
 def python_firings(fired: list[Firing]) -> list[tuple]:
-    return [
-        (e.trigger_id, e.firing, e.event_time_ms, e.value, e.reference, e.ticker, e.user_id)
-        for e in (f.event(0) for f in fired)
-    ]
+    return [named(f.event(0)) for f in fired]
 
 
 def jvm_firings(data: bytes) -> list[tuple]:
-    return [
-        (e.trigger_id, e.firing, e.event_time_ms, e.value, e.reference, e.ticker, e.user_id)
-        for e in (f.event for f in cep.CepFirings.FromString(data).firings)
-    ]
+    return [named(f.event) for f in cep.CepFirings.FromString(data).firings]
 
 
 def run_python(triggers: Triggers, recs: list[tuple[bytes, object]]) -> list[tuple]:

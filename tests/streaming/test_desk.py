@@ -67,6 +67,10 @@ def test_add_list_remove_and_the_reasons_for_refusal(pipeline) -> None:
             )
             == "DUPLICATE_TRIGGER"
         )
+        # Ids are one namespace: another client's is taken, and said so without its condition.
+        with pytest.raises(TriggerRefused, match="is in use: choose another id") as err:
+            other.add_trigger("SIM:BTC/USDT", other_cond, trigger_id=f"{client.client_id}-a")
+        assert err.value.reason == "DUPLICATE_TRIGGER"
         assert refused(lambda: client.add_trigger("SIM:NOPE/USDT", CROSS)) == "UNKNOWN_TICKER"
         assert refused(lambda: other.remove_trigger(f"{client.client_id}-a")) == "NO_SUCH_TRIGGER"
         client.remove_trigger(f"{client.client_id}-a")

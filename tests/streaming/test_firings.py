@@ -4,6 +4,7 @@ cooldown, removal, and a kill -9 between the crossing and its commit."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import uuid
@@ -169,6 +170,11 @@ def test_once_cooldown_and_removal(live_pipeline, tickers) -> None:
         assert by == {once: [(1, 10)], rearm: [(1, 10), (2, 70), (3, 130)], removed: []}
         # The one-shot trigger is gone from the registry once it fired.
         wait_for(lambda: [t.trigger_id for t in client.list_triggers()] == [rearm], timeout=15)
+        # Added again under its id, it is a new registration: its firing 1 is not a repeat.
+        client.add_trigger(ticker, cross, trigger_id=once)
+        produce(live_pipeline, ticker, zigzag(t0 + 3600 * S, 2))
+        again = [(e.trigger_id, e.firing) for e in firings(client) if e.trigger_id == once]
+        assert again == [(once, 1)]
 
 
 def test_a_firing_crosses_a_kill_9_exactly_once(live_pipeline, tickers) -> None:
@@ -252,7 +258,8 @@ def test_an_alert_for_a_user_with_a_session_shows_on_the_live_page(live_pipeline
             produce(live_pipeline, ticker, [(t0, "99", "1"), (t0 + S, "101", "1")])
             shown = next_of(ws, "event", timeout=60)
         assert shown["event_type"] == "ALERT_TRIGGERED" and shown["priority"] == "INFORMATIONAL"
-        assert shown["event_id"] == f"cep:{trigger_id}:1"
+        # One firing of one registration: the desk's time of it, then the firing's number.
+        assert re.fullmatch(rf"cep:{trigger_id}:\d{{13}}:1", shown["event_id"])
         assert shown["data"]["ticker"] == ticker and shown["data"]["value"] == "101"
         with pytest.raises(TimeoutError):
             next_of(ws, "event", timeout=4)  # not twice
@@ -306,3 +313,14 @@ def test_each_engine_goes_on_from_the_other_ones_record(live_pipeline, tickers) 
     assert [(e.trigger_id, e.firing, e.event_time_ms, e.value) for e in got] == [
         (trigger_id, n + 1, t // 1_000_000, str(101 + n)) for n, t in enumerate(times)
     ]
+
+
+def test_an_alerts_event_id_names_the_registration() -> None:
+    """A trigger added again under its id fires from 1 again: its alert is another event."""
+    from streaming.firings import firing_event_id
+
+    def firing(registered_ms: int) -> cep.CEPTriggerEvent:
+        return cep.CEPTriggerEvent(trigger_id="t", firing=1, registered_ms=registered_ms)
+
+    assert firing_event_id(firing(1_000)) == "cep:t:1000:1"
+    assert firing_event_id(firing(2_000)) == "cep:t:2000:1"

@@ -199,6 +199,7 @@ public final class Triggers {
               .setReference(FeedTriggers.plain(f.reference()))
               .setClientId(t.getClientId())
               .setUserId(t.getUserId())
+              .setRegisteredMs(t.getRegisteredMs())
               .build();
       out.add(CepFiring.newBuilder().setTrigger(t).setEvent(event).build());
     }
