@@ -35,6 +35,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
+from candlewire.amounts import PLAIN_CHARS, held
 from proto import book_pb2
 from proto.envelope import RUN_HEADS, sub_payloads
 from proto.market_pb2 import StreamPosition
@@ -61,13 +62,14 @@ _prices: dict[str, Decimal] = {}
 
 
 def _price(text: str) -> Decimal:
-    """A level's price: a finite decimal above 0, parsed once per spelling."""
+    """A level's price: a decimal above 0 that the tables hold (DECIMAL(38,18), as a
+    trade's), parsed once per spelling."""
     try:
-        price = Decimal(text)
+        price = Decimal(text) if held(text) else Decimal(-1)
     except (InvalidOperation, TypeError):
         price = Decimal(-1)
     if not price.is_finite() or price <= 0:
-        raise BookError(f"level price {text!r} is no decimal above 0")
+        raise BookError(f"level price {text!r} is no decimal above 0 that DECIMAL(38,18) holds")
     if len(_prices) >= PRICE_CACHE:
         _prices.clear()
     _prices[text] = price
@@ -76,8 +78,9 @@ def _price(text: str) -> Decimal:
 
 def _parse(updates: Iterable[book_pb2.BookLevel]) -> Parsed:
     """Each level as (price, price text, size text); "" for a size of zero in any spelling
-    ("0", "0.000"): a removal. A size is judged as a float, like a trade's
-    (:func:`ingest.jobs.tick_problem`): a finite number not below 0."""
+    ("0", "0.000"): a removal. A size is a decimal of 0 or more that the tables hold, like a
+    trade's (:func:`ingest.jobs.tick_problem`); of those, a float is 0 exactly when the
+    value is ("1e-400" is no such size, though its float is 0)."""
     out: Parsed = []
     append, prices = out.append, _prices
     for level in updates:
@@ -87,10 +90,19 @@ def _parse(updates: Iterable[book_pb2.BookLevel]) -> Parsed:
             amount = float(size)
         except ValueError:
             amount = -1.0
-        if not 0.0 <= amount < INF:  # NaN fails both
-            raise BookError(f"level {price!r} size {size!r} is no decimal of 0 or more")
+        if not 0.0 <= amount < INF or not _held_size(size):  # NaN fails both
+            raise BookError(
+                f"level {price!r} size {size!r} is no decimal of 0 or more that "
+                "DECIMAL(38,18) holds"
+            )
         append((key, price, size if amount else ""))
     return out
+
+
+def _held_size(text: str) -> bool:
+    """:func:`~candlewire.amounts.held`, at once for a venue's plain texts (under 20 digits
+    and points, which a float has read: at most one point)."""
+    return (len(text) < 20 and not text.strip(PLAIN_CHARS)) or held(text)
 
 
 def _put(side: dict[Decimal, tuple[str, str]], levels: Parsed) -> None:
@@ -137,12 +149,15 @@ class Book:
     def bids(self, depth: int | None = None) -> list[Level]:
         """Bid levels, highest price first; ``depth`` of them (default: the book's own)."""
         side = self._bids
-        return [(p, Decimal(side[p][1])) for p in self._prices(side, True, depth or self.depth)]
+        return [(p, Decimal(side[p][1])) for p in self._prices(side, True, self._depth(depth))]
 
     def asks(self, depth: int | None = None) -> list[Level]:
         """Ask levels, lowest price first; ``depth`` of them (default: the book's own)."""
         side = self._asks
-        return [(p, Decimal(side[p][1])) for p in self._prices(side, False, depth or self.depth)]
+        return [(p, Decimal(side[p][1])) for p in self._prices(side, False, self._depth(depth))]
+
+    def _depth(self, depth: int | None) -> int | None:
+        return self.depth if depth is None else depth
 
     def texts(self, bid: bool, depth: int | None = None) -> list[tuple[str, str]]:
         """One side's levels as the venue spelled them, best first: what checksums read."""
@@ -210,6 +225,15 @@ CHECKSUMS: dict[str, Checksum] = {"OKX": okx_checksum, "KRAKEN": kraken_checksum
 CHECKSUMS["SIM"] = okx_checksum
 
 
+def _renumbered(snap: book_pb2.BookSnapshot, book: Book) -> bool:
+    """A snapshot at or below the book's number that is nevertheless newer: one taken as its
+    stream started again (never a periodic one), after the book's last update in the venue's
+    time. A venue may number its updates afresh on a reconnect; the ingestor then starts
+    over from such a snapshot, and so must every reader, or it would drop the new numbers'
+    deltas as repeats and later apply them onto the old book."""
+    return snap.reason != book_pb2.SNAPSHOT_PERIODIC and snap.exchange_time_ns > book.time_ns > 0
+
+
 class Verdict(enum.Enum):
     """What :meth:`BookSync.on_delta` did with a delta."""
 
@@ -243,7 +267,8 @@ class BookSync:
         that already includes ``snap`` keeps going (a snapshot published again after a
         restart, or another ingestor's older one): nothing goes backwards. A malformed
         snapshot raises BookError and leaves the book as it was."""
-        if self.book is not None and snap.venue_seq <= self.book.seq:
+        book = self.book
+        if book is not None and snap.venue_seq <= book.seq and not _renumbered(snap, book):
             self.counts[Verdict.STALE] += 1
             return []
         self.book = Book.from_snapshot(snap)
@@ -534,7 +559,7 @@ def _text_levels(levels: Message, count: int) -> _RunLevels | None:
     if not count:
         return {}
     keys = _price_keys(prices)
-    if keys is None:
+    if keys is None or not all(map(_held_size, sizes)):
         return None
     try:
         amounts = pc.cast(pa.array(sizes, pa.string()), pa.float64())
@@ -552,6 +577,7 @@ _LEVEL_TAGS = tuple(
     f.number << 3 | 2 for f in book_pb2.BookLevel.DESCRIPTOR.fields
 )  # (price, size): field number and wire type 2
 _TEXT_LOWEST = ord("+")
+_PLAIN_BYTES = PLAIN_CHARS.encode()  # a plain size's: digits and the point
 
 
 def _wire_levels(levels: Message, count: int) -> _RunLevels | None:
@@ -583,11 +609,20 @@ def _wire_levels(levels: Message, count: int) -> _RunLevels | None:
         return None
     keep = np.ones(len(b), bool)
     keep[marks] = False
-    data = pa.py_buffer(b[keep])
+    texts_bytes = b[keep]
     offsets = np.zeros(2 * count + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
+    data = pa.py_buffer(texts_bytes)
     prices = pa.StringArray.from_buffers(count, pa.py_buffer(offsets[: count + 1]), data)
     sizes = pa.StringArray.from_buffers(count, pa.py_buffer(offsets[count:]), data)
+    sizes_bytes = texts_bytes[offsets[count] :].tobytes()
+    if lengths[count:].max() >= 20 or sizes_bytes.translate(None, _PLAIN_BYTES):
+        # Sizes not plain ("0e3", "-0"): those alone judged as the tables hold them.
+        odd = pc.or_(
+            pc.greater_equal(pc.utf8_length(sizes), 20), pc.match_substring_regex(sizes, "[^0-9.]")
+        )
+        if not all(map(held, sizes.filter(odd).to_pylist())):
+            return None
     try:
         amounts = pc.cast(sizes, pa.float64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

@@ -20,11 +20,12 @@ from candlewire.book import SNAPSHOT_EVERY_S, BookError, BookSync, Verdict
 from candlewire.kafka import BOOKS
 from ingest.exchanges.base import BookBroken, Exchange, ExchangeError, NoBook, UnknownSymbol
 from ingest.jobs import retry
-from ingest.sink import KafkaSink
+from ingest.sink import KafkaSink, RecordTooLarge
 from proto import book_pb2
 
 log = logging.getLogger("candlewire.ingest")
 RETRY_S = 1.0  # between rounds of snapshots that did not catch up with the stream
+QUIET_CHECK_S = 1.0  # how often a quiet book is looked at for its periodic snapshot
 _RESNAPSHOT = {
     Verdict.GAP: book_pb2.SNAPSHOT_SEQUENCE,
     Verdict.CHECKSUM: book_pb2.SNAPSHOT_CHECKSUM,
@@ -45,23 +46,43 @@ class BookStream:
         self.ticker, self.exchange, self.sink = ticker, exchange, sink
         self.counted, self.snapshot_s = counted, snapshot_s
         self.sync = BookSync(ticker, exchange.book_checksum())
+        # The stream's thread and the quiet book's snapshots: each write follows the last.
+        self._lock = threading.RLock()
         self.sent = 0
         self._next_snapshot = 0.0
         self._next_try = 0.0  # when an untrusted book asks for a snapshot again
 
     def run(self, stop: threading.Event) -> int:
         """Until ``stop``; reconnects on exchange errors, each time from a fresh snapshot."""
+        done = threading.Event()
+        quiet = threading.Thread(
+            target=self._snapshot_while_quiet,
+            args=(done,),
+            name=f"{self.ticker}-quiet",
+            daemon=True,
+        )
+        quiet.start()
+        try:
+            return self._run(stop)
+        except RecordTooLarge as exc:  # it would be as large again: a book this stream cannot serve
+            raise NoBook(f"{self.ticker}: {exc}") from None
+        finally:
+            done.set()
+
+    def _run(self, stop: threading.Event) -> int:
         reason = book_pb2.SNAPSHOT_START
         while not stop.is_set():
             try:
                 deltas = self.exchange.book_deltas(self.ticker, stop)
-                # Nothing from before a reconnect is trusted, nor held: a venue may number
-                # its updates afresh.
-                self.sync = BookSync(self.ticker, self.sync.checksum)
-                self._resnapshot(reason)
+                with self._lock:
+                    # Nothing from before a reconnect is trusted, nor held: a venue may
+                    # number its updates afresh.
+                    self.sync = BookSync(self.ticker, self.sync.checksum)
+                    self._resnapshot(reason)
                 reason = book_pb2.SNAPSHOT_START
                 for delta in deltas:
-                    self._on_delta(delta)
+                    with self._lock:
+                        self._on_delta(delta)
                 if not stop.is_set():
                     log.info("book %s ended: the exchange has no more", self.ticker)
                     break
@@ -95,6 +116,18 @@ class BookStream:
         book = self.sync.book
         if book is not None and time.monotonic() >= self._next_snapshot:
             self._send(book.snapshot(book_pb2.SNAPSHOT_PERIODIC))
+
+    def _snapshot_while_quiet(self, done: threading.Event) -> None:
+        """The periodic snapshot of a book with no updates, which no delta brings: a
+        subscriber who joins looks back about one interval for a snapshot to start from."""
+        while not done.wait(min(QUIET_CHECK_S, self.snapshot_s)):
+            with self._lock:
+                book = self.sync.book
+                if book is not None and time.monotonic() >= self._next_snapshot:
+                    try:
+                        self._send(book.snapshot(book_pb2.SNAPSHOT_PERIODIC))
+                    except RecordTooLarge:
+                        return  # the stream's own next one says why
 
     def _resnapshot(self, reason: book_pb2.SnapshotReason) -> None:
         """The venue's snapshot, written, then the held deltas it does not include. Held

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from google.protobuf.message import Message
 
 from candlewire.config import Settings
@@ -25,6 +25,10 @@ TICK_HEAD = record_head(market_pb2.Tick)
 
 class SinkError(RuntimeError):
     pass
+
+
+class RecordTooLarge(SinkError):
+    """A record over the producer's ``message.max.bytes``: no retry will take it."""
 
 
 class _Failures:
@@ -75,6 +79,13 @@ class KafkaSink:
             self._produce(topic, value, key_bytes)
         except BufferError:
             self._produce_when_room(topic, value, key_bytes)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                raise
+            raise RecordTooLarge(
+                f"a {type(msg).__name__} of {len(value):,} bytes is over the largest record "
+                "Kafka takes"
+            ) from None
         self._sent += 1
         if not self._sent % POLL_EVERY:  # serve error reports and events in bulk
             self._producer.poll(0)

@@ -186,9 +186,14 @@ BAD_SIZES = (
     "",
     "1,5",
     "0x10",
-    "\u0661",
-)  # an Arabic-Indic one
-BAD_PRICES = ("abc", "-1", "0", "inf", "")
+    "\u0661",  # an Arabic-Indic one
+    # Decimals the tables cannot hold (DECIMAL(38,18)), which Iceberg rounded or dropped:
+    "1e-400",  # a float of 0, not a removal
+    "1e-19",
+    "0.0000000000000000001",
+    "1" * 21,
+)
+BAD_PRICES = ("abc", "-1", "0", "inf", "", "1.0000000000000000001", "1" * 21)
 
 
 def frames_of(deltas: list[book_pb2.BookDelta], epoch: int = 7, seq: int = 1) -> list[list[bytes]]:
@@ -444,3 +449,60 @@ def test_a_run_s_levels_off_the_wire_equal_those_read_level_by_level(seed: int) 
         sides = zip((columns.bids, columns.asks), counts, strict=True)
         assert (run is None) == any(_run_levels(lv, n) is None for lv, n in sides)
     assert wired > 100
+
+
+@pytest.mark.parametrize(
+    ("price", "size"),
+    [("100", "1e-400"), ("100", "1e-19"), ("100", "1" * 21), ("1.0000000000000000001", "1")],
+)
+def test_a_level_the_tables_cannot_hold_is_malformed_everywhere(price: str, size: str) -> None:
+    """Live, the book took any decimal; Iceberg rounded a 19th decimal away (a level of 0,
+    two prices made one) or dropped the delta (a later ``history(at=)`` saw a gap). Now the
+    one rule refuses it, on its own and in a run; "1e-400" was a removal (its float is 0)."""
+    feed = BookFeed(T)
+    feed.offer(snap(1, bids=(("100", "1"),)))
+    assert feed.offer(delta(2, bids=((price, size),))) is None
+    assert feed.sync.counts[Verdict.MALFORMED] == 1 and feed.sync.book is not None
+    assert feed.sync.book.bids() == [(Decimal(100), Decimal(1))]
+    deltas = [delta(s, bids=(("99", str(s)),)) for s in range(2, 2 + RUN_MIN)]
+    deltas[3].bids.add(price=price, size=size)
+    columns = _RUN_COLUMNS.FromString(
+        b"".join(RUN_HEADS[len(p)] + p for p in (d.SerializeToString() for d in deltas))
+    ).deltas
+    assert _run_levels(columns.bids, RUN_MIN + 1) is None
+
+
+def test_a_snapshot_of_a_venue_that_numbered_afresh_starts_the_book_over() -> None:
+    """A venue may number its updates from 0 again on a reconnect; the ingestor starts over
+    from the snapshot it takes then. A reader dropped it as older than its book, then every
+    delta of the new numbers, and would have applied the later ones onto the old book."""
+
+    def at(msg, seconds: int):
+        msg.exchange_time_ns = seconds * 1_000_000_000
+        return msg
+
+    feed = BookFeed(T)
+    feed.offer(at(snap(5_000), 10))
+    assert feed.offer(at(delta(5_001, bids=(("100", "5"),)), 11)) is not None
+    # Another ingestor's snapshot, older: nothing goes backwards. A periodic one never
+    # starts a numbering.
+    older = at(snap(4_000, bids=(("100", "9"),)), 9)
+    older.reason = book_pb2.SNAPSHOT_START
+    periodic = at(snap(40, bids=(("100", "9"),)), 12)
+    periodic.reason = book_pb2.SNAPSHOT_PERIODIC
+    for stale in (older, periodic):
+        feed.offer(stale)
+    assert feed.sync.counts[Verdict.STALE] == 2 and feed.sync.book is not None
+    assert feed.sync.book.seq == 5_001 and feed.sync.book.bids(1) == [(Decimal(100), Decimal(5))]
+    renumbered = at(snap(50, bids=(("100", "7"),)), 12)
+    renumbered.reason = book_pb2.SNAPSHOT_SEQUENCE
+    book = feed.offer(renumbered)
+    assert book is not None and book.seq == 50
+    book = feed.offer(at(delta(51, bids=(("100", "8"),)), 13))
+    assert book is not None and book.bids(1) == [(Decimal(100), Decimal(8))]
+
+
+def test_a_depth_of_zero_is_no_levels() -> None:
+    book = Book.from_snapshot(snap(1))
+    assert book.bids(0) == [] == book.asks(0) == book.texts(True, 0)
+    assert len(book.bids()) == 2

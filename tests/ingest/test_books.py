@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 
+import pytest
+
 from candlewire.book import Book, BookSync, Verdict
 from candlewire.kafka import BOOKS
 from ingest.books import BookStream
@@ -253,3 +255,59 @@ def test_a_stream_the_venue_drops_or_whose_snapshot_is_unusable_starts_again_rig
     compared, reasons = check_against_sim(sim, records)
     fresh = [r for r in reasons if r != book_pb2.SNAPSHOT_PERIODIC]  # a slow run's 30 s
     assert fresh == [book_pb2.SNAPSHOT_START, book_pb2.SNAPSHOT_START] and compared > 50
+
+
+def test_a_quiet_book_still_gets_its_periodic_snapshot() -> None:
+    """The periodic snapshot came only with a delta, so a book quiet for longer than a
+    subscriber looks back (one interval and 5 s) handed a new subscriber nothing until the
+    venue moved again."""
+
+    class Quiet(SimExchange):
+        quiet = threading.Event()
+
+        def book_deltas(self, ticker, stop):
+            deltas = super().book_deltas(ticker, stop)
+
+            def then_quiet():
+                for i, delta in enumerate(deltas):
+                    if i == 20:
+                        self.quiet.set()
+                        stop.wait()  # the venue says nothing more
+                        return
+                    yield delta
+
+            return then_quiet()
+
+    sim = Quiet(rate=60)
+    with streaming(sim, snapshot_s=0.3) as (sink, _events):
+
+        def quiet_snapshots() -> list:
+            records = sink.sent(BOOKS.name)
+            deltas = [i for i, r in enumerate(records) if isinstance(r, book_pb2.BookDelta)]
+            after = records[deltas[-1] + 1 :] if sim.quiet.is_set() and deltas else []
+            return after if len(after) >= 3 else []
+
+        after = wait_for(quiet_snapshots, timeout=30)
+    records = sink.sent(BOOKS.name)
+    compared, _ = check_against_sim(sim, records)
+    assert compared > 10
+    assert all(r.reason == book_pb2.SNAPSHOT_PERIODIC for r in after)
+    assert len({r.venue_seq for r in after}) == 1  # the same book, again
+
+
+def test_a_book_too_large_for_a_record_ends_as_no_book_said_to_subscribers() -> None:
+    """A snapshot Kafka will never take (over its largest record) raised out of the stream
+    as Kafka's own error, which the ingestor took for a crash: no subscriber heard why, and
+    the stream was not started again. It is NoBook now, which subscribers are told."""
+    from ingest.exchanges.base import NoBook
+    from ingest.sink import RecordTooLarge
+
+    class Small(RecordingSink):
+        def send(self, topic, key, msg) -> None:
+            if isinstance(msg, book_pb2.BookSnapshot):
+                raise RecordTooLarge("a BookSnapshot of 1,100,000 bytes is over the largest")
+            super().send(topic, key, msg)
+
+    stream = BookStream(T, SimExchange(rate=60), Small())
+    with pytest.raises(NoBook, match="1,100,000 bytes"):
+        stream.run(threading.Event())
