@@ -129,3 +129,10 @@ def test_a_run_of_trades_is_written_as_each_of_its_ticks_would_be_in_order(setti
 def test_a_run_with_columns_of_different_lengths_is_refused() -> None:
     with pytest.raises(ValueError, match="differ in length"):
         TradeRun("SIM:BTC/USDT", ["1", "2"], ["1", "2"], ["1"], [0, 0], [1, 2])
+
+
+def test_the_ingestors_records_wait_out_any_outage(settings) -> None:
+    """librdkafka gave a record up after 5 minutes: the trades of a longer outage were lost
+    with no gap recorded (the stream had seen each one). The ingestor's never expire."""
+    assert KafkaSink(settings).message_timeout_ms == 0
+    assert KafkaSink(settings, **{"message.timeout.ms": 300}).message_timeout_ms == 300
