@@ -39,6 +39,10 @@ REFETCH_CHUNK_NS = 60 * S_NS  # one refetch call's time window: bounds a repair'
 # Without sequential ids a reconnect's last trade seen is not proof that nothing just before
 # it was lost in flight, so the repair looks this far further back (and drops what was sent).
 RECONNECT_LOOKBACK_NS = 5 * S_NS
+# A dead peer announced the last trade it *received*; the trades it held undelivered (its
+# producer's last moments, a Kafka stall) came before that, so a takeover's repair starts
+# this far back too, and takes the announced trade itself. A resend costs nothing.
+TAKEOVER_LOOKBACK_NS = 60 * S_NS
 RECENT_IDS = 200_000
 RECENT_HORIZON_NS = 600 * S_NS
 
@@ -286,8 +290,10 @@ class GapRepairer:
         *,
         ahead_s: float = 60.0,
         metrics: IngestMetrics | None = None,
+        horizon_s: float = 600.0,
     ) -> None:
         self.sink, self.executor = sink, executor
+        self.horizon_ns = int(horizon_s * S_NS)  # the stream's dedup horizon
         self._problem = tick_checker(ahead_s, None)  # a repair's window: ahead only
         self.metrics = metrics
 
@@ -308,7 +314,12 @@ class GapRepairer:
         """Fetch the gap's trades again, produce those not sent yet, record the outcome."""
         sequential = exchange.sequential_ids and missing_ids(gap) is not None
         start = gap.from_ns
-        if not sequential and gap.cause == market_pb2.RECONNECT and recent is not None:
+        if gap.cause == market_pb2.TAKEOVER:
+            # Not so far back that a resend would be older than the stream's dedup horizon
+            # by the time it is judged (it would be stored again, as a late trade).
+            floor = time.time_ns() - self.horizon_ns * 9 // 10
+            start = max(start - TAKEOVER_LOOKBACK_NS, min(start, floor))
+        elif not sequential and gap.cause == market_pb2.RECONNECT and recent is not None:
             # Not before the oldest trade it remembers sending: what came earlier, it
             # cannot tell from what it missed (and a peer may have sent it).
             start = max(start - RECONNECT_LOOKBACK_NS, min(start, recent.oldest_ns))
@@ -363,13 +374,19 @@ class GapRepairer:
     def _wanted(
         tick: market_pb2.Tick, gap: market_pb2.Gap, sequential: bool, recent: RecentIds | None
     ) -> bool:
-        """Whether a refetched trade is one the stream missed."""
+        """Whether a refetched trade is one the stream missed. On a takeover, the dead
+        peer's announced last trade and those before it in the look-back are: it may not
+        have delivered them."""
+        takeover = gap.cause == market_pb2.TAKEOVER
         if sequential:
             try:
-                return int(gap.from_trade_id) < int(tick.trade_id) < int(gap.to_trade_id)
+                after = int(gap.from_trade_id) < int(tick.trade_id) or takeover
+                return after and int(tick.trade_id) < int(gap.to_trade_id)
             except ValueError:
                 return False
-        if tick.trade_id in (gap.from_trade_id, gap.to_trade_id):
+        if tick.trade_id == gap.to_trade_id or (
+            tick.trade_id == gap.from_trade_id and not takeover
+        ):
             return False
         return recent is None or tick.trade_id not in recent
 

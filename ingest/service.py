@@ -127,7 +127,11 @@ class Ingestor:
         sink = self._sink
         self.metrics.undelivered.set_function(lambda: sink.failures)
         self._repairer = GapRepairer(
-            self._sink, self._pool, ahead_s=settings.ingest.tick_ahead_s, metrics=self.metrics
+            self._sink,
+            self._pool,
+            ahead_s=settings.ingest.tick_ahead_s,
+            metrics=self.metrics,
+            horizon_s=settings.stream_dedup_horizon_s,
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
