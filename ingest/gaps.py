@@ -183,10 +183,20 @@ class GapDetector:
                 return None
             cause = cause or market_pb2.TRADE_ID_JUMP
         else:
+            if cause is not None and here.time_ns < before.time_ns:
+                # Older than the last trade: one the venue sent again on resubscribing. The
+                # question stays open for a trade that is new.
+                self._cause = cause
+                return None
             self._last = here
             if cause is None:
                 return None
         return new_gap(self.ticker, cause, before, here, self.ingestor_id)
+
+    @property
+    def asking(self) -> bool:
+        """Whether a reconnect or takeover waits for the trade that tells what was lost."""
+        return self._cause is not None
 
 
 class RecentIds:
@@ -254,6 +264,9 @@ class GapWatch:
         return True
 
     def observe(self, tick: market_pb2.Tick) -> None:
+        recent = self.recent
+        if recent is not None and self.detector.asking and tick.trade_id in recent:
+            return  # sent before the reconnect and sent again: it tells nothing of the gap
         gap = self.detector.observe(tick)
         if self.recent is not None:
             self.recent.add(tick.trade_id, tick.exchange_time_ns)

@@ -452,3 +452,28 @@ def test_a_takeover_repair_looks_back_no_further_than_the_horizon_allows() -> No
         GapRepairer(sink, pool, horizon_s=100).repair(sim, gap, None)  # type: ignore[arg-type]
     lost = [t.trade_id for t in happened if t.exchange_time_ns >= tail.exchange_time_ns]
     assert sorted(t.trade_id for t in sink.ticks()) == sorted(lost[:-1])
+
+
+def test_trades_a_venue_sends_again_on_resubscribing_do_not_close_the_gap() -> None:
+    """Without sequential ids, the first trade after a reconnect closed the gap even when
+    the venue had sent it before (some replay their last trades on subscribing): the gap
+    ran backwards, nothing was fetched, and the trades lost after it stayed lost."""
+    found: list[market_pb2.Gap] = []
+    watch = GapWatch(GapDetector(T, False), lambda gap, _recent: found.append(gap))
+    for i in range(1, 6):
+        watch.observe(tick(f"id{i}", i))
+    watch.detector.reconnected()
+    for i in (3, 4, 5, 5):  # sent again, one at the tail's own time
+        watch.observe(tick(f"id{i}", i))
+    assert found == []
+    watch.observe(tick("id9", 9))  # 6 to 8 were lost
+    (gap,) = found
+    assert (gap.from_trade_id, gap.to_trade_id, gap.from_ns, gap.to_ns) == (
+        "id5",
+        "id9",
+        5 * S,
+        9 * S,
+    )
+    # Without the ids (the detector alone): an older trade keeps the question open too.
+    (gap,) = feed(GapDetector(T, False), tick("a", 5), "reconnect", tick("b", 3), tick("c", 9))
+    assert (gap.from_trade_id, gap.to_trade_id) == ("a", "c")
