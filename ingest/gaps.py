@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from candlewire.kafka import GAPS, TICKS
 from ingest.exchanges.base import Exchange, ExchangeError, TradeRun
 from ingest.jobs import retry, tick_checker
+from ingest.sink import SinkError
 from proto import market_pb2
 from proto.requests_pb2 import StreamTail
 
@@ -354,7 +355,11 @@ class GapRepairer:
                         produced.add(tick.trade_id)
         except ExchangeError as exc:
             failure = f"the venue would not serve the range: {exc or type(exc).__name__}"
-        self.sink.flush(since=mark)
+        try:
+            self.sink.flush(since=mark)
+        except SinkError as exc:  # not taken: left open, which the owner's sweep repairs again
+            log.warning("gap %s left open: Kafka did not take its trades: %s", gap.gap_id, exc)
+            return gap
         done = market_pb2.Gap()
         done.CopyFrom(gap)
         done.refetched = len(produced)
@@ -367,7 +372,7 @@ class GapRepairer:
             # had it: a gap left open is better than candles that are wrong.
             failure = f"{idless} trades came without an id, so the missed are not known"
         done.status = market_pb2.GAP_REPAIRED if failure is None else market_pb2.GAP_UNREPAIRABLE
-        done.reason = failure or ""
+        done.reason = failure or self._beyond_horizon(gap)
         self._record(done)
         if self.metrics is not None:
             self.metrics.refetched.inc(len(produced))
@@ -382,6 +387,17 @@ class GapRepairer:
             f" ({failure})" if failure else "",
         )
         return done
+
+    def _beyond_horizon(self, gap: market_pb2.Gap) -> str:
+        """What a repaired gap did not mend: its trades older than the stream's dedup horizon
+        are in ``ticks``, but the stream changes no candle for them (a resend would not be
+        known from a new trade). Empty when it mended everything."""
+        if gap.from_ns >= time.time_ns() - self.horizon_ns:
+            return ""
+        return (
+            f"trades older than the dedup horizon ({self.horizon_ns // S_NS} s) are in ticks "
+            "but change no candle"
+        )
 
     @staticmethod
     def _wanted(

@@ -46,6 +46,7 @@ from ingest.jobs import history_metadata, run_history, run_metadata, run_stream,
 from ingest.metrics import IngestMetrics
 from ingest.peers import PeerView
 from ingest.sink import KafkaSink, SinkError
+from proto import market_pb2
 from proto import requests_pb2 as rq
 from proto.envelope import EnvelopeError, Names, decode_sub, encode, encode_topic
 
@@ -59,6 +60,10 @@ MAX_QUEUED_FETCHES = 10_000
 # missed its word (its recent ``done`` list is short), or it is gone with it.
 QUEUED_STALE_S = 600.0
 AGE_EVERY_S = 10.0
+# Gaps left open (an ingestor died mid-repair, Kafka refused the refetched trades): read from
+# the gaps topic this often, and repaired again by their owner once this old.
+SWEEP_EVERY_S = 60.0
+OPEN_STALE_S = 120.0
 
 
 def demand_id(key: str) -> str:
@@ -135,6 +140,8 @@ class Ingestor:
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._sweeper: threading.Thread | None = None
+        self._resweeping: set[str] = set()  # gap ids being repaired again
         self._http: MetricsServer | None = None
         self._started = time.monotonic()  # again at start(): the warm-up counts from there
 
@@ -146,6 +153,8 @@ class Ingestor:
             self._http = MetricsServer(self.metrics.registry, self.settings, "ingest_metrics")
         self._thread = threading.Thread(target=self._loop, name=f"ingest-{self.id}", daemon=True)
         self._thread.start()
+        self._sweeper = threading.Thread(target=self._sweep_loop, name="gap-sweep", daemon=True)
+        self._sweeper.start()
         log.info("ingestor %s serving %s", self.id, ", ".join(self.exchanges))
         return self
 
@@ -518,6 +527,46 @@ class Ingestor:
                     self.failed[key] = (rq.UNKNOWN_SYMBOL, str(exc), now)
             elif not job.stop.is_set():  # it ended by itself: a replay reached its end
                 self.pending.pop(key, None)
+
+    # -- gaps left open --------------------------------------------------------------------
+
+    def _sweep_loop(self) -> None:
+        while not self._stop.wait(SWEEP_EVERY_S):
+            try:
+                self.sweep_gaps(time.monotonic())
+            except Exception:  # Kafka away, say: the next sweep reads again
+                log.warning("%s: the gaps topic was not read", self.id, exc_info=True)
+
+    def sweep_gaps(self, now: float) -> list[str]:
+        """Repair again the open gaps of our exchanges that have stayed open OPEN_STALE_S
+        and that we own (rendezvous by gap id among the live peers): their repair died
+        with its ingestor, or Kafka refused what it fetched. Returns the gap ids taken."""
+        from candlewire.gaps import read_gaps
+
+        taking, stale_ms = self.taking_work(now), time.time() * 1000 - OPEN_STALE_S * 1000
+        taken = []
+        for gap in read_gaps(self.settings, timeout_s=5.0).listed():
+            exchange = gap.ticker.partition(":")[0]
+            if (
+                gap.status != market_pb2.GAP_OPEN
+                or exchange not in self.exchanges
+                or gap.detected_ms > stale_ms
+                or gap.gap_id in self._resweeping
+                or self.views[exchange].owner(gap.gap_id, now, taking) != self.id
+            ):
+                continue
+            log.info("%s: repairing gap %s again: it stayed open", self.id, gap.gap_id)
+            self._resweeping.add(gap.gap_id)
+            try:
+                future = self._pool.submit(
+                    self._repairer.repair, self.exchanges[exchange], gap, None
+                )
+            except RuntimeError:  # stopping
+                self._resweeping.discard(gap.gap_id)
+                break
+            future.add_done_callback(lambda _f, gid=gap.gap_id: self._resweeping.discard(gid))
+            taken.append(gap.gap_id)
+        return taken
 
     def _heartbeat(self, beat: zmq.Socket, now: float, final: bool = False) -> None:
         state = rq.DONE if final else self.state(now)

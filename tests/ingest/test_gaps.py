@@ -29,7 +29,7 @@ from tests.ingest.test_service import (
     PEER_BEAT_S,
     live,  # noqa: F401 - the relay + Kafka fixture
 )
-from tests.support import RecordingSink, read_topic, wait_for
+from tests.support import RecordingSink, read_topic, read_topic_to_end, wait_for
 
 T = "SIM:BTC/USDT"
 S = 1_000_000_000
@@ -477,3 +477,77 @@ def test_trades_a_venue_sends_again_on_resubscribing_do_not_close_the_gap() -> N
     # Without the ids (the detector alone): an older trade keeps the question open too.
     (gap,) = feed(GapDetector(T, False), tick("a", 5), "reconnect", tick("b", 3), tick("c", 9))
     assert (gap.from_trade_id, gap.to_trade_id) == ("a", "c")
+
+
+def test_a_repair_kafka_refuses_leaves_the_gap_open_for_the_sweep() -> None:
+    """Its flush raised out of the repair, which nothing read: the gap stayed open with no
+    word of why. It is left open, said in the log, for the sweep to repair again."""
+    from ingest.sink import SinkError
+
+    class Refusing(Sink):
+        def flush(self, timeout: float = 60.0, *, since: int = 0) -> None:
+            raise SinkError("3 records failed")
+
+    sim = SimExchange(symbols={"BTC/USDT": 30_000.0}, rate=5.0)
+    now = time.time_ns()
+    happened = sim.refetch(T, now - 100 * S, now - 50 * S)
+    gap = new_gap(T, market_pb2.TRADE_ID_JUMP, tail_of(happened[0]), tail_of(happened[-1]), "ing-a")
+    sink = Refusing()
+    with ThreadPoolExecutor(1) as pool:
+        left = GapRepairer(sink, pool).repair(sim, gap, None)  # type: ignore[arg-type]
+    assert left.status == market_pb2.GAP_OPEN and sink.gaps() == []
+
+
+def test_a_gap_left_open_by_a_dead_ingestor_is_repaired_by_the_sweep(broker_settings) -> None:
+    """An ingestor killed while it repaired a gap left it open, and nothing tried again:
+    its trades were lost for good. The owner of a gap open for OPEN_STALE_S repairs it."""
+    from confluent_kafka import Producer
+
+    from candlewire.kafka import producer_config
+    from proto.envelope import to_record
+
+    ticker = f"SIM{uuid.uuid4().hex[:4].upper()}:BTC/USDT"
+    name = ticker.partition(":")[0]
+    sim = SimExchange(name=name, symbols={"BTC/USDT": 30_000.0}, rate=5.0)
+    now = time.time_ns()
+    happened = sim.refetch(ticker, now - 300 * S, now - 250 * S)
+    gap = new_gap(
+        ticker, market_pb2.TRADE_ID_JUMP, tail_of(happened[0]), tail_of(happened[-1]), "ing-dead"
+    )
+    gap.detected_ms = int(time.time() * 1000) - 300_000  # five minutes open
+    producer = Producer(producer_config(broker_settings))
+    producer.produce(GAPS.name, to_record(gap), gap.gap_id.encode())
+    assert producer.flush(30) == 0
+    ingestor = Ingestor(broker_settings, [sim], warmup_beats=0, metrics=False)
+    try:
+        assert ingestor.sweep_gaps(time.monotonic()) == [gap.gap_id]
+
+        def repaired() -> market_pb2.Gap | None:
+            held = read_gaps(broker_settings).gaps.get(gap.gap_id)
+            return held if held is not None and held.status != market_pb2.GAP_OPEN else None
+
+        done = wait_for(repaired, timeout=60)
+        assert done.status == market_pb2.GAP_REPAIRED and done.refetched == len(happened) - 2
+        ids = {
+            t.trade_id
+            for t in read_topic_to_end(broker_settings, TICKS.name)
+            if isinstance(t, market_pb2.Tick) and t.ticker == ticker
+        }
+        assert ids == {t.trade_id for t in happened[1:-1]}
+        assert ingestor.sweep_gaps(time.monotonic()) == []  # repaired: not again
+    finally:
+        ingestor.stop(flush_s=10)
+
+
+def test_a_gap_repaired_past_the_horizon_says_its_candles_were_not_mended() -> None:
+    """Its trades reach ``ticks``, but trades older than the dedup horizon change no candle:
+    the gap said REPAIRED and nothing more, while its candles stayed wrong for good."""
+    sim = SimExchange(symbols={"BTC/USDT": 30_000.0}, rate=5.0)
+    now = time.time_ns()
+    happened = sim.refetch(T, now - 200 * S, now - 150 * S)
+    gap = new_gap(T, market_pb2.TRADE_ID_JUMP, tail_of(happened[0]), tail_of(happened[-1]), "ing-a")
+    with ThreadPoolExecutor(1) as pool:
+        old = GapRepairer(Sink(), pool, horizon_s=100).repair(sim, gap, None)  # type: ignore[arg-type]
+        fresh = GapRepairer(Sink(), pool, horizon_s=600).repair(sim, gap, None)  # type: ignore[arg-type]
+    assert old.status == fresh.status == market_pb2.GAP_REPAIRED
+    assert "change no candle" in old.reason and fresh.reason == ""
