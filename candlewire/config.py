@@ -147,6 +147,10 @@ class IngestSettings(BaseModel):
     tick_behind_s: float | None = Field(default=86_400.0, gt=0)
     """A live trade stamped further behind is dropped too (None: no bound). Recordings
     replayed on their original clock are exempt: their times are meant to be old."""
+    resume_within_s: float = Field(default=60.0, ge=0)
+    """A live stream started this soon after its ingestor started resumes from its ticker's
+    last trade in Kafka, if within the dedup horizon: an ingestor that restarted, with no
+    peer to hand its streams' tails to, repairs its downtime as a gap (0: never)."""
     sim_faults: str = ""
     """What SIM gets wrong on purpose, to watch gaps found and repaired: comma-separated
     ``drop:20s@60s``, ``disconnect:20s@60s``, ``rest:off``, ``ids:opaque``, and for books

@@ -18,12 +18,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING
 
-from candlewire.kafka import GAPS, TICKS
+from candlewire.kafka import GAPS, TICKS, consumer_config
 from ingest.exchanges.base import Exchange, ExchangeError, TradeRun
 from ingest.jobs import retry, tick_checker
 from ingest.sink import SinkError
@@ -31,6 +33,7 @@ from proto import market_pb2
 from proto.requests_pb2 import StreamTail
 
 if TYPE_CHECKING:
+    from candlewire.config import Settings
     from ingest.metrics import IngestMetrics
     from ingest.sink import KafkaSink
 
@@ -44,6 +47,7 @@ RECONNECT_LOOKBACK_NS = 5 * S_NS
 # producer's last moments, a Kafka stall) came before that, so a takeover's repair starts
 # this far back too, and takes the announced trade itself. A resend costs nothing.
 TAKEOVER_LOOKBACK_NS = 60 * S_NS
+LOOKUP_RECORDS = 20_000  # how far back a ticker's partition is read for its last trade
 RECENT_IDS = 200_000
 RECENT_HORIZON_NS = 600 * S_NS
 
@@ -89,6 +93,42 @@ def missing_ids(gap: market_pb2.Gap) -> int | None:
         return None
 
 
+def last_delivered(settings: Settings, ticker: str, timeout_s: float = 10.0) -> StreamTail | None:
+    """The ticker's last trade in the ticks topic, among its partition's last LOOKUP_RECORDS
+    records; None when there is none there. What Kafka holds is what was delivered: a
+    stream an ingestor starts after a restart of its own resumes from it."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from proto.envelope import EnvelopeError, expect, from_record
+
+    key = ticker.encode()
+    # The partition librdkafka's default partitioner (consistent_random) put the key in.
+    partition = zlib.crc32(key) % TICKS.partitions
+    consumer = Consumer(consumer_config(settings, f"candlewire-tail-{uuid.uuid4().hex[:12]}"))
+    try:
+        tp = TopicPartition(TICKS.name, partition)
+        low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+        if high <= low:
+            return None
+        consumer.assign([TopicPartition(TICKS.name, partition, max(low, high - LOOKUP_RECORDS))])
+        last: bytes | None = None
+        deadline, at = time.monotonic() + timeout_s, -1
+        while at < high - 1 and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=1000, timeout=0.5):
+                if msg.error() is None:
+                    at = msg.offset()
+                    if msg.key() == key:
+                        last = msg.value()
+        if last is None:
+            return None
+        try:
+            return tail_of(expect(from_record(last), market_pb2.Tick))
+        except EnvelopeError:
+            return None
+    finally:
+        consumer.close()
+
+
 class GapDetector:
     """One stream's gaps, from what it is told: each trade, each reconnect; sans I/O.
 
@@ -115,6 +155,12 @@ class GapDetector:
         """The last trade received (the highest id on a sequential venue)."""
         last = self._last_tick  # one read: the heartbeat asks from another thread
         return tail_of(last) if last is not None else self._last
+
+    def resume_from(self, tail: StreamTail) -> None:
+        """Before the first trade: start as a takeover from ``tail`` (a stream that ran
+        here before a restart, its last trade in Kafka)."""
+        self._last, self._cause = tail, market_pb2.TAKEOVER
+        self._last_n = _number(tail.trade_id)
 
     def reconnected(self) -> None:
         """The stream dropped; the next trade tells whether anything was lost meanwhile."""

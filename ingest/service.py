@@ -41,7 +41,7 @@ from candlewire.topics import (
 from candlewire.zmqutil import harden, pending, publish_to_relays, subscriptions
 from ingest.books import BookStream
 from ingest.exchanges.base import Exchange, NoBook, UnknownSymbol, pages
-from ingest.gaps import GapDetector, GapRepairer, GapWatch
+from ingest.gaps import GapDetector, GapRepairer, GapWatch, last_delivered
 from ingest.jobs import history_metadata, run_history, run_metadata, run_stream, send_history_error
 from ingest.metrics import IngestMetrics
 from ingest.peers import PeerView
@@ -480,6 +480,7 @@ class Ingestor:
 
     def _stream(self, ticker: str, exchange: Exchange, job: Job) -> None:
         try:
+            self._resume(ticker, job)
             conf = self.settings.ingest
             count = self.metrics.dropped_ticks.labels
             sent = run_stream(
@@ -494,6 +495,28 @@ class Ingestor:
             job.future.set_result(sent)  # type: ignore[union-attr]
         except Exception as exc:
             job.future.set_exception(exc)  # type: ignore[union-attr]
+
+    def _resume(self, ticker: str, job: Job) -> None:
+        """A stream of the ingestor's first minute (``[ingest] resume_within_s``) with no
+        peer's tail resumes from its last trade in Kafka, if within the dedup horizon: the
+        downtime of an ingestor that restarted is a gap (the tails it announced died with
+        it when no peer heard them)."""
+        detector = job.gaps.detector if job.gaps is not None else None
+        if detector is None or detector.tail is not None:
+            return
+        if time.monotonic() - self._started > self.settings.ingest.resume_within_s:
+            return
+        try:
+            tail = last_delivered(self.settings, ticker)
+        except Exception:  # Kafka away: the stream starts as a new one
+            log.warning("%s: %s's last trade not read from Kafka", self.id, ticker, exc_info=True)
+            return
+        horizon_ns = self.settings.stream_dedup_horizon_s * 1e9
+        if tail is not None and tail.time_ns >= time.time_ns() - horizon_ns:
+            log.info(
+                "%s: %s resumes from its last trade in Kafka, %s", self.id, ticker, tail.trade_id
+            )
+            detector.resume_from(tail)
 
     def _book(self, ticker: str, exchange: Exchange, job: Job) -> None:
         count = self.metrics.book_events.labels

@@ -38,6 +38,10 @@ from tests.support import (
 # pays back: on two cores it took a sixth of a running job's CPU, and a Spark module ran
 # 12-28 % faster without it. What the code does is the same; benchmarks keep C2.
 os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+# The suite starts ingestor after ingestor on the same tickers of one broker, each as a new
+# process would: each would resume the last one's streams and repair the time between as a
+# gap. The tests of that (tests/ingest/test_gaps.py) turn it on.
+os.environ.setdefault("CANDLEWIRE_INGEST__RESUME_WITHIN_S", "0")
 
 
 # The modules that run Spark, its cluster or the whole stack. Under ``make test``'s two

@@ -551,3 +551,50 @@ def test_a_gap_repaired_past_the_horizon_says_its_candles_were_not_mended() -> N
         fresh = GapRepairer(Sink(), pool, horizon_s=600).repair(sim, gap, None)  # type: ignore[arg-type]
     assert old.status == fresh.status == market_pb2.GAP_REPAIRED
     assert "change no candle" in old.reason and fresh.reason == ""
+
+
+def test_an_ingestor_that_restarted_repairs_its_own_downtime(broker_settings) -> None:
+    """With no peer to hear its streams' tails, an ingestor that restarted (the local stack
+    runs one) began its streams afresh: the trades of its downtime were lost with no gap.
+    Its streams of the first minute now resume from each ticker's last trade in Kafka."""
+    from ingest.sink import KafkaSink
+
+    ticker = f"SIM{uuid.uuid4().hex[:4].upper()}:BTC/USDT"
+    sim = SimExchange(name=ticker.partition(":")[0], symbols={"BTC/USDT": 30_000.0}, rate=5.0)
+    now = time.time_ns()
+    delivered = sim.refetch(ticker, now - 200 * S, now - 100 * S)  # by the run before
+    sink = KafkaSink(broker_settings)
+    for t in delivered:
+        sink.send(TICKS.name, ticker, t)
+    sink.flush(30)
+    ingest = broker_settings.ingest.model_copy(update={"resume_within_s": 60.0})
+    settings = broker_settings.model_copy(update={"ingest": ingest})
+    ingestor = Ingestor(
+        settings,
+        [sim],
+        warmup_beats=0,
+        metrics=False,
+        always_on=[ticker],
+        on_demand=False,
+    ).start()
+    try:
+
+        def repaired() -> market_pb2.Gap | None:
+            gaps = [g for g in read_gaps(settings).listed() if g.ticker == ticker]
+            return gaps[0] if gaps and gaps[0].status != market_pb2.GAP_OPEN else None
+
+        gap = wait_for(repaired, timeout=60)
+    finally:
+        ingestor.stop(flush_s=10)
+    assert (gap.cause, gap.status, gap.from_trade_id) == (
+        market_pb2.TAKEOVER,
+        market_pb2.GAP_REPAIRED,
+        delivered[-1].trade_id,
+    )
+    ids = {
+        int(t.trade_id)
+        for t in read_topic_to_end(settings, TICKS.name)
+        if isinstance(t, market_pb2.Tick) and t.ticker == ticker
+    }
+    assert ids == set(range(min(ids), max(ids) + 1)), "a trade of the downtime is missing"
+    assert int(gap.to_trade_id) - int(delivered[-1].trade_id) > 300  # 100 s at 5 a second
