@@ -82,7 +82,7 @@ def _parse(updates: Iterable[book_pb2.BookLevel]) -> Parsed:
     trade's (:func:`ingest.jobs.tick_problem`); of those, a float is 0 exactly when the
     value is ("1e-400" is no such size, though its float is 0)."""
     out: Parsed = []
-    append, prices = out.append, _prices
+    append, prices, plain = out.append, _prices, PLAIN_CHARS
     for level in updates:
         price, size = level.price, level.size
         key = prices.get(price) or _price(price)
@@ -90,7 +90,11 @@ def _parse(updates: Iterable[book_pb2.BookLevel]) -> Parsed:
             amount = float(size)
         except ValueError:
             amount = -1.0
-        if not 0.0 <= amount < INF or not _held_size(size):  # NaN fails both
+        # A venue's plain text (under 20 digits and points, read as a float: at most one
+        # point) is held; any other is judged exactly. Inline: this runs for every level.
+        if not 0.0 <= amount < INF or (
+            (len(size) > 19 or size.strip(plain)) and not held(size)
+        ):  # NaN fails both
             raise BookError(
                 f"level {price!r} size {size!r} is no decimal of 0 or more that "
                 "DECIMAL(38,18) holds"
