@@ -126,8 +126,9 @@ class BookStream:
                 if book is not None and time.monotonic() >= self._next_snapshot:
                     try:
                         self._send(book.snapshot(book_pb2.SNAPSHOT_PERIODIC))
-                    except RecordTooLarge:
-                        return  # the stream's own next one says why
+                    except Exception:  # as large as the stream's own snapshot, which went
+                        log.exception("book %s: no quiet snapshots from now", self.ticker)
+                        return
 
     def _resnapshot(self, reason: book_pb2.SnapshotReason) -> None:
         """The venue's snapshot, written, then the held deltas it does not include. Held

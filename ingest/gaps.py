@@ -111,20 +111,23 @@ def last_delivered(settings: Settings, ticker: str, timeout_s: float = 10.0) -> 
         if high <= low:
             return None
         consumer.assign([TopicPartition(TICKS.name, partition, max(low, high - LOOKUP_RECORDS))])
-        last: bytes | None = None
+        last: market_pb2.Tick | None = None
         deadline, at = time.monotonic() + timeout_s, -1
         while at < high - 1 and time.monotonic() < deadline:
             for msg in consumer.consume(num_messages=1000, timeout=0.5):
-                if msg.error() is None:
-                    at = msg.offset()
-                    if msg.key() == key:
-                        last = msg.value()
-        if last is None:
-            return None
-        try:
-            return tail_of(expect(from_record(last), market_pb2.Tick))
-        except EnvelopeError:
-            return None
+                if msg.error() is not None:
+                    continue
+                at = msg.offset()
+                if msg.key() != key:
+                    continue
+                try:
+                    tick = expect(from_record(msg.value()), market_pb2.Tick)
+                except EnvelopeError:
+                    continue
+                # The latest by time: a repair writes older trades after newer ones.
+                if last is None or tick.exchange_time_ns >= last.exchange_time_ns:
+                    last = tick
+        return tail_of(last) if last is not None else None
     finally:
         consumer.close()
 
@@ -354,6 +357,7 @@ class GapRepairer:
     ) -> None:
         self.sink, self.executor = sink, executor
         self.horizon_ns = int(horizon_s * S_NS)  # the stream's dedup horizon
+        self._repairing: set[str] = set()  # gap ids whose repair runs here now
         self._problem = tick_checker(ahead_s, None)  # a repair's window: ahead only
         self.metrics = metrics
 
@@ -372,6 +376,27 @@ class GapRepairer:
         self, exchange: Exchange, gap: market_pb2.Gap, recent: RecentIds | None
     ) -> market_pb2.Gap:
         """Fetch the gap's trades again, produce those not sent yet, record the outcome."""
+        self._repairing.add(gap.gap_id)
+        try:
+            return self._repair(exchange, gap, recent)
+        finally:
+            self._repairing.discard(gap.gap_id)
+
+    def repairing(self, gap_id: str) -> bool:
+        return gap_id in self._repairing
+
+    def give_up(self, gap: market_pb2.Gap, why: str) -> None:
+        """Record an open gap as unrepairable, and why."""
+        done = market_pb2.Gap()
+        done.CopyFrom(gap)
+        done.status, done.reason = market_pb2.GAP_UNREPAIRABLE, why
+        done.repaired_ms = int(time.time() * 1000)
+        self._record(done)
+        log.warning("gap %s given up: %s", gap.gap_id, why)
+
+    def _repair(
+        self, exchange: Exchange, gap: market_pb2.Gap, recent: RecentIds | None
+    ) -> market_pb2.Gap:
         sequential = exchange.sequential_ids and missing_ids(gap) is not None
         start = gap.from_ns
         if gap.cause == market_pb2.TAKEOVER:

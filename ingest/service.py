@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import partial
@@ -124,7 +124,8 @@ class Ingestor:
         self.metrics = IngestMetrics()
         self._serve_metrics = metrics
         self.workers = workers  # fetches at once (history, metadata); gap repairs share them
-        self._queued = 0  # fetches waiting for a slot, as of the last schedule and since
+        # Fetches waiting for a slot, by exchange, as of the last schedule and since.
+        self._queued: Counter[str] = Counter()
         self._waiting_since: dict[str, float] = {}
         self._next_age = 0.0
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ingest-job")
@@ -141,6 +142,7 @@ class Ingestor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sweeper: threading.Thread | None = None
+        self._swept: list[market_pb2.Gap] | None = None  # read by the sweeper, for the loop
         self._resweeping: set[str] = set()  # gap ids being repaired again
         self._http: MetricsServer | None = None
         self._started = time.monotonic()  # again at start(): the warm-up counts from there
@@ -248,6 +250,9 @@ class Ingestor:
                     for _ in pending(requests):
                         pass  # the relay acknowledges our cancels; nothing waits on them
                 self._expire(now)
+                if (swept := self._swept) is not None:
+                    self._swept = None
+                    self.resweep(swept, now)
                 self._reap(now)
                 self._schedule(now)
                 if now >= next_beat:
@@ -297,10 +302,10 @@ class Ingestor:
             key = msg.request_id
             if key in self.views[msg.exchange].done:
                 return
-            if key not in self.pending and self._queued >= MAX_QUEUED_FETCHES:
+            if key not in self.pending and self._queued[msg.exchange] >= MAX_QUEUED_FETCHES:
                 self._shed(msg, time.monotonic())
                 return
-            self._queued += key not in self.pending
+            self._queued[msg.exchange] += key not in self.pending
             self.pending[key] = msg
 
     def _shed(self, msg: rq.DataRequest, now: float) -> None:
@@ -310,12 +315,16 @@ class Ingestor:
         view = self.views[msg.exchange]
         if view.owner(msg.request_id, now, self.taking_work(now)) != self.id:
             return
-        log.warning("%s: %d fetches queued; refused %s", self.id, self._queued, msg.request_id)
+        queued = self._queued[msg.exchange]
+        log.warning("%s: %d fetches queued; refused %s", self.id, queued, msg.request_id)
         if msg.kind == rq.HISTORICAL:
             exchange = self.exchanges[msg.exchange]
-            windows = pages(msg.start_ms, msg.end_ms, msg.period_s, exchange.rows_per_page)
+            try:  # the relay checked the range; this runs on the loop's thread all the same
+                windows = pages(msg.start_ms, msg.end_ms, msg.period_s, exchange.rows_per_page)
+            except (ArithmeticError, ValueError):
+                windows = []
             text = (
-                f"ingestor {self.id} has {self._queued} fetches queued for {msg.exchange} "
+                f"ingestor {self.id} has {queued} fetches queued for {msg.exchange} "
                 f"(at most {MAX_QUEUED_FETCHES}); retry later"
             )
             send_history_error(self._sink, history_metadata(msg, len(windows), self.id), text)
@@ -432,25 +441,29 @@ class Ingestor:
                 fetching += fetch
             elif fetch:
                 since[key] = self._waiting_since.get(key, now)
-        self._waiting_since, self._queued = since, len(since)
+        self._waiting_since = since
+        self._queued = Counter(self.pending[k].exchange for k in since)
         if now >= self._next_age:
             self._age(now, taking)
             self._next_age = now + AGE_EVERY_S
 
     def _age(self, now: float, taking: bool) -> None:
-        """Drop the fetches a peer has owned, and not taken, for QUEUED_STALE_S: ours wait."""
+        """Drop the fetches a live peer has owned, and not taken, for QUEUED_STALE_S: ours
+        wait, and so do those a peer works on (another takes them over if it dies)."""
         for key, first in list(self._waiting_since.items()):
             if now - first < QUEUED_STALE_S:
                 continue
             req = self.pending[key]
-            owner = self.views[req.exchange].owner(key, now, taking)
-            if owner is not None and owner != self.id:
+            view = self.views[req.exchange]
+            owner = view.owner(key, now, taking)
+            peer = view.alive(now).get(owner or "")
+            if peer is not None and key not in peer.working:  # taken: kept for its takeover
                 log.warning(
                     "%s: dropped %s, queued %.0f s for %s", self.id, key, now - first, owner
                 )
                 self.metrics.fetches_dropped.labels("stale").inc()
                 del self.pending[key], self._waiting_since[key]
-                self._queued -= 1
+                self._queued[req.exchange] -= 1
 
     def _start(self, key: str, req: rq.DataRequest) -> None:
         exchange = self.exchanges[req.exchange]
@@ -504,8 +517,11 @@ class Ingestor:
         detector = job.gaps.detector if job.gaps is not None else None
         if detector is None or detector.tail is not None:
             return
-        if time.monotonic() - self._started > self.settings.ingest.resume_within_s:
+        now = time.monotonic()
+        if now - self._started > self.settings.ingest.resume_within_s:
             return
+        if self.views[job.exchange].alive(now):
+            return  # peers hear tails: a takeover's comes from their heartbeats
         try:
             tail = last_delivered(self.settings, ticker)
         except Exception:  # Kafka away: the stream starts as a new one
@@ -554,29 +570,53 @@ class Ingestor:
     # -- gaps left open --------------------------------------------------------------------
 
     def _sweep_loop(self) -> None:
+        """Reads the gaps topic each SWEEP_EVERY_S, off the loop thread; the loop decides."""
         while not self._stop.wait(SWEEP_EVERY_S):
             try:
-                self.sweep_gaps(time.monotonic())
+                self._swept = self.open_gaps()
             except Exception:  # Kafka away, say: the next sweep reads again
                 log.warning("%s: the gaps topic was not read", self.id, exc_info=True)
 
-    def sweep_gaps(self, now: float) -> list[str]:
-        """Repair again the open gaps of our exchanges that have stayed open OPEN_STALE_S
-        and that we own (rendezvous by gap id among the live peers): their repair died
-        with its ingestor, or Kafka refused what it fetched. Returns the gap ids taken."""
+    def open_gaps(self) -> list[market_pb2.Gap] | None:
+        """The gaps open in the gaps topic; None when it was not read to its end (a gap
+        whose outcome was not reached would look open)."""
         from candlewire.gaps import read_gaps
 
+        log_ = read_gaps(self.settings, timeout_s=10.0)
+        if not log_.complete:
+            return None
+        return [g for g in log_.listed() if g.status == market_pb2.GAP_OPEN]
+
+    def sweep_gaps(self, now: float) -> list[str]:
+        """:meth:`open_gaps` and :meth:`resweep` at once, on the caller's thread."""
+        return self.resweep(self.open_gaps() or [], now)
+
+    def resweep(self, gaps: list[market_pb2.Gap], now: float) -> list[str]:
+        """Repair again the open gaps of our exchanges that stayed open OPEN_STALE_S: their
+        repair died with its ingestor, or Kafka refused what it fetched. A gap's recorder
+        repairs it again while it lives (none is under way here), else its owner by
+        rendezvous among the live peers. One whose range began before the dedup horizon
+        (less a margin) is given up: repaired now, its trades could be stored twice. On
+        the loop thread, which alone uses the peer views. Returns the gap ids taken."""
         taking, stale_ms = self.taking_work(now), time.time() * 1000 - OPEN_STALE_S * 1000
+        oldest_ns = time.time_ns() - int(self.settings.stream_dedup_horizon_s * 1e9) * 9 // 10
         taken = []
-        for gap in read_gaps(self.settings, timeout_s=5.0).listed():
+        for gap in gaps:
             exchange = gap.ticker.partition(":")[0]
-            if (
-                gap.status != market_pb2.GAP_OPEN
-                or exchange not in self.exchanges
-                or gap.detected_ms > stale_ms
-                or gap.gap_id in self._resweeping
-                or self.views[exchange].owner(gap.gap_id, now, taking) != self.id
-            ):
+            if exchange not in self.exchanges or gap.detected_ms > stale_ms:
+                continue
+            if gap.gap_id in self._resweeping or self._repairer.repairing(gap.gap_id):
+                continue
+            view = self.views[exchange]
+            recorder = gap.ingestor_id
+            if recorder == self.id or recorder in view.alive(now):
+                owner: str | None = recorder
+            else:
+                owner = view.owner(gap.gap_id, now, taking)
+            if owner != self.id:
+                continue
+            if gap.from_ns < oldest_ns:
+                self._repairer.give_up(gap, "left open past the dedup horizon")
                 continue
             log.info("%s: repairing gap %s again: it stayed open", self.id, gap.gap_id)
             self._resweeping.add(gap.gap_id)
@@ -587,9 +627,14 @@ class Ingestor:
             except RuntimeError:  # stopping
                 self._resweeping.discard(gap.gap_id)
                 break
-            future.add_done_callback(lambda _f, gid=gap.gap_id: self._resweeping.discard(gid))
+            future.add_done_callback(partial(self._reswept, gap.gap_id))
             taken.append(gap.gap_id)
         return taken
+
+    def _reswept(self, gap_id: str, future: Future) -> None:
+        self._resweeping.discard(gap_id)
+        if future.exception() is not None:
+            log.error("gap %s not repaired again: %s", gap_id, future.exception())
 
     def _heartbeat(self, beat: zmq.Socket, now: float, final: bool = False) -> None:
         state = rq.DONE if final else self.state(now)

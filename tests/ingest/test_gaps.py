@@ -9,7 +9,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 from rich.console import Console
@@ -598,3 +598,63 @@ def test_an_ingestor_that_restarted_repairs_its_own_downtime(broker_settings) ->
     }
     assert ids == set(range(min(ids), max(ids) + 1)), "a trade of the downtime is missing"
     assert int(gap.to_trade_id) - int(delivered[-1].trade_id) > 300  # 100 s at 5 a second
+
+
+def test_the_sweep_leaves_a_gap_to_its_live_recorder_and_to_its_repair_under_way(
+    settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gap still being repaired, here or by its recorder alive elsewhere, is not repaired
+    again (a second repair's resends past the horizon would be stored twice); one whose
+    range began before the dedup horizon is given up, said so, not repaired."""
+    sim = SimExchange(symbols={"BTC/USDT": 30_000.0}, rate=5.0)
+    ingestor = Ingestor(settings, [sim], warmup_beats=0, metrics=False)
+    submitted: list[str] = []
+
+    def submit(_f, _e, gap, _r) -> Future:
+        submitted.append(gap.gap_id)
+        return Future()
+
+    monkeypatch.setattr(ingestor._pool, "submit", submit)
+    ingestor._repairer.sink = sink = Sink()
+    now_ns, now = time.time_ns(), time.monotonic()
+    ingestor.views["SIM"].observe(
+        rq.IngestorControl(
+            action=rq.HEARTBEAT,
+            exchange="SIM",
+            ingestor_id="ing-live",
+            state=rq.AVAILABLE,
+            interval_ms=1000,
+        ),
+        now,
+    )
+
+    def gap(name: str, recorder: str, age_s: float = 60) -> market_pb2.Gap:
+        before = rq.StreamTail(ticker=T, trade_id=f"{name}1", time_ns=now_ns - int(age_s * S))
+        after = rq.StreamTail(ticker=T, trade_id=f"{name}9", time_ns=now_ns - 10 * S)
+        made = new_gap(T, market_pb2.TRADE_ID_JUMP, before, after, recorder)
+        made.detected_ms = int(time.time() * 1000) - 300_000
+        return made
+
+    alive, busy, dead, old = (
+        gap("a", "ing-live", age_s=70),
+        gap("b", ingestor.id, age_s=80),
+        next(  # one this ingestor owns among the live (the other is ing-live)
+            g
+            for g in (gap(f"c{i}", "ing-gone", age_s=100 + i) for i in range(40))
+            if ingestor.views["SIM"].owner(g.gap_id, now, True) == ingestor.id
+        ),
+        next(
+            g
+            for g in (gap(f"d{i}", "ing-gone", age_s=900 + i) for i in range(40))
+            if ingestor.views["SIM"].owner(g.gap_id, now, True) == ingestor.id
+        ),
+    )
+    ingestor._repairer._repairing.add(busy.gap_id)
+    try:
+        assert ingestor.resweep([alive, busy, dead, old], now) == [dead.gap_id]
+        assert submitted == [dead.gap_id]
+        (given_up,) = sink.gaps()
+        assert given_up.gap_id == old.gap_id and given_up.status == market_pb2.GAP_UNREPAIRABLE
+        assert "dedup horizon" in given_up.reason
+    finally:
+        ingestor.stop(flush_s=0)

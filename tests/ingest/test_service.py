@@ -591,6 +591,42 @@ def test_a_refused_fetch_a_peer_owns_is_left_to_it_and_a_stale_one_is_dropped(
         ingestor._schedule(later)
         assert set(ingestor.pending) == {busy, mine}
         assert counted(ingestor.metrics.fetches_dropped)[("stale",)] == 1
+        # One the peer works on is kept: if it dies, another takes it over.
+        taken = theirs[2]
+        ingestor._on_work(rq.DataRequest(request_id=taken, kind=rq.HISTORICAL, exchange="SIM"))
+        ingestor._schedule(later)
+        latest = later + service.QUEUED_STALE_S + 1
+        view.observe(
+            rq.IngestorControl(
+                action=rq.HEARTBEAT,
+                exchange="SIM",
+                ingestor_id="peer",
+                state=rq.AVAILABLE,
+                interval_ms=1000,
+                working=[taken],
+            ),
+            latest,
+        )
+        ingestor._schedule(latest)
+        assert taken in ingestor.pending
     finally:
         release.set()
+        ingestor.stop(flush_s=0)
+
+
+def test_the_fetch_queue_is_bounded_per_exchange(settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One exchange's full queue refuses none of another's requests (a peer may serve only
+    that one, its queue empty)."""
+    import ingest.service as service
+
+    monkeypatch.setattr(service, "MAX_QUEUED_FETCHES", 2)
+    ingestor = Ingestor(
+        settings, [SimExchange(), SimExchange(name="SIMB")], warmup_beats=0, metrics=False
+    )
+    monkeypatch.setattr(ingestor._sink, "send", lambda *_a: None)
+    try:
+        for rid, exchange in (("a1", "SIM"), ("a2", "SIM"), ("a3", "SIM"), ("b1", "SIMB")):
+            ingestor._on_work(rq.DataRequest(request_id=rid, kind=rq.HISTORICAL, exchange=exchange))
+        assert list(ingestor.pending) == ["a1", "a2", "b1"]
+    finally:
         ingestor.stop(flush_s=0)

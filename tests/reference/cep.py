@@ -153,6 +153,7 @@ class FeedTriggers:
     # -- the recorded state (proto/cep.proto's CepFeed) ------------------------------------
 
     def state(self, judged: Feed | None) -> cep.CepFeed:
+        self._prune()  # not recorded: the flag is not, and a restored feed would keep them
         judged = judged or Feed()
         return cep.CepFeed(
             ticker=self.ticker,

@@ -277,3 +277,30 @@ def test_a_candle_trigger_judges_the_same_candles_whatever_else_the_feed_has(
     python = run_python(Triggers(ALLOWANCE_S, HORIZON_S), feed)
     assert run_jvm(jvm.open(b"", ALLOWANCE_S, HORIZON_S), feed, 0) == python
     assert [(f[0], f[2], f[3]) for f in python if f[0] in ("close", "break")] == want
+
+
+def test_a_period_no_trigger_uses_is_not_recorded(jvm) -> None:
+    """A candle trigger removed, then the state recorded before the next trade: its period
+    went into the record, and a feed restored from it folded that period's candles for ever
+    (the flag that prunes it is not recorded). Both engines prune before recording."""
+    ticker = TICKERS[0]
+    cross = add_request("c", "cross", ticker, cep.PriceCross(level="1", direction=cep.DOWN))
+    close = add_request(
+        "c", "close", ticker, cep.CandleClose(period_s=60, level="1", direction=cep.UP)
+    )
+    remove = cep.CEPTriggerRequest(
+        trigger_id="close", client_id="c", ticker=ticker, action=cep.REMOVE
+    )
+    recs = [
+        (to_record(cross), cross),
+        (to_record(close), close),
+        (buy_of_one(ticker, "a", "100", T0), (ticker, T0, Decimal(100), Decimal(1), "a")),
+        (to_record(remove), remove),
+    ]
+    python = Triggers(ALLOWANCE_S, HORIZON_S)
+    run_python(python, recs)
+    evaluator = jvm.open(b"", ALLOWANCE_S, HORIZON_S)
+    run_jvm(evaluator, recs, 0)
+    for state in (python.dumps({0: len(recs)}), bytes(evaluator.state(False))):
+        (feed,) = cep.CepState.FromString(state).feeds
+        assert list(feed.periods) == [] and list(feed.forming) == []

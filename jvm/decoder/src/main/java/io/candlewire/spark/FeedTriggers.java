@@ -494,6 +494,9 @@ final class FeedTriggers {
   // -- the recorded state (proto/cep.proto's CepFeed) -----------------------------------------
 
   CepFeed.Builder state() {
+    if (unused) {
+      prune(); // not recorded: the flag is not, and a restored feed would fold them for ever
+    }
     CepFeed.Builder b =
         CepFeed.newBuilder()
             .setTicker(ticker)
