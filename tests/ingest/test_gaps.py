@@ -27,6 +27,7 @@ from proto import market_pb2
 from proto import requests_pb2 as rq
 from tests.ingest.test_service import (
     PEER_BEAT_S,
+    heard,
     live,  # noqa: F401 - the relay + Kafka fixture
 )
 from tests.support import RecordingSink, read_topic, read_topic_to_end, wait_for
@@ -617,16 +618,7 @@ def test_the_sweep_leaves_a_gap_to_its_live_recorder_and_to_its_repair_under_way
     monkeypatch.setattr(ingestor._pool, "submit", submit)
     ingestor._repairer.sink = sink = Sink()
     now_ns, now = time.time_ns(), time.monotonic()
-    ingestor.views["SIM"].observe(
-        rq.IngestorControl(
-            action=rq.HEARTBEAT,
-            exchange="SIM",
-            ingestor_id="ing-live",
-            state=rq.AVAILABLE,
-            interval_ms=1000,
-        ),
-        now,
-    )
+    heard(ingestor.views["SIM"], "ing-live", now)
 
     def gap(name: str, recorder: str, age_s: float = 60) -> market_pb2.Gap:
         before = rq.StreamTail(ticker=T, trade_id=f"{name}1", time_ns=now_ns - int(age_s * S))

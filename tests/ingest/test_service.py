@@ -18,7 +18,7 @@ from candlewire.topics import ingestor_topic, work_prefix
 from ingest.exchanges.base import Page
 from ingest.exchanges.replay import ReplayExchange
 from ingest.exchanges.sim import SimExchange
-from ingest.peers import TAKING_WORK
+from ingest.peers import TAKING_WORK, PeerView
 from ingest.service import Ingestor, stream_key
 from proto import market_pb2
 from proto import requests_pb2 as rq
@@ -546,6 +546,19 @@ def test_a_fetch_beyond_the_queue_bound_is_answered_with_an_error_not_held(
         ingestor.stop(flush_s=0)
 
 
+def heard(view: PeerView, peer: str, now: float, working: list[str] | None = None) -> None:
+    """A live, work-taking peer's heartbeat on SIM, as heard at ``now``."""
+    beat = rq.IngestorControl(
+        action=rq.HEARTBEAT,
+        exchange="SIM",
+        ingestor_id=peer,
+        state=rq.AVAILABLE,
+        interval_ms=1000,
+        working=working or [],
+    )
+    view.observe(beat, now)
+
+
 def test_a_refused_fetch_a_peer_owns_is_left_to_it_and_a_stale_one_is_dropped(
     settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -560,21 +573,8 @@ def test_a_refused_fetch_a_peer_owns_is_left_to_it_and_a_stale_one_is_dropped(
     sent: list[object] = []
     monkeypatch.setattr(ingestor._sink, "send", lambda *a: sent.append(a))
     view = ingestor.views["SIM"]
-
-    def beat(now: float) -> None:
-        view.observe(
-            rq.IngestorControl(
-                action=rq.HEARTBEAT,
-                exchange="SIM",
-                ingestor_id="peer",
-                state=rq.AVAILABLE,
-                interval_ms=1000,
-            ),
-            now,
-        )
-
     now = time.monotonic()
-    beat(now)
+    heard(view, "peer", now)
     ids = [f"r-{i}" for i in range(40)]
     theirs = [i for i in ids if view.owner(i, now, True) == "peer"]
     ours = [i for i in ids if view.owner(i, now, True) == ingestor.id]
@@ -587,7 +587,7 @@ def test_a_refused_fetch_a_peer_owns_is_left_to_it_and_a_stale_one_is_dropped(
         ingestor._schedule(now)
         assert list(ingestor.jobs) == [busy]  # our one slot; `mine` waits for it
         later = now + service.QUEUED_STALE_S + 1
-        beat(later)
+        heard(view, "peer", later)
         ingestor._schedule(later)
         assert set(ingestor.pending) == {busy, mine}
         assert counted(ingestor.metrics.fetches_dropped)[("stale",)] == 1
@@ -596,17 +596,7 @@ def test_a_refused_fetch_a_peer_owns_is_left_to_it_and_a_stale_one_is_dropped(
         ingestor._on_work(rq.DataRequest(request_id=taken, kind=rq.HISTORICAL, exchange="SIM"))
         ingestor._schedule(later)
         latest = later + service.QUEUED_STALE_S + 1
-        view.observe(
-            rq.IngestorControl(
-                action=rq.HEARTBEAT,
-                exchange="SIM",
-                ingestor_id="peer",
-                state=rq.AVAILABLE,
-                interval_ms=1000,
-                working=[taken],
-            ),
-            latest,
-        )
+        heard(view, "peer", latest, working=[taken])
         ingestor._schedule(latest)
         assert taken in ingestor.pending
     finally:
