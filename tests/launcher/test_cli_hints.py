@@ -154,6 +154,7 @@ def test_status_or_down_where_no_stack_was_made_makes_nothing(
     state = tmp_path / ".candlewire"
     for name, value in free_settings(state).to_env().items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("COLUMNS", "1000")  # a long path is not folded mid-word
     assert cli.main([command]) == rc
     said = " ".join(capsys.readouterr().out.split())
     assert f"nothing of the stack runs from {state.resolve()}: there is no state there" in said
