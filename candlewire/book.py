@@ -103,12 +103,6 @@ def _parse(updates: Iterable[book_pb2.BookLevel]) -> Parsed:
     return out
 
 
-def _held_size(text: str) -> bool:
-    """:func:`~candlewire.amounts.held`, at once for a venue's plain texts (under 20 digits
-    and points, which a float has read: at most one point)."""
-    return (len(text) < 20 and not text.strip(PLAIN_CHARS)) or held(text)
-
-
 def _put(side: dict[Decimal, tuple[str, str]], levels: Parsed) -> None:
     for key, price, size in levels:
         if size:
@@ -563,7 +557,7 @@ def _text_levels(levels: Message, count: int) -> _RunLevels | None:
     if not count:
         return {}
     keys = _price_keys(prices)
-    if keys is None or not all(map(_held_size, sizes)):
+    if keys is None or not all(map(held, sizes)):
         return None
     try:
         amounts = pc.cast(pa.array(sizes, pa.string()), pa.float64())

@@ -42,10 +42,17 @@ BOOKS = TopicSpec("candlewire.books", 3, {"retention.ms": str(7 * 86_400_000)})
 TOPICS = (TICKS, OHLC_BATCHES, SYMBOL_METADATA, JOURNAL, TRIGGERS, GAPS, BOOKS)
 
 
+def key_partition(spec: TopicSpec, key: bytes) -> int:
+    """The partition of ``key`` in ``spec``'s topic: CRC-32 of the key, modulo the
+    partitions, which is also where librdkafka's default partitioner (consistent_random)
+    puts a keyed record."""
+    return zlib.crc32(key) % spec.partitions
+
+
 def journal_partition(topic: str) -> int:
     """The one journal partition a live topic's messages go to, so they keep their order
     and a FETCH reads one partition (chosen here, not by a client library's hash)."""
-    return zlib.crc32(topic.encode()) % JOURNAL.partitions
+    return key_partition(JOURNAL, topic.encode())
 
 
 class KafkaAuthError(RuntimeError):

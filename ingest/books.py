@@ -113,6 +113,10 @@ class BookStream:
             self._resnapshot(book_pb2.SNAPSHOT_SEQUENCE)  # the last tries did not catch up
             return
         # STALE: the overlap of a snapshot and the stream
+        self._periodic()
+
+    def _periodic(self) -> None:
+        """The checked book's periodic snapshot, when one is due."""
         book = self.sync.book
         if book is not None and time.monotonic() >= self._next_snapshot:
             self._send(book.snapshot(book_pb2.SNAPSHOT_PERIODIC))
@@ -122,13 +126,11 @@ class BookStream:
         subscriber who joins looks back about one interval for a snapshot to start from."""
         while not done.wait(min(QUIET_CHECK_S, self.snapshot_s)):
             with self._lock:
-                book = self.sync.book
-                if book is not None and time.monotonic() >= self._next_snapshot:
-                    try:
-                        self._send(book.snapshot(book_pb2.SNAPSHOT_PERIODIC))
-                    except Exception:  # as large as the stream's own snapshot, which went
-                        log.exception("book %s: no quiet snapshots from now", self.ticker)
-                        return
+                try:
+                    self._periodic()
+                except Exception:  # as large as the stream's own snapshot, which went
+                    log.exception("book %s: no quiet snapshots from now", self.ticker)
+                    return
 
     def _resnapshot(self, reason: book_pb2.SnapshotReason) -> None:
         """The venue's snapshot, written, then the held deltas it does not include. Held

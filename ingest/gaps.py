@@ -19,13 +19,13 @@ import logging
 import threading
 import time
 import uuid
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
+from functools import partial
 from typing import TYPE_CHECKING
 
-from candlewire.kafka import GAPS, TICKS, consumer_config
+from candlewire.kafka import GAPS, TICKS, consumer_config, key_partition
 from ingest.exchanges.base import Exchange, ExchangeError, TradeRun
 from ingest.jobs import retry, tick_checker
 from ingest.sink import SinkError
@@ -102,8 +102,7 @@ def last_delivered(settings: Settings, ticker: str, timeout_s: float = 10.0) -> 
     from proto.envelope import EnvelopeError, expect, from_record
 
     key = ticker.encode()
-    # The partition librdkafka's default partitioner (consistent_random) put the key in.
-    partition = zlib.crc32(key) % TICKS.partitions
+    partition = key_partition(TICKS, key)  # where the ingestors' producers put it
     consumer = Consumer(consumer_config(settings, f"candlewire-tail-{uuid.uuid4().hex[:12]}"))
     try:
         tp = TopicPartition(TICKS.name, partition)
@@ -366,11 +365,32 @@ class GapRepairer:
     ) -> Future | None:
         """Record the gap as open now; repair it on the executor."""
         self._record(gap)
+        return self.submit(exchange, gap, recent)
+
+    def submit(
+        self, exchange: Exchange, gap: market_pb2.Gap, recent: RecentIds | None = None
+    ) -> Future | None:
+        """Repair ``gap`` on the executor: under way (:meth:`repairing`) from now until it
+        ends, queued or running, and a repair that raises is logged."""
+        self._repairing.add(gap.gap_id)
         try:
-            return self.executor.submit(self.repair, exchange, gap, recent)
+            future = self.executor.submit(self.repair, exchange, gap, recent)
         except RuntimeError:  # the ingestor is stopping: the gap stays open, and says so
+            self._repairing.discard(gap.gap_id)
             log.warning("gap %s left open: the ingestor is stopping", gap.gap_id)
             return None
+        future.add_done_callback(partial(self._ended, gap.gap_id))
+        return future
+
+    def _ended(self, gap_id: str, future: Future) -> None:
+        self._repairing.discard(gap_id)
+        if not future.cancelled() and future.exception() is not None:
+            log.error("gap %s not repaired: %s", gap_id, future.exception())
+
+    def resend_floor_ns(self) -> int:
+        """The earliest event time a trade resent now may have: one older could pass the
+        stream's dedup horizon before it is judged, and be stored again as a late trade."""
+        return time.time_ns() - self.horizon_ns * 9 // 10
 
     def repair(
         self, exchange: Exchange, gap: market_pb2.Gap, recent: RecentIds | None
@@ -402,8 +422,7 @@ class GapRepairer:
         if gap.cause == market_pb2.TAKEOVER:
             # Not so far back that a resend would be older than the stream's dedup horizon
             # by the time it is judged (it would be stored again, as a late trade).
-            floor = time.time_ns() - self.horizon_ns * 9 // 10
-            start = max(start - TAKEOVER_LOOKBACK_NS, min(start, floor))
+            start = max(start - TAKEOVER_LOOKBACK_NS, min(start, self.resend_floor_ns()))
         elif not sequential and gap.cause == market_pb2.RECONNECT and recent is not None:
             # Not before the oldest trade it remembers sending: what came earlier, it
             # cannot tell from what it missed (and a peer may have sent it).

@@ -143,7 +143,6 @@ class Ingestor:
         self._thread: threading.Thread | None = None
         self._sweeper: threading.Thread | None = None
         self._swept: list[market_pb2.Gap] | None = None  # read by the sweeper, for the loop
-        self._resweeping: set[str] = set()  # gap ids being repaired again
         self._http: MetricsServer | None = None
         self._started = time.monotonic()  # again at start(): the warm-up counts from there
 
@@ -599,13 +598,13 @@ class Ingestor:
         (less a margin) is given up: repaired now, its trades could be stored twice. On
         the loop thread, which alone uses the peer views. Returns the gap ids taken."""
         taking, stale_ms = self.taking_work(now), time.time() * 1000 - OPEN_STALE_S * 1000
-        oldest_ns = time.time_ns() - int(self.settings.stream_dedup_horizon_s * 1e9) * 9 // 10
+        oldest_ns = self._repairer.resend_floor_ns()
         taken = []
         for gap in gaps:
             exchange = gap.ticker.partition(":")[0]
             if exchange not in self.exchanges or gap.detected_ms > stale_ms:
                 continue
-            if gap.gap_id in self._resweeping or self._repairer.repairing(gap.gap_id):
+            if self._repairer.repairing(gap.gap_id):
                 continue
             view = self.views[exchange]
             recorder = gap.ingestor_id
@@ -619,22 +618,10 @@ class Ingestor:
                 self._repairer.give_up(gap, "left open past the dedup horizon")
                 continue
             log.info("%s: repairing gap %s again: it stayed open", self.id, gap.gap_id)
-            self._resweeping.add(gap.gap_id)
-            try:
-                future = self._pool.submit(
-                    self._repairer.repair, self.exchanges[exchange], gap, None
-                )
-            except RuntimeError:  # stopping
-                self._resweeping.discard(gap.gap_id)
-                break
-            future.add_done_callback(partial(self._reswept, gap.gap_id))
+            if self._repairer.submit(self.exchanges[exchange], gap) is None:
+                break  # stopping
             taken.append(gap.gap_id)
         return taken
-
-    def _reswept(self, gap_id: str, future: Future) -> None:
-        self._resweeping.discard(gap_id)
-        if future.exception() is not None:
-            log.error("gap %s not repaired again: %s", gap_id, future.exception())
 
     def _heartbeat(self, beat: zmq.Socket, now: float, final: bool = False) -> None:
         state = rq.DONE if final else self.state(now)
