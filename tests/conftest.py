@@ -58,8 +58,11 @@ ONE_AFTER_ANOTHER = (
     "tests/test_examples.py",
     "tests/candlewire/test_spark.py",
     "tests/launcher/test_spark_cluster.py",
-    "tests/launcher/test_stack.py",
 )
+# The whole-stack module runs beside the unit, first on the other worker: in the unit it took
+# 90-180 s of the run's critical path, much of it waiting on its own stack, while the other
+# worker ran out of modules minutes before the unit ended (2026-12-07).
+FIRST_BESIDE = ("tests/launcher/test_stack.py",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -72,11 +75,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         raise pytest.UsageError(f"{sorted(stray)}: on the live pipeline, so ONE_AFTER_ANOTHER")
     chosen = set(live)
     unit: list[pytest.Item] = []
+    first: list[pytest.Item] = []
     rest: list[pytest.Item] = []
     for item in items:
-        if item not in chosen:
-            (unit if in_unit(item.nodeid, ONE_AFTER_ANOTHER) else rest).append(item)
-    items[:] = unit + live + rest
+        if item in chosen:
+            continue
+        if in_unit(item.nodeid, ONE_AFTER_ANOTHER):
+            unit.append(item)
+        else:
+            (first if in_unit(item.nodeid, FIRST_BESIDE) else rest).append(item)
+    items[:] = unit + live + first + rest
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,11 +1,11 @@
-"""``make test``'s two workers: the Spark and stack modules are one unit of work,
-every other module a unit of its own (tests/scheduling.py)."""
+"""``make test``'s two workers: the Spark modules are one unit of work, every other module
+a unit of its own (tests/scheduling.py), the whole-stack module first beside the unit."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tests.conftest import ONE_AFTER_ANOTHER
+from tests.conftest import ONE_AFTER_ANOTHER, pytest_collection_modifyitems
 from tests.scheduling import ModuleScheduling
 
 
@@ -17,7 +17,7 @@ def test_the_jvm_modules_are_one_unit_and_every_other_module_its_own() -> None:
         for n in (
             "tests/streaming/test_job.py::test_exactly_once_under_kill_9",
             "tests/orchestration/test_assets.py::test_a",
-            "tests/launcher/test_stack.py::test_b[x::y]",
+            "tests/launcher/test_spark_cluster.py::test_b[x::y]",
             "tests/candlewire/test_spark.py::test_c",
         )
     }
@@ -26,9 +26,41 @@ def test_the_jvm_modules_are_one_unit_and_every_other_module_its_own() -> None:
     assert scope(f"{healing}::test_h") == healing
     kafka = "tests/launcher/test_kafka_cluster.py"
     assert scope(f"{kafka}::test_g") == kafka
+    stack = "tests/launcher/test_stack.py"  # its own stack: beside the unit
+    assert scope(f"{stack}::test_s") == stack
     assert scope("tests/relay/test_server.py::test_d") == "tests/relay/test_server.py"
     assert scope("tests/relay/test_server.py::Cls::test_e") == "tests/relay/test_server.py"
     assert scope("tests/candlewire/test_client.py::test_f") == "tests/candlewire/test_client.py"
+
+
+def test_the_unit_leads_its_live_tests_last_and_the_whole_stack_module_leads_the_rest() -> None:
+    """The scheduler hands units out in this order: the unit to one worker, the first module
+    after it to the other, so the stack's long module starts with the run."""
+
+    class Item:  # what the hook reads of a pytest.Item, hashable as items are
+        def __init__(self, nodeid: str, live: bool) -> None:
+            self.nodeid = nodeid
+            self.path = SimpleNamespace(name=nodeid.split("::")[0].rsplit("/", 1)[-1])
+            self.fixturenames = ["live_pipeline"] if live else []
+
+    ids = [
+        ("tests/candlewire/test_book.py::test_a", False),
+        ("tests/streaming/test_job.py::test_live", True),
+        ("tests/launcher/test_kafka.py::test_k", False),
+        ("tests/launcher/test_stack.py::test_s", False),
+        ("tests/streaming/test_job.py::test_unit", False),
+        ("tests/relay/test_server.py::test_r", False),
+    ]
+    items = [Item(n, live) for n, live in ids]
+    pytest_collection_modifyitems(items)  # type: ignore[arg-type]
+    assert [i.nodeid.rsplit("::", 1)[1] for i in items] == [
+        "test_unit",
+        "test_live",
+        "test_s",
+        "test_a",
+        "test_k",
+        "test_r",
+    ]
 
 
 def test_each_worker_picks_its_free_ports_from_its_own_share(monkeypatch) -> None:
