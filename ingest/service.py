@@ -526,8 +526,7 @@ class Ingestor:
         except Exception:  # Kafka away: the stream starts as a new one
             log.warning("%s: %s's last trade not read from Kafka", self.id, ticker, exc_info=True)
             return
-        horizon_ns = self.settings.stream_dedup_horizon_s * 1e9
-        if tail is not None and tail.time_ns >= time.time_ns() - horizon_ns:
+        if tail is not None and tail.time_ns >= time.time_ns() - self._repairer.horizon_ns:
             log.info(
                 "%s: %s resumes from its last trade in Kafka, %s", self.id, ticker, tail.trade_id
             )
