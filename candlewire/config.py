@@ -302,6 +302,10 @@ class Settings(BaseSettings):
     checkpoint interval. Live updates never wait for it, and a commit comes sooner when the
     live path revised a closed candle (``streaming.pacing``). Each commit costs seconds of
     Spark work whatever its size: at 5 s the idle job kept more than one of two cores busy."""
+    stream_books_trigger_s: float | None = Field(default=None, gt=0)
+    """Micro-batch interval of book records' appends to Iceberg; default
+    ``stream_ticks_trigger_s``. Live books never wait for it. Each append costs Spark's fixed
+    work whatever its size: one SIM book at a 1 s interval kept half a core busy."""
     stream_ticks_commit_after: int = Field(default=500_000, ge=1)
     """A commit starts before its interval is up once the live path has read this many
     records of the ticks topic since the last commit began (at least 2 s after the last one
@@ -479,6 +483,12 @@ class Settings(BaseSettings):
         """The streaming checkpoints: ``checkpoint_dir``, else ``<state_dir>/checkpoints``."""
         return self.checkpoint_dir or str((self.state_dir / "checkpoints").resolve())
 
+    def books_trigger_s(self) -> float:
+        """The book appends' interval: ``stream_books_trigger_s``, else the ticks' one."""
+        if self.stream_books_trigger_s is None:
+            return self.stream_ticks_trigger_s
+        return self.stream_books_trigger_s
+
     def to_env(self) -> dict[str, str]:
         """These settings as CANDLEWIRE_* variables, for child processes."""
         env = {
@@ -498,6 +508,8 @@ class Settings(BaseSettings):
         env["CANDLEWIRE_SPARK_DRIVER_MEMORY"] = self.spark_driver_memory
         env["CANDLEWIRE_STREAM_TRIGGER_S"] = str(self.stream_trigger_s)
         env["CANDLEWIRE_STREAM_TICKS_TRIGGER_S"] = str(self.stream_ticks_trigger_s)
+        if self.stream_books_trigger_s is not None:
+            env["CANDLEWIRE_STREAM_BOOKS_TRIGGER_S"] = str(self.stream_books_trigger_s)
         env["CANDLEWIRE_STREAM_TICKS_BATCH_MAX"] = str(self.stream_ticks_batch_max)
         env["CANDLEWIRE_STREAM_OHLC_COMPACT_S"] = str(self.stream_ohlc_compact_s)
         env["CANDLEWIRE_STREAM_LIVE_ENGINE"] = self.stream_live_engine

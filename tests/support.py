@@ -301,13 +301,16 @@ def faulty_books() -> Any:
 def start_job(settings: Settings) -> subprocess.Popen:
     """`candlewire stream` as a process, returned once its metrics say it is up.
 
-    Commits come every second so tests see rows soon. The lateness allowance is the default
+    Commits come every second so tests see rows soon; book appends every 3 s, since a book
+    streams through whole modules and each append costs the job Spark's fixed work (at 1 s,
+    one SIM book kept 0.68 of a core busy, at 3 s 0.50). The lateness allowance is the default
     (each test's ticker is a feed with its own clock, so ticks of the recent past are fine);
     a feed quiet for IDLE_TIMEOUT_S gets its idle mark, longer than any pause a test makes
     inside one feed's trades.
     """
     env = {
         "CANDLEWIRE_STREAM_TICKS_TRIGGER_S": "1",
+        "CANDLEWIRE_STREAM_BOOKS_TRIGGER_S": "3",
         "CANDLEWIRE_STREAM_IDLE_TIMEOUT_S": str(IDLE_TIMEOUT_S),
     }
     return spawn(

@@ -3,7 +3,7 @@ committed to ``book_snapshots`` and ``book_deltas``.
 
 The ingestor checked every record before Kafka (:mod:`ingest.books`), so these queries judge
 nothing: the live one publishes each micro-batch sequenced and journalled, like candles, and
-the committing one appends a batch at a time every ``stream_ticks_trigger_s``, stamped with
+the committing one appends a batch at a time every ``stream_books_trigger_s``, stamped with
 its batch id so a batch replayed after a crash is not appended twice. An undecodable record,
 or a level that is no decimal, is dropped and counted.
 """
@@ -128,7 +128,7 @@ class BooksQuery(TopicQuery):
 
     def __init__(self, ctx: JobContext) -> None:
         super().__init__(ctx)
-        self.trigger_s = ctx.settings.stream_ticks_trigger_s
+        self.trigger_s = ctx.settings.books_trigger_s()
         self.run = run_id(ctx.settings, self.name)  # this checkpoint's, whose batch ids count
         self.committed = {
             table: ctx.tables.last_stamped_batch(table, self.name, self.run)

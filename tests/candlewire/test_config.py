@@ -85,3 +85,24 @@ def test_a_command_inside_the_checkout_finds_its_state_and_file(tmp_path, monkey
     monkeypatch.chdir(elsewhere)
     assert Settings().state_dir == Path(".candlewire")
     assert Settings().stream_watermark_s != 9.0
+
+
+def test_book_appends_follow_the_ticks_interval_unless_set_and_reach_the_job(tmp_path) -> None:
+    """The books query commits on ``stream_books_trigger_s``, else on the ticks' interval,
+    and a job started as a child process gets the setting."""
+    from types import SimpleNamespace
+
+    from streaming.queries.books import BooksQuery
+
+    def books(settings: Settings) -> BooksQuery:
+        tables = SimpleNamespace(last_stamped_batch=lambda *_: -1)
+        return BooksQuery(SimpleNamespace(settings=settings, tables=tables))
+
+    plain = Settings(state_dir=tmp_path, stream_ticks_trigger_s=7.0)
+    assert books(plain).trigger_s == 7.0
+    assert "CANDLEWIRE_STREAM_BOOKS_TRIGGER_S" not in plain.to_env()
+    own = plain.model_copy(update={"stream_books_trigger_s": 3.0})
+    assert books(own).trigger_s == 3.0
+    assert own.to_env()["CANDLEWIRE_STREAM_BOOKS_TRIGGER_S"] == "3.0"
+    with pytest.raises(ValidationError, match="stream_books_trigger_s"):
+        Settings(stream_books_trigger_s=0)

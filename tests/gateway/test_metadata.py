@@ -203,6 +203,7 @@ def test_a_failed_read_apart_keeps_the_symbols_it_had(gw_env) -> None:
     from gateway.symbols import SymbolCatalog
 
     catalog = SymbolCatalog(gw_env)
+    catalog.read_apart = True  # a service's way, which this package's fixture turns off
     exchange = f"GW{uuid.uuid4().hex[:6].upper()}"
     list_symbols(gw_env, exchange, [("FOO", "USD", "0.01")])
     assert catalog.reload() >= 1 and catalog.loads == 1
