@@ -10,6 +10,12 @@ state, and answers with ``CEPTriggerAck`` on the request's notification topic:
 - REMOVE: only the trigger's own client may remove it.
 - LIST: the client's triggers.
 
+A one-shot trigger that fired leaves the registry through the desk too (:meth:`TriggerDesk.fired`,
+called by the firing path before the owner hears of the firing): the desk writes its REMOVE in
+order with its own writes, before it handles another request. So the same trigger added again
+after its firing is a new registration, not a retry of the one that fired, and a firing made
+again after a restart takes out no registration added since.
+
 The registry is the compacted Kafka topic ``candlewire.triggers``, keyed by trigger id: the
 desk reads it whole at start and writes each change there, synchronously, before it
 acknowledges, so an accepted trigger survives a restart of the job and of the relay. Each
@@ -21,6 +27,7 @@ restart from a recorded state agrees on what fires.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 
@@ -109,6 +116,10 @@ class TriggerDesk(threading.Thread):
         self.registry: dict[str, cep.CEPTriggerRequest] = {}
         apply_records(self.registry, records)
         self._caught_up = time.monotonic()
+        # One-shot registrations that fired, (trigger id, registered_ms), from the live path's
+        # thread: at most one entry a registration and firing, so bounded by the registry.
+        self._fired: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # the registry: the desk's thread, and settle()'s
         self._producer = Producer(producer_config(ctx.settings))
         self._stopping = threading.Event()
         self._reloaded = 0.0
@@ -125,8 +136,10 @@ class TriggerDesk(threading.Thread):
         self.symbols.reload()
         self._reloaded = time.monotonic()
         while not self._stopping.is_set():
-            if time.monotonic() - self._caught_up >= CATCH_UP_S:
-                self._catch_up()
+            with self._lock:
+                self._retire_fired()
+                if time.monotonic() - self._caught_up >= CATCH_UP_S:
+                    self._catch_up()
             if not self._sub.poll(200):
                 continue
             frames = self._sub.recv_multipart()
@@ -138,15 +151,55 @@ class TriggerDesk(threading.Thread):
             if not isinstance(req, cep.CEPTriggerRequest) or not req.notification_topic:
                 self.ctx.metrics.trigger_requests.labels("dropped_unexpected").inc()
                 continue
-            ack = self.handle(req)
+            with self._lock:
+                ack = self.handle(req)
             self.ctx.metrics.trigger_requests.labels(
                 "accepted" if ack.accepted else "refused"
             ).inc()
             self.ctx.publisher.notify(req.notification_topic, ack)
 
+    def fired(self, trigger_id: str, registered_ms: int) -> None:
+        """A one-shot registration fired: out of the registry before the next request is
+        handled. Thread-safe; called before the firing is sent."""
+        self._fired.put((trigger_id, registered_ms))
+
+    def settle(self) -> None:
+        """Every one-shot noted as fired out of the registry now, from any thread: before
+        the triggers' state that passed its firing is recorded, and at the job's stop."""
+        with self._lock:
+            self._retire_fired()
+
+    def _retire_fired(self) -> None:
+        """The REMOVE of each one-shot registration that fired and is still held. One added
+        again since, or a firing made again after a restart, finds another registration (or
+        none) under the id, and nothing is written."""
+        while True:
+            try:
+                trigger_id, registered_ms = self._fired.get_nowait()
+            except queue.Empty:
+                return
+            held = self.registry.get(trigger_id)
+            if held is None or registered_ms and held.registered_ms != registered_ms:
+                continue  # (a firing restored from an older release's record names none)
+            done = cep.CEPTriggerRequest(
+                trigger_id=held.trigger_id,
+                client_id=held.client_id,
+                user_id=held.user_id,
+                ticker=held.ticker,
+                action=cep.REMOVE,
+                registered_ms=registered_ms,
+            )
+            try:  # the evaluator removed it itself: the registry only
+                self._produce(TRIGGERS.name, trigger_id, done, "the registry")
+            except TriggerRejected as exc:
+                log.warning("fired one-shot %s not yet removed: %s", trigger_id, exc)
+                self._fired.put((trigger_id, registered_ms))
+                return
+            del self.registry[trigger_id]
+
     def _catch_up(self) -> None:
-        """Changes others wrote (the job removes a one-shot trigger that fired), and
-        our own, in the topic's order."""
+        """Our own changes and any others made (a registry written by an older release), in
+        the topic's order."""
         self._caught_up = time.monotonic()
         try:
             records, self._offset = registry_records(self.settings, self._offset, timeout=5.0)
@@ -156,6 +209,7 @@ class TriggerDesk(threading.Thread):
         apply_records(self.registry, records)
 
     def handle(self, req: cep.CEPTriggerRequest) -> cep.CEPTriggerAck:
+        self._retire_fired()  # a firing noted while this request was on its way comes first
         ack = cep.CEPTriggerAck(trigger_id=req.trigger_id, request_id=req.request_id)
         try:
             check_owner(req)

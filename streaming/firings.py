@@ -14,7 +14,8 @@ registered_ms, firing): clients keep the first (:class:`candlewire._protocol.Not
 gateways deliver a critical alert's event id once. A firing not sent before the crash is
 made after it: none is lost.
 
-A one-shot trigger that fired is removed from the registry, so the desk's list forgets it.
+A one-shot trigger that fired is removed from the registry, by the trigger desk
+(:meth:`streaming.desk.TriggerDesk.fired`), so the desk's list forgets it.
 A firing of a trigger with a user is also that user's ``ALERT_TRIGGERED`` UserEvent (see
 :func:`alert`): CRITICAL through the gateways' acked path when the trigger asks for it, so it
 reaches Telegram or email when the user has no session; else informational, on the live
@@ -26,19 +27,17 @@ from __future__ import annotations
 import json
 import logging
 
-from confluent_kafka import Producer
 from google.protobuf.message import DecodeError
 
 from candlewire.config import Settings
 from candlewire.curve import PUBLISHER_KEY
 from candlewire.events import EventPublisher
-from candlewire.kafka import TRIGGERS, producer_config
+from candlewire.kafka import TRIGGERS
 from candlewire.triggers import Trigger, TriggerRejected, parse_trigger
 from proto import cep_pb2 as cep
 from proto import events_pb2 as ev
-from proto.envelope import to_record
 from streaming.context import JobContext
-from streaming.desk import apply_records, registry_records
+from streaming.desk import TriggerDesk, apply_records, registry_records
 from streaming.progress import CepCommit
 from streaming.recovery import Restored
 
@@ -80,10 +79,10 @@ def firing_event_id(event: cep.CEPTriggerEvent) -> str:
 
 
 class FiringDesk:
-    def __init__(self, ctx: JobContext, run_id: str) -> None:
+    def __init__(self, ctx: JobContext, run_id: str, desk: TriggerDesk) -> None:
         self.ctx = ctx
         self.run_id = run_id
-        self._producer = Producer(producer_config(ctx.settings))
+        self.desk = desk  # takes a one-shot registration that fired out of the registry
         # Alerts wait in this journal until a gateway acks them (critical ones), across
         # restarts of the job too.
         self.alerts = EventPublisher(
@@ -122,34 +121,25 @@ class FiringDesk:
         self.send(fired)
 
     def send(self, fired: list[tuple[Trigger, cep.CEPTriggerEvent]]) -> None:
-        """On the owners' topics, and as alerts; a one-shot trigger leaves the registry."""
+        """On the owners' topics, and as alerts; a one-shot trigger leaves the registry,
+        noted before its owner can hear of the firing and add it again."""
         for t, event in fired:
+            if t.once:
+                self.desk.fired(t.trigger_id, event.registered_ms)
             self.ctx.publisher.notify(t.notification_topic, event)
             if event.user_id:
                 self.alerts.publish(alert(event, t.critical))
-            if t.once:
-                done = cep.CEPTriggerRequest(
-                    trigger_id=t.trigger_id,
-                    client_id=t.client_id,
-                    user_id=t.user_id,
-                    ticker=t.ticker,
-                    action=cep.REMOVE,
-                )
-                self._producer.produce(
-                    TRIGGERS.name, key=t.trigger_id.encode(), value=to_record(done)
-                )
             log.debug("trigger %s fired (%d): %s", t.trigger_id, event.firing, event.value)
-        self._producer.poll(0)
         self.ctx.metrics.notifications.labels("cep_trigger_event").inc(len(fired))
         self.ctx.metrics.trigger_firings.inc(len(fired))
 
     def record_state(self, commit: CepCommit) -> None:
-        self._producer.flush(10)
+        self.desk.settle()  # a record past a one-shot's firing: its REMOVE written first
         self.ctx.progress.record_cep(self.run_id, commit)
 
     def close(self) -> None:
         self.alerts.close()
-        self._producer.flush(10)
+        self.desk.settle()
 
 
 def parse_firings(

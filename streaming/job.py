@@ -60,7 +60,8 @@ class StreamingJob:
         self.ctx = JobContext.open(settings, spark)
         ledger = Ledger(self.ctx)
         restored = ledger.restore()
-        self.firings = FiringDesk(self.ctx, ledger.run_id)
+        self.desk = TriggerDesk(self.ctx)
+        self.firings = FiringDesk(self.ctx, ledger.run_id, self.desk)
         # Either engine's live path evaluates the CEP triggers too, in the JVM.
         live = LiveQuery(self.ctx, restored, self.firings)
         self.live = live
@@ -83,7 +84,6 @@ class StreamingJob:
             BooksQuery(self.ctx),
         ]
         self.idle = IdleMarkWriter(self.ctx, live)
-        self.desk = TriggerDesk(self.ctx)
         self._serve_metrics = metrics
         self._http: MetricsServer | None = None
         self.running: dict = {}

@@ -74,7 +74,7 @@ def firings(client: Client, quiet_s: float = 6.0, timeout: float = 90.0) -> list
 
 @pytest.fixture(scope="module")
 def tickers(live_pipeline):
-    names = [f"CEPT:{uuid.uuid4().hex[:6].upper()}{i}/USDT" for i in range(6)]
+    names = [f"CEPT:{uuid.uuid4().hex[:6].upper()}{i}/USDT" for i in range(7)]
     list_symbols(live_pipeline, names)
     return names
 
@@ -175,6 +175,27 @@ def test_once_cooldown_and_removal(live_pipeline, tickers) -> None:
         produce(live_pipeline, ticker, zigzag(t0 + 3600 * S, 2))
         again = [(e.trigger_id, e.firing) for e in firings(client) if e.trigger_id == once]
         assert again == [(once, 1)]
+
+
+def test_a_one_shot_added_again_the_moment_it_fired_is_armed(live_pipeline, tickers) -> None:
+    """Its owner hears of the firing and registers it again at once, before the desk reads
+    the registry again: a new registration, listed and firing from 1, not taken for a
+    retry of the one that fired and then removed with it."""
+    ticker, t0 = tickers[6], minute_aligned_past()
+    cross = condition("price_cross", level="100", direction="up")
+    with Client(live_pipeline, client_id=f"r-{uuid.uuid4().hex[:6]}") as client:
+        once = add(client, ticker, "once", cross)
+        first = client.list_triggers()[0].registered_ms
+        produce(live_pipeline, ticker, zigzag(t0, 2))
+        fired = client.next_firing(timeout=90)
+        assert fired is not None and (fired.trigger_id, fired.firing) == (once, 1)
+        client.add_trigger(ticker, cross, trigger_id=once)
+        time.sleep(3)  # past the desk's reading of the registry (every 2 s)
+        listed = client.list_triggers()
+        assert [t.trigger_id for t in listed] == [once] and listed[0].registered_ms > first
+        produce(live_pipeline, ticker, zigzag(t0 + 3600 * S, 2))
+        again = [(e.trigger_id, e.firing, e.registered_ms) for e in firings(client)]
+        assert again == [(once, 1, listed[0].registered_ms)]
 
 
 def test_a_firing_crosses_a_kill_9_exactly_once(live_pipeline, tickers) -> None:

@@ -6,6 +6,8 @@ instead, so the request is still answered and the snapshot completes."""
 
 from __future__ import annotations
 
+import queue
+
 import pytest
 
 from candlewire.triggers import add_request, condition
@@ -125,6 +127,7 @@ def test_the_desk_holds_at_most_cep_max_triggers_whatever_the_owners(tmp_path) -
     desk = TriggerDesk.__new__(TriggerDesk)
     desk.settings = free_settings(tmp_path).model_copy(update={"cep_max_triggers": 3})
     desk.registry = {}
+    desk._fired = queue.SimpleQueue()
     desk._check_listed = lambda ticker: None  # type: ignore[method-assign]
     desk._write = lambda req: None  # type: ignore[method-assign]
     cross = condition("price_cross", level="1", direction="up")
@@ -133,3 +136,34 @@ def test_the_desk_holds_at_most_cep_max_triggers_whatever_the_owners(tmp_path) -
     assert acks[3].reason == cep.OVER_LIMIT and "cep_max_triggers" in acks[3].error_message
     again = desk.handle(add_request("owner-0", "t-0", TICKER, cross))  # a retry: still fine
     assert again.accepted and len(desk.registry) == 3
+
+
+def test_a_fired_one_shot_leaves_the_registry_and_only_its_own_registration(tmp_path) -> None:
+    """The desk's decision alone, as above: the firing's REMOVE is written before the next
+    request is handled, so the same trigger added again is stored anew; the same firing
+    made again after a restart removes nothing added since."""
+    import threading
+
+    from streaming.desk import TriggerDesk
+    from tests.support import free_settings
+
+    desk = TriggerDesk.__new__(TriggerDesk)
+    desk.settings = free_settings(tmp_path)
+    desk.registry, desk._fired, desk._lock = {}, queue.SimpleQueue(), threading.Lock()
+    desk._check_listed = lambda ticker: None  # type: ignore[method-assign]
+    written: list[cep.CEPTriggerRequest] = []
+    desk._write = written.append  # type: ignore[method-assign]
+    desk._produce = lambda topic, key, req, what: written.append(req)  # type: ignore[method-assign]
+    cross = condition("price_cross", level="1", direction="up")
+    assert desk.handle(add_request("c", "t", TICKER, cross)).accepted
+    first = desk.registry["t"].registered_ms = 1_000  # as a registration before this one
+    desk.fired("t", first)
+    assert desk.handle(add_request("c", "t", TICKER, cross)).accepted
+    assert (written[1].action, written[1].registered_ms) == (cep.REMOVE, first)
+    assert written[2].action == cep.ADD and desk.registry["t"].registered_ms > first
+    desk.fired("t", first)  # made again after a restart
+    desk.settle()
+    assert len(written) == 3 and desk.registry["t"].registered_ms > first
+    desk.fired("t", desk.registry["t"].registered_ms)
+    desk.settle()
+    assert written[3].action == cep.REMOVE and desk.registry == {}
