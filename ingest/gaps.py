@@ -33,6 +33,8 @@ from proto import market_pb2
 from proto.requests_pb2 import StreamTail
 
 if TYPE_CHECKING:
+    from confluent_kafka import Consumer, TopicPartition
+
     from candlewire.config import Settings
     from ingest.metrics import IngestMetrics
     from ingest.sink import KafkaSink
@@ -47,7 +49,7 @@ RECONNECT_LOOKBACK_NS = 5 * S_NS
 # producer's last moments, a Kafka stall) came before that, so a takeover's repair starts
 # this far back too, and takes the announced trade itself. A resend costs nothing.
 TAKEOVER_LOOKBACK_NS = 60 * S_NS
-LOOKUP_RECORDS = 20_000  # how far back a ticker's partition is read for its last trade
+LOOKUP_RECORDS = 20_000  # the first window a ticker's partition is read back for its last trade
 RECENT_IDS = 200_000
 RECENT_HORIZON_NS = 600 * S_NS
 
@@ -93,42 +95,76 @@ def missing_ids(gap: market_pb2.Gap) -> int | None:
         return None
 
 
-def last_delivered(settings: Settings, ticker: str, timeout_s: float = 10.0) -> StreamTail | None:
-    """The ticker's last trade in the ticks topic, among its partition's last LOOKUP_RECORDS
-    records; None when there is none there. What Kafka holds is what was delivered: a
-    stream an ingestor starts after a restart of its own resumes from it."""
-    from confluent_kafka import Consumer, TopicPartition
+def last_delivered(
+    settings: Settings, ticker: str, timeout_s: float = 10.0, since_ns: int = 0
+) -> StreamTail | None:
+    """The ticker's last trade in the ticks topic; None when there is none there, or none
+    written since ``since_ns`` (by Kafka's timestamps). What Kafka holds is what was
+    delivered: a stream an ingestor starts after a restart of its own resumes from it.
 
-    from proto.envelope import EnvelopeError, expect, from_record
+    Its partition is read backwards in windows, the last LOOKUP_RECORDS records first, each
+    window twice the one after it, down to the first record written since ``since_ns``: other
+    tickers of the partition may have written any number after the ticker's last trade (an
+    ingestor that restarts while its peers stream on). In the window that holds the ticker's
+    trades the latest by time counts; a repair's older trades written after a newer one can
+    make it an earlier one, which asks a repair for more than it needs and loses nothing."""
+    from confluent_kafka import Consumer, TopicPartition
 
     key = ticker.encode()
     partition = key_partition(TICKS, key)  # where the ingestors' producers put it
     consumer = Consumer(consumer_config(settings, f"candlewire-tail-{uuid.uuid4().hex[:12]}"))
+    deadline = time.monotonic() + timeout_s
     try:
         tp = TopicPartition(TICKS.name, partition)
         low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
-        if high <= low:
-            return None
-        consumer.assign([TopicPartition(TICKS.name, partition, max(low, high - LOOKUP_RECORDS))])
-        last: market_pb2.Tick | None = None
-        deadline, at = time.monotonic() + timeout_s, -1
-        while at < high - 1 and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=1000, timeout=0.5):
-                if msg.error() is not None:
-                    continue
-                at = msg.offset()
-                if msg.key() != key:
-                    continue
-                try:
-                    tick = expect(from_record(msg.value()), market_pb2.Tick)
-                except EnvelopeError:
-                    continue
-                # The latest by time: a repair writes older trades after newer ones.
-                if last is None or tick.exchange_time_ns >= last.exchange_time_ns:
-                    last = tick
-        return tail_of(last) if last is not None else None
+        if since_ns > 0:
+            at = TopicPartition(TICKS.name, partition, since_ns // 1_000_000)
+            first = consumer.offsets_for_times([at], timeout=timeout_s)[0].offset
+            low = max(low, high if first < 0 else first)  # -1: nothing written since
+        end, size = high, LOOKUP_RECORDS
+        while end > low:
+            start = max(low, end - size)
+            last = _last_in(
+                consumer, TopicPartition(TICKS.name, partition), key, start, end, deadline
+            )
+            if last is not None:
+                return tail_of(last)
+            end, size = start, size * 2
+        return None
     finally:
         consumer.close()
+
+
+def _last_in(
+    consumer: Consumer, tp: TopicPartition, key: bytes, start: int, end: int, deadline: float
+) -> market_pb2.Tick | None:
+    """The latest by time of the key's ticks at offsets [start, end) of the partition."""
+    from proto.envelope import EnvelopeError, expect, from_record
+
+    tp.offset = start
+    consumer.assign([tp])
+    last: market_pb2.Tick | None = None
+    at = start - 1
+    while at < end - 1:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{tp.topic}[{tp.partition}] not read back to {start} in time")
+        batch = consumer.consume(num_messages=1000, timeout=0.5)
+        if not batch:  # past a transaction's marker, which no consumer is given
+            at = max(at, consumer.position([tp])[0].offset - 1)
+        for msg in batch:
+            if msg.error() is not None:
+                continue
+            at = msg.offset()
+            if at >= end or msg.key() != key:
+                continue
+            try:
+                tick = expect(from_record(msg.value()), market_pb2.Tick)
+            except EnvelopeError:
+                continue
+            # The latest by time: a repair writes older trades after newer ones.
+            if last is None or tick.exchange_time_ns >= last.exchange_time_ns:
+                last = tick
+    return last
 
 
 class GapDetector:

@@ -522,11 +522,12 @@ class Ingestor:
         if self.views[job.exchange].alive(now):
             return  # peers hear tails: a takeover's comes from their heartbeats
         try:
-            tail = last_delivered(self.settings, ticker)
+            since_ns = time.time_ns() - self._repairer.horizon_ns
+            tail = last_delivered(self.settings, ticker, since_ns=since_ns)
         except Exception:  # Kafka away: the stream starts as a new one
             log.warning("%s: %s's last trade not read from Kafka", self.id, ticker, exc_info=True)
             return
-        if tail is not None and tail.time_ns >= time.time_ns() - self._repairer.horizon_ns:
+        if tail is not None and tail.time_ns >= since_ns:
             log.info(
                 "%s: %s resumes from its last trade in Kafka, %s", self.id, ticker, tail.trade_id
             )

@@ -15,10 +15,19 @@ import pytest
 from rich.console import Console
 
 from candlewire.gaps import read_gaps
-from candlewire.kafka import GAPS, TICKS
+from candlewire.kafka import GAPS, TICKS, key_partition
 from ingest.exchanges.base import TradeRun
 from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS, Faults, Outage, SimExchange, parse_faults
-from ingest.gaps import GapDetector, GapRepairer, GapWatch, RecentIds, new_gap, tail_of
+from ingest.gaps import (
+    LOOKUP_RECORDS,
+    GapDetector,
+    GapRepairer,
+    GapWatch,
+    RecentIds,
+    last_delivered,
+    new_gap,
+    tail_of,
+)
 from ingest.jobs import run_stream
 from ingest.peers import PeerView
 from ingest.service import Ingestor, stream_key
@@ -599,6 +608,38 @@ def test_an_ingestor_that_restarted_repairs_its_own_downtime(broker_settings) ->
     }
     assert ids == set(range(min(ids), max(ids) + 1)), "a trade of the downtime is missing"
     assert int(gap.to_trade_id) - int(delivered[-1].trade_id) > 300  # 100 s at 5 a second
+
+
+def test_the_last_delivered_trade_is_found_behind_any_number_of_other_tickers_records(
+    broker_settings,
+) -> None:
+    """Peers stream on while an ingestor restarts: more than the first window's records of
+    other tickers on the partition after its ticker's last trade. The resume still finds
+    that trade; and none when nothing was written since the dedup horizon's start."""
+    from ingest.sink import KafkaSink
+
+    ticker = f"SIM{uuid.uuid4().hex[:4].upper()}:BTC/USDT"
+    part = key_partition(TICKS, ticker.encode())
+    other = next(
+        t
+        for t in (f"SIM{uuid.uuid4().hex[:4].upper()}:ETH/USDT" for _ in range(1000))
+        if key_partition(TICKS, t.encode()) == part
+    )
+    sim = SimExchange(name=ticker.partition(":")[0], symbols={"BTC/USDT": 30_000.0}, rate=5.0)
+    now = time.time_ns()
+    mine = sim.refetch(ticker, now - 60 * S, now - 50 * S)
+    sink = KafkaSink(broker_settings)
+    for t in mine:
+        sink.send(TICKS.name, ticker, t)
+    after = market_pb2.Tick(ticker=other, price="1", size="1", exchange_time_ns=now)
+    for i in range(LOOKUP_RECORDS * 5 // 4):
+        after.trade_id = str(i)
+        sink.send(TICKS.name, other, after)
+    sink.flush(60)
+    latest = max(mine, key=lambda t: t.exchange_time_ns)
+    found = last_delivered(broker_settings, ticker, timeout_s=30, since_ns=now - 600 * S)
+    assert found is not None and found.trade_id == latest.trade_id
+    assert last_delivered(broker_settings, ticker, since_ns=time.time_ns() + 60 * S) is None
 
 
 def test_the_sweep_leaves_a_gap_to_its_live_recorder_and_to_its_repair_under_way(
