@@ -44,7 +44,7 @@ from candlewire._protocol import (
     same_fetch,
     to_ms,
 )
-from candlewire.book import RUN_MAX, DeltaRun, delta_pieces
+from candlewire.book import REPLAYED, RUN_MAX, DeltaRun, Replayed, delta_pieces
 from candlewire.config import Settings
 from candlewire.curve import dial, owned_id
 from candlewire.errors import (
@@ -117,9 +117,9 @@ class Sleep:
     seconds: float
 
 
-# What a subscription's procedure hands its caller: a message, a replayed run as Arrow, or
-# a live run of book deltas read at once.
-Emitted = Message | pa.RecordBatch | DeltaRun
+# What a subscription's procedure hands its caller: a message, a replayed run as Arrow, a
+# live run of book deltas read at once, or a book subscription's end of its replay.
+Emitted = Message | pa.RecordBatch | DeltaRun | Replayed
 # What a subscription's caller iterates: the generator that drives its procedure.
 Emitter = Generator[Emitted, Any, None] | AsyncGenerator[Emitted, Any]
 
@@ -629,6 +629,8 @@ class ClientCore:
                 seq.since_ms = to_ms(since, "since")
             if since is not None:
                 yield from self.fill(journal, seq, None, batches)
+                if data_type == book_type():
+                    yield Emit(REPLAYED)  # a book unchanged since then: handed out now
             quiet_until = None if idle_timeout is None else time.monotonic() + idle_timeout
             # A book's deltas that queued up are read at once, when they follow one another
             # (DeltaRun); everything else one message at a time.

@@ -651,16 +651,27 @@ def _put_run(side: dict[Decimal, tuple[str, str]], levels: _RunLevels) -> None:
             pop(key, None)
 
 
+class Replayed:
+    """What a book subscription emits once its replay of the journal is done (the live
+    stream follows): see :meth:`BookFeed.offer`."""
+
+
+REPLAYED = Replayed()
+
+
 @dataclass
 class BookFeed:
     """A subscription's book: offer it each message of ``{ticker}|book``; it answers with the
     book when the message changed it (and the book is trusted), else None. Before
-    ``from_ns`` (a ``since=``) the book is built but not handed out."""
+    ``from_ns`` (a ``since=``) the book is built but not handed out; if the replay ends
+    and none was, the book has not changed since ``from_ns``, and is handed out then, as it
+    stood at ``from_ns``, rather than only at its next change."""
 
     ticker: str
     depth: int | None = None
     from_ns: int = 0
     sync: BookSync = field(init=False)
+    handed: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.sync = BookSync(self.ticker)
@@ -675,25 +686,30 @@ class BookFeed:
             except BookError:
                 self.sync.counts[Verdict.MALFORMED] += 1
                 return None
+        elif isinstance(msg, Replayed) and not self.handed and self.sync.book is not None:
+            return self._handed(self.sync.book.position, self.sync.book.time_ns)
         else:
             return None
-        return self._handed(msg.stream)
+        return self._handed(msg.stream, self.from_ns)
 
     def offer_run(self, run: DeltaRun) -> Book | None:
         """:meth:`offer` for a run of deltas: the book once, after the run, when the run
         changed it (and it is trusted); the same book as offering them one by one."""
         if self.sync.on_run(run):
-            return self._handed(run.last.stream)
+            return self._handed(run.last.stream, self.from_ns)
         offer, changed = self.offer, False
         for delta in run.deltas():
             changed |= offer(delta) is not None
         return self.sync.book if changed else None
 
-    def _handed(self, position: StreamPosition) -> Book | None:
+    def _handed(self, position: StreamPosition | None, from_ns: int) -> Book | None:
         book = self.sync.book
-        if book is None or book.time_ns < self.from_ns:
+        if book is None:
             return None
-        book.depth, book.position = self.depth, position
+        book.position = position  # where the book stands, handed out or not yet
+        if book.time_ns < from_ns:
+            return None
+        book.depth, self.handed = self.depth, True
         return book
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from candlewire.book import (
     _RUN_COLUMNS,
+    REPLAYED,
     RUN_MAX,
     RUN_MIN,
     Book,
@@ -506,3 +507,31 @@ def test_a_depth_of_zero_is_no_levels() -> None:
     book = Book.from_snapshot(snap(1))
     assert book.bids(0) == [] == book.asks(0) == book.texts(True, 0)
     assert len(book.bids()) == 2
+
+
+def test_a_book_unchanged_since_since_is_handed_out_when_the_replay_ends() -> None:
+    """A ``since=`` subscriber of a quiet book got nothing until the book next changed,
+    though the replay had built it: it is handed out when the replay ends, as it stood at
+    ``since``, once. A book that changed after ``since`` is handed out from there, as
+    before, and not again at the replay's end."""
+    s = 1_000_000_000
+
+    def at(msg, seconds: int, seq: int = 0):
+        msg.exchange_time_ns = seconds * s
+        msg.stream.CopyFrom(StreamPosition(epoch=1, seq=seq or msg.venue_seq))
+        return msg
+
+    quiet = BookFeed(T, depth=1, from_ns=100 * s)
+    assert quiet.offer(REPLAYED) is None  # nothing replayed: no book to hand out
+    for msg in (at(snap(1), 10), at(delta(2, bids=(("100", "4"),)), 20)):
+        assert quiet.offer(msg) is None  # before since
+    book = quiet.offer(REPLAYED)
+    assert book is not None and (book.seq, book.time_ns, book.position.seq) == (2, 20 * s, 2)
+    assert book.bids() == [(Decimal(100), Decimal(4))]
+    assert quiet.offer(REPLAYED) is None
+    assert quiet.offer(at(delta(3, bids=(("100", "5"),)), 130)) is book  # live, as before
+
+    busy = BookFeed(T, from_ns=100 * s)
+    busy.offer(at(snap(1), 10))
+    assert busy.offer(at(delta(2, bids=(("100", "4"),)), 110)) is not None
+    assert busy.offer(REPLAYED) is None

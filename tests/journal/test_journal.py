@@ -978,3 +978,29 @@ def test_a_book_subscriber_behind_reads_its_queue_in_runs_and_its_books_stay_rig
     after = [seq for seq, _ in seen if seq > 12]
     assert len(after) <= 599 // RUN_MIN, f"{len(after)} books for 599 queued deltas: no runs"
     assert sub.stats.delivered == len(updates) and sub.stats.gaps == 0
+
+
+def test_a_since_subscriber_of_a_quiet_book_gets_it_as_it_stood_then(
+    journal_settings, journal, stream_pub, relay
+) -> None:
+    """The book last changed just before ``since``: the subscriber is handed it as it stood
+    then once the replay ends, not only at its next change (it waited for the idle
+    timeout), and after it each live change."""
+    ticker = f"SIM:Q{uuid.uuid4().hex[:6].upper()}/USDT"
+    topic = market_data_topic(ticker, book_type()).encode()
+    updates = book_updates(ticker, 4, seed=5)
+    expected = books_after_each(ticker, updates, lambda b: (b.texts(True), b.texts(False)))
+    stream_pub.publish_sequenced([(topic, m) for m in updates[:4]])
+    stream_pub._journal.flush(10)
+    since_ms = updates[3].exchange_time_ns // 1_000_000 + 1
+    with Client(journal_settings) as client:
+        sub = client.subscribe(ticker, "book", since=since_ms, idle_timeout=15)
+        book = next(iter(sub))
+        assert (book.seq, book.time_ns) == (4, updates[3].exchange_time_ns)
+        assert (book.texts(True), book.texts(False)) == expected[4]
+        update = updates[4]
+        update.exchange_time_ns = (since_ms + 1000) * 1_000_000
+        stream_pub.publish_sequenced([(topic, update)])
+        book = next(iter(sub))
+        sub.close()
+    assert book.seq == 5 and (book.texts(True), book.texts(False)) == expected[5]
