@@ -136,6 +136,9 @@ class ProcessService(Service):
     stop_timeout: float = 30.0
     host: str | None = None  # where ``port`` is served, when not ``settings.host``
     needs: tuple[str, ...] = ()
+    # Stop the leader first, and its group only after it is gone: a process that stops its
+    # own children in order (the stream job its queries, then its JVM).
+    leader_first: bool = False
 
     @property
     def pidfile(self) -> Path:
@@ -189,17 +192,25 @@ class ProcessService(Service):
     def stop(self) -> None:
         pid = self.pid()
         if pid is not None:
-            stop_process_group(pid, self.stop_timeout)
+            stop_process_group(pid, self.stop_timeout, self.leader_first)
         self.pidfile.unlink(missing_ok=True)
 
 
-def stop_process_group(pid: int, timeout: float) -> None:
-    """SIGTERM the process group, then SIGKILL whatever outlives ``timeout``."""
+def stop_process_group(pid: int, timeout: float, leader_first: bool = False) -> None:
+    """SIGTERM the process group, then SIGKILL whatever outlives ``timeout``. With
+    ``leader_first``, the leader alone first, and the group once it is gone: the stream
+    job's JVM, signalled with it, ran Spark's shutdown hook under the queries the job was
+    stopping, and each stop failed on a stopped SparkContext, in the log."""
+    deadline = time.monotonic() + timeout
+    if leader_first:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         reap(pid)
         try:
@@ -605,6 +616,7 @@ def default_services(settings: Settings, platform: bool = True) -> list[Service]
             start_timeout=start_timeout,
             prepare=prepare,
             needs=needs,
+            leader_first=True,
         )
 
     services.append(

@@ -179,7 +179,7 @@ class TriggerDesk(threading.Thread):
             except queue.Empty:
                 return
             held = self.registry.get(trigger_id)
-            if held is None or registered_ms and held.registered_ms != registered_ms:
+            if held is None or (registered_ms and held.registered_ms != registered_ms):
                 continue  # (a firing restored from an older release's record names none)
             done = cep.CEPTriggerRequest(
                 trigger_id=held.trigger_id,

@@ -306,6 +306,8 @@ class LiveQuery:
                 return
             delta = {k: now[k] - self._counted[k] for k in COUNTERS}
             self._counted = now
+            if min(delta.values()) < 0:
+                continue  # the JVM's live path stopped (the job's end): counted from zero
             metrics.published.labels("tick").inc(delta["ticks"])
             metrics.published.labels("ohlc").inc(delta["candles"])
             metrics.duplicates.labels(self.name).inc(delta["duplicates"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -447,3 +448,35 @@ def test_a_part_stops_waiting_for_its_health_once_up_gives_up(tmp_path) -> None:
         assert failed == ["never-healthy: start abandoned; it may still come up"]
     finally:
         part.stop()
+
+
+LEADER = """
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+def stop(*_):
+    time.sleep(0.3)  # as the stream job stops its queries, with its JVM needed
+    open(sys.argv[1], "w").write("alive" if child.poll() is None else "gone")
+    child.terminate()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("leader_first", [True, False])
+def test_a_leader_first_stops_with_its_children_still_there(tmp_path, leader_first) -> None:
+    """candlewire's own processes get SIGTERM before their group: signalled together, the
+    stream job's JVM stopped Spark under the queries the job was stopping. Either way
+    nothing of the group outlives the stop."""
+    from launcher.stack import stop_process_group
+
+    said = tmp_path / "said"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LEADER, str(said)], stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    stop_process_group(proc.pid, 10.0, leader_first)
+    assert said.read_text() == ("alive" if leader_first else "gone")
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)
