@@ -143,7 +143,14 @@ def hot_methods(jfr: str, top: int = 25) -> list[tuple[str, float]]:
 # matches (``--cpu``). The committing query's judging is a shuffle-map stage (Kafka's records
 # read, keyed by feed and written out) and a result stage (the state, Commit, the write).
 CPU_PARTS = (
-    ("garbage collection", ("GenCollectedHeap", "VM_GenCollect", "MarkSweep", "DefNewGeneration")),
+    # The serial collector's frames, and the parallel one's (the driver's since 2026-12-05).
+    (
+        "garbage collection",
+        (
+            *("GenCollectedHeap", "VM_GenCollect", "MarkSweep", "DefNewGeneration"),
+            *("GangWorker", "PSScavenge", "PSParallelCompact", "VM_ParallelGC"),
+        ),
+    ),
     ("JIT compilers", ("CompileBroker", "C2Compiler", "Compilation::", "PhaseChaitin")),
     ("live path: tasks", ("LiveWriter.process",)),
     ("live path: publishing", ("Live.publish",)),

@@ -23,6 +23,7 @@ and a stream already running (cryptofeed#1016, #1082).
 from __future__ import annotations
 
 import enum
+import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -686,8 +687,11 @@ class BookFeed:
             except BookError:
                 self.sync.counts[Verdict.MALFORMED] += 1
                 return None
-        elif isinstance(msg, Replayed) and not self.handed and self.sync.book is not None:
-            return self._handed(self.sync.book.position, self.sync.book.time_ns)
+        elif isinstance(msg, Replayed):
+            book = self.sync.book
+            if self.handed or book is None or self.from_ns > time.time_ns():
+                return None  # handed already, nothing to hand, or ``since`` still to come
+            return self._handed(book.position, book.time_ns)
         else:
             return None
         return self._handed(msg.stream, self.from_ns)
@@ -707,8 +711,8 @@ class BookFeed:
         if book is None:
             return None
         book.position = position  # where the book stands, handed out or not yet
-        if book.time_ns < from_ns:
-            return None
+        if book.time_ns < from_ns and not self.handed:
+            return None  # once handed out, each change is (a venue's time may step back)
         book.depth, self.handed = self.depth, True
         return book
 

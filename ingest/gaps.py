@@ -108,19 +108,23 @@ def last_delivered(
     ingestor that restarts while its peers stream on). In the window that holds the ticker's
     trades the latest by time counts; a repair's older trades written after a newer one can
     make it an earlier one, which asks a repair for more than it needs and loses nothing."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     key = ticker.encode()
     partition = key_partition(TICKS, key)  # where the ingestors' producers put it
-    consumer = Consumer(consumer_config(settings, f"candlewire-tail-{uuid.uuid4().hex[:12]}"))
+    # Each window is assigned afresh: little fetched ahead, little fetched twice.
+    group = f"candlewire-tail-{uuid.uuid4().hex[:12]}"
+    consumer = Consumer(consumer_config(settings, group, **{"queued.max.messages.kbytes": 4096}))
     deadline = time.monotonic() + timeout_s
     try:
         tp = TopicPartition(TICKS.name, partition)
         low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
         if since_ns > 0:
             at = TopicPartition(TICKS.name, partition, since_ns // 1_000_000)
-            first = consumer.offsets_for_times([at], timeout=timeout_s)[0].offset
-            low = max(low, high if first < 0 else first)  # -1: nothing written since
+            found = consumer.offsets_for_times([at], timeout=timeout_s)[0]
+            if found.error is not None:
+                raise KafkaException(found.error)
+            low = max(low, high if found.offset < 0 else found.offset)  # -1: nothing since
         end, size = high, LOOKUP_RECORDS
         while end > low:
             start = max(low, end - size)

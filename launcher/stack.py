@@ -196,6 +196,9 @@ class ProcessService(Service):
         self.pidfile.unlink(missing_ok=True)
 
 
+GROUP_GRACE_S = 10.0
+
+
 def stop_process_group(pid: int, timeout: float, leader_first: bool = False) -> None:
     """SIGTERM the process group, then SIGKILL whatever outlives ``timeout``. With
     ``leader_first``, the leader alone first, and the group once it is gone: the stream
@@ -211,6 +214,8 @@ def stop_process_group(pid: int, timeout: float, leader_first: bool = False) -> 
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
+    if leader_first:  # what is left of the group gets its own grace, however long the leader took
+        deadline = max(deadline, time.monotonic() + min(GROUP_GRACE_S, timeout))
     while time.monotonic() < deadline:
         reap(pid)
         try:

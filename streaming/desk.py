@@ -119,6 +119,9 @@ class TriggerDesk(threading.Thread):
         # One-shot registrations that fired, (trigger id, registered_ms), from the live path's
         # thread: at most one entry a registration and firing, so bounded by the registry.
         self._fired: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
+        self._unretired: list[tuple[str, int]] = []  # taken from it, their REMOVE not written
+        self._outstanding = 0  # noted and not yet settled, so settle() is free when none
+        self._counting = threading.Lock()
         self._lock = threading.Lock()  # the registry: the desk's thread, and settle()'s
         self._producer = Producer(producer_config(ctx.settings))
         self._stopping = threading.Event()
@@ -161,41 +164,52 @@ class TriggerDesk(threading.Thread):
     def fired(self, trigger_id: str, registered_ms: int) -> None:
         """A one-shot registration fired: out of the registry before the next request is
         handled. Thread-safe; called before the firing is sent."""
+        with self._counting:
+            self._outstanding += 1
         self._fired.put((trigger_id, registered_ms))
 
-    def settle(self) -> None:
+    def settle(self) -> bool:
         """Every one-shot noted as fired out of the registry now, from any thread: before
-        the triggers' state that passed its firing is recorded, and at the job's stop."""
+        the triggers' state that passed its firing is recorded, and at the job's stop.
+        False while a REMOVE could not be written (Kafka away): the desk tries again."""
+        if not self._outstanding:
+            return True  # the common case: nothing fired, and the desk's lock not waited for
         with self._lock:
-            self._retire_fired()
+            return self._retire_fired()
 
-    def _retire_fired(self) -> None:
-        """The REMOVE of each one-shot registration that fired and is still held. One added
-        again since, or a firing made again after a restart, finds another registration (or
-        none) under the id, and nothing is written."""
+    def _retire_fired(self) -> bool:
+        """The REMOVE of each one-shot registration that fired and is still held, in the
+        order they fired; True when none is left to write. One added again since, or a
+        firing made again after a restart, finds another registration (or none) under the
+        id, and nothing is written."""
         while True:
             try:
-                trigger_id, registered_ms = self._fired.get_nowait()
+                self._unretired.append(self._fired.get_nowait())
             except queue.Empty:
-                return
+                break
+        while self._unretired:
+            trigger_id, registered_ms = self._unretired[0]
             held = self.registry.get(trigger_id)
-            if held is None or (registered_ms and held.registered_ms != registered_ms):
-                continue  # (a firing restored from an older release's record names none)
-            done = cep.CEPTriggerRequest(
-                trigger_id=held.trigger_id,
-                client_id=held.client_id,
-                user_id=held.user_id,
-                ticker=held.ticker,
-                action=cep.REMOVE,
-                registered_ms=registered_ms,
-            )
-            try:  # the evaluator removed it itself: the registry only
-                self._produce(TRIGGERS.name, trigger_id, done, "the registry")
-            except TriggerRejected as exc:
-                log.warning("fired one-shot %s not yet removed: %s", trigger_id, exc)
-                self._fired.put((trigger_id, registered_ms))
-                return
-            del self.registry[trigger_id]
+            # (A firing restored from an older release's record names no registration.)
+            if held is not None and (not registered_ms or held.registered_ms == registered_ms):
+                done = cep.CEPTriggerRequest(
+                    trigger_id=held.trigger_id,
+                    client_id=held.client_id,
+                    user_id=held.user_id,
+                    ticker=held.ticker,
+                    action=cep.REMOVE,
+                    registered_ms=registered_ms,
+                )
+                try:  # the evaluator removed it itself: the registry only
+                    self._produce(TRIGGERS.name, trigger_id, done, "the registry")
+                except TriggerRejected as exc:
+                    log.warning("fired one-shot %s not yet removed: %s", trigger_id, exc)
+                    return False
+                del self.registry[trigger_id]
+            self._unretired.pop(0)
+            with self._counting:
+                self._outstanding -= 1
+        return True
 
     def _catch_up(self) -> None:
         """Our own changes and any others made (a registry written by an older release), in
@@ -213,6 +227,12 @@ class TriggerDesk(threading.Thread):
         ack = cep.CEPTriggerAck(trigger_id=req.trigger_id, request_id=req.request_id)
         try:
             check_owner(req)
+            if req.action != cep.LIST and any(t == req.trigger_id for t, _ in self._unretired):
+                raise TriggerRejected(
+                    cep.TRIGGER_REJECT_REASON_UNSPECIFIED,
+                    f"trigger {req.trigger_id} fired and its removal is not recorded yet: "
+                    "try again",
+                )
             if req.action == cep.LIST:
                 mine = sorted(
                     (t for t in self.registry.values() if t.client_id == req.client_id),

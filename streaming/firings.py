@@ -134,12 +134,18 @@ class FiringDesk:
         self.ctx.metrics.trigger_firings.inc(len(fired))
 
     def record_state(self, commit: CepCommit) -> None:
-        self.desk.settle()  # a record past a one-shot's firing: its REMOVE written first
+        # A record past a one-shot's firing: its REMOVE written first, or no record (the
+        # firing made again from the record before, after a crash, writes it then).
+        if not self.desk.settle():
+            raise TriggerRejected(
+                cep.TRIGGER_REJECT_REASON_UNSPECIFIED, "a fired one-shot is not yet removed"
+            )
         self.ctx.progress.record_cep(self.run_id, commit)
 
     def close(self) -> None:
         self.alerts.close()
-        self.desk.settle()
+        if not self.desk.settle():
+            log.warning("a fired one-shot's removal not written: the next start fires it again")
 
 
 def parse_firings(

@@ -306,7 +306,7 @@ class LiveQuery:
                 return
             delta = {k: now[k] - self._counted[k] for k in COUNTERS}
             self._counted = now
-            if min(delta.values()) < 0:
+            if delta["read"] < 0:
                 continue  # the JVM's live path stopped (the job's end): counted from zero
             metrics.published.labels("tick").inc(delta["ticks"])
             metrics.published.labels("ohlc").inc(delta["candles"])

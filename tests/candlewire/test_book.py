@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 import zlib
 from decimal import Decimal
 
@@ -529,7 +530,14 @@ def test_a_book_unchanged_since_since_is_handed_out_when_the_replay_ends() -> No
     assert book is not None and (book.seq, book.time_ns, book.position.seq) == (2, 20 * s, 2)
     assert book.bids() == [(Decimal(100), Decimal(4))]
     assert quiet.offer(REPLAYED) is None
-    assert quiet.offer(at(delta(3, bids=(("100", "5"),)), 130)) is book  # live, as before
+    # Handed out, the book is handed at each change, whatever its time: a venue's clock
+    # behind ours, or a feed replaying the past, stays before ``since`` for a while.
+    assert quiet.offer(at(delta(3, bids=(("100", "5"),)), 30)) is book
+    assert quiet.offer(at(delta(4, bids=(("100", "6"),)), 130)) is book
+
+    ahead = BookFeed(T, from_ns=time.time_ns() + 3600 * s)  # ``since`` still to come
+    ahead.offer(at(snap(1), 10))
+    assert ahead.offer(REPLAYED) is None
 
     busy = BookFeed(T, from_ns=100 * s)
     busy.offer(at(snap(1), 10))

@@ -193,7 +193,6 @@ def code_servers(stack: Stack) -> list[str]:
 
 
 def test_a_part_s_memory_is_its_whole_process_tree() -> None:
-    import os
     import subprocess
     import sys
 
@@ -221,7 +220,6 @@ def test_pss_counts_a_shared_page_once_where_rss_counts_it_in_each_process() -> 
     """Two processes sharing 200 MiB: summed RSS says 400, summed PSS about 200 (why
     ``status`` totals PSS)."""
     import mmap
-    import os
     import time
 
     from launcher.stack import memory_mib
@@ -453,30 +451,40 @@ def test_a_part_stops_waiting_for_its_health_once_up_gives_up(tmp_path) -> None:
 LEADER = """
 import signal, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 def stop(*_):
     time.sleep(0.3)  # as the stream job stops its queries, with its JVM needed
     open(sys.argv[1], "w").write("alive" if child.poll() is None else "gone")
     child.terminate()
-    sys.exit(0)
+    child.wait()
+    sys.exit(0)  # ``left`` is left to the group's signal
 signal.signal(signal.SIGTERM, stop)
-print("ready", flush=True)
+print(left.pid, flush=True)
 time.sleep(60)
 """
+
+
+def gone(pid: int) -> bool:
+    """Not running: no such process, or a zombie (its parent, init here, reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 @pytest.mark.parametrize("leader_first", [True, False])
 def test_a_leader_first_stops_with_its_children_still_there(tmp_path, leader_first) -> None:
     """candlewire's own processes get SIGTERM before their group: signalled together, the
-    stream job's JVM stopped Spark under the queries the job was stopping. Either way
-    nothing of the group outlives the stop."""
+    stream job's JVM stopped Spark under the queries the job was stopping. Either way what
+    the leader leaves of its group is stopped too."""
     from launcher.stack import stop_process_group
 
     said = tmp_path / "said"
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", LEADER, str(said)], stdout=subprocess.PIPE, start_new_session=True
-    )
-    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-    stop_process_group(proc.pid, 10.0, leader_first)
+    ) as proc:
+        assert proc.stdout is not None
+        left = int(proc.stdout.readline())
+        stop_process_group(proc.pid, 10.0, leader_first)
     assert said.read_text() == ("alive" if leader_first else "gone")
-    with pytest.raises(ProcessLookupError):
-        os.killpg(proc.pid, 0)
+    wait_for(lambda: gone(left), timeout=5)

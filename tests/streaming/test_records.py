@@ -10,7 +10,7 @@ import queue
 
 import pytest
 
-from candlewire.triggers import add_request, condition
+from candlewire.triggers import TriggerRejected, add_request, condition
 from proto import book_pb2, market_pb2
 from proto import cep_pb2 as cep
 from proto.envelope import to_record
@@ -126,8 +126,7 @@ def test_the_desk_holds_at_most_cep_max_triggers_whatever_the_owners(tmp_path) -
 
     desk = TriggerDesk.__new__(TriggerDesk)
     desk.settings = free_settings(tmp_path).model_copy(update={"cep_max_triggers": 3})
-    desk.registry = {}
-    desk._fired = queue.SimpleQueue()
+    desk.registry, desk._fired, desk._unretired = {}, queue.SimpleQueue(), []
     desk._check_listed = lambda ticker: None  # type: ignore[method-assign]
     desk._write = lambda req: None  # type: ignore[method-assign]
     cross = condition("price_cross", level="1", direction="up")
@@ -149,11 +148,19 @@ def test_a_fired_one_shot_leaves_the_registry_and_only_its_own_registration(tmp_
 
     desk = TriggerDesk.__new__(TriggerDesk)
     desk.settings = free_settings(tmp_path)
-    desk.registry, desk._fired, desk._lock = {}, queue.SimpleQueue(), threading.Lock()
+    desk.registry, desk._fired, desk._unretired = {}, queue.SimpleQueue(), []
+    desk._outstanding, desk._counting, desk._lock = 0, threading.Lock(), threading.Lock()
     desk._check_listed = lambda ticker: None  # type: ignore[method-assign]
     written: list[cep.CEPTriggerRequest] = []
+    kafka_away = False
+
+    def produce(topic, key, req, what) -> None:
+        if kafka_away:
+            raise TriggerRejected(cep.TRIGGER_REJECT_REASON_UNSPECIFIED, "timed out")
+        written.append(req)
+
     desk._write = written.append  # type: ignore[method-assign]
-    desk._produce = lambda topic, key, req, what: written.append(req)  # type: ignore[method-assign]
+    desk._produce = produce  # type: ignore[method-assign]
     cross = condition("price_cross", level="1", direction="up")
     assert desk.handle(add_request("c", "t", TICKER, cross)).accepted
     first = desk.registry["t"].registered_ms = 1_000  # as a registration before this one
@@ -164,6 +171,14 @@ def test_a_fired_one_shot_leaves_the_registry_and_only_its_own_registration(tmp_
     desk.fired("t", first)  # made again after a restart
     desk.settle()
     assert len(written) == 3 and desk.registry["t"].registered_ms > first
+    assert desk.settle() and desk._outstanding == 0
+    # Kafka away as it fires: no record may pass the firing, and the trigger is not taken
+    # again until its REMOVE is written, in order before the new ADD.
+    kafka_away = True
     desk.fired("t", desk.registry["t"].registered_ms)
-    desk.settle()
-    assert written[3].action == cep.REMOVE and desk.registry == {}
+    assert not desk.settle()
+    refused = desk.handle(add_request("c", "t", TICKER, cross))
+    assert not refused.accepted and "not recorded yet" in refused.error_message
+    kafka_away = False
+    assert desk.handle(add_request("c", "t", TICKER, cross)).accepted
+    assert [r.action for r in written[3:]] == [cep.REMOVE, cep.ADD] and desk.settle()
