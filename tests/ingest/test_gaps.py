@@ -19,7 +19,6 @@ from candlewire.kafka import GAPS, TICKS, key_partition
 from ingest.exchanges.base import TradeRun
 from ingest.exchanges.sim import GENESIS_MS, MINUTE_MS, Faults, Outage, SimExchange, parse_faults
 from ingest.gaps import (
-    LOOKUP_RECORDS,
     GapDetector,
     GapRepairer,
     GapWatch,
@@ -611,12 +610,17 @@ def test_an_ingestor_that_restarted_repairs_its_own_downtime(broker_settings) ->
 
 
 def test_the_last_delivered_trade_is_found_behind_any_number_of_other_tickers_records(
-    broker_settings,
+    broker_settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Peers stream on while an ingestor restarts: more than the first window's records of
     other tickers on the partition after its ticker's last trade. The resume still finds
-    that trade; and none when nothing was written since the dedup horizon's start."""
+    that trade; and none when nothing was written since the dedup horizon's start. (A first
+    window of 40 records here: the session's ticks topic is every test's, read whole by
+    some.)"""
+    from ingest import gaps
     from ingest.sink import KafkaSink
+
+    monkeypatch.setattr(gaps, "LOOKUP_RECORDS", 40)
 
     ticker = f"SIM{uuid.uuid4().hex[:4].upper()}:BTC/USDT"
     part = key_partition(TICKS, ticker.encode())
@@ -632,7 +636,7 @@ def test_the_last_delivered_trade_is_found_behind_any_number_of_other_tickers_re
     for t in mine:
         sink.send(TICKS.name, ticker, t)
     after = market_pb2.Tick(ticker=other, price="1", size="1", exchange_time_ns=now)
-    for i in range(LOOKUP_RECORDS * 5 // 4):
+    for i in range(gaps.LOOKUP_RECORDS * 5):
         after.trade_id = str(i)
         sink.send(TICKS.name, other, after)
     sink.flush(60)
