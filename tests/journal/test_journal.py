@@ -892,6 +892,20 @@ def books_after_each(
     return seen
 
 
+def journalled_book(
+    stream_pub, n: int, seed: int, published: int
+) -> tuple[str, bytes, list[book_pb2.BookSnapshot | book_pb2.BookDelta], dict[int, tuple]]:
+    """A new ticker's snapshot and ``n`` deltas (:func:`book_updates`), the first
+    ``published`` of them published and in the journal; and each update's book as texts."""
+    ticker = f"SIM:B{uuid.uuid4().hex[:6].upper()}/USDT"
+    topic = market_data_topic(ticker, book_type()).encode()
+    updates = book_updates(ticker, n, seed=seed)
+    expected = books_after_each(ticker, updates, lambda b: (b.texts(True), b.texts(False)))
+    stream_pub.publish_sequenced([(topic, m) for m in updates[:published]])
+    stream_pub._journal.flush(10)
+    return ticker, topic, updates, expected
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_book_subscriber_behind_reads_its_queue_in_runs_and_its_books_stay_right(
     journal_settings, journal, stream_pub, relay, kind
@@ -905,12 +919,7 @@ def test_a_book_subscriber_behind_reads_its_queue_in_runs_and_its_books_stay_rig
     from candlewire.book import RUN_MIN
     from candlewire.client import AsyncClient
 
-    ticker = f"SIM:B{uuid.uuid4().hex[:6].upper()}/USDT"
-    topic = market_data_topic(ticker, book_type()).encode()
-    updates = book_updates(ticker, 610, seed=3)
-    expected = books_after_each(ticker, updates, lambda b: (b.texts(True), b.texts(False)))
-    stream_pub.publish_sequenced([(topic, m) for m in updates[:11]])
-    stream_pub._journal.flush(10)
+    ticker, topic, updates, expected = journalled_book(stream_pub, 610, 3, published=11)
     last = updates[-1].venue_seq
     seen: list[tuple[int, tuple]] = []
     # A second subscriber of the topic on the same relay, whose XPUB hands each message to
@@ -986,12 +995,7 @@ def test_a_since_subscriber_of_a_quiet_book_gets_it_as_it_stood_then(
     """The book last changed just before ``since``: the subscriber is handed it as it stood
     then once the replay ends, not only at its next change (it waited for the idle
     timeout), and after it each live change."""
-    ticker = f"SIM:Q{uuid.uuid4().hex[:6].upper()}/USDT"
-    topic = market_data_topic(ticker, book_type()).encode()
-    updates = book_updates(ticker, 4, seed=5)
-    expected = books_after_each(ticker, updates, lambda b: (b.texts(True), b.texts(False)))
-    stream_pub.publish_sequenced([(topic, m) for m in updates[:4]])
-    stream_pub._journal.flush(10)
+    ticker, topic, updates, expected = journalled_book(stream_pub, 4, 5, published=4)
     since_ms = updates[3].exchange_time_ns // 1_000_000 + 1
     with Client(journal_settings) as client:
         sub = client.subscribe(ticker, "book", since=since_ms, idle_timeout=15)
