@@ -57,7 +57,13 @@ from candlewire.lake import TICKS_SCHEMA, ensure_tables, table_name
 from candlewire.spark import build_session
 from launcher.stack import kafka_service
 from streaming.decode import CONTROL, CONTROL_SQL, decode_ticks_in_jvm
-from streaming.queries.ticks import ONE_PASS, batch_summary, judged_in_tasks, stored_ticks
+from streaming.queries.ticks import (
+    ONE_PASS,
+    batch_counts,
+    batch_summary,
+    judged_in_tasks,
+    stored_ticks,
+)
 from streaming.sql import columns_from_decoded
 
 TOPIC = "bench.commit.ticks"
@@ -160,7 +166,7 @@ def main() -> None:
             )
         # Each batch judges the whole topic afresh (no state between them): every tick
         # is distinct and timely, so each is kept, and each batch changes every candle.
-        kept = [o.get["kept"] for o in observed]
+        kept = [batch_counts(o.get)["kept"] for o in observed]
         got = judged_candles(observed[-1].get["candles"])
         spark.stop()
     want = reference(trades)
