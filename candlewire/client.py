@@ -264,7 +264,9 @@ class Client:
         ``data_type="book"`` yields the ticker's L2 :class:`~candlewire.book.Book`, kept
         from a snapshot and the deltas after it, each time an update changed it (the same
         object, maintained; its ``bids()`` and ``asks()`` give ``depth`` levels). ``since``
-        (a time) starts it from the last snapshot before then. Deltas that arrive together
+        (a time) starts it from the last snapshot before then and hands it out from then on;
+        a book unchanged since then is handed out as it stood, once the journal's replay is
+        done. Deltas that arrive together
         (one of the stream job's micro-batches, or what queued while the caller was busy)
         are applied at once, and the book is handed out once, as of the last of them.
         """
