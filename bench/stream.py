@@ -147,8 +147,14 @@ CPU_PARTS = (
     (
         "garbage collection",
         (
-            *("GenCollectedHeap", "VM_GenCollect", "MarkSweep", "DefNewGeneration"),
-            *("GangWorker", "PSScavenge", "PSParallelCompact", "VM_ParallelGC"),
+            "GenCollectedHeap",
+            "VM_GenCollect",
+            "MarkSweep",
+            "DefNewGeneration",
+            "GangWorker",
+            "PSScavenge",
+            "PSParallelCompact",
+            "VM_ParallelGC",
         ),
     ),
     ("JIT compilers", ("CompileBroker", "C2Compiler", "Compilation::", "PhaseChaitin")),

@@ -691,27 +691,28 @@ class BookFeed:
             book = self.sync.book
             if self.handed or book is None or self.from_ns > time.time_ns():
                 return None  # handed already, nothing to hand, or ``since`` still to come
-            return self._handed(book.position, book.time_ns)
+            book.depth, self.handed = self.depth, True
+            return book
         else:
             return None
-        return self._handed(msg.stream, self.from_ns)
+        return self._handed(msg.stream)
 
     def offer_run(self, run: DeltaRun) -> Book | None:
         """:meth:`offer` for a run of deltas: the book once, after the run, when the run
         changed it (and it is trusted); the same book as offering them one by one."""
         if self.sync.on_run(run):
-            return self._handed(run.last.stream, self.from_ns)
+            return self._handed(run.last.stream)
         offer, changed = self.offer, False
         for delta in run.deltas():
             changed |= offer(delta) is not None
         return self.sync.book if changed else None
 
-    def _handed(self, position: StreamPosition | None, from_ns: int) -> Book | None:
+    def _handed(self, position: StreamPosition) -> Book | None:
         book = self.sync.book
         if book is None:
             return None
         book.position = position  # where the book stands, handed out or not yet
-        if book.time_ns < from_ns and not self.handed:
+        if book.time_ns < self.from_ns and not self.handed:
             return None  # once handed out, each change is (a venue's time may step back)
         book.depth, self.handed = self.depth, True
         return book

@@ -27,7 +27,6 @@ restart from a recorded state agrees on what fires.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 
@@ -106,6 +105,19 @@ def same_trigger(a: cep.CEPTriggerRequest, b: cep.CEPTriggerRequest) -> bool:
     return x == y
 
 
+def removal(held: cep.CEPTriggerRequest, registered_ms: int) -> cep.CEPTriggerRequest:
+    """The REMOVE of a held registration, as the registry keeps it: its owner's, stamped
+    ``registered_ms`` (the removal's time, or the fired registration's own)."""
+    return cep.CEPTriggerRequest(
+        trigger_id=held.trigger_id,
+        client_id=held.client_id,
+        user_id=held.user_id,
+        ticker=held.ticker,
+        action=cep.REMOVE,
+        registered_ms=registered_ms,
+    )
+
+
 class TriggerDesk(threading.Thread):
     def __init__(self, ctx: JobContext) -> None:
         super().__init__(name="trigger-desk", daemon=True)
@@ -116,12 +128,11 @@ class TriggerDesk(threading.Thread):
         self.registry: dict[str, cep.CEPTriggerRequest] = {}
         apply_records(self.registry, records)
         self._caught_up = time.monotonic()
-        # One-shot registrations that fired, (trigger id, registered_ms), from the live path's
-        # thread: at most one entry a registration and firing, so bounded by the registry.
-        self._fired: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
-        self._unretired: list[tuple[str, int]] = []  # taken from it, their REMOVE not written
-        self._outstanding = 0  # noted and not yet settled, so settle() is free when none
-        self._counting = threading.Lock()
+        # One-shot registrations that fired, (trigger id, registered_ms), noted by the live
+        # path's thread and dropped once their REMOVE is written: at most one entry a
+        # registration and firing, so bounded by the registry.
+        self._fired: list[tuple[str, int]] = []
+        self._fired_lock = threading.Lock()  # the list only: never held across Kafka's I/O
         self._lock = threading.Lock()  # the registry: the desk's thread, and settle()'s
         self._producer = Producer(producer_config(ctx.settings))
         self._stopping = threading.Event()
@@ -164,15 +175,14 @@ class TriggerDesk(threading.Thread):
     def fired(self, trigger_id: str, registered_ms: int) -> None:
         """A one-shot registration fired: out of the registry before the next request is
         handled. Thread-safe; called before the firing is sent."""
-        with self._counting:
-            self._outstanding += 1
-        self._fired.put((trigger_id, registered_ms))
+        with self._fired_lock:
+            self._fired.append((trigger_id, registered_ms))
 
     def settle(self) -> bool:
         """Every one-shot noted as fired out of the registry now, from any thread: before
         the triggers' state that passed its firing is recorded, and at the job's stop.
         False while a REMOVE could not be written (Kafka away): the desk tries again."""
-        if not self._outstanding:
+        if not self._fired:
             return True  # the common case: nothing fired, and the desk's lock not waited for
         with self._lock:
             return self._retire_fired()
@@ -183,33 +193,23 @@ class TriggerDesk(threading.Thread):
         firing made again after a restart, finds another registration (or none) under the
         id, and nothing is written."""
         while True:
-            try:
-                self._unretired.append(self._fired.get_nowait())
-            except queue.Empty:
-                break
-        while self._unretired:
-            trigger_id, registered_ms = self._unretired[0]
+            with self._fired_lock:
+                if not self._fired:
+                    return True
+                trigger_id, registered_ms = self._fired[0]
             held = self.registry.get(trigger_id)
             # (A firing restored from an older release's record names no registration.)
             if held is not None and (not registered_ms or held.registered_ms == registered_ms):
-                done = cep.CEPTriggerRequest(
-                    trigger_id=held.trigger_id,
-                    client_id=held.client_id,
-                    user_id=held.user_id,
-                    ticker=held.ticker,
-                    action=cep.REMOVE,
-                    registered_ms=registered_ms,
-                )
                 try:  # the evaluator removed it itself: the registry only
-                    self._produce(TRIGGERS.name, trigger_id, done, "the registry")
+                    self._produce(
+                        TRIGGERS.name, trigger_id, removal(held, registered_ms), "the registry"
+                    )
                 except TriggerRejected as exc:
                     log.warning("fired one-shot %s not yet removed: %s", trigger_id, exc)
                     return False
                 del self.registry[trigger_id]
-            self._unretired.pop(0)
-            with self._counting:
-                self._outstanding -= 1
-        return True
+            with self._fired_lock:
+                self._fired.pop(0)
 
     def _catch_up(self) -> None:
         """Our own changes and any others made (a registry written by an older release), in
@@ -227,7 +227,9 @@ class TriggerDesk(threading.Thread):
         ack = cep.CEPTriggerAck(trigger_id=req.trigger_id, request_id=req.request_id)
         try:
             check_owner(req)
-            if req.action != cep.LIST and any(t == req.trigger_id for t, _ in self._unretired):
+            with self._fired_lock:
+                unretired = any(t == req.trigger_id for t, _ in self._fired)
+            if req.action != cep.LIST and unretired:
                 raise TriggerRejected(
                     cep.TRIGGER_REJECT_REASON_UNSPECIFIED,
                     f"trigger {req.trigger_id} fired and its removal is not recorded yet: "
@@ -283,16 +285,7 @@ class TriggerDesk(threading.Thread):
             raise TriggerRejected(
                 cep.NO_SUCH_TRIGGER, f"{req.client_id} has no trigger {req.trigger_id}"
             )
-        self._write(
-            cep.CEPTriggerRequest(
-                trigger_id=held.trigger_id,
-                client_id=held.client_id,
-                user_id=held.user_id,
-                ticker=held.ticker,
-                action=cep.REMOVE,
-                registered_ms=int(time.time() * 1000),
-            )
-        )
+        self._write(removal(held, int(time.time() * 1000)))
         del self.registry[req.trigger_id]
 
     def _check_listed(self, ticker: str) -> None:

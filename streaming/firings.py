@@ -137,9 +137,7 @@ class FiringDesk:
         # A record past a one-shot's firing: its REMOVE written first, or no record (the
         # firing made again from the record before, after a crash, writes it then).
         if not self.desk.settle():
-            raise TriggerRejected(
-                cep.TRIGGER_REJECT_REASON_UNSPECIFIED, "a fired one-shot is not yet removed"
-            )
+            raise RuntimeError("a fired one-shot's REMOVE is not in the registry yet")
         self.ctx.progress.record_cep(self.run_id, commit)
 
     def close(self) -> None:

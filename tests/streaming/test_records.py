@@ -6,7 +6,7 @@ instead, so the request is still answered and the snapshot completes."""
 
 from __future__ import annotations
 
-import queue
+import threading
 
 import pytest
 
@@ -126,7 +126,7 @@ def test_the_desk_holds_at_most_cep_max_triggers_whatever_the_owners(tmp_path) -
 
     desk = TriggerDesk.__new__(TriggerDesk)
     desk.settings = free_settings(tmp_path).model_copy(update={"cep_max_triggers": 3})
-    desk.registry, desk._fired, desk._unretired = {}, queue.SimpleQueue(), []
+    desk.registry, desk._fired, desk._fired_lock = {}, [], threading.Lock()
     desk._check_listed = lambda ticker: None  # type: ignore[method-assign]
     desk._write = lambda req: None  # type: ignore[method-assign]
     cross = condition("price_cross", level="1", direction="up")
@@ -141,15 +141,13 @@ def test_a_fired_one_shot_leaves_the_registry_and_only_its_own_registration(tmp_
     """The desk's decision alone, as above: the firing's REMOVE is written before the next
     request is handled, so the same trigger added again is stored anew; the same firing
     made again after a restart removes nothing added since."""
-    import threading
-
     from streaming.desk import TriggerDesk
     from tests.support import free_settings
 
     desk = TriggerDesk.__new__(TriggerDesk)
     desk.settings = free_settings(tmp_path)
-    desk.registry, desk._fired, desk._unretired = {}, queue.SimpleQueue(), []
-    desk._outstanding, desk._counting, desk._lock = 0, threading.Lock(), threading.Lock()
+    desk.registry, desk._fired = {}, []
+    desk._fired_lock, desk._lock = threading.Lock(), threading.Lock()
     desk._check_listed = lambda ticker: None  # type: ignore[method-assign]
     written: list[cep.CEPTriggerRequest] = []
     kafka_away = False
@@ -171,7 +169,7 @@ def test_a_fired_one_shot_leaves_the_registry_and_only_its_own_registration(tmp_
     desk.fired("t", first)  # made again after a restart
     desk.settle()
     assert len(written) == 3 and desk.registry["t"].registered_ms > first
-    assert desk.settle() and desk._outstanding == 0
+    assert desk.settle() and desk._fired == []
     # Kafka away as it fires: no record may pass the firing, and the trigger is not taken
     # again until its REMOVE is written, in order before the new ADD.
     kafka_away = True
