@@ -32,7 +32,7 @@ from candlewire.topics import (
     subscription_error_topic,
     tick_type,
 )
-from candlewire.triggers import check_owner, parse_trigger
+from candlewire.triggers import FiringKey, check_owner, firing_key, parse_trigger
 from proto import book_pb2, market_pb2
 from proto import cep_pb2 as cep
 from proto import journal_pb2 as jr
@@ -201,11 +201,10 @@ class NotificationInbox:
     dropped: int = 0
     _pending: set[str] = field(default_factory=set)
     _ready: dict[str, rq.HistoryReadyNotification] = field(default_factory=dict)
-    # CEP firings in arrival order, each (trigger_id, registered_ms, firing) once: the stream
-    # processor may send one again after a restart, and every notification is repeated a few
-    # times; a trigger added again under its id numbers its firings from 1 again.
+    # CEP firings in arrival order, each once (by its firing_key): the stream processor may
+    # send one again after a restart, and every notification is repeated a few times.
     _firings: deque[cep.CEPTriggerEvent] = field(default_factory=deque)
-    _seen: OrderedDict[tuple[str, int, int], None] = field(default_factory=OrderedDict)
+    _seen: OrderedDict[FiringKey, None] = field(default_factory=OrderedDict)
     # Answers to calls in flight (a trigger's ack, a metadata refresh's update) that another
     # call's wait read off the shared SUB: an async client may wait on several at once.
     _calls: set[str] = field(default_factory=set)
@@ -238,7 +237,7 @@ class NotificationInbox:
         if answer and msg.request_id in self._calls:  # type: ignore[union-attr]
             self._answers.setdefault(msg.request_id, frames)  # type: ignore[union-attr]
         if isinstance(msg, cep.CEPTriggerEvent):
-            key = (msg.trigger_id, msg.registered_ms, msg.firing)
+            key = firing_key(msg)
             if key not in self._seen and len(self._firings) < MAX_QUEUED_FIRINGS:
                 self._seen[key] = None
                 self._firings.append(msg)

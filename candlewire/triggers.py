@@ -290,3 +290,13 @@ def describe(t: Trigger) -> str:
         return f"a {t.period_s} s candle closes at or {'above' if up else 'below'} {level}"
     side = "above the high" if up else "below the low"
     return f"a {t.period_s} s candle closes {side} of the {t.candles} before"
+
+
+FiringKey = tuple[str, int, int, int]
+
+
+def firing_key(event: cep.CEPTriggerEvent) -> FiringKey:
+    """What names one firing, so that one sent again is known and no other is taken for it:
+    the registration (a trigger added again numbers afresh) and the evaluator's line of
+    states (a restart with no record to go on from numbers afresh too)."""
+    return (event.trigger_id, event.registered_ms, event.evaluator_started_ms, event.firing)

@@ -143,7 +143,7 @@ class CEPTriggerAck(_message.Message):
     def __init__(self, trigger_id: _Optional[str] = ..., accepted: bool = ..., error_message: _Optional[str] = ..., reason: _Optional[_Union[TriggerRejectReason, str]] = ..., request_id: _Optional[str] = ..., triggers: _Optional[_Iterable[_Union[CEPTriggerRequest, _Mapping]]] = ...) -> None: ...
 
 class CEPTriggerEvent(_message.Message):
-    __slots__ = ("trigger_id", "ticker", "value", "fired_time_ms", "event_time_ms", "firing", "reference", "client_id", "user_id", "registered_ms")
+    __slots__ = ("trigger_id", "ticker", "value", "fired_time_ms", "event_time_ms", "firing", "reference", "client_id", "user_id", "registered_ms", "evaluator_started_ms")
     TRIGGER_ID_FIELD_NUMBER: _ClassVar[int]
     TICKER_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class CEPTriggerEvent(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_MS_FIELD_NUMBER: _ClassVar[int]
+    EVALUATOR_STARTED_MS_FIELD_NUMBER: _ClassVar[int]
     trigger_id: str
     ticker: str
     value: str
@@ -164,7 +165,8 @@ class CEPTriggerEvent(_message.Message):
     client_id: str
     user_id: str
     registered_ms: int
-    def __init__(self, trigger_id: _Optional[str] = ..., ticker: _Optional[str] = ..., value: _Optional[str] = ..., fired_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ..., firing: _Optional[int] = ..., reference: _Optional[str] = ..., client_id: _Optional[str] = ..., user_id: _Optional[str] = ..., registered_ms: _Optional[int] = ...) -> None: ...
+    evaluator_started_ms: int
+    def __init__(self, trigger_id: _Optional[str] = ..., ticker: _Optional[str] = ..., value: _Optional[str] = ..., fired_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ..., firing: _Optional[int] = ..., reference: _Optional[str] = ..., client_id: _Optional[str] = ..., user_id: _Optional[str] = ..., registered_ms: _Optional[int] = ..., evaluator_started_ms: _Optional[int] = ...) -> None: ...
 
 class CepTrade(_message.Message):
     __slots__ = ("time_ns", "seq", "price", "size")
@@ -237,7 +239,7 @@ class CepFeed(_message.Message):
     def __init__(self, ticker: _Optional[str] = ..., clock_ns: _Optional[int] = ..., seq: _Optional[int] = ..., last_price: _Optional[str] = ..., armed: _Optional[_Iterable[_Union[CepArmed, _Mapping]]] = ..., window: _Optional[_Iterable[_Union[CepTrade, _Mapping]]] = ..., periods: _Optional[_Iterable[int]] = ..., forming: _Optional[_Iterable[_Union[CepCandle, _Mapping]]] = ..., closed: _Optional[_Iterable[_Union[CepCandle, _Mapping]]] = ..., judged_clock_ns: _Optional[int] = ..., trade_ids: _Optional[_Iterable[str]] = ..., trade_times_ns: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CepState(_message.Message):
-    __slots__ = ("feeds", "offsets")
+    __slots__ = ("feeds", "offsets", "started_ms")
     class OffsetsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -247,9 +249,11 @@ class CepState(_message.Message):
         def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     FEEDS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_MS_FIELD_NUMBER: _ClassVar[int]
     feeds: _containers.RepeatedCompositeFieldContainer[CepFeed]
     offsets: _containers.ScalarMap[int, int]
-    def __init__(self, feeds: _Optional[_Iterable[_Union[CepFeed, _Mapping]]] = ..., offsets: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    started_ms: int
+    def __init__(self, feeds: _Optional[_Iterable[_Union[CepFeed, _Mapping]]] = ..., offsets: _Optional[_Mapping[int, int]] = ..., started_ms: _Optional[int] = ...) -> None: ...
 
 class CepFiring(_message.Message):
     __slots__ = ("trigger", "event")

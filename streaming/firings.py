@@ -9,10 +9,11 @@ row per run), as ``CepState`` (``proto/cep.proto``), which a restart hands back 
 
 Evaluation reads no wall clock, so a restart, which evaluates the records after the last
 record again from the state recorded with it, makes the same firings with the same
-numbers. A firing sent before a crash may so arrive twice, with the same (trigger_id,
-registered_ms, firing): clients keep the first (:class:`candlewire._protocol.NotificationInbox`), and the
-gateways deliver a critical alert's event id once. A firing not sent before the crash is
-made after it: none is lost.
+numbers. A firing sent before a crash may so arrive twice, with the same
+:func:`~candlewire.triggers.firing_key`: clients keep the first
+(:class:`candlewire._protocol.NotificationInbox`), and the gateways deliver a critical
+alert's event id once. A firing not sent before the crash is made after it: none is lost.
+A start with no record begins a new line of states (:meth:`FiringDesk.restore`).
 
 A one-shot trigger that fired is removed from the registry, by the trigger desk
 (:meth:`streaming.desk.TriggerDesk.fired`), so the desk's list forgets it.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from google.protobuf.message import DecodeError
 
@@ -33,7 +35,7 @@ from candlewire.config import Settings
 from candlewire.curve import PUBLISHER_KEY
 from candlewire.events import EventPublisher
 from candlewire.kafka import TRIGGERS
-from candlewire.triggers import Trigger, TriggerRejected, parse_trigger
+from candlewire.triggers import Trigger, TriggerRejected, firing_key, parse_trigger
 from proto import cep_pb2 as cep
 from proto import events_pb2 as ev
 from streaming.context import JobContext
@@ -73,9 +75,11 @@ def alert(event: cep.CEPTriggerEvent, critical: bool) -> ev.UserEvent:
 
 
 def firing_event_id(event: cep.CEPTriggerEvent) -> str:
-    """One firing of one registration: a trigger added again under its id fires from 1
-    again, and must not be taken for the earlier registration's firing sent twice."""
-    return f"cep:{event.trigger_id}:{event.registered_ms}:{event.firing}"
+    """One firing (:func:`candlewire.triggers.firing_key`). A state recorded before the
+    evaluator's line was (0) keeps the ids it gave before."""
+    trigger_id, registered_ms, started_ms, firing = firing_key(event)
+    line = f":{started_ms}" if started_ms else ""
+    return f"cep:{trigger_id}:{registered_ms}:{firing}{line}"
 
 
 class FiringDesk:
@@ -98,7 +102,10 @@ class FiringDesk:
         """The triggers' state as last recorded (``CepState``) and the offsets to read on
         from. Without a readable record (a new run, or one of another release): a state
         holding only those offsets, where the commits stand, and the registry's triggers,
-        which the JVM's evaluator applies before the first record."""
+        which the JVM's evaluator applies before the first record. That state begins a line
+        of its own (``started_ms``): its firings are numbered from 1 again, and must reach
+        their users, not be dropped as repeats of the line before's. The live query records
+        it at once, so a restart before its first record goes on from it, not afresh."""
         record = self.ctx.progress.last_cep(self.run_id)
         if record is not None:
             try:
@@ -109,8 +116,12 @@ class FiringDesk:
                 log.warning("recorded trigger state not readable (%s): from the registry", exc)
         offsets = dict(restored.offsets)
         requests = list(registered(self.ctx.settings).values())
-        log.info("%d CEP triggers from the registry", len(requests))
-        return cep.CepState(offsets=offsets).SerializeToString(), requests, offsets
+        started_ms = int(time.time() * 1000)
+        log.info(
+            "%d CEP triggers from the registry, a state begun at %d", len(requests), started_ms
+        )
+        state = cep.CepState(offsets=offsets, started_ms=started_ms)
+        return state.SerializeToString(), requests, offsets
 
     def emit_jvm(self, data: bytes) -> None:
         """The JVM evaluator's firings (``CepFirings``), each with its trigger."""

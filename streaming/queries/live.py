@@ -231,6 +231,7 @@ class LiveQuery:
         restore = restore_file(restored, self._state_dir, triggers, registered)
         epoch = next_epoch(ctx.settings, after=ctx.publisher.sequencer.epoch)
         self._live.start(live_conf(ctx.settings, restore, epoch))
+        self._record()  # the triggers' state as it starts, whatever line it is of
         self._counted = dict.fromkeys(COUNTERS, 0)
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="live-counters", daemon=True)

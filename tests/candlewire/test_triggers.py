@@ -175,10 +175,20 @@ def test_a_firing_is_kept_once_per_registration_not_once_per_trigger_id() -> Non
 
     inbox = NotificationInbox()
 
-    def firing(registered_ms: int) -> cep.CEPTriggerEvent:
-        return cep.CEPTriggerEvent(trigger_id="t", firing=1, registered_ms=registered_ms)
+    def firing(registered_ms: int, line: int = 0) -> cep.CEPTriggerEvent:
+        return cep.CEPTriggerEvent(
+            trigger_id="t", firing=1, registered_ms=registered_ms, evaluator_started_ms=line
+        )
 
-    for event in (firing(1_000), firing(1_000), firing(2_000), firing(2_000)):
+    # (2_000, 7): the stream job restarted with no record of its triggers' state, which
+    # numbers the same registration's firings from 1 again, in a line of its own.
+    sent = [firing(1_000), firing(1_000), firing(2_000), firing(2_000), firing(2_000, 7)]
+    for event in [*sent, firing(2_000, 7)]:
         inbox.offer(encode_topic("RESPONSE:c", event))
-    taken = [inbox.take_firing(), inbox.take_firing(), inbox.take_firing()]
-    assert [e.registered_ms if e else None for e in taken] == [1_000, 2_000, None]
+    taken = [inbox.take_firing() for _ in range(4)]
+    assert [(e.registered_ms, e.evaluator_started_ms) if e else None for e in taken] == [
+        (1_000, 0),
+        (2_000, 0),
+        (2_000, 7),
+        None,
+    ]

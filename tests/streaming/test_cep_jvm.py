@@ -304,3 +304,29 @@ def test_a_period_no_trigger_uses_is_not_recorded(jvm) -> None:
     for state in (python.dumps({0: len(recs)}), bytes(evaluator.state(False))):
         (feed,) = cep.CepState.FromString(state).feeds
         assert list(feed.periods) == [] and list(feed.forming) == []
+
+
+def test_a_state_keeps_its_line_and_its_firings_carry_it(jvm) -> None:
+    """A state begun afresh (no record to go on from) is a line of its own: recorded at once,
+    before any record is read, kept by every record after, and on every firing, so a client
+    and the gateways tell its firing 1 from the line before's."""
+    ticker = TICKERS[0]
+    cross = add_request("c", "x", ticker, cep.PriceCross(level="100", direction=cep.UP))
+    cross.registered_ms = 1_000
+    recs = [
+        (to_record(cross), cross),
+        (buy_of_one(ticker, "a", "99", T0), None),
+        (buy_of_one(ticker, "b", "101", T0 + S), None),
+    ]
+    begun = cep.CepState(offsets={0: 0}, started_ms=1_234).SerializeToString()
+    evaluator = jvm.open(begun, ALLOWANCE_S, HORIZON_S)
+    first = evaluator.state(True)
+    assert first is not None and cep.CepState.FromString(bytes(first)).started_ms == 1_234
+    fired = [
+        f.event
+        for i, (value, _) in enumerate(recs)
+        for f in cep.CepFirings.FromString(bytes(evaluator.judge(value, 0, i))).firings
+    ]
+    assert [(e.firing, e.evaluator_started_ms) for e in fired] == [(1, 1_234)]
+    again = jvm.open(bytes(evaluator.state(False)), ALLOWANCE_S, HORIZON_S)
+    assert cep.CepState.FromString(bytes(again.state(False))).started_ms == 1_234

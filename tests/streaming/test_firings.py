@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from aiosmtpd.controller import Controller
 from confluent_kafka import Producer
 
@@ -29,8 +30,14 @@ from tests.support import RUNNING, free_port, start_job, wait_for
 S = 1_000_000_000
 
 
-def produce(settings, ticker: str, ticks: list[tuple[int, str, str]]) -> None:
-    producer = Producer(producer_config(settings))
+def produce(settings, ticker: str, ticks: list[tuple[int, str, str]]) -> tuple[int, int]:
+    """The ticks in the ticks topic; the (partition, offset) of the last."""
+    producer, last = Producer(producer_config(settings)), []
+
+    def delivered(err, msg) -> None:
+        assert err is None, err
+        last[:] = [msg.partition(), msg.offset()]
+
     for i, (t_ns, price, size) in enumerate(ticks):
         tick = market_pb2.Tick(
             ticker=ticker,
@@ -40,8 +47,11 @@ def produce(settings, ticker: str, ticks: list[tuple[int, str, str]]) -> None:
             side=market_pb2.BUY,
             exchange_time_ns=t_ns,
         )
-        producer.produce(TICKS.name, key=ticker.encode(), value=to_record(tick))
+        producer.produce(
+            TICKS.name, key=ticker.encode(), value=to_record(tick), on_delivery=delivered
+        )
     assert producer.flush(30) == 0
+    return last[0], last[1]
 
 
 def add(client: Client, ticker: str, name: str, cond, **kw) -> str:
@@ -74,7 +84,7 @@ def firings(client: Client, quiet_s: float = 6.0, timeout: float = 90.0) -> list
 
 @pytest.fixture(scope="module")
 def tickers(live_pipeline):
-    names = [f"CEPT:{uuid.uuid4().hex[:6].upper()}{i}/USDT" for i in range(7)]
+    names = [f"CEPT:{uuid.uuid4().hex[:6].upper()}{i}/USDT" for i in range(8)]
     list_symbols(live_pipeline, names)
     return names
 
@@ -135,11 +145,14 @@ def test_each_kind_fires_and_its_near_miss_does_not(live_pipeline, tickers) -> N
     assert all(e.firing == 1 and e.ticker == ticker for e in got)
 
 
+def run_of(settings) -> str:
+    return (Path(settings.checkpoints()) / "ticks.run-id").read_text().strip()
+
+
 def recorded(settings, ticker: str, price: str) -> bool:
     """The triggers' last record has the ticker's last trade at ``price``: the state a
     restart restores holds the ticker's trades so far."""
-    run_id = (Path(settings.checkpoints()) / "ticks.run-id").read_text().strip()
-    record = Progress(settings).last_cep(run_id)
+    record = Progress(settings).last_cep(run_of(settings))
     feeds = [] if record is None else cep.CepState.FromString(record.state).feeds
     return any(f.ticker == ticker and f.last_price == price for f in feeds)
 
@@ -279,8 +292,9 @@ def test_an_alert_for_a_user_with_a_session_shows_on_the_live_page(live_pipeline
             produce(live_pipeline, ticker, [(t0, "99", "1"), (t0 + S, "101", "1")])
             shown = next_of(ws, "event", timeout=60)
         assert shown["event_type"] == "ALERT_TRIGGERED" and shown["priority"] == "INFORMATIONAL"
-        # One firing of one registration: the desk's time of it, then the firing's number.
-        assert re.fullmatch(rf"cep:{trigger_id}:\d{{13}}:1", shown["event_id"])
+        # One firing of one registration: the desk's time of it, the firing's number, then
+        # the time the evaluator's line of states began (the module's job started afresh).
+        assert re.fullmatch(rf"cep:{trigger_id}:\d{{13}}:1:\d{{13}}", shown["event_id"])
         assert shown["data"]["ticker"] == ticker and shown["data"]["value"] == "101"
         with pytest.raises(TimeoutError):
             next_of(ws, "event", timeout=4)  # not twice
@@ -336,12 +350,59 @@ def test_each_engine_goes_on_from_the_other_ones_record(live_pipeline, tickers) 
     ]
 
 
+def committed_past(settings, partition: int, offset: int) -> bool:
+    """The committing query's record stands past ``offset``: a restart reads on from there."""
+    last = Progress(settings).last_candles(run_of(settings))
+    return last is not None and last.offsets.get(partition, 0) > offset
+
+
+def test_a_start_with_no_record_numbers_its_firings_as_a_line_of_their_own(
+    live_pipeline, tickers
+) -> None:
+    """The triggers' record lost (a new checkpoint, or a record another release cannot read):
+    the restarted job takes the triggers from the registry and numbers their firings from 1
+    again, under the same registration. They are a line of their own, so the client (and the
+    gateways, by the alert's id) take them for new firings, not for repeats of the first."""
+    ticker, got = tickers[7], []
+    with Client(live_pipeline, client_id=f"l-{uuid.uuid4().hex[:6]}") as client:
+        trigger_id = add(
+            client, ticker, "l", condition("price_cross", level="100", direction="up"), once=False
+        )
+        for price in ("101", "102"):
+            t = (time.time_ns() - 3600 * S) // S * S  # an hour ago: no idle mark made it late
+            crossing = produce(live_pipeline, ticker, [(t, "99", "1"), (t + S, price, "1")])
+            got += firings(client)
+            if price == "101":
+                # Committed past the crossing, so the restart does not evaluate it again.
+                wait_for(lambda: committed_past(live_pipeline, *crossing), timeout=90)  # noqa: B023
+                job = RUNNING.pop()
+                job.terminate()
+                job.wait(120)
+                with Progress(live_pipeline).engine.begin() as conn:
+                    conn.execute(
+                        sa.text("DELETE FROM cw_cep_commits WHERE run = :r"),
+                        {"r": run_of(live_pipeline)},
+                    )
+                RUNNING.append(start_job(live_pipeline))
+    assert [(e.trigger_id, e.firing, e.value) for e in got] == [
+        (trigger_id, 1, "101"),
+        (trigger_id, 1, "102"),
+    ]
+    first, second = got
+    assert second.registered_ms == first.registered_ms
+    assert second.evaluator_started_ms > first.evaluator_started_ms > 0
+
+
 def test_an_alerts_event_id_names_the_registration() -> None:
     """A trigger added again under its id fires from 1 again: its alert is another event."""
     from streaming.firings import firing_event_id
 
-    def firing(registered_ms: int) -> cep.CEPTriggerEvent:
-        return cep.CEPTriggerEvent(trigger_id="t", firing=1, registered_ms=registered_ms)
+    def firing(registered_ms: int, line: int = 0) -> cep.CEPTriggerEvent:
+        return cep.CEPTriggerEvent(
+            trigger_id="t", firing=1, registered_ms=registered_ms, evaluator_started_ms=line
+        )
 
     assert firing_event_id(firing(1_000)) == "cep:t:1000:1"
     assert firing_event_id(firing(2_000)) == "cep:t:2000:1"
+    # A restart with no record of the triggers' state numbers from 1 again, in a new line.
+    assert firing_event_id(firing(2_000, 7)) == "cep:t:2000:1:7"

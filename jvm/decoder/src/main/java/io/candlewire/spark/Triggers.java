@@ -44,11 +44,15 @@ public final class Triggers {
   private final HashMap<String, FeedState> judged = new HashMap<>();
   private final HashMap<Integer, Long> offsets = new HashMap<>();
   private final LinkedBlockingQueue<CepFiring> out = new LinkedBlockingQueue<>();
-  private boolean changed;
+  private final long startedMs; // the state's line (CepState.started_ms), on every firing
+  // A new evaluator's state is recorded once even before it reads: a restart before its
+  // first record would start afresh, a line of its own, and make its firings again as new.
+  private boolean changed = true;
 
   Triggers(CepState state, long allowanceNs, long horizonNs) {
     this.allowanceNs = allowanceNs;
     this.horizonNs = horizonNs;
+    this.startedMs = state.getStartedMs();
     offsets.putAll(state.getOffsetsMap());
     for (CepFeed f : state.getFeedsList()) {
       FeedTriggers feed = FeedTriggers.restore(f, allowanceNs);
@@ -200,6 +204,7 @@ public final class Triggers {
               .setClientId(t.getClientId())
               .setUserId(t.getUserId())
               .setRegisteredMs(t.getRegisteredMs())
+              .setEvaluatorStartedMs(startedMs)
               .build();
       out.add(CepFiring.newBuilder().setTrigger(t).setEvent(event).build());
     }
@@ -239,7 +244,7 @@ public final class Triggers {
       }
       b.addFeeds(f);
     }
-    b.putAllOffsets(offsets);
+    b.putAllOffsets(offsets).setStartedMs(startedMs);
     return b.build().toByteArray();
   }
 }
