@@ -119,6 +119,12 @@ def owned_id(settings: Settings, name: str) -> str:
     return f"{settings.security.key}.{name}" if settings.security.curve else name
 
 
+def owner_of(settings: Settings, client_id: str) -> str:
+    """Who is behind ``client_id``: with CURVE on, the key it is under (:func:`owned_id`;
+    one key may name any number of client ids), else the client id itself."""
+    return client_id.partition(".")[0] if settings.security.curve else client_id
+
+
 def user_id_of(frame: zmq.Frame) -> str:
     """The ZAP User-Id of a message received with ``copy=False``; "" over inproc or
     without CURVE."""

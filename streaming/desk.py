@@ -4,8 +4,9 @@ The relay checks a request on its face and hands it over on the work queue
 (:func:`~candlewire.topics.trigger_work_topic`); it keeps nothing. The desk decides what needs
 state, and answers with ``CEPTriggerAck`` on the request's notification topic:
 
-- ADD: the ticker must be listed in symbol metadata (and not delisted), the owner below
-  ``cep_max_triggers_per_owner`` and the registry below ``cep_max_triggers``, and the id
+- ADD: the ticker must be listed in symbol metadata (and not delisted), the owner (the
+  trigger's user, else with CURVE on the key its client id is under, else the client id)
+  below ``cep_max_triggers_per_owner`` and the registry below ``cep_max_triggers``, and the id
   new, or the same trigger sent again (a client's retry is accepted twice, stored once).
 - REMOVE: only the trigger's own client may remove it.
 - LIST: the client's triggers.
@@ -34,7 +35,7 @@ import zmq
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from candlewire.config import Settings
-from candlewire.curve import DESK_KEY, dial
+from candlewire.curve import DESK_KEY, dial, owner_of
 from candlewire.kafka import TICKS, TRIGGERS, consumer_config, producer_config
 from candlewire.symbols import SymbolCatalog
 from candlewire.topics import trigger_work_topic
@@ -268,8 +269,8 @@ class TriggerDesk(threading.Thread):
                 f"{len(self.registry)} triggers registered, at most "
                 f"{self.settings.cep_max_triggers} (cep_max_triggers)",
             )
-        owner = req.user_id or req.client_id
-        count = sum(1 for t in self.registry.values() if (t.user_id or t.client_id) == owner)
+        owner = self._owner(req)
+        count = sum(1 for t in self.registry.values() if self._owner(t) == owner)
         limit = self.settings.cep_max_triggers_per_owner
         if count >= limit:
             raise TriggerRejected(cep.OVER_LIMIT, f"{owner} has {count} triggers, at most {limit}")
@@ -278,6 +279,11 @@ class TriggerDesk(threading.Thread):
         stored.registered_ms = int(time.time() * 1000)
         self._write(stored)
         self.registry[req.trigger_id] = stored
+
+    def _owner(self, req: cep.CEPTriggerRequest) -> str:
+        """Whom a trigger counts against: its user, else the key (or client) behind it, so
+        that a key does not pass the limit by naming more client ids."""
+        return req.user_id or owner_of(self.settings, req.client_id)
 
     def _remove(self, req: cep.CEPTriggerRequest) -> None:
         held = self.registry.get(req.trigger_id)

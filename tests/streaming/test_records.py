@@ -137,6 +137,30 @@ def test_the_desk_holds_at_most_cep_max_triggers_whatever_the_owners(tmp_path) -
     assert again.accepted and len(desk.registry) == 3
 
 
+def test_a_key_counts_as_one_owner_whatever_client_ids_it_names(tmp_path) -> None:
+    """With CURVE on, a key takes any client ids under its name: the per-owner limit counts
+    the key, else naming another client id was a way past it. A trigger's user is its owner
+    whichever key registered it. The desk's decision alone, as above."""
+    from candlewire.config import SecuritySettings
+    from streaming.desk import TriggerDesk
+    from tests.support import free_settings
+
+    desk = TriggerDesk.__new__(TriggerDesk)
+    settings = free_settings(tmp_path).model_copy(update={"cep_max_triggers_per_owner": 2})
+    desk.settings = settings.model_copy(update={"security": SecuritySettings(curve=True)})
+    desk.registry, desk._fired, desk._fired_lock = {}, [], threading.Lock()
+    desk._check_listed = lambda ticker: None  # type: ignore[method-assign]
+    desk._write = lambda req: None  # type: ignore[method-assign]
+    cross = condition("price_cross", level="1", direction="up")
+    names = ["alice.a", "alice.b", "alice.c", "bob.a"]
+    acks = [desk.handle(add_request(c, f"t-{c}", TICKER, cross)) for c in names]
+    assert [a.accepted for a in acks] == [True, True, False, True]
+    assert acks[2].reason == cep.OVER_LIMIT and "alice has 2 triggers" in acks[2].error_message
+    by = [("carol.a", "u-1"), ("erin.a", "u-2"), ("carol.b", "u-3")]
+    for_dan = [desk.handle(add_request(c, t, TICKER, cross, user_id="dan")) for c, t in by]
+    assert [a.accepted for a in for_dan] == [True, True, False]
+
+
 def test_a_fired_one_shot_leaves_the_registry_and_only_its_own_registration(tmp_path) -> None:
     """The desk's decision alone, as above: the firing's REMOVE is written before the next
     request is handled, so the same trigger added again is stored anew; the same firing
