@@ -136,6 +136,20 @@ def consumer_config(settings: Settings, group: str, **overrides: object) -> dict
     }
 
 
+def end_offsets(settings: Settings, spec: TopicSpec, timeout: float = 10.0) -> dict[int, int]:
+    """Each partition's end now (its high watermark): where a reader that starts now begins."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(consumer_config(settings, "candlewire-ends", log_level=3))
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(spec.name, p), timeout=timeout)[1]
+            for p in range(spec.partitions)
+        }
+    finally:
+        consumer.close()
+
+
 def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     """Create the topics that are missing; return the names created."""
     from confluent_kafka.admin import AdminClient, NewTopic

@@ -34,14 +34,13 @@ from google.protobuf.message import DecodeError
 from candlewire.config import Settings
 from candlewire.curve import PUBLISHER_KEY
 from candlewire.events import EventPublisher
-from candlewire.kafka import TRIGGERS
+from candlewire.kafka import TICKS, TRIGGERS, end_offsets
 from candlewire.triggers import Trigger, TriggerRejected, firing_key, parse_trigger
 from proto import cep_pb2 as cep
 from proto import events_pb2 as ev
 from streaming.context import JobContext
 from streaming.desk import TriggerDesk, apply_records, registry_records
 from streaming.progress import CepCommit
-from streaming.recovery import Restored
 
 log = logging.getLogger("candlewire.stream.firings")
 # An alert tries the user's open session first, then the channels that reach them offline.
@@ -96,16 +95,18 @@ class FiringDesk:
             key=PUBLISHER_KEY,
         ).start()
 
-    def restore(
-        self, restored: Restored
-    ) -> tuple[bytes, list[cep.CEPTriggerRequest], dict[int, int]]:
+    def restore(self) -> tuple[bytes, list[cep.CEPTriggerRequest], dict[int, int]]:
         """The triggers' state as last recorded (``CepState``) and the offsets to read on
-        from. Without a readable record (a new run, or one of another release): a state
-        holding only those offsets, where the commits stand, and the registry's triggers,
-        which the JVM's evaluator applies before the first record. That state begins a line
-        of its own (``started_ms``): its firings are numbered from 1 again, and must reach
-        their users, not be dropped as repeats of the line before's. The live query records
-        it at once, so a restart before its first record goes on from it, not afresh."""
+        from.
+
+        Without a readable record (a new checkpoint, or a record of another release) their
+        state is lost: the registry's triggers, which the JVM's evaluator applies before the
+        first record, start afresh at the ticks topic's end, as if registered now (their
+        windows fill from then). Judging the topic's past again would send its old firings
+        again, days of them after a new checkpoint. That state begins a line of its own
+        (``started_ms``): its firings are numbered from 1 again, and must reach their users,
+        not be dropped as repeats of the line before's. The live query records it at once,
+        so a restart before its first periodic record goes on from it, not afresh."""
         record = self.ctx.progress.last_cep(self.run_id)
         if record is not None:
             try:
@@ -114,7 +115,8 @@ class FiringDesk:
                 return record.state, [], record.offsets
             except DecodeError as exc:
                 log.warning("recorded trigger state not readable (%s): from the registry", exc)
-        offsets = dict(restored.offsets)
+        # The ends first: an ADD the desk writes meanwhile is then read in the topic.
+        offsets = end_offsets(self.ctx.settings, TICKS)
         requests = list(registered(self.ctx.settings).values())
         started_ms = int(time.time() * 1000)
         log.info(

@@ -223,7 +223,7 @@ class LiveQuery:
         self.ctx = ctx
         self.firings = firings
         self.realtime = ctx.settings.stream_live_engine == "realtime"
-        triggers, registered, cep_offsets = firings.restore(restored)
+        triggers, registered, cep_offsets = firings.restore()
         self.offsets = start_offsets(restored.offsets, cep_offsets)
         self.checkpoint = scratch_checkpoint()
         self._state_dir = scratch_dir("state")

@@ -348,6 +348,7 @@ def test_each_engine_goes_on_from_the_other_ones_record(live_pipeline, tickers) 
     assert [(e.trigger_id, e.firing, e.event_time_ms, e.value) for e in got] == [
         (trigger_id, n + 1, t // 1_000_000, str(101 + n)) for n, t in enumerate(times)
     ]
+    assert len({e.evaluator_started_ms for e in got}) == 1  # one line, across both engines
 
 
 def committed_past(settings, partition: int, offset: int) -> bool:
@@ -391,6 +392,27 @@ def test_a_start_with_no_record_numbers_its_firings_as_a_line_of_their_own(
     first, second = got
     assert second.registered_ms == first.registered_ms
     assert second.evaluator_started_ms > first.evaluator_started_ms > 0
+    # The new line was recorded: a restart now goes on from it, its firing ids the same.
+    record = Progress(live_pipeline).last_cep(run_of(live_pipeline))
+    assert record is not None
+    assert cep.CepState.FromString(record.state).started_ms == second.evaluator_started_ms
+
+
+def test_a_start_with_no_record_judges_only_what_comes_after_it(live_pipeline, tickers) -> None:
+    """With their state lost, the registry's triggers start at the ticks topic's end, as if
+    registered then: judging the topic's past again (all of it, after a new checkpoint)
+    would send its old firings again, to users who had them."""
+    from types import SimpleNamespace
+
+    from streaming.firings import FiringDesk
+
+    partition, offset = produce(live_pipeline, tickers[7], [(minute_aligned_past(), "99", "1")])
+    no_record = SimpleNamespace(last_cep=lambda run: None)
+    desk = FiringDesk.__new__(FiringDesk)
+    desk.ctx, desk.run_id = SimpleNamespace(settings=live_pipeline, progress=no_record), "new"
+    state, _, offsets = desk.restore()
+    assert offsets[partition] > offset
+    assert dict(cep.CepState.FromString(state).offsets) == offsets
 
 
 def test_an_alerts_event_id_names_the_registration() -> None:
