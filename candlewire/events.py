@@ -49,7 +49,15 @@ from candlewire.zmqutil import (
     subscriptions,
 )
 from proto import events_pb2 as ev
-from proto.envelope import EnvelopeError, Names, decode, encode, encode_topic, expect
+from proto.envelope import (
+    EnvelopeError,
+    Names,
+    check_sizes,
+    decode,
+    encode,
+    encode_topic,
+    expect,
+)
 
 log = logging.getLogger("candlewire.events")
 ACK_STATUSES = Names.of(ev.AckStatus)  # a newer gateway's status is counted by number
@@ -216,7 +224,9 @@ class EventPublisher:
         return self._watchers[user_topic(user_id)] > 0
 
     def publish(self, event: ev.UserEvent) -> Route:
-        """Route one event; a DEALER-bound event is journalled before this returns."""
+        """Route one event; a DEALER-bound event is journalled before this returns. One
+        that no gateway would accept (a field past its limit, or larger than a message may
+        be) raises OversizedField: journalled, it would be sent again for ever."""
         priority = event.delivery.priority
         with self._lock:
             if priority != ev.CRITICAL and self._watched(event.user_id):
@@ -225,6 +235,7 @@ class EventPublisher:
                 return Route.DROPPED
             else:
                 route = Route.DEALER
+                check_sizes(event, self.settings.max_message_bytes)
                 self.journal.pending(event)
                 self.pending[event.event_id] = Pending(event, time.monotonic(), 0)
             # The I/O thread takes the whole outbox each time it wakes, so only the event

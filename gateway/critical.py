@@ -4,7 +4,9 @@
   live session here. The first channel that delivers ends it: DELIVERED.
 - A channel that says "later" (a Telegram 429 with ``retry_after``, an SMTP 4xx, an
   unreachable service) ends it with QUEUED. The retry is stored in PostgreSQL in the same
-  transaction as the answer, and any gateway retries it when due, starting from that channel.
+  transaction as the answer, and any gateway retries it when due, starting from that channel;
+  once that channel had ``max_retries`` retries, from the next preference. A gateway claims
+  due retries for ``claim_lease_s`` and settles each only while its claim holds.
 - When nothing delivers, the answer is ERROR, with each channel's reason.
 - Every answer is kept for the dedup window, in memory and in PostgreSQL. An event seen
   again (a resend after a lost ack, to this gateway or another, before or after a restart)
@@ -43,7 +45,6 @@ log = logging.getLogger("candlewire.gateway.critical")
 # A number this build does not name (a newer container's channel) is shown as the number.
 ACK_STATUSES, CHANNEL_TYPES = Names.of(ev.AckStatus), Names.of(ev.ChannelType)
 
-RETRY_LEASE_S = 60.0
 MAX_REMEMBERED = 100_000  # beyond this, the dedup window is served by PostgreSQL alone
 MAX_BATCH = 512  # rows per database round trip
 MAX_ID = 128  # characters in an event or user id: the width of the tables' key columns
@@ -131,7 +132,10 @@ class CriticalDelivery:
         self.window_s, self.max_retries = dedup_window_s, max_retries
         self.lease_s = claim_lease_s
         self.owner = uuid.uuid4().hex  # this gateway's claims, for as long as it runs
-        self._recent: OrderedDict[str, tuple[float, ev.EventAck]] = OrderedDict()
+        self._recent: Window[ev.EventAck] = Window(dedup_window_s)
+        # Answers delivered whose commit failed (no ack went out): the resend is then
+        # recorded with this answer, not delivered a second time.
+        self._unrecorded: Window[Answer] = Window(dedup_window_s)
         self._busy: dict[str, asyncio.Future[ev.EventAck | None]] = {}
         self._claim: Batcher[str, ev.EventAck | Claim] = Batcher(self._claim_batch)
         self._user: Batcher[str, UserAddress] = Batcher(self._users_batch)
@@ -241,6 +245,8 @@ class CriticalDelivery:
                 elif isinstance(verdict, ev.EventAck):
                     self._count("duplicate")
                     known.append((i, verdict))
+                elif (done := self._take_unrecorded(events[i].event_id)) is not None:
+                    now.append((i, done))  # delivered before: only its answer to record
                 else:
                     try:  # a bug rendering one event (its payload) fails that event alone
                         way = self._way(events[i], 0, 0)
@@ -290,6 +296,8 @@ class CriticalDelivery:
                 await self._record([a for _, a in done])
             except Exception as exc:  # not committed: no ack, the sender resends
                 out += [(i, exc) for i, _ in done]
+                for _, a in done:
+                    self._keep_unrecorded(a)
             else:
                 for i, a in done:
                     self._count(ACK_STATUSES[a.ack.status].lower())
@@ -431,36 +439,79 @@ class CriticalDelivery:
         return [None] * len(answers)
 
     async def retry_due(self) -> int:
-        """Deliver the queued events that are due; the number tried."""
-        due = await asyncio.to_thread(self.directory.claim_due, RETRY_LEASE_S)
-        for item in due:
-            answer = await self._deliver(self._way(item.event, item.channel_index, item.attempts))
-            ack, retry, event_id = answer.ack, answer.retry, item.event.event_id
-            if retry is not None and retry.attempts <= self.max_retries:
-                await asyncio.to_thread(self.directory.reschedule, retry, answer.due_at)
-                continue
-            await asyncio.to_thread(self.directory.finish, event_id)
-            outcome = ACK_STATUSES[ack.status].lower() if retry is None else "gave_up"
-            self.metrics.retries.labels(outcome).inc()
-            if ack.status != ev.DELIVERED:
-                log.warning("queued event %s not delivered: %s", event_id, ack.error_message)
+        """Deliver the queued events that are due, together, each within the claims' lease
+        (past it another gateway may retry them); the number tried."""
+        due, until = await asyncio.to_thread(self.directory.claim_due, self.lease_s)
+        deadline = asyncio.get_running_loop().time() + self.lease_s * DELIVER_SHARE
+        tried = [self._retry(item, until, deadline) for item in due]
+        for result in await asyncio.gather(*tried, return_exceptions=True):
+            if isinstance(result, TimeoutError):
+                self.metrics.retries.labels("lapsed").inc()  # its lease ends: due again then
+            elif isinstance(result, BaseException):
+                raise result
         return len(due)
 
+    async def _retry(self, item: Retry, until: float, deadline: float) -> None:
+        """One queued event, from the channel that asked to wait. A channel that had its
+        ``max_retries`` gives the event to the next of its preferences, afresh."""
+        gave_up: list[str] = []
+        async with asyncio.timeout_at(deadline):
+            answer = await self._deliver(self._way(item.event, item.channel_index, item.attempts))
+            while (retry := answer.retry) is not None and retry.attempts > self.max_retries:
+                way = self._way(item.event, retry.channel_index + 1, 0)
+                gave_up.append(f"{answer.ack.error_message} (retried {self.max_retries} times)")
+                way.reasons.extend(gave_up)
+                answer = await self._deliver(way)
+        ack, retry, event_id = answer.ack, answer.retry, item.event.event_id
+        settled = await asyncio.to_thread(
+            self.directory.settle_retry, event_id, until, retry, answer.due_at
+        )
+        if not settled:
+            self.metrics.retries.labels("taken_over").inc()  # another's outcome stands
+        elif retry is None:
+            delivered = ack.status == ev.DELIVERED
+            outcome = "gave_up" if gave_up and not delivered else ACK_STATUSES[ack.status].lower()
+            self.metrics.retries.labels(outcome).inc()
+            if not delivered:
+                log.warning("queued event %s not delivered: %s", event_id, ack.error_message)
+
+    def _keep_unrecorded(self, answer: Answer) -> None:
+        self._unrecorded.put(answer.ack.event_id, answer)
+
+    def _take_unrecorded(self, event_id: str) -> Answer | None:
+        """The answer a delivery gave this event before its commit failed, within the dedup
+        window: a gateway that restarted meanwhile delivers it again (at least once)."""
+        return self._unrecorded.get(event_id, take=True)
+
     def _remembered(self, event_id: str) -> ev.EventAck | None:
-        hit = self._recent.get(event_id)
+        return self._recent.get(event_id)
+
+    def _remember(self, ack: ev.EventAck) -> None:
+        self._recent.put(ack.event_id, ack)
+
+
+class Window(Generic[V]):
+    """What was seen within the last ``window_s`` by event id, the oldest forgotten first
+    and at most MAX_REMEMBERED of them (PostgreSQL serves the rest of the window)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._seen: OrderedDict[str, tuple[float, V]] = OrderedDict()
+
+    def put(self, key: str, value: V) -> None:
+        now, seen = time.monotonic(), self._seen
+        seen[key] = (now, value)
+        seen.move_to_end(key)
+        while seen and (
+            len(seen) > MAX_REMEMBERED or next(iter(seen.values()))[0] < now - self.window_s
+        ):
+            seen.popitem(last=False)
+
+    def get(self, key: str, take: bool = False) -> V | None:
+        hit = self._seen.pop(key, None) if take else self._seen.get(key)
         if hit is None or hit[0] < time.monotonic() - self.window_s:
             return None
         return hit[1]
-
-    def _remember(self, ack: ev.EventAck) -> None:
-        now = time.monotonic()
-        self._recent[ack.event_id] = (now, ack)
-        self._recent.move_to_end(ack.event_id)
-        while self._recent and (
-            len(self._recent) > MAX_REMEMBERED
-            or next(iter(self._recent.values()))[0] < now - self.window_s
-        ):
-            self._recent.popitem(last=False)
 
 
 @dataclass

@@ -337,13 +337,9 @@ class Directory:
             .on_conflict_do_update(index_elements=["event_id"], set_=values)
         )
 
-    def reschedule(self, retry: Retry, due_at: float) -> None:
-        with self.engine.begin() as db:
-            self._schedule(db, retry, due_at)
-
-    def claim_due(self, lease_s: float, limit: int = 32) -> list[Retry]:
-        """Take due retries for ``lease_s``: pushed into the future so no other gateway takes
-        them meanwhile; if we die, they come due again when the lease ends."""
+    def claim_due(self, lease_s: float, limit: int = 32) -> tuple[list[Retry], float]:
+        """Take due retries until the time returned (``lease_s`` from now): pushed to it, so
+        no other gateway takes them meanwhile; if we die, they come due again then."""
         now = time.time()
         with self.engine.begin() as db:
             rows = db.execute(
@@ -359,11 +355,28 @@ class Directory:
                     .where(retries.c.event_id.in_([r.event_id for r in rows]))
                     .values(due_at=now + lease_s)
                 )
-        return [Retry(ev.UserEvent.FromString(r.event), r.channel_index, r.attempts) for r in rows]
+        due = [Retry(ev.UserEvent.FromString(r.event), r.channel_index, r.attempts) for r in rows]
+        return due, now + lease_s
 
-    def finish(self, event_id: str) -> None:
+    def settle_retry(
+        self, event_id: str, until: float, retry: Retry | None, due_at: float = 0.0
+    ) -> bool:
+        """A claimed retry's outcome: queued again (``retry``, due at ``due_at``) or done
+        (None). Only while the claim made ``until`` holds: past it another gateway may have
+        taken the row, and its outcome stands, not one written over it from here."""
+        ours = (retries.c.event_id == event_id) & (retries.c.due_at == until)
         with self.engine.begin() as db:
-            db.execute(sa.delete(retries).where(retries.c.event_id == event_id))
+            if retry is None:
+                done = db.execute(sa.delete(retries).where(ours))
+            else:
+                again = {
+                    "event": retry.event.SerializeToString(),
+                    "channel_index": retry.channel_index,
+                    "attempts": retry.attempts,
+                    "due_at": due_at,
+                }
+                done = db.execute(sa.update(retries).where(ours).values(**again))
+        return done.rowcount == 1
 
     def queued(self) -> int:
         with self.engine.connect() as db:

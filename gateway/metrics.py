@@ -37,7 +37,8 @@ class GatewayMetrics:
         )
         self.retries = Counter(
             "candlewire_gateway_retries_finished",
-            "Queued deliveries that ended, by how",
+            "Queued deliveries this gateway tried, by how they ended (lapsed: past the claim's"
+            " lease, due again; taken_over: another gateway's outcome stood)",
             ["result"],
             registry=r,
         )

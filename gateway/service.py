@@ -37,6 +37,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from google.protobuf.message import DecodeError
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
@@ -60,7 +61,7 @@ from gateway.channels.email import EmailChannel
 from gateway.channels.push import PushChannel
 from gateway.channels.telegram import TelegramChannel
 from gateway.config import GatewaySettings
-from gateway.critical import CriticalDelivery
+from gateway.critical import MAX_ID, CriticalDelivery
 from gateway.directory import Directory
 from gateway.metrics import GatewayMetrics
 from gateway.sessions import (
@@ -76,7 +77,16 @@ from gateway.telegram_sessions import TelegramSessions
 from proto import events_pb2 as ev
 from proto import market_pb2
 from proto import requests_pb2 as rq
-from proto.envelope import EnvelopeError, decode, decode_sub, decode_subs, encode, expect
+from proto.envelope import (
+    EnvelopeError,
+    OversizedField,
+    decode,
+    decode_sub,
+    decode_subs,
+    encode,
+    expect,
+    unchecked_payload,
+)
 
 log = logging.getLogger("candlewire.gateway")
 
@@ -674,6 +684,9 @@ class Gateway:
                     event = expect(decode(body), ev.UserEvent)
                 except EnvelopeError as exc:
                     self.metrics.dropped.labels("critical_events", exc.reason).inc()
+                    refusal = _refusal(body, exc) if isinstance(exc, OversizedField) else None
+                    if refusal is not None:  # final: its sender stops sending it again
+                        router.send([identity, b"", *encode(refusal)])
                     continue
                 if not self._may_send(peer, event, "critical"):
                     ack = ev.EventAck(
@@ -842,6 +855,18 @@ class Gateway:
             cache = "max-age=86400" if path.startswith("/vendor/") else "no-cache"
             return _typed(response, "text/javascript; charset=utf-8", cache)
         return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
+
+
+def _refusal(body: list[bytes], exc: OversizedField) -> ev.EventAck | None:
+    """An event too large to take, answered ERROR, so that a journalled sender does not send
+    it again for ever; None when not even its id can be read."""
+    try:
+        event_id = ev.UserEvent.FromString(unchecked_payload(body, ev.UserEvent)).event_id
+    except (EnvelopeError, DecodeError):
+        return None
+    if not event_id or len(event_id) > MAX_ID:
+        return None
+    return ev.EventAck(event_id=event_id, status=ev.ERROR, error_message=str(exc))
 
 
 def _peer(last: zmq.Frame | None) -> Peer | None:

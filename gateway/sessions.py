@@ -137,6 +137,10 @@ class Session:
             self._ready.set()
         return True
 
+    def keeps_up(self) -> bool:
+        """Whether the writer keeps the outbox at most half full."""
+        return not self.closed and len(self.outbox) * 2 < self.max_queue
+
     async def write(self) -> None:
         """Drain the outbox to the socket until the session ends: what is queued goes out
         together (:meth:`_send_all`). A message the socket refuses closes the session (the
@@ -231,6 +235,14 @@ class Sessions:
         """Offer a message to every session of a user; the number that took it."""
         return self.offer_to(list(self._by_user.get(user_id, ())), message)
 
+    def send_critical(self, user_id: str, message: dict[str, Any]) -> int:
+        """:meth:`send` of a critical event, to the user's sessions that keep up: one whose
+        outbox is half full may well fill and be closed, its outbox and the event with it,
+        after the event was answered DELIVERED. None that keeps up: the event goes on to its
+        next channel."""
+        keeping_up = [s for s in self._by_user.get(user_id, ()) if s.keeps_up()]
+        return self.offer_to(keeping_up, message)
+
     def offer_to(self, sessions: list[Session], message: dict[str, Any]) -> int:
         """Offer a message to each of ``sessions``, made text once for all of them (a candle
         goes to every session drawing its chart); the number that took it."""
@@ -273,8 +285,10 @@ class SessionChannel:
 
     def send_now(self, user: UserAddress, event: ev.UserEvent, message: Rendered) -> Result:
         """The answer at once: a session's outbox takes the message or it does not."""
-        if self._sessions.send(event.user_id, event_message(event, message, "critical")):
+        if self._sessions.send_critical(event.user_id, event_message(event, message, "critical")):
             return DELIVERED
+        if self._sessions.active(event.user_id):
+            return Result(Outcome.SKIPPED, "no session on this gateway keeps up")
         return Result(Outcome.SKIPPED, "no active session on this gateway")
 
     async def send(self, user: UserAddress, event: ev.UserEvent, message: Rendered) -> Result:

@@ -187,6 +187,18 @@ def payload_of(frames: Sequence[bytes], cls: type[Message], depth: int = 0) -> b
     return payload
 
 
+def check_sizes(msg: Message, max_bytes: int | None = None) -> None:
+    """Raise OversizedField when ``msg`` holds a field past what :func:`decode` accepts, or
+    is over ``max_bytes`` whole: for a sender, which must not send what every receiver
+    refuses (a journalled one would send it again for ever)."""
+    payload = msg.SerializeToString()
+    name = type(msg).__name__
+    if max_bytes is not None and len(payload) > max_bytes:
+        raise OversizedField(f"{name}: {len(payload)} bytes, at most {max_bytes}")
+    if len(payload) > _SMALL:
+        _check_sizes(_LIMITS[msg.DESCRIPTOR.full_name], [payload], name)
+
+
 def checked_payload(frames: Sequence[bytes], cls: type[Message]) -> tuple[bytes, Message]:
     """:func:`payload_of` with ``depth`` 1, and the parse that checked it: ``cls``'s fields
     that have a limit, each repeated sub-message as its own such fields (for a FetchReply,

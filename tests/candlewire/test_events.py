@@ -12,6 +12,7 @@ import pytest
 import zmq
 
 from candlewire.events import EventPublisher, Route
+from candlewire.testing import user_event
 from candlewire.topics import user_topic
 from proto import events_pb2 as ev
 from proto.envelope import decode, decode_sub, encode, expect
@@ -265,3 +266,35 @@ def test_events_published_one_at_a_time_leave_together(ctx, settings, tmp_path, 
 def test_coalescing_is_bounded(settings, tmp_path) -> None:
     with pytest.raises(ValueError, match="coalesce_s"):
         EventPublisher(settings, journal=tmp_path / "p.db", coalesce_s=1.0)
+
+
+def test_an_event_no_gateway_would_take_is_refused_not_journalled(settings, tmp_path) -> None:
+    """A gateway refuses an event with a field past its limit or over the message size; a
+    journalled sender would then send it again for ever. The publisher refuses it at once,
+    and the events before and after it go on."""
+    from proto.envelope import MAX_BYTES_FIELD, OversizedField
+
+    pub = publisher(settings, [f"tcp://127.0.0.1:{free_port()}"], tmp_path)
+    try:
+        fine = user_event("u1", ev.CRITICAL, [(ev.EMAIL, False)])
+        assert pub.publish(fine) == Route.DEALER
+        too_big = user_event("u1", ev.CRITICAL, [(ev.EMAIL, False)])
+        too_big.payload = b"x" * (MAX_BYTES_FIELD + 1)
+        with pytest.raises(OversizedField, match="payload"):
+            pub.publish(too_big)
+        long_id = user_event("u1", ev.NORMAL, [(ev.EMAIL, False)])
+        long_id.event_id = "e" * 5_000
+        with pytest.raises(OversizedField, match="event_id"):
+            pub.publish(long_id)
+        over_message = user_event("u1", ev.CRITICAL, [(ev.EMAIL, False)])
+        over_message.delivery.channels.extend(
+            [ev.ChannelPreference(channel=ev.EMAIL)] * (settings.max_message_bytes // 2)
+        )
+        with pytest.raises(OversizedField, match="at most"):
+            pub.publish(over_message)
+        after = user_event("u1", ev.CRITICAL, [(ev.EMAIL, False)])
+        assert pub.publish(after) == Route.DEALER
+        assert pub.unacked() == 2
+        assert list(pub.journal.replay()) == [fine.event_id, after.event_id]
+    finally:
+        pub.close()

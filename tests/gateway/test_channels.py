@@ -321,6 +321,54 @@ def test_a_retry_asked_to_wait_again_is_queued_again_until_max_retries(
         push.close()
 
 
+def test_a_channel_that_had_its_retries_hands_the_event_to_the_next_preference(
+    gw_env, make_gateway, container
+) -> None:
+    """Push keeps saying "later": once it had ``max_retries`` retries the event goes on to the
+    user's next preference (e-mail) and is delivered there, once, rather than given up with
+    a channel left untried. A retry is claimed until a time, and settles only while that
+    claim holds: a row another gateway took after it lapsed is not written over."""
+    inbox, port = Inbox(), free_port()
+    smtpd = Controller(inbox, hostname="127.0.0.1", port=port)
+    smtpd.start()
+    mail = {"smtp_host": "127.0.0.1", "smtp_port": port, "smtp_starttls": False}
+    gw, push = push_gateway(gw_env, make_gateway, max_retries=1, **mail)
+    try:
+        user = new_user()
+        gw.directory.set_user(
+            user, push_subscription=push.subscription("busy"), email=f"{user}@example.test"
+        )
+        push.busy["busy"] = ["0"] * 10  # "later", at once
+        event = user_event(user, ev.CRITICAL, [(ev.PUSH, False), (ev.EMAIL, False)])
+        assert container(gw_env).send(event).status == ev.QUEUED
+        wait_for(lambda: counted(gw.metrics.retries).get(("delivered",)) == 1, timeout=20)
+        assert [name for name, _ in push.attempts] == ["busy"] * 2  # the first try, one retry
+        assert [m[2]["X-Candlewire-Event"] for m in inbox.mail] == [event.event_id]
+        assert gw.directory.queued() == 0
+    finally:
+        push.close()
+        smtpd.stop()
+
+
+def test_a_retry_settles_only_while_its_claim_holds(gw_env) -> None:
+    """Two gateways: the first's claim lapsed (its channel was slow) and the second claimed
+    the row again. The first's outcome must not delete or rewrite the second's row."""
+    from gateway.directory import Directory, Retry
+
+    directory = Directory(gw_env.sql_url()).create()
+    event = user_event(new_user(), ev.CRITICAL, [(ev.PUSH, False)])
+    with directory.engine.begin() as db:
+        Directory._schedule(db, Retry(event, 0, 1), time.time() - 1)
+    (first,), until_first = directory.claim_due(lease_s=0.0)  # lapses at once
+    (second,), until_second = directory.claim_due(lease_s=60.0)
+    assert first.event.event_id == second.event.event_id == event.event_id
+    assert not directory.settle_retry(event.event_id, until_first, None)
+    assert not directory.settle_retry(event.event_id, until_first, Retry(event, 0, 2), 0.0)
+    assert directory.queued() == 1 and directory.claim_due(lease_s=60.0)[0] == []
+    assert directory.settle_retry(event.event_id, until_second, None)
+    assert directory.queued() == 0
+
+
 @pytest.mark.parametrize(
     ("header", "low", "high"),
     [

@@ -501,6 +501,34 @@ def test_a_message_to_many_sessions_is_made_text_once(monkeypatch) -> None:
     assert len(encoded) == 2 and slow == ["u0"] and not sessions.active("u0")
 
 
+def test_a_critical_event_goes_only_to_a_session_that_keeps_up() -> None:
+    """A session with half its outbox still to send may fill and be closed, its outbox with
+    it: a critical event answered DELIVERED there could be lost. It goes to the user's
+    sessions that keep up, else on to its next channel, and the slow one is left open."""
+    from gateway.channels import Outcome
+    from gateway.directory import UserAddress
+    from gateway.sessions import SessionChannel, Sessions
+    from gateway.symbols import Rendered
+
+    sessions = Sessions(8, 16, lambda _u: None, lambda _u: None, lambda s: None)
+    slow, quick = (sessions.open("u", object()) for _ in range(2))  # type: ignore[arg-type]
+    assert slow is not None and quick is not None
+    slow.outbox.extend(["queued"] * 4)
+    channel = SessionChannel(ev.ACTIVE_SESSION, sessions)
+    event = user_event("u", ev.CRITICAL, [(ev.ACTIVE_SESSION, True)])
+    rendered = Rendered(event.event_id, "title", "text", {})
+    assert channel.send_now(UserAddress("u"), event, rendered).outcome is Outcome.DELIVERED
+    assert (len(slow.outbox), len(quick.outbox)) == (4, 1)
+    quick.outbox.extend(["queued"] * 3)
+    result = channel.send_now(UserAddress("u"), event, rendered)
+    assert (result.outcome, result.detail) == (
+        Outcome.SKIPPED,
+        "no session on this gateway keeps up",
+    )
+    assert sessions.active("u") and not slow.closed and not quick.closed
+    assert sessions.send("u", {"type": "candle"}) == 2  # market data: as before
+
+
 def test_a_session_too_slow_for_a_reply_or_a_seed_candle_is_closed_like_any_other(
     tmp_path,
 ) -> None:
