@@ -435,12 +435,17 @@ class ClientCore:
     # -- history ----------------------------------------------------------------------------
 
     def submit(self, call: HistoryCall) -> Steps[rq.SubmitResponse]:
-        """Subscribe to the notification topic first, so the notification cannot be missed."""
+        """Subscribe to the notification topic first, so the notification cannot be missed;
+        a submit that fails leaves neither the subscription nor the expectation behind."""
         sub = self.notifications()
         if call.topic != response_topic(self.client_id):
             sub.subscribe(call.topic)
         self.inbox.expect(call.request.request_id)
-        return (yield from self.send(call))
+        try:
+            return (yield from self.send(call))
+        except BaseException:
+            self._done_with(call)
+            raise
 
     def request_history(
         self, call: HistoryCall, timeout: float
@@ -449,8 +454,13 @@ class ClientCore:
         try:
             return (yield from self.wait_ready(call.request.request_id, timeout))
         finally:
-            if call.request.notify == rq.NOTIFY_REQUEST and self._sub is not None:
-                self._sub.unsubscribe(call.topic)
+            self._done_with(call)
+
+    def _done_with(self, call: HistoryCall) -> None:
+        """A request no one waits on any more: a HistoryReady that comes late is not kept."""
+        self.inbox.forget(call.request.request_id)
+        if call.request.notify == rq.NOTIFY_REQUEST and self._sub is not None:
+            self._sub.unsubscribe(call.topic)
 
     def wait_ready(self, request_id: str, timeout: float) -> Steps[rq.HistoryReadyNotification]:
         deadline = time.monotonic() + timeout

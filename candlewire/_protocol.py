@@ -225,6 +225,11 @@ class NotificationInbox:
         """Only notifications of submitted requests are kept; repeats of done ones are not."""
         self._pending.add(request_id)
 
+    def forget(self, request_id: str) -> None:
+        """A request given up (refused, timed out): nothing of it is kept."""
+        self._pending.discard(request_id)
+        self._ready.pop(request_id, None)
+
     def offer(self, frames: list[bytes]) -> None:
         try:
             _topic, msg = decode_sub(frames)

@@ -31,7 +31,7 @@ from ingest.exchanges.base import (
 from ingest.sink import KafkaSink
 from proto import market_pb2
 from proto import requests_pb2 as rq
-from proto.envelope import derive
+from proto.envelope import derive, fitted
 
 if TYPE_CHECKING:
     from ingest.gaps import GapWatch
@@ -94,7 +94,7 @@ def history_metadata(
 
 def send_history_error(sink: KafkaSink, meta: market_pb2.HistoryRequestMetadata, text: str) -> None:
     """The error marker: the stream processor answers the request with HistoryReady ERROR."""
-    marker = market_pb2.OHLCBatch(request_id=meta.request_id, metadata=meta, error=text)
+    marker = market_pb2.OHLCBatch(request_id=meta.request_id, metadata=meta, error=fitted(text))
     sink.send(OHLC_BATCHES.name, meta.request_id, marker)
 
 

@@ -25,7 +25,7 @@ from candlewire.runtime import MetricsServer, bind, run_until_signal
 from candlewire.zmqutil import harden
 from journal.reader import Fetched, JournalReader
 from proto import journal_pb2 as jr
-from proto.envelope import EnvelopeError, decode, encode_with, expect, split_route
+from proto.envelope import EnvelopeError, decode, encode_with, expect, fitted, split_route
 
 log = logging.getLogger("candlewire.journal")
 # Replies (and requests) queued for one client, at most: a client asks one chunk ahead,
@@ -175,7 +175,7 @@ class JournalService:
     @staticmethod
     def _failed(req: jr.FetchRequest, status: int, exc: Exception) -> Fetched:
         return Fetched(
-            jr.FetchReply(request_id=req.request_id, status=status, error=str(exc)), [], 0
+            jr.FetchReply(request_id=req.request_id, status=status, error=fitted(str(exc))), [], 0
         )
 
 

@@ -187,6 +187,16 @@ def payload_of(frames: Sequence[bytes], cls: type[Message], depth: int = 0) -> b
     return payload
 
 
+def fitted(text: str, limit: int = MAX_STRING_BYTES) -> str:
+    """``text`` cut to what a string field may hold (``limit`` UTF-8 bytes, never inside a
+    character, "…" at the cut): an error's text (a venue's whole HTML page, say) must not
+    make the message carrying it one every receiver refuses."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode(errors="ignore") + "…"
+
+
 def check_sizes(msg: Message, max_bytes: int | None = None) -> None:
     """Raise OversizedField when ``msg`` holds a field past what :func:`decode` accepts, or
     is over ``max_bytes`` whole: for a sender, which must not send what every receiver

@@ -4,7 +4,9 @@ Which channels a role may use at all is ZAP's decision; this is the finer one, p
 - a client hears only its own notifications: ``RESPONSE:{key}.…``, ``HISTORY_READY:{key}.…``
   and ``USER:{user}``; market data is open to every admitted peer;
 - a client's requests carry client ids under its key name, so nobody can have answers sent to
-  another's topic; a client key held to a user registers triggers for that user alone;
+  another's topic (nor a request id notified by its own topic outside that name, where it
+  could not hear the answer); a client key held to a user registers triggers for that user
+  alone;
 - only ingestors steer ingestors (IngestorControl, real-time DataRequests) and only their
   heartbeats may they publish into the fanout.
 """
@@ -55,6 +57,14 @@ def may_request(peer: Peer | None, msg: Message) -> str | None:
     owned = isinstance(msg, rq.SubmitHistoricalRequest | cep.CEPTriggerRequest)
     if owned and not msg.client_id.startswith(f"{peer.name}."):
         return f"client_id {msg.client_id!r} is not under this key's name ({peer.name}.…)"
+    # Its HistoryReady comes on HISTORY_READY:{request_id}, which this key may hear only
+    # under its name: accepted, the request would be answered to nobody.
+    by_request = isinstance(msg, rq.SubmitHistoricalRequest) and msg.notify == rq.NOTIFY_REQUEST
+    if by_request and not msg.request_id.startswith(f"{peer.name}."):
+        return (
+            f"request_id {msg.request_id!r} is not under this key's name ({peer.name}.…), "
+            "where its HistoryReady would come"
+        )
     # A key held to a user addresses alerts to that user alone (a key without one is the
     # operator's, as ``local`` is): another's Telegram or e-mail is not its to fill.
     if isinstance(msg, cep.CEPTriggerRequest) and peer.user and msg.user_id not in ("", peer.user):

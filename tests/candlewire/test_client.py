@@ -379,6 +379,25 @@ def test_rejection_carries_relay_reason(settings, pipeline) -> None:
     assert info.value.response.reason == rq.BAD_RANGE
 
 
+def test_a_request_given_up_leaves_nothing_behind(settings, pipeline) -> None:
+    """A refused submit and a wait that timed out: neither the HistoryReady topic's
+    subscription nor the request's expectation stays (each held for good, one a request),
+    and a HistoryReady that comes after the wait is not kept."""
+    from candlewire.errors import RequestTimeout
+
+    with Client(settings) as client:
+        inbox = client._core.inbox
+        for _ in range(3):
+            with pytest.raises(RequestRejected):
+                client.request_history(
+                    "BINANCE:BTC/USDT", 60, START + DAY_MS, START, notify="request", timeout=5
+                )
+        assert inbox._pending == set()
+        with pytest.raises(RequestTimeout):  # accepted, and waited on for no time at all
+            client.request_history("BINANCE:BTC/USDT", 60, START, START + 60_000, timeout=0)
+        assert inbox._pending == set() and inbox._ready == {}
+
+
 def test_watch_cli_reports_an_unservable_ticker_in_one_line(settings, relay) -> None:
     import os
 

@@ -8,6 +8,7 @@ import tracemalloc
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
+from unittest.mock import patch
 
 import pytest
 
@@ -333,3 +334,28 @@ def test_a_malformed_candle_fails_the_history_request_with_an_answer() -> None:
     assert run_history(req, ex, sink, "ing-test") == 0  # type: ignore[arg-type]
     ((_, _, marker),) = sink.records
     assert "the venue sent a malformed candle" in marker.error
+
+
+def test_a_venue_error_with_a_whole_page_in_it_still_answers_the_history_request() -> None:
+    """ccxt puts the HTTP body in its error: a 503's HTML page made a marker past a string's
+    limit, which the stream job refused as oversized, and the request was never answered."""
+    import ccxt
+
+    from proto.envelope import MAX_STRING_BYTES, from_record, to_record
+
+    page = "<html>" + "maintenance ünder way " * 400 + "</html>"
+
+    class Down:
+        def fetch_ohlcv(self, symbol: str, timeframe: str, since: int, limit: int) -> list:
+            raise ccxt.ExchangeNotAvailable(f"x 503 Service Unavailable {page}")
+
+    ex = Polled(Venue(0))
+    ex.client = Down()  # type: ignore[assignment]
+    req = history_work("X:A/B", 60, GENESIS_MS, GENESIS_MS + 2 * MINUTE_MS)
+    sink = RecordingSink()
+    with patch("ingest.jobs.retry", lambda fn, *args: fn(*args)):  # no back-off waits
+        assert run_history(req, ex, sink, "ing-test") == 0  # type: ignore[arg-type]
+    ((_, _, marker),) = sink.records
+    got = from_record(to_record(marker))  # as the stream job reads it: accepted
+    assert got.error.startswith("x: ExchangeNotAvailable: x 503 Service Unavailable <html>")
+    assert got.error.endswith("…") and len(got.error.encode()) <= MAX_STRING_BYTES

@@ -148,6 +148,35 @@ def test_a_client_may_not_claim_another_clients_id(settings, pipeline) -> None:
     assert info.value.reason == "FORBIDDEN"
 
 
+def test_a_request_notified_by_its_own_topic_is_named_where_its_client_can_hear(
+    settings, pipeline
+) -> None:
+    """A request id outside the key's name: its HistoryReady topic is one the relay would
+    not let this client hear, so it was accepted and then answered to nobody."""
+    with Client(settings) as client:
+        with pytest.raises(RequestRejected) as info:
+            client.request_history(
+                "BINANCE:BTC/USDT",
+                60,
+                START,
+                START + 60_000,
+                notify="request",
+                request_id="job-42",
+                timeout=10,
+            )
+        assert info.value.reason == "FORBIDDEN" and "job-42" in str(info.value)
+        note = client.request_history(
+            "BINANCE:BTC/USDT",
+            60,
+            START,
+            START + 60_000,
+            notify="request",
+            request_id="local.job-42",
+            timeout=10,
+        )
+    assert (note.status, note.request_id) == (rq.HISTORY_OK, "local.job-42")
+
+
 def test_only_ingestors_steer_ingestors(settings, relay) -> None:
     cancel = rq.IngestorControl(
         action=rq.CANCEL_REALTIME, ticker="BINANCE:BTC/USDT", exchange="BINANCE", request_id="c1"
