@@ -666,8 +666,9 @@ class ClientCore:
                         if msg is None:
                             continue
                         if isinstance(msg, market_pb2.StreamHead):
-                            if seq.behind(msg.last):
-                                yield from self.fill(journal, seq, msg.last, batches)
+                            behind = seq.behind(msg.last)
+                            if behind and (yield from self.fill(journal, seq, msg.last, batches)):
+                                seq.lost_through(msg.last)
                             continue
                         if not msg.HasField("stream"):  # type: ignore[attr-defined]
                             yield Emit(msg)  # an unsequenced publisher: nothing to check
@@ -675,8 +676,11 @@ class ClientCore:
                         pos = msg.stream  # type: ignore[attr-defined]
                         verdict = seq.judge(pos)
                         if verdict is Verdict.GAP:
-                            yield from self.fill(journal, seq, pos, batches)
+                            passed = yield from self.fill(journal, seq, pos, batches)
                             verdict = seq.judge(pos)
+                            if verdict is Verdict.GAP and passed:
+                                seq.lost_before(pos)  # never journalled: this one is next
+                                verdict = Verdict.NEXT
                         if verdict is Verdict.NEXT:
                             seq.take(pos)
                             yield Emit(msg)
@@ -692,9 +696,10 @@ class ClientCore:
         seq: Sequence,
         until: StreamPosition | None,
         batches: bool = False,
-    ) -> Steps[None]:
+    ) -> Steps[bool]:
         """FETCH chunks until ``until`` is delivered (None: the journal's end), emitting each
-        message after the last one delivered. The next chunk is asked for from this reply's
+        message after the last one delivered; True when the journal went past ``until``
+        without all of it (those it lacks were never journalled: the caller goes on). The next chunk is asked for from this reply's
         head, before its runs are read (:meth:`JournalLink.call`), and used once the chunk is
         taken if it is still the one to ask for: the service reads while the client parses
         and the caller works (one chunk ahead, never more). The journal is written a moment
@@ -741,7 +746,7 @@ class ClientCore:
                     seq.stats.archived += len(msgs)
                     yield from hand_out(msgs, seq, batches)
                     if reply.done and until is None:  # and the journal holds nothing after
-                        return
+                        return False
                     if not msgs:  # a journal that holds nothing yet: not asked again at once
                         if not remaining(deadline):
                             raise FellBehind(
@@ -778,10 +783,11 @@ class ClientCore:
                 finished = (until is None and reply.done) or (
                     until is not None and seq.reached(until)
                 )
-                if finished:
+                passed = until is not None and not finished and reply.passed
+                if finished or passed:
                     yield from hand_out(out, seq, batches)
                     yield from hand_out(held, seq, batches)
-                    return
+                    return passed
                 if msgs or (not reply.done and reply.cursor != req.cursor):
                     # Progress: messages, or the journal's scan moved past records of other
                     # topics (a sparse topic in a busy partition comes as empty chunks).

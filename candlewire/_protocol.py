@@ -386,6 +386,17 @@ class Sequence:
         self._delivered(first, last, n, filled=False)
         return True
 
+    def lost_before(self, pos: StreamPosition) -> None:
+        """The journal went past ``pos``, a live message in hand, without those between the
+        last delivered and it: counted lost, and ``pos`` is the next to take."""
+        self._count_lost(pos, pos, 1)
+
+    def lost_through(self, head: StreamPosition) -> None:
+        """The journal went past a head beacon's position without the messages up to it:
+        counted lost, that position taken as the last (nothing before it can come now)."""
+        self._count_lost(head, head, 0)
+        self.last = head
+
     def accept_chunk(self, msgs: list[Message], filled: bool) -> list[Message]:
         """A FETCH chunk's messages after the last delivered, taken as delivered. The service
         sends them in order after ``after``; only the chunk's edges are checked."""

@@ -52,6 +52,7 @@ def check_topic(topic: str) -> None:
 class Chunk:
     cursor: int = 0
     done: bool = False
+    passed: bool = False  # a message after ``until`` was seen
     scanned: int = 0
     taken: int = 0
     skipped: int = 0  # records of the topic that do not decode, or are no run of it
@@ -222,7 +223,7 @@ class JournalReader:
             start = self._offset_for(partition, max(start_ms, oldest_ms), high)
         chunk = self._scan(req, partition, start, high, after, until)
         reply.cursor = chunk.cursor
-        reply.done = chunk.done
+        reply.done, reply.passed = chunk.done, chunk.passed
         return Fetched(reply, chunk.runs, chunk.taken, chunk.skipped)
 
     def seam(self, topic: str, partition: int, low: int, high: int, boundary_ms: int) -> Seam:
@@ -319,7 +320,7 @@ class JournalReader:
                 last, done, taken = take(run, last, until, since_ms, chunk.runs, raw)
                 chunk.taken += taken
                 if done:
-                    chunk.done = True
+                    chunk.done = chunk.passed = True
                 if done or chunk.taken >= want:
                     reader.pending = batch[i + 1 :]  # read ahead: the next chunk starts here
                     return chunk

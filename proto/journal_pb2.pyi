@@ -41,7 +41,7 @@ class FetchRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., topic: _Optional[str] = ..., after: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., since_ms: _Optional[int] = ..., until: _Optional[_Union[_market_pb2.StreamPosition, _Mapping]] = ..., cursor: _Optional[int] = ..., max_messages: _Optional[int] = ...) -> None: ...
 
 class FetchReply(_message.Message):
-    __slots__ = ("request_id", "status", "error", "runs", "cursor", "done", "available_from_ms", "archive_until_ms")
+    __slots__ = ("request_id", "status", "error", "runs", "cursor", "done", "available_from_ms", "archive_until_ms", "passed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class FetchReply(_message.Message):
     DONE_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_FROM_MS_FIELD_NUMBER: _ClassVar[int]
     ARCHIVE_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     status: FetchStatus
     error: str
@@ -58,7 +59,8 @@ class FetchReply(_message.Message):
     done: bool
     available_from_ms: int
     archive_until_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[FetchStatus, str]] = ..., error: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[JournalBatch, _Mapping]]] = ..., cursor: _Optional[int] = ..., done: bool = ..., available_from_ms: _Optional[int] = ..., archive_until_ms: _Optional[int] = ...) -> None: ...
+    passed: bool
+    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[FetchStatus, str]] = ..., error: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[JournalBatch, _Mapping]]] = ..., cursor: _Optional[int] = ..., done: bool = ..., available_from_ms: _Optional[int] = ..., archive_until_ms: _Optional[int] = ..., passed: bool = ...) -> None: ...
 
 class JournalBatch(_message.Message):
     __slots__ = ("topic", "first", "last", "ticks", "candles", "book_deltas", "book_snapshots")

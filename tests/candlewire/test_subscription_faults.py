@@ -262,3 +262,38 @@ def test_a_run_of_another_topic_is_dropped_from_an_arrow_replay_too(stage) -> No
         sub.close()
     assert batch.column("trade_id").to_pylist() == ["1", "2"]
     assert sub.stats.malformed == 1
+
+
+@pytest.mark.parametrize("beacon", [False, True], ids=["live gap", "head beacon"])
+def test_a_gap_up_to_a_message_never_journalled_is_counted_lost_and_goes_on(
+    stage, monkeypatch, beacon
+) -> None:
+    """Ticks 3 to 7 missed live; the journal holds 3 to 5, then (its write of 6 to 8 failed)
+    only what came after. It says so (``passed``): 6 and 7 are counted lost and the
+    subscription goes on with 8 in hand. It waited for 8 in the journal until FellBehind,
+    and dropped 8. A head beacon naming 7 is the same, with nothing in hand."""
+    ctx, settings = stage.ctx, stage.settings
+    monkeypatch.setattr(core, "FILL_TIMEOUT_S", 1.0)
+    topic = market_data_topic(T, "tick")
+
+    def tick(seq: int) -> mk.Tick:
+        return mk.Tick(ticker=T, price="1", size="1", stream=at(seq, seq))
+
+    live = [tick(1), tick(2), *([mk.StreamHead(topic=topic, last=at(7, 7))] if beacon else [])]
+    Relay(stage, [encode_topic(topic, m) for m in [*live, tick(8), tick(9)]])
+
+    def answer(req: jr.FetchRequest) -> jr.FetchReply:
+        run = jr.JournalBatch(
+            topic=topic, first=at(3, 3), last=at(5, 5), ticks=map(tick, [3, 4, 5])
+        )
+        ok = {"request_id": req.request_id, "status": jr.FETCH_OK, "done": True, "passed": True}
+        return jr.FetchReply(runs=[run] if req.after.seq < 5 else [], cursor=9, **ok)
+
+    Journal(stage, answer)
+    with Client(settings, context=ctx) as client:
+        sub = client.subscribe(T, "tick", idle_timeout=10)
+        got = [next(sub).stream.seq for _ in range(7)]  # type: ignore[union-attr]
+        stats = sub.stats
+        sub.close()
+    assert got == [1, 2, 3, 4, 5, 8, 9]
+    assert stats.lost == 2 and stats.gaps == 1

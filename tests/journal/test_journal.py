@@ -490,6 +490,35 @@ def test_a_range_no_store_holds_is_a_clear_error(journal_settings, journal, stre
     assert [p.source_offset for p in later] == [10, 11, 12, 13, 14]
 
 
+def test_a_fetch_up_to_a_position_says_whether_the_journal_went_past_it(
+    journal_settings, journal, stream_pub
+) -> None:
+    """``passed``: a message after ``until`` was read, so what the journal lacks up to it
+    (a failed write) will never come; at the journal's end it may still (written a moment
+    after the publish), and the client waits for it."""
+    feed = TickFeed(stream_pub)
+    feed.publish(10)
+    stream_pub._journal.flush(10)
+    seen = client_sees(journal_settings, feed.ticker, since=int(time.time() * 1000) - 60_000, n=10)
+    inside = jr.FetchRequest(request_id="r1", topic=feed.topic, after=seen[1], until=seen[4])
+    reply = fetch(journal_settings, encode(inside))
+    assert reply is not None and (reply.status, reply.done, reply.passed) == (
+        jr.FETCH_OK,
+        True,
+        True,
+    )
+    beyond = market_pb2.StreamPosition()
+    beyond.CopyFrom(seen[9])
+    beyond.seq, beyond.source_offset = beyond.seq + 5, beyond.source_offset + 5
+    ahead = jr.FetchRequest(request_id="r2", topic=feed.topic, after=seen[1], until=beyond)
+    reply = fetch(journal_settings, encode(ahead))
+    assert reply is not None and (reply.status, reply.done, reply.passed) == (
+        jr.FETCH_OK,
+        True,
+        False,
+    )
+
+
 def test_what_the_journal_no_longer_holds_comes_from_iceberg(
     journal_settings, journal, stream_pub
 ) -> None:
