@@ -48,6 +48,10 @@ def check_topic(topic: str) -> None:
     check_market_data(ticker, data_type)
 
 
+class JournalUnavailable(RuntimeError):
+    """Kafka did not answer in time: the FETCH is answered FETCH_UNAVAILABLE and asked again."""
+
+
 @dataclass
 class Chunk:
     cursor: int = 0
@@ -179,8 +183,9 @@ class JournalReader:
         cached = self._oldest.get(partition)
         if cached is None or cached[0] != low:
             first = self._read_from(partition, low, 1)
-            cached = (low, first[0].timestamp()[1] if first else 0)
-            self._oldest[partition] = cached
+            if not first:  # cached as 0, it turned every retention check off till low moved
+                raise JournalUnavailable(f"the journal's oldest record ({low}) not read in time")
+            cached = self._oldest[partition] = (low, first[0].timestamp()[1])
         return low, high, cached[1]
 
     def fetch(self, req: jr.FetchRequest) -> Fetched:

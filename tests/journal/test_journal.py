@@ -490,6 +490,36 @@ def test_a_range_no_store_holds_is_a_clear_error(journal_settings, journal, stre
     assert [p.source_offset for p in later] == [10, 11, 12, 13, 14]
 
 
+def test_an_oldest_record_not_read_in_time_is_asked_again_not_taken_for_none(
+    journal_settings, journal, stream_pub, monkeypatch
+) -> None:
+    """The read of a partition's oldest record came back empty (Kafka slow): its time was
+    kept as 0, and a FETCH after a position retention had removed was served from what was
+    left, a hole, for as long as the journal's start stayed where it was."""
+    feed = TickFeed(stream_pub)
+    feed.publish(10)
+    stream_pub._journal.flush(10)
+    seen = client_sees(journal_settings, feed.ticker, since=int(time.time() * 1000) - 60_000, n=10)
+    trim_journal(journal_settings, journal, feed.topic)
+    feed.publish(5)
+    stream_pub._journal.flush(10)
+    read_from, slow = journal.reader._read_from, [True]
+
+    def once_empty(partition: int, offset: int, n: int) -> list:
+        return [] if slow and slow.pop() else read_from(partition, offset, n)
+
+    journal.reader._oldest.clear()
+    monkeypatch.setattr(journal.reader, "_read_from", once_empty)
+    replies = []
+    for i in range(2):
+        req = jr.FetchRequest(request_id=f"r{i}", topic=feed.topic, after=seen[4])
+        replies.append(fetch(journal_settings, encode(req)))
+    assert [r.status for r in replies if r is not None] == [
+        jr.FETCH_UNAVAILABLE,
+        jr.FETCH_OUT_OF_RANGE,
+    ]
+
+
 def test_a_fetch_up_to_a_position_says_whether_the_journal_went_past_it(
     journal_settings, journal, stream_pub
 ) -> None:
