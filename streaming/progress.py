@@ -202,12 +202,15 @@ class Progress:
             )
             done = []
             for _rid, meta, expected, error, pages_seen, rows in result:
-                if error or pages_seen >= expected:
+                # Every page in is complete, whatever error a second fetch of the same
+                # request (two ingestors that both took it) reported before or after.
+                complete = pages_seen >= expected
+                if complete or error:
                     done.append(
                         Completed(
                             market_pb2.HistoryRequestMetadata.FromString(bytes(meta)),
                             int(rows),
-                            error,
+                            None if complete else error,
                         )
                     )
             return done
