@@ -22,6 +22,9 @@ daily_maintenance = dg.ScheduleDefinition(
     job=iceberg_maintenance,
     cron_schedule="30 2 * * *",
     execution_timezone="UTC",
+    # On from the start, as the docs say: off, compaction and expiry never ran, and the
+    # tables' small files and snapshots grew without end.
+    default_status=dg.DefaultScheduleStatus.RUNNING,
 )
 
 

@@ -11,6 +11,7 @@ Spark, pyiceberg and their helpers are imported in the functions that use them: 
 server only lists definitions; a run imports them when it runs (#36).
 """
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -38,8 +39,13 @@ def file_stats(spark, table: str) -> dict[str, int]:  # noqa: ANN001
     return {"files": int(row.files), "bytes": int(row.bytes), "records": int(row.records)}
 
 
-def maintain(spark, settings: Settings, table: str) -> dict[str, dict[str, int]]:  # noqa: ANN001
-    """Compact data files and manifests, expire old snapshots, delete orphan files."""
+Stats = dict[str, dict[str, int]]
+
+
+def maintain(spark, settings: Settings, table: str) -> tuple[Stats, list[str]]:  # noqa: ANN001
+    """Compact data files and manifests, expire old snapshots, delete orphan files; the
+    files before and after, and what failed. Each step runs whatever the one before did: a
+    compaction that fails must not keep expiry and orphan removal from ever running."""
     # Imported when a run maintains a table, not at load: candlewire.lake and candlewire.spark
     # import pyiceberg, which the code server, listing definitions only, never needs.
     from candlewire.lake import table_name
@@ -54,27 +60,48 @@ def maintain(spark, settings: Settings, table: str) -> dict[str, dict[str, int]]
     # ``ohlc``'s month partitions hold every ticker's candles: rewritten in the table's sort
     # order (ticker first), a read of one ticker skips the other tickers' row groups.
     strategy = "strategy => 'sort', " if table == "ohlc" else ""
-    commit_sql(
-        spark,
-        f"CALL {system}.rewrite_data_files(table => '{full}', {strategy}options => map("
-        "'partial-progress.enabled', 'true', 'min-input-files', '2', "
-        "'max-concurrent-file-group-rewrites', '4'))",
-    )
-    commit_sql(spark, f"CALL {system}.rewrite_manifests(table => '{full}')")
-    commit_sql(
-        spark,
-        f"CALL {system}.expire_snapshots(table => '{full}', "
-        f"older_than => TIMESTAMP '{cutoff}', retain_last => {KEEP_SNAPSHOTS})",
-    )
     # On object storage, list through the table's FileIO (S3FileIO lists prefixes); Hadoop's
     # filesystems know no s3:// scheme.
     listing = ", prefix_listing => true" if settings.on_s3() else ""
-    commit_sql(
-        spark,
-        f"CALL {system}.remove_orphan_files(table => '{full}', "
+    steps = {
+        "rewrite_data_files": f"CALL {system}.rewrite_data_files(table => '{full}', {strategy}"
+        "options => map('partial-progress.enabled', 'true', 'min-input-files', '2', "
+        "'max-concurrent-file-group-rewrites', '4'))",
+        "rewrite_manifests": f"CALL {system}.rewrite_manifests(table => '{full}')",
+        "expire_snapshots": f"CALL {system}.expire_snapshots(table => '{full}', "
+        f"older_than => TIMESTAMP '{cutoff}', retain_last => {KEEP_SNAPSHOTS})",
+        "remove_orphan_files": f"CALL {system}.remove_orphan_files(table => '{full}', "
         f"older_than => TIMESTAMP '{cutoff}'{listing})",
-    )
-    return {"before": before, "after": file_stats(spark, full)}
+    }
+    failed = []
+    for step, sql in steps.items():
+        try:
+            commit_sql(spark, sql)
+        except Exception as exc:
+            failed.append(f"{table} {step}: {type(exc).__name__}: {exc}")
+    return {"before": before, "after": file_stats(spark, full)}, failed
+
+
+def maintain_all(
+    spark,  # noqa: ANN001
+    settings: Settings,
+    tables: list[str],
+    report: Callable[[str, Stats], None],
+) -> list[str]:
+    """Every table side by side, each reported as it finishes; every failure, of a step or
+    of a whole table, in the list returned (the first one raised hid the others)."""
+    failures: list[str] = []
+    with ThreadPoolExecutor(MAINTAIN_AT_ONCE, thread_name_prefix="maintain") as pool:
+        running = {pool.submit(maintain, spark, settings, table): table for table in tables}
+        for done in as_completed(running):
+            try:
+                stats, failed = done.result()
+            except Exception as exc:
+                failures.append(f"{running[done]}: {type(exc).__name__}: {exc}")
+                continue
+            report(running[done], stats)
+            failures += failed
+    return failures
 
 
 # The resource by key rather than as a ``PySparkResource`` parameter: Dagster reads a
@@ -92,13 +119,19 @@ def compact_tables(context: dg.OpExecutionContext) -> None:
     # The tables side by side: each step is a small Spark job and a catalog commit, mostly
     # waiting, so one table at a time left the cores idle (the run took the sum of the
     # tables' times). Each table's result is reported as it finishes.
-    with ThreadPoolExecutor(MAINTAIN_AT_ONCE, thread_name_prefix="maintain") as pool:
-        running = {pool.submit(maintain, spark, settings, table): table for table in TABLES}
-        for done in as_completed(running):
-            report(context, running[done], done.result())
+    failures = maintain_all(
+        spark, settings, list(TABLES), lambda table, stats: report(context, table, stats)
+    )
+    for failure in failures:
+        context.log.error(f"maintenance failed: {failure}")
+    if failures:
+        raise dg.Failure(
+            description=f"{len(failures)} maintenance steps failed",
+            metadata={"failed": dg.MetadataValue.text("\n".join(failures))},
+        )
 
 
-def report(context: dg.OpExecutionContext, table: str, stats: dict[str, dict[str, int]]) -> None:
+def report(context: dg.OpExecutionContext, table: str, stats: Stats) -> None:
     """Log one table's files and bytes before and after, and record them on its asset."""
     b, a = stats["before"], stats["after"]
     context.log.info(f"{table}: {b['files']} → {a['files']} files, {b['bytes']} → {a['bytes']} B")
