@@ -204,3 +204,40 @@ def test_a_fired_one_shot_leaves_the_registry_and_only_its_own_registration(tmp_
     kafka_away = False
     assert desk.handle(add_request("c", "t", TICKER, cross)).accepted
     assert [r.action for r in written[3:]] == [cep.REMOVE, cep.ADD] and desk.settle()
+
+
+def test_a_restore_falls_back_to_the_table_only_when_its_snapshot_is_gone() -> None:
+    """Any failure of the time-travel read was taken for an expired snapshot: a catalog
+    away for a moment restored from the table as it is now, which counts a batch written
+    after the record twice. Only a snapshot the table no longer holds falls back; any other
+    failure is the restart's. Spark stood in for."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from streaming.recovery import Ledger
+
+    class Spark:
+        def __init__(self, held: int, fails: bool) -> None:
+            self.held, self.fails, self.queries = held, fails, []
+
+        def sql(self, query: str):
+            self.queries.append(query)
+            if ".snapshots" in query:
+                return SimpleNamespace(collect=lambda: [SimpleNamespace(n=self.held)])
+            if "VERSION AS OF" in query and self.fails:
+                raise ConnectionError("the catalog closed the connection")
+            return SimpleNamespace(toArrow=lambda: pa.table({"q": [query]}))
+
+    def ledger(spark: Spark) -> Ledger:
+        out = Ledger.__new__(Ledger)
+        out.ctx = SimpleNamespace(spark=spark, tables={"ohlc": "c.market.ohlc"})  # type: ignore[assignment]
+        return out
+
+    query = "SELECT * FROM {table}"
+    gone = ledger(Spark(held=0, fails=True))._as_of("ohlc", 7, query)
+    assert gone["q"].to_pylist() == ["SELECT * FROM c.market.ohlc"]
+    held = ledger(Spark(held=1, fails=False))._as_of("ohlc", 7, query)
+    assert held["q"].to_pylist() == ["SELECT * FROM c.market.ohlc VERSION AS OF 7"]
+    with pytest.raises(ConnectionError):
+        ledger(Spark(held=1, fails=True))._as_of("ohlc", 7, query)
