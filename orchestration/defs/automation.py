@@ -37,7 +37,9 @@ def new_ticker_history(
     """Backfill the last days of every ticker that joined the partition set since last time."""
     seen = set(json.loads(context.cursor)) if context.cursor else None
     tickers = set(context.instance.get_dynamic_partitions(TICKERS.name))
-    if seen is None:  # first evaluation: remember, do not backfill everything ever listed
+    # First evaluation, or none listed yet when it came (a fresh stack, the sensor on
+    # before the first refresh): remember, do not backfill every ticker the refresh lists.
+    if not seen:
         context.update_cursor(json.dumps(sorted(tickers)))
         return dg.SkipReason(f"tracking {len(tickers)} known tickers")
     new = sorted(tickers - seen)

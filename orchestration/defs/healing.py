@@ -182,6 +182,12 @@ def heal_incomplete_days(context: dg.SensorEvaluationContext) -> dg.SensorResult
     cursor = HealCursor.load(context.cursor)
     records = _new_executions(context.instance, cursor.after)
     running = _running(context.instance, records)
+    if any(r.status.value == "PLANNED" and r.id not in running for r in records):
+        # A run of one partition writes its check's result into the row it planned: one that
+        # finished after the read left a planned row here whose result was never read, and
+        # the partition unhealed. Its run finished, its row is final now: read again.
+        fresh = {r.id: r for r in _new_executions(context.instance, cursor.after)}
+        records = [fresh.get(r.id, r) for r in records]
     handled = set(cursor.handled)
     finished = [r for r in records if r.id not in handled and r.id not in running]
     failing = read_failing(finished, cursor.attempts)

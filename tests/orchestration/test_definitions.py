@@ -133,6 +133,30 @@ def test_new_ticker_sensor_backfills_only_new_tickers_and_is_off_by_default() ->
         assert not third.run_requests
 
 
+def test_new_ticker_sensor_on_before_the_first_refresh_backfills_no_exchange_whole() -> None:
+    """Turned on in a fresh stack, it remembered no tickers; the first refresh then listed
+    the exchange, and every ticker counted as new: seven runs each, thousands."""
+    defs = load()
+    sensor = defs.resolve_sensor_def("new_ticker_history")
+    with (
+        dg.instance_for_test() as instance,
+        dg.partition_loading_context(dynamic_partitions_store=instance),
+    ):
+        empty = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+        instance.add_dynamic_partitions("tickers", [f"SIM:T{i}/USDT" for i in range(50)])
+        listed = sensor.evaluate_tick(
+            dg.build_sensor_context(instance=instance, cursor=empty.cursor, definitions=defs)
+        )
+        assert not listed.run_requests
+        instance.add_dynamic_partitions("tickers", ["SIM:NEW/USDT"])
+        new = sensor.evaluate_tick(
+            dg.build_sensor_context(instance=instance, cursor=listed.cursor, definitions=defs)
+        )
+        assert {r.partition_key.keys_by_dimension["ticker"] for r in new.run_requests} == {
+            "SIM:NEW/USDT"
+        }
+
+
 def test_nightly_maintenance_runs_without_being_turned_on() -> None:
     """Off by default, as Dagster makes a schedule, compaction and expiry never ran: the
     tables' small files and snapshots grew until someone found the switch."""

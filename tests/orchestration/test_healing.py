@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from orchestration.defs.assets.history import Want, merge_minutes, missing_ranges
+from orchestration.defs.assets.history import Want, describe_ranges, merge_minutes, missing_ranges
 from orchestration.defs.healing import HealCursor, heal_incomplete_days, plan_heals
 
 MIN = 60_000
@@ -128,3 +128,43 @@ def test_sensor_heals_every_failing_partition_of_a_range_run() -> None:
         result = tick(instance, None)
         assert sorted(r.partition_key for r in result.run_requests) == sorted([KEY, other])
         assert len({r.run_key for r in result.run_requests}) == 2
+
+
+def test_a_result_written_after_the_read_into_a_planned_row_is_read(monkeypatch) -> None:
+    """A run of one partition writes its check's result into the row it planned. Read as
+    planned, then its run seen finished: the row was taken as settled, the cursor moved past
+    it, and its failure was never healed. The executions and the run stand in for Dagster's."""
+    from types import SimpleNamespace
+
+    import orchestration.defs.healing as healing
+
+    day = Want.of(KEY).start_ms
+    gone = [[day + 5 * MIN, day + 7 * MIN]]
+    evaluation_data = SimpleNamespace(
+        metadata={"missing_ranges": dg.MetadataValue.json({KEY: gone})}
+    )
+    failed = SimpleNamespace(
+        id=7, run_id="r", partition=KEY, status=SimpleNamespace(value="FAILED"),
+        event=SimpleNamespace(dagster_event=SimpleNamespace(asset_check_evaluation_data=evaluation_data)),
+    )  # fmt: skip
+    planned = SimpleNamespace(
+        id=7, run_id="r", partition=KEY, status=SimpleNamespace(value="PLANNED"), event=None
+    )
+    reads = iter([[planned], [failed]])  # the run finishes between the first read and its status
+    monkeypatch.setattr(healing, "_new_executions", lambda instance, after: next(reads))
+    with (
+        dg.instance_for_test() as instance,
+        dg.partition_loading_context(dynamic_partitions_store=instance),
+    ):
+        monkeypatch.setattr(
+            instance, "get_run_by_id", lambda run_id: SimpleNamespace(is_finished=True)
+        )
+        instance.add_dynamic_partitions("tickers", ["SIM:BTC/USDT"])
+        from orchestration.definitions import defs
+
+        # The sensor of the module patched (another test may have imported it anew).
+        ctx = dg.build_sensor_context(instance=instance, cursor=None, definitions=defs())
+        result = healing.heal_incomplete_days.evaluate_tick(ctx)
+    assert [r.tags["candlewire/heal_ranges"] for r in result.run_requests] == [
+        describe_ranges([tuple(r) for r in gone])
+    ]
