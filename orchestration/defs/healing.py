@@ -106,20 +106,24 @@ def plan_heals(
     return plan
 
 
-def _new_executions(instance: dg.DagsterInstance, after: int) -> list["AssetCheckExecutionRecord"]:
-    """``day_is_complete``'s executions with an id above ``after``, oldest first."""
-    out = []
+def _new_executions(
+    instance: dg.DagsterInstance, after: int, skip: Iterable[int] = ()
+) -> tuple[list["AssetCheckExecutionRecord"], bool]:
+    """``day_is_complete``'s executions with an id above ``after`` and not in ``skip``,
+    oldest first, at most about ``LOOKBACK``; and whether they are all of them. Read newest
+    first: when there are more, the oldest are left for the next tick."""
+    out, skipped = [], set(skip)
     before: int | None = None
-    while len(out) < LOOKBACK:
+    while True:
         page = instance.event_log_storage.get_asset_check_execution_history(
             CHECK_KEY, limit=PAGE, cursor=before
         )
-        fresh = [r for r in page if r.id > after]
-        out.extend(fresh)
-        if len(fresh) < PAGE:
-            break
+        out.extend(r for r in page if r.id > after and r.id not in skipped)
+        if len(page) < PAGE or page[-1].id <= after:
+            return out[::-1], True
+        if len(out) >= LOOKBACK:
+            return out[::-1], False
         before = page[-1].id
-    return out[::-1]
 
 
 def _running(instance: dg.DagsterInstance, records: list["AssetCheckExecutionRecord"]) -> set[int]:
@@ -180,15 +184,15 @@ def heal_incomplete_days(context: dg.SensorEvaluationContext) -> dg.SensorResult
     missing minutes, and a range is tried at most ``MAX_ATTEMPTS`` times.
     """
     cursor = HealCursor.load(context.cursor)
-    records = _new_executions(context.instance, cursor.after)
+    handled = set(cursor.handled)
+    records, complete = _new_executions(context.instance, cursor.after, handled)
     running = _running(context.instance, records)
     if any(r.status.value == "PLANNED" and r.id not in running for r in records):
         # A run of one partition writes its check's result into the row it planned: one that
         # finished after the read left a planned row here whose result was never read, and
         # the partition unhealed. Its run finished, its row is final now: read again.
-        fresh = {r.id: r for r in _new_executions(context.instance, cursor.after)}
+        fresh = {r.id: r for r in _new_executions(context.instance, cursor.after, handled)[0]}
         records = [fresh.get(r.id, r) for r in records]
-    handled = set(cursor.handled)
     finished = [r for r in records if r.id not in handled and r.id not in running]
     failing = read_failing(finished, cursor.attempts)
     tickers = set(context.instance.get_dynamic_partitions(TICKERS.name))
@@ -211,7 +215,8 @@ def heal_incomplete_days(context: dg.SensorEvaluationContext) -> dg.SensorResult
         for partition, ranges in plan.heal.items()
     ]
     ids = [r.id for r in records]
-    cursor.after = min(running) - 1 if running else max(ids, default=cursor.after)
+    if complete:  # else older executions are still unread: ``after`` stays below them
+        cursor.after = min(running) - 1 if running else max(ids, default=cursor.after)
     cursor.handled = sorted(i for i in handled | {r.id for r in finished} if i > cursor.after)
     if requests:
         return dg.SensorResult(run_requests=requests, cursor=cursor.dump())

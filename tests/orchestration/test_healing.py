@@ -151,7 +151,9 @@ def test_a_result_written_after_the_read_into_a_planned_row_is_read(monkeypatch)
         id=7, run_id="r", partition=KEY, status=SimpleNamespace(value="PLANNED"), event=None
     )
     reads = iter([[planned], [failed]])  # the run finishes between the first read and its status
-    monkeypatch.setattr(healing, "_new_executions", lambda instance, after: next(reads))
+    monkeypatch.setattr(
+        healing, "_new_executions", lambda instance, after, skip: (next(reads), True)
+    )
     with (
         dg.instance_for_test() as instance,
         dg.partition_loading_context(dynamic_partitions_store=instance),
@@ -168,3 +170,35 @@ def test_a_result_written_after_the_read_into_a_planned_row_is_read(monkeypatch)
     assert [r.tags["candlewire/heal_ranges"] for r in result.run_requests] == [
         describe_ranges([tuple(r) for r in gone])
     ]
+
+
+def test_executions_past_what_a_tick_reads_are_read_by_the_next(monkeypatch) -> None:
+    """A backfill plans more check executions at once than a tick reads (1,000): the tick
+    read the newest, moved past them all, and the oldest failures were never healed."""
+    import orchestration.defs.healing as healing
+
+    monkeypatch.setattr(healing, "PAGE", 2)
+    monkeypatch.setattr(healing, "LOOKBACK", 3)
+    day = Want.of(KEY).start_ms
+    gone = [[day + 5 * MIN, day + 7 * MIN]]
+    with (
+        dg.instance_for_test() as instance,
+        dg.partition_loading_context(dynamic_partitions_store=instance),
+    ):
+        instance.add_dynamic_partitions("tickers", ["SIM:BTC/USDT"])
+        from orchestration.definitions import defs
+
+        def tick_of(cursor: str | None) -> dg.SensorResult:
+            ctx = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs())
+            return healing.heal_incomplete_days.evaluate_tick(ctx)
+
+        start = tick_of(None)
+        record(instance, evaluation(False, {KEY: gone}))  # the oldest of the burst
+        others = [f"2025-03-0{d}|SIM:BTC/USDT" for d in range(2, 8)]
+        for partition in others:
+            record(instance, evaluation(True, partition=partition))
+        first = tick_of(start.cursor)
+        assert not first.run_requests  # the newest read; the failure not yet
+        second = tick_of(first.cursor)
+        assert [r.partition_key for r in second.run_requests] == [KEY]
+        assert not tick_of(second.cursor).run_requests
