@@ -4,6 +4,9 @@ end-to-end heal is in test_assets.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import dagster as dg
 
 from orchestration.defs.assets.history import Want, describe_ranges, merge_minutes, missing_ranges
@@ -68,6 +71,18 @@ def record(instance: dg.DagsterInstance, result: dg.AssetCheckEvaluation) -> Non
     assert check_run.execute_in_process(instance=instance).success
 
 
+@contextmanager
+def instance_with(*tickers: str) -> Iterator[dg.DagsterInstance]:
+    """A test instance listing ``tickers``, inside the context the daemon evaluates sensors
+    in (a dynamic partition key is checked against the instance that stores it)."""
+    with (
+        dg.instance_for_test() as instance,
+        dg.partition_loading_context(dynamic_partitions_store=instance),
+    ):
+        instance.add_dynamic_partitions("tickers", list(tickers))
+        yield instance
+
+
 def tick(instance: dg.DagsterInstance, cursor: str | None) -> dg.SensorResult:
     from orchestration.definitions import defs
 
@@ -78,11 +93,7 @@ def tick(instance: dg.DagsterInstance, cursor: str | None) -> dg.SensorResult:
 def test_sensor_heals_each_failed_range_twice_then_gives_up_and_says_so() -> None:
     day = Want.of(KEY).start_ms
     gone = [[day + 5 * MIN, day + 7 * MIN]]
-    with (
-        dg.instance_for_test() as instance,
-        dg.partition_loading_context(dynamic_partitions_store=instance),
-    ):
-        instance.add_dynamic_partitions("tickers", ["SIM:BTC/USDT"])
+    with instance_with("SIM:BTC/USDT") as instance:
         idle = tick(instance, None)
         assert not idle.run_requests and "no incomplete days" in idle.skip_message
 
@@ -118,11 +129,7 @@ def test_sensor_heals_each_failed_range_twice_then_gives_up_and_says_so() -> Non
 def test_sensor_heals_every_failing_partition_of_a_range_run() -> None:
     """A backfill run checks many partitions and records one evaluation, with no partition."""
     other = "2025-03-02|SIM:ETH/USDT"
-    with (
-        dg.instance_for_test() as instance,
-        dg.partition_loading_context(dynamic_partitions_store=instance),
-    ):
-        instance.add_dynamic_partitions("tickers", ["SIM:BTC/USDT", "SIM:ETH/USDT"])
+    with instance_with("SIM:BTC/USDT", "SIM:ETH/USDT") as instance:
         ranges = {KEY: [[1, 2]], other: [[3, 4], [5, 6]], "2025-03-01|SIM:GONE/USDT": [[1, 2]]}
         record(instance, evaluation(False, ranges, partition=None))
         result = tick(instance, None)
@@ -154,14 +161,10 @@ def test_a_result_written_after_the_read_into_a_planned_row_is_read(monkeypatch)
     monkeypatch.setattr(
         healing, "_new_executions", lambda instance, after, skip: (next(reads), True)
     )
-    with (
-        dg.instance_for_test() as instance,
-        dg.partition_loading_context(dynamic_partitions_store=instance),
-    ):
+    with instance_with("SIM:BTC/USDT") as instance:
         monkeypatch.setattr(
             instance, "get_run_by_id", lambda run_id: SimpleNamespace(is_finished=True)
         )
-        instance.add_dynamic_partitions("tickers", ["SIM:BTC/USDT"])
         from orchestration.definitions import defs
 
         # The sensor of the module patched (another test may have imported it anew).
@@ -181,11 +184,7 @@ def test_executions_past_what_a_tick_reads_are_read_by_the_next(monkeypatch) -> 
     monkeypatch.setattr(healing, "LOOKBACK", 3)
     day = Want.of(KEY).start_ms
     gone = [[day + 5 * MIN, day + 7 * MIN]]
-    with (
-        dg.instance_for_test() as instance,
-        dg.partition_loading_context(dynamic_partitions_store=instance),
-    ):
-        instance.add_dynamic_partitions("tickers", ["SIM:BTC/USDT"])
+    with instance_with("SIM:BTC/USDT") as instance:
         from orchestration.definitions import defs
 
         def tick_of(cursor: str | None) -> dg.SensorResult:
