@@ -148,10 +148,7 @@ class Ledger:
         the crash fell between a later batch's write and its record, which that batch's
         replay would then count twice."""
         name, spark = self.ctx.tables[table], self.ctx.spark
-        held = spark.sql(
-            f"SELECT count(*) AS n FROM {name}.snapshots WHERE snapshot_id = {int(snapshot_id)}"
-        ).collect()[0]
-        if not held.n:
+        if not self.ctx.tables.holds_snapshot(table, snapshot_id):
             log.warning("%s snapshot %d is gone; restoring from the table", table, snapshot_id)
             return spark.sql(query.format(table=name)).toArrow()
         # Any other failure (the catalog away a moment) is the restart's: taken for an expired

@@ -44,6 +44,12 @@ class Tables:
         current = self._catalog.load_table(f"{NAMESPACE}.{table}").current_snapshot()
         return current.snapshot_id if current is not None else 0
 
+    def holds_snapshot(self, table: str, snapshot_id: int) -> bool:
+        """Whether maintenance has not yet expired the snapshot: through pyiceberg, as
+        :meth:`snapshot_id`, with no Spark job at start-up."""
+        loaded = self._catalog.load_table(f"{NAMESPACE}.{table}")
+        return loaded.snapshot_by_id(int(snapshot_id)) is not None
+
     def last_batch(self, table: str, query: str, run: str) -> int:
         """The last micro-batch of ``query`` in run ``run`` committed to ``table``, read from
         the snapshot properties each commit carries (-1 when none)."""

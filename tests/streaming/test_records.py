@@ -218,26 +218,31 @@ def test_a_restore_falls_back_to_the_table_only_when_its_snapshot_is_gone() -> N
     from streaming.recovery import Ledger
 
     class Spark:
-        def __init__(self, held: int, fails: bool) -> None:
-            self.held, self.fails, self.queries = held, fails, []
+        def __init__(self, fails: bool) -> None:
+            self.fails = fails
 
         def sql(self, query: str):
-            self.queries.append(query)
-            if ".snapshots" in query:
-                return SimpleNamespace(collect=lambda: [SimpleNamespace(n=self.held)])
             if "VERSION AS OF" in query and self.fails:
                 raise ConnectionError("the catalog closed the connection")
             return SimpleNamespace(toArrow=lambda: pa.table({"q": [query]}))
 
-    def ledger(spark: Spark) -> Ledger:
+    class Tables(dict):
+        def __init__(self, held: bool) -> None:
+            super().__init__(ohlc="c.market.ohlc")
+            self.held = held
+
+        def holds_snapshot(self, table: str, snapshot_id: int) -> bool:
+            return self.held and (table, snapshot_id) == ("ohlc", 7)
+
+    def ledger(held: bool, fails: bool) -> Ledger:
         out = Ledger.__new__(Ledger)
-        out.ctx = SimpleNamespace(spark=spark, tables={"ohlc": "c.market.ohlc"})  # type: ignore[assignment]
+        out.ctx = SimpleNamespace(spark=Spark(fails), tables=Tables(held))  # type: ignore[assignment]
         return out
 
     query = "SELECT * FROM {table}"
-    gone = ledger(Spark(held=0, fails=True))._as_of("ohlc", 7, query)
+    gone = ledger(held=False, fails=True)._as_of("ohlc", 7, query)
     assert gone["q"].to_pylist() == ["SELECT * FROM c.market.ohlc"]
-    held = ledger(Spark(held=1, fails=False))._as_of("ohlc", 7, query)
+    held = ledger(held=True, fails=False)._as_of("ohlc", 7, query)
     assert held["q"].to_pylist() == ["SELECT * FROM c.market.ohlc VERSION AS OF 7"]
     with pytest.raises(ConnectionError):
-        ledger(Spark(held=1, fails=True))._as_of("ohlc", 7, query)
+        ledger(held=True, fails=True)._as_of("ohlc", 7, query)
