@@ -134,7 +134,8 @@ class CriticalDelivery:
         self.owner = uuid.uuid4().hex  # this gateway's claims, for as long as it runs
         self._recent: Window[ev.EventAck] = Window(dedup_window_s)
         # Answers delivered whose commit failed (no ack went out): the resend is then
-        # recorded with this answer, not delivered a second time.
+        # recorded with this answer, not delivered a second time (taken once, within the
+        # window: a gateway that restarted meanwhile delivers it again, at least once).
         self._unrecorded: Window[Answer] = Window(dedup_window_s)
         self._busy: dict[str, asyncio.Future[ev.EventAck | None]] = {}
         self._claim: Batcher[str, ev.EventAck | Claim] = Batcher(self._claim_batch)
@@ -173,9 +174,9 @@ class CriticalDelivery:
                 if problem:
                     self._count("invalid")
                     reply(i, ev.EventAck(event_id=event_id, status=ev.ERROR, error_message=problem))
-                elif (known := self._remembered(event_id)) is not None:
+                elif (known := self._recent.get(event_id)) is not None:
                     self._count("duplicate")
-                    self._remember(known)
+                    self._recent.put(known.event_id, known)
                     reply(i, known)
                 elif (busy := self._busy.get(event_id)) is not None:  # a resend while we work
                     waits.append((i, busy))
@@ -212,7 +213,7 @@ class CriticalDelivery:
             self._count("elsewhere")
         else:
             self._count("duplicate")
-            self._remember(known)
+            self._recent.put(known.event_id, known)
         reply(i, known)
 
     async def _answer_fresh(
@@ -245,7 +246,7 @@ class CriticalDelivery:
                 elif isinstance(verdict, ev.EventAck):
                     self._count("duplicate")
                     known.append((i, verdict))
-                elif (done := self._take_unrecorded(events[i].event_id)) is not None:
+                elif (done := self._unrecorded.get(events[i].event_id, take=True)) is not None:
                     now.append((i, done))  # delivered before: only its answer to record
                 else:
                     try:  # a bug rendering one event (its payload) fails that event alone
@@ -297,7 +298,7 @@ class CriticalDelivery:
             except Exception as exc:  # not committed: no ack, the sender resends
                 out += [(i, exc) for i, _ in done]
                 for _, a in done:
-                    self._keep_unrecorded(a)
+                    self._unrecorded.put(a.ack.event_id, a)
             else:
                 for i, a in done:
                     self._count(ACK_STATUSES[a.ack.status].lower())
@@ -324,7 +325,7 @@ class CriticalDelivery:
             else:
                 busy.set_result(answer)
                 if answer is not None:
-                    self._remember(answer)
+                    self._recent.put(answer.event_id, answer)
         for i, answer in answers:
             reply(i, answer)
 
@@ -474,20 +475,6 @@ class CriticalDelivery:
             self.metrics.retries.labels(outcome).inc()
             if not delivered:
                 log.warning("queued event %s not delivered: %s", event_id, ack.error_message)
-
-    def _keep_unrecorded(self, answer: Answer) -> None:
-        self._unrecorded.put(answer.ack.event_id, answer)
-
-    def _take_unrecorded(self, event_id: str) -> Answer | None:
-        """The answer a delivery gave this event before its commit failed, within the dedup
-        window: a gateway that restarted meanwhile delivers it again (at least once)."""
-        return self._unrecorded.get(event_id, take=True)
-
-    def _remembered(self, event_id: str) -> ev.EventAck | None:
-        return self._recent.get(event_id)
-
-    def _remember(self, ack: ev.EventAck) -> None:
-        self._recent.put(ack.event_id, ack)
 
 
 class Window(Generic[V]):
