@@ -699,8 +699,9 @@ class ClientCore:
     ) -> Steps[bool]:
         """FETCH chunks until ``until`` is delivered (None: the journal's end), emitting each
         message after the last one delivered; True when the journal went past ``until``
-        without all of it (those it lacks were never journalled: the caller goes on). The next chunk is asked for from this reply's
-        head, before its runs are read (:meth:`JournalLink.call`), and used once the chunk is
+        without all of it (those it lacks were never journalled: the caller goes on). The
+        next chunk is asked for from this reply's head, before its runs are read
+        (:meth:`JournalLink.call`), and used once the chunk is
         taken if it is still the one to ask for: the service reads while the client parses
         and the caller works (one chunk ahead, never more). The journal is written a moment
         after the publish, so a position it does not hold yet is asked for again, for a
